@@ -1,0 +1,307 @@
+"""Run configuration: one frozen, validated dataclass shared by the CLI, the recipes and the UI.
+
+Every knob has one name everywhere (config field, ``--set`` key, widget label, report). Field
+metadata carries the help text, the unit and the valid range, so the knob panel can build the
+right control and the validator can say what is allowed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal, Mapping, get_args, get_origin
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+# Methods land here as they are implemented (fo, fo-offload, forward-grad follow).
+Method = Literal["mezo", "zo-offload"]
+Device = Literal["cpu", "cuda"]
+Amp = Literal["off", "bf16", "fp16"]
+Rng = Literal["philox", "torch"]
+Codec = Literal["fp32", "bf16", "fp16", "fp8-e4m3", "fp8-e5m2"]
+Master = Literal["fp32", "compressed-sr"]
+
+#: Methods that stream transformer blocks host <-> GPU.
+STREAMING_METHODS = ("zo-offload", "forward-grad")
+ZO_METHODS = ("mezo", "zo-offload", "forward-grad")
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def default_data_dir() -> str:
+    """Where local data sets live: ``$WORKBENCH_DATA_DIR``, else ``../shared/data`` beside the repo."""
+    return os.environ.get("WORKBENCH_DATA_DIR", str(REPO_ROOT.parent / "shared" / "data"))
+
+
+def _knob(default: Any, help: str, *, lo: float | None = None, hi: float | None = None,
+          unit: str = "", live: bool = False, group: str = "run") -> Any:
+    """A config field with its help text, valid range and unit.
+
+    ``live`` knobs may change between steps of a running job; the others are fixed for a run.
+    """
+    return field(default=default, metadata={"help": help, "lo": lo, "hi": hi, "unit": unit,
+                                            "live": live, "group": group})
+
+
+class ConfigError(ValueError):
+    """One or more invalid settings; ``problems`` lists each as 'field: what is allowed'."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("; ".join(problems))
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A training run. Units are in the field help; ranges are checked in ``__post_init__``."""
+
+    # what to train
+    method: Method = _knob("mezo", "training method")
+    model: str = _knob("tiny-opt", "model preset name or a local Hugging Face folder")
+    data: str = _knob("embedded", "embedded | sst2 | synthetic | a folder with train.tsv/dev.tsv")
+    data_dir: str = _knob("", "folder holding sst2/ and opt-tokenizer/ (empty: $WORKBENCH_DATA_DIR "
+                          "or ../shared/data)")
+    train_samples: int = _knob(0, "training examples used (0 = all)", lo=0, hi=10_000_000)
+    eval_samples: int = _knob(500, "dev examples evaluated (0 = all)", lo=0, hi=10_000_000)
+    # schedule
+    steps: int = _knob(20, "training steps", lo=1, hi=10_000_000, unit="steps")
+    batch_size: int = _knob(8, "examples per step", lo=1, hi=4096, unit="examples")
+    seq_len: int = _knob(64, "maximum tokens per example", lo=4, hi=32768, unit="tokens")
+    lr: float = _knob(1e-6, "learning rate", lo=0.0, hi=10.0, live=True, group="optim")
+    eps: float = _knob(1e-3, "ZO perturbation scale", lo=0.0, hi=1.0, group="optim")
+    weight_decay: float = _knob(0.0, "decoupled weight decay (not applied to biases and norms)",
+                                lo=0.0, hi=1.0, live=True, group="optim")
+    seed: int = _knob(0, "seed for init, data order and perturbations", lo=0, hi=2**31 - 1)
+    device: Device = _knob("cpu", "where compute runs")
+    amp: Amp = _knob("off", "autocast dtype for block computations")
+    eval_every: int = _knob(0, "evaluate on dev every N steps (0 = only at the end)", lo=0,
+                            hi=10_000_000, unit="steps")
+    # zo-offload scheduler (issue: offload engine)
+    overlap: bool = _knob(True, "upload / compute / offload on three CUDA streams", group="offload")
+    reuse_buffers: bool = _knob(True, "copy blocks into GPU slots allocated once", group="offload")
+    fused_update: bool = _knob(True, "apply the previous step's update right after the upload",
+                               group="offload")
+    resident_blocks: int = _knob(0, "blocks kept on the GPU all along", lo=0, hi=1024,
+                                 group="offload")
+    prefetch_depth: int = _knob(1, "blocks uploaded ahead of the one computing", lo=1, hi=8,
+                                group="offload")
+    rng: Rng = _knob("philox", "perturbation RNG: counter-based philox (fused kernel on CUDA) or "
+                     "torch's generator as MeZO uses it", group="offload")
+    # transfers (issue: AMP and codecs)
+    codec: Codec = _knob("fp32", "format blocks travel in over PCIe", group="offload")
+    master: Master = _knob("fp32", "host copy of block weights: fp32, or the codec's format with "
+                           "stochastic rounding", group="offload")
+    # telemetry
+    telemetry: bool = _knob(True, "record per-block stream events", group="telemetry")
+    sample_hz: float = _knob(20.0, "NVML / host sampling rate (0 = off)", lo=0.0, hi=1000.0,
+                             unit="Hz", group="telemetry")
+    keep_steps: int = _knob(50, "steps whose per-block events are kept in full", lo=1,
+                            hi=1_000_000, unit="steps", group="telemetry")
+    # checkpoints
+    checkpoint_every: int = _knob(0, "save a checkpoint every N steps (0 = never)", lo=0,
+                                  hi=10_000_000, unit="steps", group="checkpoint")
+    checkpoint_dir: str = _knob("", "where checkpoints go (empty: RUN_DIR/checkpoints)",
+                                group="checkpoint")
+    keep_last: int = _knob(2, "complete checkpoints kept", lo=1, hi=1000, group="checkpoint")
+    # first-order offload (interleaved optimizer states)
+    subgroup_size: int = _knob(2_000_000, "parameters per optimizer subgroup", lo=1024,
+                               hi=2**31 - 1, unit="params", group="fo")
+    update_stride: str = _knob("auto", "auto, or k: every k-th subgroup updated on the GPU "
+                               "(negative -k: k of every k+1 on the GPU)", group="fo")
+    gpu_resident_ratio: float = _knob(0.0, "share of subgroups kept on the GPU all along", lo=0.0,
+                                      hi=1.0, group="fo")
+    adam_beta1: float = _knob(0.9, "AdamW beta1", lo=0.0, hi=0.999999, group="fo")
+    adam_beta2: float = _knob(0.999, "AdamW beta2", lo=0.0, hi=0.99999999, group="fo")
+    adam_eps: float = _knob(1e-8, "AdamW epsilon", lo=0.0, hi=1.0, group="fo")
+    # scale-out
+    digest_check_every: int = _knob(50, "compare parameter digests across ranks every N steps "
+                                    "(0 = never)", lo=0, hi=10_000_000, group="distributed")
+    # planner
+    gpu_mem_limit_gb: float = _knob(0.0, "cap on GPU memory for the run (0 = the whole GPU)",
+                                    lo=0.0, hi=1e6, unit="GB", group="planner")
+
+    def __post_init__(self) -> None:
+        problems = _check_types(self) or _check_values(self)
+        if problems:
+            raise ConfigError(problems)
+
+    # --- construction helpers -------------------------------------------------------------
+    def replace(self, **changes: Any) -> "RunConfig":
+        """A copy with ``changes`` applied (validated)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def resolved_data_dir(self) -> Path:
+        return Path(self.data_dir or default_data_dir()).expanduser()
+
+    @property
+    def streaming(self) -> bool:
+        return self.method in STREAMING_METHODS
+
+
+def knob_info(name: str) -> dict[str, Any]:
+    """Help text, range, unit, group and the allowed choices of one config field."""
+    f = {f.name: f for f in fields(RunConfig)}[name]
+    info = dict(f.metadata)
+    info["type"] = f.type
+    info["default"] = f.default
+    info["choices"] = get_args(_resolve(f.type)) if get_origin(_resolve(f.type)) is Literal else None
+    return info
+
+
+_TYPES = {"Method": Method, "Device": Device, "Amp": Amp, "Rng": Rng, "Codec": Codec,
+          "Master": Master, "int": int, "float": float, "str": str, "bool": bool}
+
+
+def _resolve(t: Any) -> Any:
+    return _TYPES.get(t, t) if isinstance(t, str) else t
+
+
+def _check_types(cfg: RunConfig) -> list[str]:
+    problems = []
+    for f in fields(cfg):
+        value, t = getattr(cfg, f.name), _resolve(f.type)
+        if get_origin(t) is Literal:
+            allowed = get_args(t)
+            if value not in allowed:
+                problems.append(f"{f.name}: {value!r} is not one of {', '.join(allowed)}")
+        elif t is bool and not isinstance(value, bool):
+            problems.append(f"{f.name}: {value!r} is not true or false")
+        elif t is int and (isinstance(value, bool) or not isinstance(value, int)):
+            problems.append(f"{f.name}: {value!r} is not a whole number")
+        elif t is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            problems.append(f"{f.name}: {value!r} is not a number")
+        elif t is str and not isinstance(value, str):
+            problems.append(f"{f.name}: {value!r} is not text")
+    return problems
+
+
+def _check_values(cfg: RunConfig) -> list[str]:
+    from workbench.models.presets import PRESETS  # presets are plain data: no heavy imports
+
+    problems = []
+    for f in fields(cfg):
+        lo, hi, value = f.metadata.get("lo"), f.metadata.get("hi"), getattr(cfg, f.name)
+        if lo is not None and value < lo or hi is not None and value > hi:
+            unit = f" {f.metadata['unit']}" if f.metadata.get("unit") else ""
+            problems.append(f"{f.name}: {value!r} is outside [{lo:g}, {hi:g}]{unit}")
+    if cfg.model not in PRESETS and not Path(cfg.model).expanduser().is_dir():
+        problems.append(f"model: {cfg.model!r} is neither a preset ({', '.join(PRESETS)}) nor a "
+                        "local folder")
+    builtin = ("embedded", "sst2", "synthetic")
+    if cfg.data not in builtin and not (Path(cfg.data).expanduser() / "train.tsv").is_file():
+        problems.append(f"data: {cfg.data!r} is not one of {', '.join(builtin)} nor a folder "
+                        "with train.tsv")
+    if cfg.eps == 0 and cfg.method in ("mezo", "zo-offload"):
+        problems.append("eps: must be > 0 for ZO methods (it divides the loss difference)")
+    if cfg.update_stride != "auto":
+        try:
+            if int(cfg.update_stride) == 0:
+                raise ValueError
+        except ValueError:
+            problems.append(f"update_stride: {cfg.update_stride!r} is not 'auto' or a non-zero "
+                            "whole number")
+    if cfg.master == "compressed-sr" and cfg.codec == "fp32":
+        problems.append("master: compressed-sr needs a compressed codec (bf16, fp16, fp8-e4m3, "
+                        "fp8-e5m2); use master=fp32 with codec=fp32")
+    if cfg.master == "compressed-sr" and cfg.codec.startswith("fp8"):
+        problems.append("master: compressed-sr stores bf16/fp16 on the host; with an fp8 codec use "
+                        "master=fp32")
+    preset = PRESETS.get(cfg.model)
+    if preset is not None and cfg.streaming and cfg.resident_blocks > preset.num_layers:
+        problems.append(f"resident_blocks: {cfg.resident_blocks} exceeds the {preset.num_layers} "
+                        f"blocks of {cfg.model}")
+    return problems
+
+
+# --- loading: TOML file + KEY=VALUE overrides ----------------------------------------------
+def parse_value(name: str, text: str) -> Any:
+    """Turn a ``--set`` string into the field's type; unknown fields are reported by name."""
+    known = {f.name: _resolve(f.type) for f in fields(RunConfig)}
+    if name not in known:
+        raise ConfigError([f"{name}: unknown setting (known: {', '.join(sorted(known))})"])
+    t = known[name]
+    try:
+        if t is bool:
+            low = text.strip().lower()
+            if low not in ("true", "false", "1", "0", "on", "off", "yes", "no"):
+                raise ValueError
+            return low in ("true", "1", "on", "yes")
+        if t is int:
+            number = float(text)  # accepts 1e6 as well as 1000000
+            if not number.is_integer():
+                raise ValueError
+            return int(number)
+        if t is float:
+            return float(text)
+    except ValueError:
+        kind = {bool: "true or false", int: "a whole number", float: "a number"}[t]
+        raise ConfigError([f"{name}: {text!r} is not {kind}"]) from None
+    return text
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: Mapping[str, Any] | None = None,
+                base: RunConfig | None = None) -> RunConfig:
+    """Build a config from an optional TOML file, then ``overrides`` (strings are parsed).
+
+    Raises:
+        ConfigError: listing every bad or unknown setting at once.
+    """
+    values: dict[str, Any] = dict(base.to_dict()) if base else {}
+    problems: list[str] = []
+    if path is not None:
+        try:
+            with open(path, "rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError([f"config: file {str(path)!r} does not exist"]) from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError([f"config: {path} is not valid TOML ({e})"]) from None
+        values.update(data.get("run", data))
+    for key, raw in (overrides or {}).items():
+        try:
+            values[key] = parse_value(key, raw) if isinstance(raw, str) else raw
+        except ConfigError as e:
+            problems += e.problems
+    known = {f.name for f in fields(RunConfig)}
+    problems += [f"{k}: unknown setting" for k in values if k not in known]
+    if problems:
+        raise ConfigError(problems)
+    return RunConfig(**values)
+
+
+def parse_sets(items: list[str]) -> dict[str, str]:
+    """``["lr=1e-6", "steps=5"]`` -> ``{"lr": "1e-6", "steps": "5"}``."""
+    out, problems = {}, []
+    for item in items:
+        if "=" not in item:
+            problems.append(f"--set {item!r}: expected KEY=VALUE")
+            continue
+        k, v = item.split("=", 1)
+        out[k.strip()] = v.strip()
+    if problems:
+        raise ConfigError(problems)
+    return out
+
+
+def check_environment(cfg: RunConfig) -> None:
+    """Checks that need the machine (run before building anything; the planner skips them)."""
+    import torch
+
+    problems = []
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        problems.append("device: cuda was asked for but this machine has no CUDA GPU; use "
+                        "device=cpu")
+    if cfg.method in ("fo", "fo-offload") and cfg.amp == "fp16" and cfg.device == "cpu":
+        problems.append("amp: fp16 first-order training needs a GPU loss scaler; use amp=bf16 "
+                        "or off on the CPU")
+    if problems:
+        raise ConfigError(problems)

@@ -1,0 +1,128 @@
+"""MeZO's prompt format and deterministic batches.
+
+Each example becomes ``"<sentence> It was"`` and is scored by the logits of the two label words
+(" terrible" / " great") at its last token: the training loss is cross-entropy over those two
+logits, eval accuracy their argmax. The batch of step t is a pure function of (seed, t), so a
+resumed run sees exactly the batches a straight run would.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from workbench.data.sources import Example
+from workbench.models.tokenizer import Tokenizer
+
+TEMPLATE = "{sentence} It was"
+LABEL_WORDS = (" terrible", " great")
+
+
+@dataclass
+class Batch:
+    """Right-padded prompts. Shapes: ids / mask (B, T); labels (B,); label_ids (2,)."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    labels: torch.Tensor
+    label_ids: torch.Tensor
+
+    @property
+    def tokens(self) -> int:
+        """Real (non-pad) tokens in the batch."""
+        return int(self.attention_mask.sum())
+
+    def to(self, device: torch.device | str) -> "Batch":
+        nb = device != "cpu" and torch.device(device).type == "cuda"
+        return Batch(*(t.to(device, non_blocking=nb) for t in
+                       (self.input_ids, self.attention_mask, self.labels, self.label_ids)))
+
+
+def label_token_ids(tok: Tokenizer) -> tuple[list[int], list[int]]:
+    """(shared prefix, [id of word 0, id of word 1]).
+
+    With BPE the words are single tokens and the prefix is empty; with the byte tokenizer
+    " terrible" and " great" share the space, which then belongs to the prompt.
+    """
+    a, b = (tok.encode_plain(w) for w in LABEL_WORDS)
+    k = 0
+    while k < min(len(a), len(b)) and a[k] == b[k]:
+        k += 1
+    if k >= min(len(a), len(b)):
+        raise ValueError("data: the tokenizer cannot tell the label words apart")
+    return a[:k], [a[k], b[k]]
+
+
+class PromptDataset:
+    """Tokenised prompts of one split, truncated from the left of the sentence to ``seq_len``."""
+
+    def __init__(self, examples: list[Example], tok: Tokenizer, seq_len: int):
+        prefix, self.label_ids = label_token_ids(tok)
+        self.pad_id = tok.pad_id
+        self.ids: list[list[int]] = []
+        for ex in examples:
+            ids = tok.encode(TEMPLATE.format(sentence=ex.sentence)) + prefix
+            if len(ids) > seq_len:  # keep the leading special token and the prompt's end
+                ids = ids[:1] + ids[len(ids) - seq_len + 1:]
+            self.ids.append(ids)
+        self.labels = [ex.label for ex in examples]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def collate(self, idx: list[int]) -> Batch:
+        width = max(len(self.ids[i]) for i in idx)
+        ids = torch.full((len(idx), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(idx), width), dtype=torch.long)
+        for row, i in enumerate(idx):
+            seq = self.ids[i]
+            ids[row, :len(seq)] = torch.tensor(seq)
+            mask[row, :len(seq)] = 1
+        return Batch(ids, mask, torch.tensor([self.labels[i] for i in idx]),
+                     torch.tensor(self.label_ids))
+
+    def batch_for_step(self, step: int, batch_size: int, seed: int) -> Batch:
+        """Examples ``[step*B, (step+1)*B)`` of the epoch-wise shuffled order."""
+        n = len(self)
+        idx = []
+        for pos in range(step * batch_size, (step + 1) * batch_size):
+            epoch, k = divmod(pos, n)
+            idx.append(int(_permutation(n, seed, epoch)[k]))
+        return self.collate(idx)
+
+    def eval_batches(self, batch_size: int):
+        for start in range(0, len(self), batch_size):
+            yield self.collate(list(range(start, min(start + batch_size, len(self)))))
+
+
+_PERM_CACHE: dict[tuple[int, int, int], torch.Tensor] = {}
+
+
+def _permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
+    key = (n, seed, epoch)
+    if key not in _PERM_CACHE:
+        if len(_PERM_CACHE) > 4:
+            _PERM_CACHE.clear()
+        gen = torch.Generator().manual_seed(seed * 7919 + epoch)
+        _PERM_CACHE[key] = torch.randperm(n, generator=gen)
+    return _PERM_CACHE[key]
+
+
+class SyntheticData:
+    """Random full-length token batches (B, seq_len) with random labels, for speed and memory."""
+
+    def __init__(self, vocab: int, seq_len: int):
+        self.vocab, self.seq_len = vocab, seq_len
+        self.label_ids = [min(5, vocab - 2), min(6, vocab - 1)]
+
+    def batch_for_step(self, step: int, batch_size: int, seed: int) -> Batch:
+        gen = torch.Generator().manual_seed(seed * 104729 + step)
+        ids = torch.randint(4, self.vocab, (batch_size, self.seq_len), generator=gen)
+        labels = torch.randint(0, 2, (batch_size,), generator=gen)
+        return Batch(ids, torch.ones_like(ids), labels, torch.tensor(self.label_ids))
+
+    def eval_batches(self, batch_size: int):
+        yield self.batch_for_step(-1, batch_size, 0)
+
+    def __len__(self) -> int:
+        return 0

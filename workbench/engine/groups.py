@@ -1,0 +1,134 @@
+"""Parameter groups: the embedding, each transformer block and the head, each one flat fp32 buffer.
+
+A group is the unit the engines move, perturb and update. Its layout is canonical (decayed
+matrices first, then biases and norm weights, each in module order), so one kernel launch covers
+a group, weight decay is "the first ``n_decay`` elements", and a perturbation element is named by
+(group id, offset) wherever the group sits. Modules see a group through views bound into their
+``_parameters`` slots (all owners of a tied weight at once); binding is reversible and touches
+only this model instance.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from workbench.models.adapter import BlockAdapter
+from workbench.models.build import group_id
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One parameter inside a group: its name, owners (module, slot) and place in the buffer."""
+
+    name: str
+    owners: tuple[tuple[nn.Module, str], ...]
+    shape: tuple[int, ...]
+    offset: int
+    numel: int
+
+
+@dataclass
+class GroupLayout:
+    """Where each parameter of a group sits in its flat buffer (units: elements)."""
+
+    name: str
+    entries: list[Entry]
+    numel: int
+    n_decay: int  # elements [0, n_decay) get weight decay
+    gid: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.gid = group_id(self.name)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the group in fp32."""
+        return 4 * self.numel
+
+    def signature(self) -> tuple:
+        return tuple((e.shape, e.offset) for e in self.entries)
+
+    def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        return [flat[e.offset:e.offset + e.numel].view(e.shape) for e in self.entries]
+
+    def named_views(self, flat: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+        return [(e.name, v) for e, v in zip(self.entries, self.views(flat))]
+
+    def make_params(self, flat: torch.Tensor) -> list[nn.Parameter]:
+        """Parameter objects viewing ``flat`` (cache them: building one costs microseconds)."""
+        return [nn.Parameter(v, requires_grad=False) for v in self.views(flat)]
+
+    def bind(self, params: list[nn.Parameter]) -> None:
+        """Point every owner of every entry at ``params`` (same order as ``entries``)."""
+        for entry, p in zip(self.entries, params):
+            for module, slot in entry.owners:
+                module._parameters[slot] = p
+
+
+def build_layouts(adapter: BlockAdapter) -> tuple[GroupLayout, list[GroupLayout], GroupLayout]:
+    """Layouts of (embedding, blocks, head). A weight tied between embedding and head is in the
+    embedding group only; binding it there rebinds the head's alias too."""
+    owners: dict[int, list[tuple[nn.Module, str]]] = {}
+    names: dict[int, str] = {}
+    for mod_name, module in adapter.model.named_modules():
+        for slot, p in module._parameters.items():
+            if p is None:
+                continue
+            owners.setdefault(id(p), []).append((module, slot))
+            names.setdefault(id(p), f"{mod_name}.{slot}" if mod_name else slot)
+    seen: set[int] = set()
+
+    def layout(name: str, modules: list[nn.Module]) -> GroupLayout:
+        params: list[nn.Parameter] = []
+        for module in modules:
+            for p in module.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    params.append(p)
+        # Matrices first so weight decay covers one prefix; biases and norms after.
+        ordered = [p for p in params if p.dim() >= 2] + [p for p in params if p.dim() < 2]
+        entries, offset = [], 0
+        for p in ordered:
+            entries.append(Entry(names[id(p)], tuple(owners[id(p)]), tuple(p.shape), offset,
+                                 p.numel()))
+            offset += p.numel()
+        n_decay = sum(p.numel() for p in ordered if p.dim() >= 2)
+        return GroupLayout(name, entries, offset, n_decay)
+
+    embed = layout("embed", adapter.embed_modules)
+    blocks = [layout(f"block.{i}", [b]) for i, b in enumerate(adapter.blocks)]
+    head = layout("head", adapter.head_modules)
+    return embed, blocks, head
+
+
+def tied_with_embed(embed: GroupLayout, head_modules: list[nn.Module]) -> bool:
+    """True when a head module owns a weight of the embedding group (tied LM head)."""
+    heads = {id(m) for m in head_modules}
+    return any(id(module) in heads for e in embed.entries for module, _ in e.owners)
+
+
+def move_buffers(modules: list[nn.Module], device: torch.device) -> None:
+    """Non-parameter buffers (e.g. rotary tables) live on the compute device for good."""
+    for module in modules:
+        for sub in module.modules():
+            for name, buf in sub._buffers.items():
+                if buf is not None and buf.device != device:
+                    sub._buffers[name] = (torch.empty_like(buf, device=device) if buf.is_meta
+                                          else buf.to(device))
+
+
+def digest(flats: list[torch.Tensor]) -> str:
+    """SHA-256 of the groups' fp32 bytes in canonical order (the run's ``param_digest``)."""
+    h = hashlib.sha256()
+    for flat in flats:
+        h.update(flat.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def norm(flats: list[torch.Tensor]) -> float:
+    """L2 norm of all trainable parameters (the run's ``param_norm``)."""
+    total = sum(float(flat.detach().double().pow(2).sum()) for flat in flats)
+    return total ** 0.5

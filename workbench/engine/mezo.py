@@ -1,0 +1,109 @@
+"""The MeZO baseline: the whole model on one device, ZO-SGD exactly as MeZO describes it.
+
+Per step with seed s: perturb every parameter by +eps z, forward; by -2 eps z, forward; by
++eps z (restore); g = (L+ - L-) / 2 eps; update w <- w - lr (g z + wd w). z is regenerated from
+s each time, never stored; the groups' flat buffers make each of those passes one launch per
+group.
+"""
+from __future__ import annotations
+
+import torch
+
+from workbench.config import RunConfig
+from workbench.data.batches import Batch
+from workbench.engine.events import EMBED, HEAD, EventBus
+from workbench.engine.groups import build_layouts, move_buffers
+from workbench.engine.perturb import PendingUpdate, ZOOps
+from workbench.engine.timing import OpTimer
+from workbench.engine.zo_common import (Group, autocast, label_loss, materialise,
+                                        projected_grad, step_seed)
+from workbench.models.adapter import BlockAdapter
+
+
+class MeZOEngine:
+    """Args:
+        model: a model skeleton (meta weights are fine) from ``build_skeleton``.
+        source: where weights come from (random init or a checkpoint folder).
+        cfg: the run config (eps, seed, amp, rng, telemetry).
+        device: the one device everything lives on.
+        bus: where operation events go.
+    """
+
+    streaming = False
+
+    def __init__(self, model, source, cfg: RunConfig, device: torch.device, bus: EventBus):
+        self.cfg, self.device = cfg, device
+        self.adapter = BlockAdapter(model)
+        embed, blocks, head = build_layouts(self.adapter)
+        self.groups = [Group(lay, materialise(lay, source, cfg.seed, device))
+                       for lay in (embed, *blocks, head)]
+        for group in self.groups:
+            group.bind()
+        move_buffers([model], device)
+        self.ops = ZOOps(cfg.rng, device)
+        self.timer = OpTimer(device, bus, cfg.telemetry)
+        self.bytes_h2d = self.bytes_d2h = 0
+        self.pending: PendingUpdate | None = None  # MeZO applies its update within the step
+
+    # --- training ---------------------------------------------------------------------------
+    def _perturb_all(self, seed: int, scale: float) -> None:
+        for g in self.groups:
+            if g.layout.numel:
+                self.ops.perturb(g.flat, g.layout, seed, scale)
+
+    def _loss(self, batch: Batch, step: int, sign: str) -> torch.Tensor:
+        stream = torch.cuda.current_stream() if self.device.type == "cuda" else None
+        with autocast(self.device, self.cfg.amp):
+            with self.timer.span("compute", "compute", stream, step, EMBED, detail=sign):
+                hidden, ctx = self.adapter.embed(batch.input_ids, batch.attention_mask)
+            for i, block in enumerate(self.adapter.blocks):
+                with self.timer.span("compute", "compute", stream, step, i, detail=sign):
+                    hidden = self.adapter.run_block(block, hidden, ctx)
+            with self.timer.span("compute", "compute", stream, step, HEAD, detail=sign):
+                return label_loss(self.adapter.head(hidden, ctx), batch)
+
+    @torch.no_grad()
+    def step(self, batch: Batch, step: int, lr: float, wd: float) -> tuple[torch.Tensor, ...]:
+        """One ZO-SGD step; returns (L+, L-, g) as 0-d device tensors."""
+        eps, seed = self.cfg.eps, step_seed(self.cfg.seed, step)
+        self._perturb_all(seed, +eps)
+        loss_plus = self._loss(batch, step, "+")
+        self._perturb_all(seed, -2 * eps)
+        loss_minus = self._loss(batch, step, "-")
+        self._perturb_all(seed, +eps)
+        g = projected_grad(loss_plus, loss_minus, eps)
+        upd = PendingUpdate(seed, g, lr, wd)
+        stream = torch.cuda.current_stream() if self.device.type == "cuda" else None
+        with self.timer.span("update", "compute", stream, step, EMBED):
+            for group in self.groups:
+                if group.layout.numel:
+                    self.ops.update(group.flat, group.layout, upd)
+        self.timer.poll()
+        return loss_plus, loss_minus, g
+
+    def flush(self) -> None:
+        """Nothing is ever pending in MeZO."""
+
+    @torch.no_grad()
+    def predict(self, batch: Batch) -> torch.Tensor:
+        """Label-word logits (B, 2) at each prompt's last token, with the current weights."""
+        with autocast(self.device, self.cfg.amp):
+            hidden, ctx = self.adapter.embed(batch.input_ids, batch.attention_mask)
+            for block in self.adapter.blocks:
+                hidden = self.adapter.run_block(block, hidden, ctx)
+            return self.adapter.head(hidden, ctx)[:, batch.label_ids].float()
+
+    # --- state ------------------------------------------------------------------------------
+    def state_flats(self) -> list[torch.Tensor]:
+        """Every group's weights in canonical order (device tensors; callers copy)."""
+        return [g.flat for g in self.groups]
+
+    def load_state_flats(self, flats: list[torch.Tensor]) -> None:
+        for group, flat in zip(self.groups, flats):
+            group.flat.copy_(flat)
+
+    def gpu_param_bytes(self) -> int:
+        return sum(g.layout.nbytes for g in self.groups) if self.device.type == "cuda" else 0
+
+    def close(self) -> None:
+        self.timer.poll(wait=True)

@@ -1,0 +1,103 @@
+"""Operation timing that never stalls the hot loop, and scalars read back without a sync.
+
+On CUDA each timed span records a pair of timing events on its stream; ``poll`` turns pairs
+whose end has completed into ``OpEvent`` records (``Event.query`` never blocks). On the CPU
+the host clock is read around the span and the record is published at once.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+
+from workbench.engine.events import EventBus, OpEvent
+
+
+class OpTimer:
+    """Args:
+        device: compute device.
+        bus: where resolved ``OpEvent`` records go.
+        enabled: False turns every span into a no-op (telemetry off).
+    """
+
+    def __init__(self, device: torch.device, bus: EventBus, enabled: bool = True):
+        self.cuda = device.type == "cuda"
+        self.bus, self.enabled = bus, enabled
+        self._pending: deque = deque()
+        self._free: list[torch.cuda.Event] = []
+        if self.cuda:
+            # One-off sync outside any step: pins the CUDA time origin to the host clock.
+            torch.cuda.synchronize(device)
+            self._origin = torch.cuda.Event(enable_timing=True)
+            self._origin.record()
+            torch.cuda.synchronize(device)
+        self.t0 = time.perf_counter()
+
+    def now(self) -> float:
+        """Host seconds since the time origin."""
+        return time.perf_counter() - self.t0
+
+    def _event(self) -> torch.cuda.Event:
+        return self._free.pop() if self._free else torch.cuda.Event(enable_timing=True)
+
+    @contextmanager
+    def span(self, op: str, stream_name: str, stream, step: int, block: int, nbytes: int = 0,
+             detail: str = "") -> Iterator[None]:
+        """Time the work enqueued (CUDA) or done (CPU) inside the block."""
+        if not self.enabled:
+            yield
+            return
+        if not self.cuda:
+            start = self.now()
+            yield
+            self.bus.publish(OpEvent(op, stream_name, step, block, nbytes, start, self.now(), detail))
+            return
+        begin, end = self._event(), self._event()
+        begin.record(stream)
+        yield
+        end.record(stream)
+        self._pending.append((op, stream_name, step, block, nbytes, detail, begin, end))
+
+    def poll(self, wait: bool = False) -> None:
+        """Publish every span whose end event has completed (all of them with ``wait``)."""
+        still = deque()
+        while self._pending:
+            item = self._pending.popleft()
+            begin, end = item[-2], item[-1]
+            if wait:
+                end.synchronize()  # only at the end of a run: drain the last spans
+            elif not end.query():
+                still.append(item)
+                continue
+            op, stream_name, step, block, nbytes, detail = item[:6]
+            t_begin = self._origin.elapsed_time(begin) / 1e3
+            t_end = self._origin.elapsed_time(end) / 1e3
+            self._free += [begin, end]
+            self.bus.publish(OpEvent(op, stream_name, step, block, nbytes, t_begin, t_end, detail))
+        self._pending = still
+
+
+class Deferred:
+    """Device scalars copied to pinned host memory on the current stream; ``ready`` / ``get``
+    read them later without a host-blocking sync in the step."""
+
+    def __init__(self, *scalars: torch.Tensor):
+        stacked = torch.stack([s.detach().float().reshape(()) for s in scalars])
+        if stacked.is_cuda:
+            self._host = torch.empty(stacked.shape, dtype=torch.float32, pin_memory=True)
+            self._host.copy_(stacked, non_blocking=True)
+            self._done = torch.cuda.Event()
+            self._done.record()  # marks when the copy lands in host memory
+        else:
+            self._host, self._done = stacked, None
+
+    def ready(self) -> bool:
+        return self._done is None or self._done.query()
+
+    def get(self) -> list[float]:
+        if self._done is not None:
+            self._done.synchronize()  # callers poll ready() first; this waits only at the end
+        return self._host.tolist()

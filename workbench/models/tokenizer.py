@@ -1,0 +1,66 @@
+"""Tokenizers: a byte-level one for the tiny presets, Hugging Face ones for real models."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+from workbench.models.presets import PRESETS
+
+
+class Tokenizer(Protocol):
+    pad_id: int
+
+    def encode(self, text: str) -> list[int]:
+        """Ids with the model's leading special token, if it uses one."""
+
+    def encode_plain(self, text: str) -> list[int]:
+        """Ids with no special tokens (for label words)."""
+
+
+class ByteTokenizer:
+    """UTF-8 bytes shifted past four specials (<pad>=0, <s>=1, </s>=2, <unk>=3): vocab 260.
+
+    The tiny presets use it so the demo needs no tokenizer files at all.
+    """
+
+    pad_id, bos_id = 0, 1
+    vocab_size = 260
+
+    def encode(self, text: str) -> list[int]:
+        return [self.bos_id] + self.encode_plain(text)
+
+    def encode_plain(self, text: str) -> list[int]:
+        return [b + 4 for b in text.encode("utf-8")]
+
+
+class HFTokenizer:
+    """A ``transformers`` tokenizer behind the two calls the data pipeline makes."""
+
+    def __init__(self, tok):
+        self.tok = tok
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        self.pad_id = int(pad if pad is not None else 0)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tok(text)["input_ids"])
+
+    def encode_plain(self, text: str) -> list[int]:
+        return list(self.tok(text, add_special_tokens=False)["input_ids"])
+
+
+def load_tokenizer(model: str, data_dir: Path) -> Tokenizer:
+    """The tokenizer a model preset or folder uses; local files first, the Hub only when online."""
+    from transformers import AutoTokenizer
+
+    preset = PRESETS.get(model)
+    if preset is None:
+        return HFTokenizer(AutoTokenizer.from_pretrained(Path(model).expanduser()))
+    if preset.tokenizer == "byte":
+        return ByteTokenizer()
+    if preset.tokenizer == "opt":
+        local = data_dir / "opt-tokenizer"
+        return HFTokenizer(AutoTokenizer.from_pretrained(local if local.is_dir()
+                                                         else "facebook/opt-125m"))
+    from workbench.models.smollm2 import smollm2_folder
+
+    return HFTokenizer(AutoTokenizer.from_pretrained(smollm2_folder()))

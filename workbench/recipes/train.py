@@ -1,0 +1,256 @@
+"""The training recipe: setup -> train -> save -> cleanup, shared by the CLI and the notebooks.
+
+It composes the pieces (data, model skeleton, engine, telemetry) and owns the loop. The loop
+never waits for the GPU: each step's losses travel to the host through ``Deferred`` copies and
+are published once they have landed.
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workbench.config import RunConfig, check_environment
+from workbench.data.batches import PromptDataset, SyntheticData
+from workbench.data.sources import load_split
+from workbench.engine import build_engine
+from workbench.engine.events import EvalEvent, EventBus, InfoEvent, StepEvent
+from workbench.engine.groups import digest, norm
+from workbench.engine.timing import Deferred
+from workbench.models.build import build_skeleton
+from workbench.models.presets import PRESETS
+from workbench.models.tokenizer import load_tokenizer
+from workbench.telemetry.collector import Collector
+from workbench.telemetry.environment import environment
+from workbench.telemetry.record import RunRecord
+from workbench.telemetry.sampler import Sampler
+
+
+class TrainRecipe:
+    """Args:
+        cfg: the run.
+        out_dir: run directory to write (None: keep the record in memory only).
+        bus: event bus to publish on (a fresh one by default); the UI subscribes to it.
+        progress: show a tqdm progress bar.
+    """
+
+    def __init__(self, cfg: RunConfig, out_dir: str | Path | None = None,
+                 bus: EventBus | None = None, progress: bool = True):
+        self.cfg, self.progress = cfg, progress
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.bus = bus or EventBus()
+        self.record = RunRecord(config=cfg.to_dict(), status="new")
+        self.collector = Collector(self.record, cfg.keep_steps)
+        self._unsubscribe = self.bus.subscribe(self.collector)
+        self.stop_event = threading.Event()
+        self.live: dict[str, float] = {"lr": cfg.lr, "weight_decay": cfg.weight_decay}
+        self.engine: Any = None
+        self.sampler: Sampler | None = None
+        self.step = 0
+
+    # --- setup ------------------------------------------------------------------------------
+    def setup(self) -> "TrainRecipe":
+        """Check the machine, load data, build the model and engine, start sampling."""
+        cfg = self.cfg
+        check_environment(cfg)
+        torch.manual_seed(cfg.seed)
+        self.device = torch.device(cfg.device)
+        self.train_data, self.dev_data = self._data()
+        model, source = build_skeleton(cfg.model)
+        t = time.perf_counter()
+        self.engine = build_engine(model, source, cfg, self.device, self.bus)
+        self.bus.publish(InfoEvent("build_seconds", time.perf_counter() - t))
+        self.sampler = Sampler(hz=cfg.sample_hz, t0=self.engine.timer.t0,
+                               on_sample=self._on_sample)
+        self.record.environment = environment(cfg.device, self.sampler.static_info())
+        self.sampler.start()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        return self
+
+    def _data(self):
+        cfg = self.cfg
+        if cfg.data == "synthetic":
+            vocab = (PRESETS[cfg.model].vocab if cfg.model in PRESETS
+                     else build_skeleton(cfg.model)[0].config.vocab_size)
+            return SyntheticData(vocab, cfg.seq_len), None
+        tok = load_tokenizer(cfg.model, cfg.resolved_data_dir)
+        train = load_split(cfg.data, "train", cfg.resolved_data_dir)
+        dev = load_split(cfg.data, "dev", cfg.resolved_data_dir)
+        if cfg.train_samples:
+            train = train[:cfg.train_samples]
+        if cfg.eval_samples:
+            dev = dev[:cfg.eval_samples]
+        return PromptDataset(train, tok, cfg.seq_len), PromptDataset(dev, tok, cfg.seq_len)
+
+    def _on_sample(self, sample: dict[str, float]) -> None:
+        with self.record.lock:
+            self.record.samples.append(sample)
+
+    # --- train ------------------------------------------------------------------------------
+    def set_live(self, **values: float) -> None:
+        """Change live knobs (lr, weight_decay); they apply from the next step."""
+        unknown = set(values) - set(self.live)
+        if unknown:
+            raise ValueError(f"{', '.join(sorted(unknown))}: not changeable during a run "
+                             f"(live knobs: {', '.join(self.live)})")
+        self.live.update(values)
+
+    def train(self) -> RunRecord:
+        """Run steps until ``cfg.steps`` or ``stop_event``; evaluates at start and end."""
+        cfg, engine, rec = self.cfg, self.engine, self.record
+        rec.status = "running"
+        if self.dev_data is not None and self.step == 0:
+            self.evaluate()
+        inflight: deque = deque()
+        mark = self._marker()
+        bar = _progress(cfg.steps, self.step) if self.progress else None
+        while self.step < cfg.steps and not self.stop_event.is_set():
+            t = self.step
+            batch = self.train_data.batch_for_step(t, cfg.batch_size, cfg.seed).to(self.device)
+            lr, wd = self.live["lr"], self.live["weight_decay"]
+            moved = engine.bytes_h2d, engine.bytes_d2h
+            loss_plus, loss_minus, g = engine.step(batch, t, lr, wd)
+            end = self._marker()
+            moved = (engine.bytes_h2d - moved[0], engine.bytes_d2h - moved[1])
+            inflight.append((t, Deferred(loss_plus, loss_minus, g), batch.tokens, lr, mark, end,
+                             moved))
+            mark = end
+            self.step += 1
+            # Bound run-ahead to two steps: the host waits here, between steps, if it must.
+            self._publish(inflight, block=len(inflight) > 2, bar=bar)
+            if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
+                self._publish(inflight, block=True, bar=bar)
+                self.evaluate()
+        self._publish(inflight, block=True, bar=bar, drain=True)
+        engine.flush()
+        if bar is not None:
+            bar.close()
+        if self.dev_data is not None:
+            self.evaluate()
+        rec.status = "stopped" if self.stop_event.is_set() else "done"
+        return rec
+
+    def _marker(self):
+        if self.device.type != "cuda":
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()  # end of this step's work on the compute stream
+        return event
+
+    def _publish(self, inflight: deque, block: bool, bar, drain: bool = False) -> None:
+        while inflight and (drain or block or inflight[0][1].ready()):
+            t, deferred, tokens, lr, begin, end, moved = inflight.popleft()
+            loss_plus, loss_minus, g = deferred.get()
+            self.engine.timer.poll()  # the step's spans are complete: publish them before it
+            if isinstance(end, float):
+                seconds, end_t = end - begin, end - self.engine.timer.t0
+            else:
+                end.synchronize()  # already complete once the losses have landed; no stall
+                seconds = begin.elapsed_time(end) / 1e3
+                end_t = self.engine.timer.now()
+            mem = _memory(self.device)
+            self.bus.publish(StepEvent(t, (loss_plus + loss_minus) / 2, g, seconds, tokens,
+                                       loss_plus, loss_minus, lr, *mem, *moved, end=end_t))
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{(loss_plus + loss_minus) / 2:.4f}", g=f"{g:.3g}")
+            block = False
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Dev accuracy (fraction) and loss with the current weights; publishes an EvalEvent."""
+        correct = total = 0
+        loss_sum = 0.0
+        for batch in self.dev_data.eval_batches(max(self.cfg.batch_size, 16)):
+            batch = batch.to(self.device)
+            logits = self.engine.predict(batch)
+            correct += int((logits.argmax(-1) == batch.labels).sum())
+            loss_sum += float(torch.nn.functional.cross_entropy(logits, batch.labels,
+                                                                reduction="sum"))
+            total += len(batch.labels)
+        acc = correct / max(total, 1)
+        self.bus.publish(EvalEvent(self.step, acc, loss_sum / max(total, 1), total))
+        return acc
+
+    # --- save -------------------------------------------------------------------------------
+    def save(self) -> RunRecord:
+        """Summary, parameter digest and the run directory (if any)."""
+        rec, cfg = self.record, self.cfg
+        self.engine.flush()
+        flats = [f.detach().cpu() for f in self.engine.state_flats()]
+        self.collector.flush()
+        with rec.lock:
+            rec.param_digest, rec.param_norm = digest(flats), norm(flats)
+            rec.summary = _summary(rec, self.engine, self.device)
+        if self.out_dir is not None:
+            rec.save(self.out_dir)
+            from workbench.telemetry.trace import write_trace
+
+            write_trace(rec, self.out_dir / "trace.json")
+        return rec
+
+    def cleanup(self) -> None:
+        if self.sampler is not None:
+            self.sampler.stop()
+        if self.engine is not None:
+            self.engine.close()
+        self._unsubscribe()
+
+
+def run(cfg: RunConfig, out_dir: str | Path | None = None, bus: EventBus | None = None,
+        progress: bool = True) -> RunRecord:
+    """Set up, train, save and clean up one run; returns its record."""
+    recipe = TrainRecipe(cfg, out_dir, bus, progress)
+    try:
+        recipe.setup()
+        recipe.train()
+        return recipe.save()
+    except BaseException:
+        recipe.record.status = "failed"
+        raise
+    finally:
+        recipe.cleanup()
+
+
+def _memory(device: torch.device) -> tuple[int, int, int]:
+    if device.type != "cuda":
+        return 0, 0, 0
+    return (torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device),
+            torch.cuda.max_memory_allocated(device))
+
+
+def _summary(rec: RunRecord, engine, device: torch.device) -> dict[str, Any]:
+    steps = rec.steps
+    timed = steps[1:] if len(steps) >= 3 else steps  # the first step carries compile / warm-up
+    seconds = sum(s["seconds"] for s in timed)
+    tokens = sum(s["tokens"] for s in timed)
+    tail = steps[-max(1, len(steps) // 10):] if steps else []
+    losses = [s["loss"] for s in tail if s["loss"] is not None]
+    n = max(len(steps), 1)
+    out: dict[str, Any] = {
+        "steps": len(steps),
+        "tokens_per_s": tokens / seconds if seconds > 0 else math.nan,
+        "step_seconds": seconds / max(len(timed), 1),
+        "peak_gpu_mem_bytes": _memory(device)[2],
+        "gpu_param_bytes": engine.gpu_param_bytes(),
+        "final_loss": sum(losses) / len(losses) if losses else math.nan,
+        "bytes_h2d": sum(s.get("bytes_h2d", 0) for s in steps) // n,
+        "bytes_d2h": sum(s.get("bytes_d2h", 0) for s in steps) // n,
+        "build_seconds": rec.info.get("build_seconds"),
+    }
+    if rec.evals:
+        out["eval_accuracy"] = rec.evals[-1]["accuracy"]
+        out["eval_accuracy_start"] = rec.evals[0]["accuracy"]
+    return out
+
+
+def _progress(total: int, initial: int):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc="train", unit="step", leave=False)

@@ -1,0 +1,1 @@
+"""Run records, NVML / host sampling and trace export. Never imports ipywidgets or plotly."""
