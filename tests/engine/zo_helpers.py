@@ -19,7 +19,8 @@ def train(cfg: RunConfig, steps: int = 10, bus: EventBus | None = None, batch_si
     out = []
     for t in range(steps):
         batch = data.batch_for_step(t, batch_size, cfg.seed).to(cfg.device)
-        out.append(tuple(float(x) for x in engine.step(batch, t, cfg.lr, cfg.weight_decay)))
+        o = engine.step(batch, t, cfg.lr, cfg.weight_decay)
+        out.append((float(o.loss_plus), float(o.loss_minus), float(o.projected_grad)))
     engine.flush()
     d = digest([f.detach().cpu() for f in engine.state_flats()])
     engine.close()

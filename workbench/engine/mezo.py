@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from workbench.config import RunConfig
+from workbench.engine import StepOutput
 from workbench.data.batches import Batch
 from workbench.engine.events import EMBED, HEAD, EventBus
 from workbench.engine.groups import build_layouts, move_buffers
@@ -63,7 +64,7 @@ class MeZOEngine:
                 return label_loss(self.adapter.head(hidden, ctx), batch)
 
     @torch.no_grad()
-    def step(self, batch: Batch, step: int, lr: float, wd: float) -> tuple[torch.Tensor, ...]:
+    def step(self, batch: Batch, step: int, lr: float, wd: float) -> StepOutput:
         """One ZO-SGD step; returns (L+, L-, g) as 0-d device tensors."""
         eps, seed = self.cfg.eps, step_seed(self.cfg.seed, step)
         self._perturb_all(seed, +eps)
@@ -79,7 +80,7 @@ class MeZOEngine:
                 if group.layout.numel:
                     self.ops.update(group.flat, group.layout, upd)
         self.timer.poll()
-        return loss_plus, loss_minus, g
+        return StepOutput((loss_plus + loss_minus) / 2, g, loss_plus, loss_minus)
 
     def flush(self) -> None:
         """Nothing is ever pending in MeZO."""

@@ -18,12 +18,14 @@ from typing import Callable
 import torch
 
 from workbench.config import RunConfig
+from workbench.engine import StepOutput
 from workbench.data.batches import Batch
 from workbench.engine.events import EMBED, HEAD, EventBus
 from workbench.engine.groups import build_layouts, move_buffers, tied_with_embed
 from workbench.engine.perturb import PendingUpdate, ZOOps
 from workbench.engine.streams import Streams
 from workbench.engine.timing import OpTimer
+from workbench.engine.transfers import MirrorTransfer, make_transfer
 from workbench.engine.zo_common import (Group, autocast, label_loss, materialise,
                                         projected_grad, step_seed)
 from workbench.models.adapter import BlockAdapter
@@ -49,63 +51,69 @@ class ZOOffloadEngine:
         # +eps copy of a tied embedding, alive from the embedding's + pass to the head's.
         self.scratch = torch.empty_like(self.embed.flat) if self.tied else None
         self.streams = Streams(device, cfg.overlap)
+        self.ops = ZOOps(cfg.rng, device)
+        self.timer = OpTimer(device, bus, cfg.telemetry)
+        self.transfer = make_transfer(cfg.master, cfg.codec, device, self.timer, self.ops)
+        self.mirror = isinstance(self.transfer, MirrorTransfer)
         self.slot_numel = max((blocks[i].numel for i in range(n) if i not in self.resident), default=0)
         self.n_slots = cfg.prefetch_depth + 2
-        self.slots = ([torch.empty(self.slot_numel, device=device) for _ in range(self.n_slots)]
-                      if cfg.reuse_buffers and self.slot_numel else [])
+        self.slots: list[tuple[torch.Tensor, dict]] = []
+        if cfg.reuse_buffers and self.slot_numel:
+            self.slots = [(torch.empty(self.slot_numel, device=device),
+                           self.transfer.slot_extra(self.slot_numel)) for _ in range(self.n_slots)]
         self.blocks: list[Group] = []
         for i, lay in enumerate(blocks):
             if i in self.resident:
                 self.blocks.append(Group(lay, materialise(lay, source, cfg.seed, device)))
             else:
-                self.blocks.append(Group(lay, self._host_master(lay, source)))
+                self.blocks.append(Group(lay, self._host_storage(lay, source)))
         self.embed.bind()
         self.head.bind()
         for i in self.resident:
             self.blocks[i].bind()
         move_buffers([model], device)
-        self.ops = ZOOps(cfg.rng, device)
-        self.timer = OpTimer(device, bus, cfg.telemetry)
         self.pending: PendingUpdate | None = None
         self.bytes_h2d = self.bytes_d2h = 0
         self._offloaded: dict[int, torch.cuda.Event | None] = {}  # block -> its last offload
         self._slot_free: dict[int, torch.cuda.Event | None] = {}  # slot -> last use finished
-        self._slot_params: dict[int, list] = {}
+        self._slot_params: dict[tuple, list] = {}
 
-    def _host_master(self, lay, source) -> torch.Tensor:
-        """fp32 master of a streamed block in (pinned) host memory. Random init runs on the
-        GPU in a slot and is copied down, which is much faster than initialising on the CPU."""
-        host = torch.empty(lay.numel, dtype=torch.float32, pin_memory=self.cuda)
-        if self.cuda and isinstance(source, RandomInit):
-            staging = (self.slots[0] if self.slots else torch.empty(lay.numel, device=self.device))
-            staging = staging[:lay.numel]
-            source.fill(lay.name, lay.named_views(staging), self.cfg.seed)
-            host.copy_(staging)  # setup only: a synchronous copy is fine here
-        else:
-            source.fill(lay.name, lay.named_views(host), self.cfg.seed)
+    def _host_storage(self, lay, source):
+        """A streamed block's host storage, filled with its initial weights. Random init runs on
+        the GPU (in a slot) and is copied down: far faster than initialising on the CPU."""
+        host = self.transfer.host_storage(lay.numel)
+        on_gpu = self.cuda and isinstance(source, RandomInit)
+        staging = (self.slots[0][0] if on_gpu and self.slots
+                   else torch.empty(lay.numel, device=self.device if on_gpu else "cpu"))
+        staging = staging[:lay.numel]
+        source.fill(lay.name, lay.named_views(staging), self.cfg.seed)
+        self.transfer.store_fp32(host, staging)  # setup only: synchronous copies are fine here
         return host
 
     # --- the block pipeline ----------------------------------------------------------------
-    def _stream_blocks(self, step: int, compute: Callable[[int, torch.Tensor], None],
+    def _stream_blocks(self, step: int, compute: Callable[[int, torch.Tensor, dict | None], None],
                        write_back: bool, op: str = "compute") -> None:
-        """Run ``compute(i, weights)`` for every block in order, streamed blocks uploaded
+        """Run ``compute(i, weights, extra)`` for every block in order, streamed blocks uploaded
         ``prefetch_depth`` ahead and (with ``write_back``) offloaded after."""
-        s, n, depth = self.streams, len(self.blocks), self.cfg.prefetch_depth
-        inflight: dict[int, tuple[torch.Tensor, object, int]] = {}
+        s, n, depth, tr = self.streams, len(self.blocks), self.cfg.prefetch_depth, self.transfer
+        inflight: dict[int, tuple] = {}
 
         def upload(j: int) -> None:
             if j >= n or j in self.resident:
                 return
             group, slot = self.blocks[j], j % self.n_slots
+            numel = group.layout.numel
+            tr.wait_host(j)  # host-side work on this block's storage has finished
             with s.on(s.upload):
                 s.wait(s.upload, self._slot_free.get(slot))  # slot's last block is done with it
-                s.wait(s.upload, self._offloaded.get(j))  # last step's offload wrote the master
-                flat = (self.slots[slot][:group.layout.numel] if self.slots
-                        else torch.empty(group.layout.numel, device=self.device))
-                with self.timer.span("upload", "upload", s.upload, step, j, group.layout.nbytes):
-                    flat.copy_(group.flat, non_blocking=True)
-                inflight[j] = (flat, s.record(s.upload), slot)
-            self.bytes_h2d += group.layout.nbytes
+                s.wait(s.upload, self._offloaded.get(j))  # last step's offload wrote the host copy
+                if self.slots:
+                    flat, extra = self.slots[slot][0][:numel], self.slots[slot][1]
+                else:  # reuse_buffers off: fresh buffers from the caching allocator each time
+                    flat, extra = torch.empty(numel, device=self.device), tr.slot_extra(numel)
+                tr.upload(group.flat, flat, extra, step, j, s.upload)
+                inflight[j] = (flat, extra, s.record(s.upload), slot)
+            self.bytes_h2d += tr.up_bytes(numel)
 
         for j in range(min(depth, n)):
             upload(j)
@@ -113,27 +121,28 @@ class ZOOffloadEngine:
             upload(i + depth)
             group = self.blocks[i]
             if i in self.resident:
-                compute(i, group.flat)
+                with self.timer.span(op, "compute", s.compute, step, i):
+                    compute(i, group.flat, None)
                 continue
-            flat, uploaded, slot = inflight.pop(i)
+            flat, extra, uploaded, slot = inflight.pop(i)
             s.wait(s.compute, uploaded)  # compute reads the weights only once they have landed
-            if not self.slots and self.cuda:
-                flat.record_stream(s.compute)  # fresh buffer: keep it alive for compute
+            fresh = [flat, *extra.values()] if not self.slots and self.cuda else []
+            for t in fresh:
+                t.record_stream(s.compute)  # fresh buffers: alive until compute is done
             self._bind_slot(i, flat, slot)
             with self.timer.span(op, "compute", s.compute, step, i):
-                compute(i, flat)
+                compute(i, flat, extra)
             computed = s.record(s.compute)
             if not write_back:
                 self._slot_free[slot] = computed
                 continue
             with s.on(s.offload):
                 s.wait(s.offload, computed)  # offload only after compute has finished the block
-                with self.timer.span("offload", "offload", s.offload, step, i, group.layout.nbytes):
-                    group.flat.copy_(flat, non_blocking=True)
+                self.bytes_d2h += tr.offload(group.flat, flat, extra, step, i, group.layout,
+                                             s.offload)
                 done = s.record(s.offload)
-                if not self.slots and self.cuda:
-                    flat.record_stream(s.offload)
-            self.bytes_d2h += group.layout.nbytes
+                for t in fresh:
+                    t.record_stream(s.offload)  # and until the offload has read them
             self._offloaded[i] = self._slot_free[slot] = done
 
     def _bind_slot(self, i: int, flat: torch.Tensor, slot: int) -> None:
@@ -142,7 +151,7 @@ class ZOOffloadEngine:
         if not self.slots:
             lay.bind(lay.make_params(flat))
             return
-        key = (slot, lay.signature())
+        key = (slot, lay.signature())  # views of one slot serve every block of that shape
         params = self._slot_params.get(key)
         if params is None:
             params = self._slot_params[key] = lay.make_params(flat)
@@ -150,7 +159,7 @@ class ZOOffloadEngine:
 
     # --- training ---------------------------------------------------------------------------
     @torch.no_grad()
-    def step(self, batch: Batch, step: int, lr: float, wd: float) -> tuple[torch.Tensor, ...]:
+    def step(self, batch: Batch, step: int, lr: float, wd: float) -> StepOutput:
         """One ZO step over the streamed model; returns (L+, L-, g) as 0-d device tensors."""
         cfg, ops, adapter = self.cfg, self.ops, self.adapter
         eps, seed, upd = cfg.eps, step_seed(cfg.seed, step), self.pending
@@ -173,9 +182,9 @@ class ZOOffloadEngine:
                     ops.perturb(emb.flat, emb.layout, seed, +eps)
             hidden = [h_plus, h_minus]
 
-            def dual_forward(i: int, flat: torch.Tensor) -> None:
+            def dual_forward(i: int, flat: torch.Tensor, extra: dict | None) -> None:
                 lay, block = self.blocks[i].layout, adapter.blocks[i]
-                ops.update_perturb(flat, lay, upd, seed, +eps)
+                self._update_perturb_block(i, flat, extra, upd, seed, eps)
                 hidden[0] = adapter.run_block(block, hidden[0], ctx)
                 ops.perturb(flat, lay, seed, -2 * eps)
                 hidden[1] = adapter.run_block(block, hidden[1], ctx)
@@ -202,7 +211,20 @@ class ZOOffloadEngine:
         if not cfg.fused_update:
             self.flush(step)  # the unfused baseline: a separate update pass with its own transfers
         self.timer.poll()
-        return loss_plus, loss_minus, g
+        return StepOutput((loss_plus + loss_minus) / 2, g, loss_plus, loss_minus)
+
+    def _update_perturb_block(self, i: int, flat, extra, upd, seed: int, eps: float) -> None:
+        if self.mirror and extra is not None and upd is not None:
+            # fp32 master on the host: apply the update here and keep it to send down.
+            self.transfer.apply_update(flat, self.blocks[i].layout, upd, extra, i)
+            upd = None
+        self.ops.update_perturb(flat, self.blocks[i].layout, upd, seed, +eps)
+
+    def _update_block(self, i: int, flat, extra, upd) -> None:
+        if self.mirror and extra is not None:
+            self.transfer.apply_update(flat, self.blocks[i].layout, upd, extra, i)
+        else:
+            self.ops.update(flat, self.blocks[i].layout, upd)
 
     def _perturb_group(self, group: Group, upd: PendingUpdate | None, seed: int, eps: float) -> None:
         if group.layout.numel:
@@ -219,7 +241,7 @@ class ZOOffloadEngine:
             for group in (self.embed, self.head):
                 if group.layout.numel:
                     self.ops.update(group.flat, group.layout, upd)
-        self._stream_blocks(step, lambda i, flat: self.ops.update(flat, self.blocks[i].layout, upd),
+        self._stream_blocks(step, lambda i, flat, extra: self._update_block(i, flat, extra, upd),
                             write_back=True, op="update")
 
     @torch.no_grad()
@@ -230,7 +252,7 @@ class ZOOffloadEngine:
             hidden, ctx = self.adapter.embed(batch.input_ids, batch.attention_mask)
             state = [hidden]
 
-            def forward(i: int, flat: torch.Tensor) -> None:
+            def forward(i: int, flat: torch.Tensor, extra: dict | None) -> None:
                 state[0] = self.adapter.run_block(self.adapter.blocks[i], state[0], ctx)
 
             self._stream_blocks(-1, forward, write_back=False, op="eval")
@@ -238,32 +260,46 @@ class ZOOffloadEngine:
 
     # --- state ------------------------------------------------------------------------------
     def sync(self) -> None:
-        """Wait for every transfer (outside steps: before reading host masters)."""
+        """Wait for every transfer and host pass (outside steps: before reading host copies)."""
         if self.cuda:
-            torch.cuda.synchronize(self.device)
+            torch.cuda.synchronize(self.device)  # all streams: transfers have landed
+        for i in range(len(self.blocks)):
+            self.transfer.wait_host(i)
+
+    def _weights(self, i: int) -> torch.Tensor:
+        group = self.blocks[i]
+        return group.flat if i in self.resident else self.transfer.to_fp32(group.flat)
 
     def state_flats(self) -> list[torch.Tensor]:
-        """Every group's weights in canonical order; streamed blocks are their host masters."""
+        """Every group's fp32 weights in canonical order (streamed blocks from the host)."""
         self.sync()
-        return [self.embed.flat, *(b.flat for b in self.blocks), self.head.flat]
+        return [self.embed.flat, *(self._weights(i) for i in range(len(self.blocks))),
+                self.head.flat]
 
     def load_state_flats(self, flats: list[torch.Tensor]) -> None:
         self.sync()
-        for group, flat in zip([self.embed, *self.blocks, self.head], flats):
-            group.flat.copy_(flat)
+        self.embed.flat.copy_(flats[0])
+        self.head.flat.copy_(flats[-1])
+        for i, flat in enumerate(flats[1:-1]):
+            if i in self.resident:
+                self.blocks[i].flat.copy_(flat)
+            else:
+                self.transfer.store_fp32(self.blocks[i].flat, flat)
 
     def gpu_param_bytes(self) -> int:
         if not self.cuda:
             return 0
         resident = sum(self.blocks[i].layout.nbytes for i in self.resident)
-        slots = 4 * self.slot_numel * len(self.slots)
+        slots = sum(4 * flat.numel() + sum(t.numel() * t.element_size() for t in extra.values())
+                    for flat, extra in self.slots)
         scratch = self.scratch.numel() * 4 if self.scratch is not None else 0
         return self.embed.layout.nbytes + self.head.layout.nbytes + resident + slots + scratch
 
     def close(self) -> None:
         """Drain timing events and point the model back at the host masters."""
         self.sync()
+        self.transfer.close()
         self.timer.poll(wait=True)
         for i, group in enumerate(self.blocks):
             if i not in self.resident:
-                group.bind()
+                group.layout.bind(group.layout.make_params(self._weights(i)))

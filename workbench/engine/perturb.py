@@ -96,6 +96,13 @@ class ZOOps:
             u[:layout.n_decay].add_(x[:layout.n_decay], alpha=upd.wd)
         x.add_(u, alpha=-upd.lr)
 
+    def delta(self, x: torch.Tensor, layout: GroupLayout, upd: PendingUpdate) -> torch.Tensor:
+        """The update itself, -lr (g z + wd x), as a new fp32 tensor (x is not changed)."""
+        d = self.z(x.numel(), upd.seed, layout.gid, x.device).mul_(upd.g.to(x.device))
+        if upd.wd:
+            d[:layout.n_decay].add_(x[:layout.n_decay], alpha=upd.wd)
+        return d.mul_(-upd.lr)
+
     def update_perturb(self, x: torch.Tensor, layout: GroupLayout, upd: PendingUpdate | None,
                        seed: int, scale: float, out: torch.Tensor | None = None) -> None:
         """Apply ``upd`` (if any) to x, then out <- x + scale z (default out: x in place; with a

@@ -12,11 +12,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-M0: tl.constexpr = 0xD2511F53
-M1: tl.constexpr = 0xCD9E8D57
-W0: tl.constexpr = 0x9E3779B9
-W1: tl.constexpr = 0xBB67AE85
-TWO_PI: tl.constexpr = 6.283185307179586
+M0 = tl.constexpr(0xD2511F53)
+M1 = tl.constexpr(0xCD9E8D57)
+W0 = tl.constexpr(0x9E3779B9)
+W1 = tl.constexpr(0xBB67AE85)
+TWO_PI = tl.constexpr(6.283185307179586)
 
 
 @triton.jit
@@ -70,8 +70,8 @@ def zo_kernel(x_ptr, out_ptr, g_ptr, n, q, n_decay, seed, prev_seed, gid, scale,
     c = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     cm = c < q
     g = 0.0
-    zp0 = zp1 = zp2 = zp3 = 0.0
-    zc0 = zc1 = zc2 = zc3 = 0.0
+    zp0, zp1, zp2, zp3 = 0.0, 0.0, 0.0, 0.0
+    zc0, zc1, zc2, zc3 = 0.0, 0.0, 0.0, 0.0
     if DO_UPDATE:
         g = tl.load(g_ptr)
         zp0, zp1, zp2, zp3 = _normals(prev_seed, gid, c)

@@ -115,11 +115,13 @@ class TrainRecipe:
             batch = self.train_data.batch_for_step(t, cfg.batch_size, cfg.seed).to(self.device)
             lr, wd = self.live["lr"], self.live["weight_decay"]
             moved = engine.bytes_h2d, engine.bytes_d2h
-            loss_plus, loss_minus, g = engine.step(batch, t, lr, wd)
+            out = engine.step(batch, t, lr, wd)
             end = self._marker()
             moved = (engine.bytes_h2d - moved[0], engine.bytes_d2h - moved[1])
-            inflight.append((t, Deferred(loss_plus, loss_minus, g), batch.tokens, lr, mark, end,
-                             moved))
+            nan = torch.full((), float("nan"), device=out.loss.device)
+            scalars = [out.loss, *(x if x is not None else nan for x in
+                                   (out.projected_grad, out.loss_plus, out.loss_minus))]
+            inflight.append((t, Deferred(*scalars), batch.tokens, lr, mark, end, moved))
             mark = end
             self.step += 1
             # Bound run-ahead to two steps: the host waits here, between steps, if it must.
@@ -146,7 +148,7 @@ class TrainRecipe:
     def _publish(self, inflight: deque, block: bool, bar, drain: bool = False) -> None:
         while inflight and (drain or block or inflight[0][1].ready()):
             t, deferred, tokens, lr, begin, end, moved = inflight.popleft()
-            loss_plus, loss_minus, g = deferred.get()
+            loss, g, loss_plus, loss_minus = deferred.get()
             self.engine.timer.poll()  # the step's spans are complete: publish them before it
             if isinstance(end, float):
                 seconds, end_t = end - begin, end - self.engine.timer.t0
@@ -155,11 +157,11 @@ class TrainRecipe:
                 seconds = begin.elapsed_time(end) / 1e3
                 end_t = self.engine.timer.now()
             mem = _memory(self.device)
-            self.bus.publish(StepEvent(t, (loss_plus + loss_minus) / 2, g, seconds, tokens,
+            self.bus.publish(StepEvent(t, loss, g, seconds, tokens,
                                        loss_plus, loss_minus, lr, *mem, *moved, end=end_t))
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(loss=f"{(loss_plus + loss_minus) / 2:.4f}", g=f"{g:.3g}")
+                bar.set_postfix(loss=f"{loss:.4f}", g=f"{g:.3g}")
             block = False
 
     @torch.no_grad()

@@ -1,0 +1,116 @@
+"""Shared benchmark plumbing: run a config through the real recipe, print tables, save JSON.
+
+Results go to benchmarks/results/<name>-<gpu>-<date>.json (and to $OUT when the device tool
+runs us), with the GPU name, library versions and date beside the numbers.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from workbench.config import RunConfig  # noqa: E402
+from workbench.telemetry.environment import environment  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def measure(cfg: RunConfig, name: str = "") -> dict:
+    """One run through the training recipe (no eval, no run directory); its summary plus the
+    NVML peak and the per-step compute / transfer times seen in the stream events."""
+    from workbench.recipes.train import TrainRecipe
+
+    torch.cuda.empty_cache()
+    recipe = TrainRecipe(cfg, out_dir=None, progress=False)
+    t = time.perf_counter()
+    try:
+        recipe.setup()
+        recipe.dev_data = None  # speed runs: no eval
+        recipe.train()
+        rec = recipe.save()
+    except torch.OutOfMemoryError as e:
+        return {"name": name, "error": f"out of memory: {str(e).splitlines()[0]}"}
+    except Exception as e:  # keep the rest of the table; the error is in the JSON
+        traceback.print_exc()
+        return {"name": name, "error": repr(e)}
+    finally:
+        recipe.cleanup()
+    s = dict(rec.summary)
+    s["wall_seconds"] = time.perf_counter() - t
+    nvml = [x.get("gpu mem used (bytes)") for x in rec.samples]
+    nvml = [v for v in nvml if v is not None and math.isfinite(v)]
+    s["nvml_peak_bytes"] = max(nvml) if nvml else None
+    timed = {r["step"] for r in rec.steps[1:]}
+    comp = [e.seconds for e in rec.events if e.op == "compute" and e.step in timed]
+    s["compute_seconds_per_step"] = sum(comp) / max(len(timed), 1) if comp else None
+    s["name"] = name
+    s["config"] = {k: v for k, v in cfg.to_dict().items() if k in (
+        "method", "model", "batch_size", "seq_len", "amp", "codec", "master", "overlap",
+        "reuse_buffers", "fused_update", "resident_blocks", "prefetch_depth", "steps")}
+    return s
+
+
+def pcie_bandwidth(nbytes: int = 1 << 30) -> dict:
+    """Pinned H2D, D2H and both at once (bytes/s per direction)."""
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    host2 = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dev2 = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+
+    def timed(fn, reps=3):
+        fn()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t) / reps
+
+    h2d = nbytes / timed(lambda: dev.copy_(host, non_blocking=True))
+    d2h = nbytes / timed(lambda: host.copy_(dev, non_blocking=True))
+
+    def both():
+        with torch.cuda.stream(s1):
+            dev.copy_(host, non_blocking=True)
+        with torch.cuda.stream(s2):
+            host2.copy_(dev2, non_blocking=True)
+
+    both_dir = nbytes / timed(both)
+    return {"h2d": h2d, "d2h": d2h, "both_per_direction": both_dir}
+
+
+def save(name: str, payload: dict) -> Path:
+    gpu = torch.cuda.get_device_name(0).replace(" ", "-") if torch.cuda.is_available() else "cpu"
+    day = dt.date.today().isoformat()
+    payload = {"benchmark": name, "environment": environment("cuda" if torch.cuda.is_available()
+                                                              else "cpu"), **payload}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}-{gpu}-{day}.json"
+    text = json.dumps(payload, indent=1, default=str)
+    path.write_text(text)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], path.name).write_text(text)
+    return path
+
+
+def table(rows: list[dict], cols: list[tuple[str, str, str]]) -> str:
+    """rows of dicts -> aligned text; cols: (header, key, format)."""
+    out = [[h for h, _, _ in cols]]
+    for r in rows:
+        line = []
+        for _, key, fmt in cols:
+            v = r.get(key)
+            line.append("-" if v is None else (fmt.format(v) if fmt else str(v)))
+        out.append(line)
+    widths = [max(len(row[i]) for row in out) for i in range(len(cols))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in out)

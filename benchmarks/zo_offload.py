@@ -1,0 +1,162 @@
+"""MeZO vs ZO-offload on the GPU machine (issue: ZO block-streaming offload engine).
+
+Suites (combine with commas):
+  main      tokens/s and peak memory, MeZO vs zo-offload, per model / amp / batch shape, with the
+            lower bound max(two forward passes, bytes each way / measured PCIe bandwidth)
+  ablation  each scheduler knob off in turn (the paper's Table 2)
+  codecs    zo-offload tokens/s per codec and master (the paper's Table 3)
+  cap       the largest OPT preset that trains under a 24 GB GPU memory cap
+Usage: python benchmarks/zo_offload.py --suite main --models opt-125m,opt-1.3b
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from common import measure, pcie_bandwidth, save, table
+
+from workbench.config import RunConfig
+
+
+def run_main(args, bw) -> list[dict]:
+    rows = []
+    for model in args.models:
+        for amp in args.amps:
+            for b, t in args.shapes:
+                base = RunConfig(model=model, data="synthetic", device="cuda", amp=amp,
+                                 batch_size=b, seq_len=t, steps=args.steps, lr=1e-7)
+                mezo = measure(base.replace(method="mezo"), f"{model} {amp} {b}x{t} mezo")
+                off = measure(base.replace(method="zo-offload"), f"{model} {amp} {b}x{t} offload")
+                for r in (mezo, off):
+                    r.update(model=model, amp=amp, shape=f"{b}x{t}")
+                fwd2 = mezo.get("compute_seconds_per_step")
+                if "error" not in off:
+                    transfer = max(off["bytes_h2d"], off["bytes_d2h"]) / bw["both_per_direction"]
+                    off["transfer_bound_s"] = transfer
+                    off["lower_bound_s"] = max(fwd2 or 0.0, transfer)
+                    off["vs_bound"] = off["step_seconds"] / off["lower_bound_s"]
+                    if "error" not in mezo:
+                        off["tps_ratio"] = off["tokens_per_s"] / mezo["tokens_per_s"]
+                        off["mem_ratio"] = off["peak_gpu_mem_bytes"] / mezo["peak_gpu_mem_bytes"]
+                mezo["lower_bound_s"] = fwd2
+                rows += [mezo, off]
+                print(table([mezo, off], MAIN_COLS), flush=True)
+    return rows
+
+
+def run_ablation(args) -> list[dict]:
+    rows = []
+    variants = {"all on": {}, "overlap off": {"overlap": False},
+                "reuse_buffers off": {"reuse_buffers": False},
+                "fused_update off": {"fused_update": False}}
+    for model in args.models:
+        base = RunConfig(model=model, method="zo-offload", data="synthetic", device="cuda",
+                         batch_size=16, seq_len=128, steps=args.steps, lr=1e-7,
+                         amp=args.amps[0])
+        ref = None
+        for label, knobs in variants.items():
+            r = measure(base.replace(**knobs), f"{model} {label}")
+            r.update(model=model, variant=label)
+            ref = ref or r
+            if "error" not in r and "error" not in ref:
+                r["ratio"] = r["tokens_per_s"] / ref["tokens_per_s"]
+            rows.append(r)
+            print(table([r], ABL_COLS), flush=True)
+    return rows
+
+
+def run_codecs(args) -> list[dict]:
+    rows = []
+    combos = [("fp32", "fp32"), ("bf16", "compressed-sr"), ("fp16", "compressed-sr"),
+              ("bf16", "fp32"), ("fp8-e4m3", "fp32"), ("fp8-e5m2", "fp32")]
+    for model in args.models:
+        for amp in [a for a in args.amps if a != "off"] or ["bf16"]:
+            base = RunConfig(model=model, method="zo-offload", data="synthetic", device="cuda",
+                             batch_size=16, seq_len=128, steps=args.steps, lr=1e-7, amp=amp)
+            ref = None
+            for codec, master in combos:
+                r = measure(base.replace(codec=codec, master=master), f"{model} {amp} {codec}/{master}")
+                r.update(model=model, amp=amp, codec=codec, master=master)
+                ref = ref or r
+                if "error" not in r and "error" not in ref:
+                    r["ratio"] = r["tokens_per_s"] / ref["tokens_per_s"]
+                rows.append(r)
+                print(table([r], CODEC_COLS), flush=True)
+    return rows
+
+
+def run_cap(args) -> list[dict]:
+    """Largest preset under a 24 GB cap, largest first; host RAM decides the master format."""
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(24 * 2**30 / total)
+    rows = []
+    for model, codec, master in [("opt-30b", "bf16", "compressed-sr"), ("opt-13b", "fp32", "fp32")]:
+        cfg = RunConfig(model=model, method="zo-offload", data="synthetic", device="cuda",
+                        batch_size=16, seq_len=128, steps=3, amp="bf16", codec=codec,
+                        master=master, lr=1e-7)
+        r = measure(cfg, f"{model} under 24 GB ({codec}/{master})")
+        r.update(model=model, codec=codec, master=master)
+        rows.append(r)
+        print(table([r], CAP_COLS), flush=True)
+        if "error" not in r:
+            break
+    torch.cuda.set_per_process_memory_fraction(1.0)
+    return rows
+
+
+MAIN_COLS = [("run", "name", ""), ("tok/s", "tokens_per_s", "{:,.0f}"),
+             ("x MeZO", "tps_ratio", "{:.2f}"), ("torch peak GB", "peak_gpu_mem_bytes", "{:.2e}"),
+             ("NVML GB", "nvml_peak_bytes", "{:.2e}"), ("mem x", "mem_ratio", "{:.2f}"),
+             ("step s", "step_seconds", "{:.4f}"), ("bound s", "lower_bound_s", "{:.4f}"),
+             ("/bound", "vs_bound", "{:.2f}"), ("build s", "build_seconds", "{:.1f}"),
+             ("error", "error", "")]
+ABL_COLS = [("run", "name", ""), ("tok/s", "tokens_per_s", "{:,.0f}"),
+            ("x all-on", "ratio", "{:.2f}"), ("step s", "step_seconds", "{:.4f}"), ("error", "error", "")]
+CODEC_COLS = [("run", "name", ""), ("tok/s", "tokens_per_s", "{:,.0f}"),
+              ("x fp32", "ratio", "{:.2f}"), ("H2D MB", "bytes_h2d", "{:.3e}"),
+              ("D2H MB", "bytes_d2h", "{:.3e}"), ("step s", "step_seconds", "{:.4f}"),
+              ("error", "error", "")]
+CAP_COLS = [("run", "name", ""), ("tok/s", "tokens_per_s", "{:,.0f}"),
+            ("torch peak", "peak_gpu_mem_bytes", "{:.3e}"), ("build s", "build_seconds", "{:.1f}"),
+            ("error", "error", "")]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--suite", default="main")
+    p.add_argument("--models", default="opt-125m,opt-350m,opt-1.3b,opt-2.7b,opt-6.7b,opt-13b")
+    p.add_argument("--amps", default="off,bf16")
+    p.add_argument("--shapes", default="16x128")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--name", default="zo_offload")
+    args = p.parse_args()
+    args.models = args.models.split(",")
+    args.amps = args.amps.split(",")
+    args.shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    t = time.perf_counter()
+    bw = pcie_bandwidth()
+    print(f"PCIe pinned: H2D {bw['h2d'] / 1e9:.1f} GB/s, D2H {bw['d2h'] / 1e9:.1f} GB/s, both "
+          f"{bw['both_per_direction'] / 1e9:.1f} GB/s per direction", flush=True)
+    out: dict = {"pcie": bw, "args": {k: v for k, v in vars(args).items()}}
+    suites = args.suite.split(",")
+    if "main" in suites:
+        out["main"] = run_main(args, bw)
+    if "ablation" in suites:
+        out["ablation"] = run_ablation(args)
+    if "codecs" in suites:
+        out["codecs"] = run_codecs(args)
+    if "cap" in suites:
+        out["cap"] = run_cap(args)
+    out["seconds"] = time.perf_counter() - t
+    path = save(args.name, out)
+    for key, cols in (("main", MAIN_COLS), ("ablation", ABL_COLS), ("codecs", CODEC_COLS),
+                      ("cap", CAP_COLS)):
+        if key in out:
+            print(f"\n== {key}\n" + table(out[key], cols))
+    print(f"\nsaved {path} ({out['seconds']:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

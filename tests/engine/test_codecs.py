@@ -1,0 +1,154 @@
+"""Transfer codecs, stochastic rounding, and updates that must not be lost."""
+import pytest
+import torch
+
+from workbench.config import RunConfig
+from workbench.engine.codecs import CHUNK, get_codec, stochastic_round
+from workbench.engine.groups import GroupLayout
+from workbench.engine.perturb import PendingUpdate, ZOOps
+from workbench.engine.timing import OpTimer
+from workbench.engine.events import EventBus
+from workbench.engine.transfers import MirrorTransfer, SRTransfer
+from workbench.models.presets import PRESETS
+
+from zo_helpers import train
+
+# Largest relative rounding error of each format's normal range (half an ulp), and its
+# smallest subnormal relative to the scale (fp8 is scaled per chunk so amax maps to fmax).
+# fp16 also has an absolute floor: half its smallest subnormal, 2^-25.
+BOUNDS = {"fp32": (0.0, 0.0, 0.0), "bf16": (2**-8, 0.0, 0.0), "fp16": (2**-11, 0.0, 2**-25),
+          "fp8-e4m3": (2**-4, 2**-9 / 448, 0.0), "fp8-e5m2": (2**-3, 2**-16 / 57344, 0.0)}
+
+
+def _weights(n=10_000, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, generator=g) * 0.02
+
+
+@pytest.mark.parametrize("name", list(BOUNDS))
+def test_round_trip_within_format_bound(name):
+    codec = get_codec(name)
+    x = _weights(10_007)  # not a multiple of the fp8 chunk
+    buf = codec.empty(x.numel(), "cpu")
+    out = torch.empty_like(x)
+    codec.encode(x, buf)
+    codec.decode(buf, out)
+    rel, sub, floor = BOUNDS[name]
+    amax = x.abs().view(-1)[: (x.numel() // CHUNK) * CHUNK].view(-1, CHUNK).amax(1).max()
+    assert ((out - x).abs() <= rel * x.abs() + sub * float(amax) + floor).all()
+    if name != "fp32":
+        assert not torch.equal(out, x)
+
+
+@pytest.mark.parametrize("name", ["fp8-e4m3", "fp8-e5m2"])
+def test_fp8_scales_handle_tiny_and_huge(name):
+    codec = get_codec(name)
+    x = torch.cat([torch.full((CHUNK,), 1e-30), torch.full((CHUNK,), 3e30),
+                   torch.zeros(CHUNK), _weights(CHUNK)])
+    x[CHUNK + 5] = -2e30
+    buf, out = codec.empty(x.numel(), "cpu"), torch.empty_like(x)
+    codec.encode(x, buf)
+    codec.decode(buf, out)
+    assert torch.isfinite(out).all()
+    assert torch.allclose(out, x, rtol=0.13, atol=0)  # small values not flushed to zero
+
+
+@pytest.mark.parametrize("name, fraction", [("bf16", 0.5), ("fp16", 0.5), ("fp8-e4m3", 0.25),
+                                            ("fp8-e5m2", 0.25)])
+def test_encoded_bytes(name, fraction):
+    n = 1 << 20
+    scales = 4 * n // CHUNK if name.startswith("fp8") else 0
+    assert get_codec(name).nbytes(n) == fraction * 4 * n + scales
+
+
+def test_stochastic_rounding_is_unbiased():
+    x = _weights(4096)
+    # values strictly between bf16 neighbours
+    trials = torch.stack([stochastic_round(x, torch.bfloat16, s).float() for s in range(400)])
+    mean_err = (trials.mean(0) - x).abs().mean()
+    rn_err = (x.to(torch.bfloat16).float() - x).abs().mean()
+    assert mean_err < rn_err / 8
+    # every draw is one of the two bf16 neighbours of x
+    down = x.to(torch.bfloat16).float()
+    ulp = (x.abs() * 2**-7).clamp_min(1e-30)
+    assert ((trials - x).abs() <= ulp).all()
+    assert ((trials == trials[0]) | ((trials - down).abs() <= ulp)).all()
+
+
+def _layout(n):
+    return GroupLayout("block.0", [], n, n)
+
+
+def _tiny_updates(transfer_cls, codec, steps=200, n=4096, lr=2e-7, drift=False):
+    """Run ``steps`` tiny ZO updates through a transfer path: about 2e-7 per step on weights
+    near 0.5, which fp32 resolves (ulp 6e-8) and a bf16 copy cannot (ulp 4e-3). Returns (host
+    weights, fp32 reference, the reference's start)."""
+    ops = ZOOps("philox", torch.device("cpu"))
+    timer = OpTimer(torch.device("cpu"), EventBus(), enabled=False)
+    tr = transfer_cls(torch.device("cpu"), timer, ops, get_codec(codec))
+    lay = _layout(n)
+    start = _weights(n, seed=3) + 0.5  # weights near 0.5: a bf16 ulp is 2^-9
+    host = tr.host_storage(n)
+    tr.store_fp32(host, start)
+    ref = tr.to_fp32(host).clone()
+    ref_start = ref.clone()
+    slot, extra = torch.empty(n), tr.slot_extra(n)
+    for t in range(steps):
+        upd = PendingUpdate(1 if drift else t + 1, torch.tensor(1.0), lr, 0.0)
+        tr.wait_host(0)
+        tr.upload(host, slot, extra, t, 0, None)
+        if isinstance(tr, MirrorTransfer):
+            tr.apply_update(slot, lay, upd, extra, 0)
+        else:
+            ops.update(slot, lay, upd)
+        tr.offload(host, slot, extra, t, 0, lay, None)
+        ref.add_(ops.delta(ref, lay, upd))
+    tr.close()
+    return tr.to_fp32(host).clone(), ref, ref_start
+
+
+@pytest.mark.parametrize("codec", ["bf16", "fp16", "fp8-e4m3"])
+def test_fp32_master_keeps_tiny_updates(codec):
+    got, ref, start = _tiny_updates(MirrorTransfer, codec)
+    moved = (ref - start).abs()
+    assert moved.mean() > 1e-6  # many fp32 ulps, a small fraction of one bf16 ulp
+    # The same as applying them in fp32, up to fp32 rounding noise: the update travels as bf16
+    # (0.4% of its own size), which flips the rounding of an fp32 add about once in 200
+    # steps, so the sums random-walk a few ulps apart; they never lose the update itself.
+    ulp = torch.finfo(torch.float32).eps * ref.abs()
+    assert ((got - ref).abs() <= 8 * ulp).all()
+    assert (got - ref).abs().mean() < 0.03 * moved.mean()
+
+
+def test_naive_compressed_master_loses_them_and_sr_keeps_them_on_average():
+    # the same z every step: each weight drifts one way, by 5% of a bf16 ulp on average
+    got, ref, start = _tiny_updates(SRTransfer, "bf16", n=65536, lr=1e-6, drift=True)
+    moved = ref - start
+    naive = start.to(torch.bfloat16).float()  # round-to-nearest storage: every update lost
+    start_bf16 = naive.clone()
+    for _ in range(200):
+        naive = (naive + moved / 200).to(torch.bfloat16).float()
+    assert torch.equal(naive, start_bf16)
+    # SR: each weight jumps a whole bf16 ulp with probability (its update / ulp), so the
+    # movement regressed on fp32's has slope 1 (about 3300 jumps here: +-2% noise).
+    jumped = got - start_bf16
+    slope = float((jumped * moved).sum() / (moved * moved).sum())
+    assert 0.85 < slope < 1.15
+
+
+@pytest.mark.parametrize("master, codec, factor", [
+    ("fp32", "bf16", (0.5, 0.5)), ("fp32", "fp8-e4m3", (0.25, 0.5)),
+    ("compressed-sr", "bf16", (0.5, 0.5)), ("compressed-sr", "fp16", (0.5, 0.5))])
+def test_engine_bytes_per_step_and_training(master, codec, factor):
+    cfg = RunConfig(model="tiny-opt", method="zo-offload", codec=codec, master=master, lr=1e-3)
+    engine, digest, losses = train(cfg, steps=4)
+    preset = PRESETS["tiny-opt"]
+    fp32 = preset.num_layers * preset.block_params() * 4
+    steps_with_update = 4  # 3 fused into steps 1..3, one by the final flush
+    up = engine.bytes_h2d / 5  # 4 steps + the flush's upload
+    assert up == pytest.approx(factor[0] * fp32, rel=0.02)
+    assert engine.bytes_d2h == pytest.approx(steps_with_update * factor[1] * fp32, rel=0.02) or \
+        engine.bytes_d2h == pytest.approx(5 * factor[1] * fp32, rel=0.02)
+    assert all(torch.isfinite(torch.tensor(l)).all() for l in losses)
+    _, again, _ = train(cfg, steps=4)
+    assert digest == again  # stochastic rounding is seeded: runs are reproducible

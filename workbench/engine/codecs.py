@@ -1,0 +1,115 @@
+"""Transfer codecs: the formats blocks travel in over PCIe, and stochastic rounding.
+
+An encoded group is one flat byte buffer (so one copy moves it): the values in the codec's
+dtype, then, for fp8, one fp32 scale per ``CHUNK`` elements (finer than per row, so a tensor's
+small weights are not flushed to zero by its large ones). Encoding and decoding are plain
+tensor ops that run on the device and stream the caller is on (the GPU, in the transfer's
+stream); on the CPU the same code runs for tests.
+
+Stochastic rounding (SR) to bf16 / fp16 adds uniform noise below the kept mantissa bits before
+truncating, so E[SR(x)] = x: an update far smaller than a bf16 ulp still moves the stored
+weight in expectation instead of being rounded away.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+CHUNK = 256  # elements per fp8 scale
+FP8 = {"fp8-e4m3": (torch.float8_e4m3fn, 448.0), "fp8-e5m2": (torch.float8_e5m2, 57344.0)}
+HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Codec:
+    """A transfer format. ``nbytes(n)``: encoded size of n fp32 elements (scales included)."""
+
+    name: str
+
+    @property
+    def lossless(self) -> bool:
+        return self.name == "fp32"
+
+    def _scales_offset(self, n: int) -> int:
+        return (n + 15) // 16 * 16  # fp8 bytes, padded so the fp32 scales are aligned
+
+    def nbytes(self, n: int) -> int:
+        if self.name == "fp32":
+            return 4 * n
+        if self.name in HALF:
+            return 2 * n
+        return self._scales_offset(n) + 4 * ((n + CHUNK - 1) // CHUNK)
+
+    def empty(self, n: int, device: torch.device | str, pin: bool = False) -> torch.Tensor:
+        """An encoded buffer (uint8) for n elements."""
+        return torch.empty(self.nbytes(n), dtype=torch.uint8, device=device, pin_memory=pin)
+
+    def views(self, buf: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(values, scales) viewing an encoded buffer."""
+        if self.name == "fp32":
+            return buf.view(torch.float32)[:n], None
+        if self.name in HALF:
+            return buf.view(HALF[self.name])[:n], None
+        off = self._scales_offset(n)
+        return buf[:n].view(FP8[self.name][0]), buf[off:].view(torch.float32)
+
+    def encode(self, x: torch.Tensor, buf: torch.Tensor, sr_seed: int | None = None) -> None:
+        """fp32 x (n,) -> buf; with ``sr_seed`` (bf16 / fp16 only) stochastic rounding."""
+        n = x.numel()
+        values, scales = self.views(buf, n)
+        if self.name == "fp32":
+            values.copy_(x)
+        elif self.name in HALF:
+            if sr_seed is None:
+                values.copy_(x)
+            else:
+                values.copy_(stochastic_round(x, HALF[self.name], sr_seed))
+        else:
+            dtype, fmax = FP8[self.name]
+            chunks, tail = _chunked(x, n)
+            amax = chunks.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny)
+            scales.copy_(amax / fmax)
+            scaled = (chunks / scales[:, None]).clamp_(-fmax, fmax).reshape(-1)[:n]
+            values.copy_(scaled.to(dtype))
+
+    def decode(self, buf: torch.Tensor, out: torch.Tensor) -> None:
+        """buf -> fp32 out (n,)."""
+        n = out.numel()
+        values, scales = self.views(buf, n)
+        if scales is None:
+            out.copy_(values)
+            return
+        full = n // CHUNK * CHUNK
+        out[:full].view(-1, CHUNK).copy_(values[:full].view(-1, CHUNK)).mul_(scales[:n // CHUNK, None])
+        if full < n:
+            out[full:].copy_(values[full:]).mul_(scales[-1])
+
+
+def _chunked(x: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
+    """x padded with zeros to whole chunks, as (chunks, CHUNK)."""
+    pad = (-n) % CHUNK
+    if pad:
+        x = torch.cat([x, x.new_zeros(pad)])
+    return x.view(-1, CHUNK), pad
+
+
+def stochastic_round(x: torch.Tensor, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """fp32 -> bf16 / fp16 with unbiased stochastic rounding (deterministic given ``seed``).
+
+    Adds uniform integer noise below the kept mantissa bits of the fp32 pattern and truncates
+    them; the result is then exactly representable (fp16: within its normal range)."""
+    drop = 16 if dtype == torch.bfloat16 else 13
+    gen = torch.Generator(device=x.device)
+    gen.manual_seed(seed)
+    noise = torch.randint(0, 1 << drop, x.shape, generator=gen, device=x.device, dtype=torch.int32)
+    bits = x.contiguous().view(torch.int32)
+    finite = torch.isfinite(x)
+    rounded = ((bits + noise) & ~((1 << drop) - 1)).view(torch.float32)
+    return torch.where(finite, rounded, x).to(dtype)
+
+
+def get_codec(name: str) -> Codec:
+    if name != "fp32" and name not in HALF and name not in FP8:
+        raise ValueError(f"codec: {name!r} is not one of fp32, bf16, fp16, fp8-e4m3, fp8-e5m2")
+    return Codec(name)

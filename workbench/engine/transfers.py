@@ -1,0 +1,210 @@
+"""How a streamed block's weights live on the host and cross PCIe: one class per (master, codec).
+
+PlainTransfer     master fp32, codec fp32: 4 B/param each way; bit-equal to MeZO.
+SRTransfer        master compressed-sr: the host stores bf16/fp16 (2 B/param, half the host
+                  memory); up 2 B, decoded to fp32 on the GPU; the updated fp32 weights are
+                  encoded with stochastic rounding on the GPU and sent down (2 B). Unbiased:
+                  an update below a bf16 ulp survives in expectation, not always.
+MirrorTransfer    master fp32, compressed codec: the host keeps the exact fp32 master and a
+                  compressed mirror of it. Up: the mirror (2 B, or 1 B + scales for fp8); the
+                  GPU applies the pending update on top of the decoded mirror for compute and
+                  sends the update itself down (bf16, 2 B); a host thread adds it to the fp32
+                  master and refreshes the mirror. Nothing is lost (the master accumulates every
+                  update in fp32), at the cost of a pass over host memory per step.
+
+All GPU-side encode / decode runs on the stream of the transfer it belongs to.
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+
+from workbench.engine.codecs import Codec, get_codec
+from workbench.engine.events import OpEvent
+from workbench.engine.groups import GroupLayout
+from workbench.engine.perturb import PendingUpdate, ZOOps
+from workbench.engine.zo_common import step_seed
+
+
+class PlainTransfer:
+    """fp32 master, fp32 on the wire."""
+
+    lossless = True
+
+    def __init__(self, device: torch.device, timer, ops: ZOOps):
+        self.device, self.timer, self.ops = device, timer, ops
+        self.cuda = device.type == "cuda"
+
+    def host_storage(self, n: int) -> torch.Tensor:
+        return torch.empty(n, dtype=torch.float32, pin_memory=self.cuda)
+
+    def store_fp32(self, host: torch.Tensor, flat: torch.Tensor) -> None:
+        host.copy_(flat)
+
+    def to_fp32(self, host: torch.Tensor) -> torch.Tensor:
+        return host
+
+    def slot_extra(self, n: int) -> dict[str, torch.Tensor]:
+        return {}
+
+    def up_bytes(self, n: int) -> int:
+        return 4 * n
+
+    def down_bytes(self, n: int) -> int:
+        return 4 * n
+
+    def upload(self, host, slot, extra, step: int, block: int, stream) -> None:
+        with self.timer.span("upload", "upload", stream, step, block, 4 * slot.numel()):
+            slot.copy_(host, non_blocking=True)
+
+    def offload(self, host, slot, extra, step: int, block: int, layout: GroupLayout, stream) -> int:
+        with self.timer.span("offload", "offload", stream, step, block, 4 * slot.numel()):
+            host.copy_(slot, non_blocking=True)
+        return 4 * slot.numel()
+
+    def wait_host(self, block: int) -> None:
+        """Host-side work on the block's storage must be done before its next upload."""
+
+    def close(self) -> None:
+        pass
+
+
+class SRTransfer(PlainTransfer):
+    """Compressed host storage (bf16 / fp16) with stochastic rounding."""
+
+    lossless = False
+
+    def __init__(self, device, timer, ops, codec: Codec):
+        super().__init__(device, timer, ops)
+        self.codec = codec
+        self._round = 0
+
+    def host_storage(self, n: int) -> torch.Tensor:
+        return self.codec.empty(n, "cpu", pin=self.cuda)
+
+    def store_fp32(self, host, flat) -> None:
+        self.codec.encode(flat.to(host.device), host)  # round to nearest: loading, not training
+
+    def to_fp32(self, host) -> torch.Tensor:
+        n = host.numel() // 2
+        out = torch.empty(n, dtype=torch.float32)
+        self.codec.decode(host, out)
+        return out
+
+    def slot_extra(self, n: int) -> dict[str, torch.Tensor]:
+        return {"wire": self.codec.empty(n, self.device)}
+
+    def up_bytes(self, n: int) -> int:
+        return self.codec.nbytes(n)
+
+    down_bytes = up_bytes
+
+    def upload(self, host, slot, extra, step, block, stream) -> None:
+        wire = extra["wire"][:host.numel()]
+        with self.timer.span("upload", "upload", stream, step, block, wire.numel()):
+            wire.copy_(host, non_blocking=True)
+        with self.timer.span("codec", "upload", stream, step, block, wire.numel(), "decode"):
+            self.codec.decode(wire, slot)
+
+    def offload(self, host, slot, extra, step, block, layout, stream) -> int:
+        wire = extra["wire"][:host.numel()]
+        self._round += 1  # a fresh rounding draw every offload, reproducible run to run
+        seed = step_seed(self._round, layout.gid)
+        with self.timer.span("codec", "offload", stream, step, block, wire.numel(), "encode-sr"):
+            self.codec.encode(slot, wire, sr_seed=seed)
+        with self.timer.span("offload", "offload", stream, step, block, wire.numel()):
+            host.copy_(wire, non_blocking=True)
+        return wire.numel()
+
+
+class MirrorTransfer(PlainTransfer):
+    """fp32 master on the host, a compressed mirror travels up, the update travels down."""
+
+    lossless = True
+
+    def __init__(self, device, timer, ops, codec: Codec):
+        super().__init__(device, timer, ops)
+        self.codec = codec
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="host-update")
+        self._pending: dict[int, Future] = {}
+        self._has_delta: set[int] = set()
+
+    def host_storage(self, n: int) -> dict[str, torch.Tensor]:
+        return {"master": torch.empty(n, dtype=torch.float32),
+                "mirror": self.codec.empty(n, "cpu", pin=self.cuda),
+                "delta": torch.empty(n, dtype=torch.bfloat16, pin_memory=self.cuda)}
+
+    def store_fp32(self, host, flat) -> None:
+        host["master"].copy_(flat)
+        self.codec.encode(host["master"], host["mirror"])
+
+    def to_fp32(self, host) -> torch.Tensor:
+        return host["master"]
+
+    def slot_extra(self, n: int) -> dict[str, torch.Tensor]:
+        return {"wire": self.codec.empty(n, self.device),
+                "delta": torch.empty(n, dtype=torch.bfloat16, device=self.device)}
+
+    def up_bytes(self, n: int) -> int:
+        return self.codec.nbytes(n)
+
+    def down_bytes(self, n: int) -> int:
+        return 2 * n
+
+    def upload(self, host, slot, extra, step, block, stream) -> None:
+        mirror = host["mirror"]
+        wire = extra["wire"][:mirror.numel()]
+        with self.timer.span("upload", "upload", stream, step, block, wire.numel()):
+            wire.copy_(mirror, non_blocking=True)
+        with self.timer.span("codec", "upload", stream, step, block, wire.numel(), "decode"):
+            self.codec.decode(wire, slot)
+
+    def apply_update(self, slot, layout: GroupLayout, upd: PendingUpdate, extra, block: int) -> None:
+        """On the compute stream: slot += delta, delta kept (bf16) to send down."""
+        delta = self.ops.delta(slot, layout, upd)
+        slot.add_(delta)
+        extra["delta"][:slot.numel()].copy_(delta)
+        self._has_delta.add(block)
+
+    def offload(self, host, slot, extra, step, block, layout, stream) -> int:
+        if block not in self._has_delta:
+            return 0  # weights unchanged on the host: nothing to send
+        self._has_delta.discard(block)
+        n = slot.numel()
+        with self.timer.span("offload", "offload", stream, step, block, 2 * n, "delta"):
+            host["delta"].copy_(extra["delta"][:n], non_blocking=True)
+        landed = torch.cuda.Event() if self.cuda else None
+        if landed is not None:
+            landed.record(stream)  # the host pass starts once the delta is in host memory
+        self._pending[block] = self.pool.submit(self._host_pass, host, landed, step, block, n)
+        return 2 * n
+
+    def _host_pass(self, host, landed, step: int, block: int, n: int) -> None:
+        if landed is not None:
+            landed.synchronize()  # worker thread only: the training thread never waits here
+        start = self.timer.now()
+        host["master"].add_(host["delta"])
+        self.codec.encode(host["master"], host["mirror"])
+        self.timer.bus.publish(OpEvent("host-update", "cpu", step, block, 4 * n, start,
+                                       self.timer.now()))
+
+    def wait_host(self, block: int) -> None:
+        future = self._pending.pop(block, None)
+        if future is not None:
+            future.result()  # the mirror must be refreshed before it is uploaded again
+
+    def close(self) -> None:
+        for block in list(self._pending):
+            self.wait_host(block)
+        self.pool.shutdown(wait=True)
+
+
+def make_transfer(master: str, codec: str, device: torch.device, timer, ops: ZOOps):
+    c = get_codec(codec)
+    if codec == "fp32":
+        return PlainTransfer(device, timer, ops)
+    if master == "compressed-sr":
+        return SRTransfer(device, timer, ops, c)
+    return MirrorTransfer(device, timer, ops, c)
