@@ -1,4 +1,4 @@
-"""Command line: ``python -m workbench {run,validate,demo,compare} ...``.
+"""Command line: ``python -m workbench {run,validate,demo,compare,report} ...``.
 
 Every subcommand checks its settings before any model is built; a bad setting exits with
 status 2 and one line per problem naming the field and what is allowed.
@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from workbench.config import ConfigError, RunConfig, check_environment, load_config, parse_sets
+from workbench.engine.checkpoint import CheckpointError
 
 DEMO = {"model": "tiny-opt", "data": "embedded", "steps": "40", "batch_size": "16",
         "seq_len": "64", "lr": "2e-3", "eps": "1e-3", "eval_samples": "0"}
@@ -24,11 +25,21 @@ def _config(args: argparse.Namespace, defaults: dict[str, str] | None = None) ->
 def cmd_run(args: argparse.Namespace) -> int:
     from workbench.recipes.train import run
 
-    cfg = _config(args)
+    if args.resume:
+        # Continue a run: its own resolved config, then --config / --set on top.
+        from workbench.telemetry.record import RunRecord
+
+        previous = RunRecord.load(args.resume).config
+        cfg = load_config(args.config, parse_sets(args.set or []), base=RunConfig(**previous))
+        out = args.out or args.resume
+    else:
+        if not args.out:
+            raise ConfigError(["--out: a run directory is required (or --resume RUN_DIR)"])
+        cfg, out = _config(args), args.out
     check_environment(cfg)
-    rec = run(cfg, args.out, progress=not args.quiet)
+    rec = run(cfg, out, progress=not args.quiet, resume=bool(args.resume))
     print(format_summary([rec]))
-    print(f"run directory: {Path(args.out).resolve()}")
+    print(f"run directory: {Path(out).resolve()}")
     return 0
 
 
@@ -66,6 +77,85 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from workbench.telemetry.record import RunRecord
 
     print(format_summary([RunRecord.load(d) for d in args.run_dirs]))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from workbench.ui.report import write_report  # plotly only when a report is asked for
+
+    print(write_report(args.run_dirs, args.out).resolve())
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Predict memory, PCIe traffic and step time; exit 0 even when it would not fit."""
+    import json
+
+    from workbench.calibration import load_calibration
+    from workbench.planner import planned_config, plan, suggest
+
+    sets = parse_sets(args.set or [])
+    method = sets.pop("method", None)  # fo, fo-offload, forward-grad are planned before the config lists them
+    cfg = load_config(args.config, sets)
+    if method is not None:
+        cfg = planned_config(cfg, method=method)
+    calib = None if args.gpu else load_calibration(cfg.device)
+    if args.suggest is not None:
+        rows = suggest(cfg, int(args.suggest * 2 ** 30), args.gpu, calib)
+        print(json.dumps(rows, indent=1) if args.json else format_suggestions(rows, args.suggest))
+        return 0
+    pl = plan(cfg, args.gpu, calib)
+    print(json.dumps(pl.to_dict(), indent=1) if args.json else format_plan(cfg, pl))
+    return 0
+
+
+def format_plan(cfg: RunConfig, pl) -> str:
+    gib = lambda b: f"{b / 2 ** 30:,.2f} GiB"  # noqa: E731
+    lines = [f"plan: {pl.method} on {pl.model} ({pl.params / 1e9:,.2f} B params), "
+             f"device={pl.device}" + (f", gpu={pl.gpu}" if pl.gpu else ""),
+             f"  batch {cfg.batch_size} x {cfg.seq_len} tokens, amp={cfg.amp}, codec={cfg.codec}, "
+             f"master={cfg.master}, resident_blocks={cfg.resident_blocks}, "
+             f"prefetch_depth={cfg.prefetch_depth}"]
+    if pl.device == "cuda":
+        ok = "fits" if pl.fits_gpu else "DOES NOT FIT"
+        lines.append(f"GPU memory, torch peak   {gib(pl.peak_gpu_mem_bytes):>14}")
+        lines += [f"  {k:<36}{gib(v):>14}" for k, v in pl.gpu_breakdown.items() if v]
+        lines.append(f"GPU memory, NVML         {gib(pl.nvml_gpu_mem_bytes):>14}   "
+                     f"available {gib(pl.gpu_mem_available_bytes)}: {ok}")
+    ok = "fits" if pl.fits_host else "DOES NOT FIT"
+    lines.append(f"host memory              {gib(pl.host_mem_bytes):>14}   (pinned "
+                 f"{gib(pl.pinned_host_bytes)}; available {gib(pl.host_mem_available_bytes)}: {ok})")
+    lines += [f"  {k:<36}{gib(v):>14}" for k, v in pl.host_breakdown.items() if v]
+    lines += [f"PCIe per step            {gib(pl.pcie_bytes_per_step):>14}   (H2D "
+              f"{gib(pl.h2d_bytes_per_step)}, D2H {gib(pl.d2h_bytes_per_step)})",
+              f"step time                {pl.step_seconds:>12.4f} s   (compute "
+              f"{pl.compute_seconds:.4f} s, transfer {pl.transfer_seconds:.4f} s)",
+              f"tokens/s                 {pl.tokens_per_s:>14,.0f}"]
+    lines += [f"note: {n}" for n in pl.notes]
+    return "\n".join(lines)
+
+
+def format_suggestions(rows: list[dict], budget_gib: float, top: int = 15) -> str:
+    if not rows:
+        return f"no zo-offload setting fits {budget_gib:g} GiB"
+    head = f"{'codec':<9}{'master':<14}{'resident':>8}{'tokens/s':>12}{'step s':>9}" \
+           f"{'GPU GiB':>9}{'host GiB':>10}{'PCIe GiB':>10}"
+    out = [f"zo-offload settings within {budget_gib:g} GiB (NVML level), best first:", head]
+    for r in rows[:top]:
+        out.append(f"{r['codec']:<9}{r['master']:<14}{r['resident_blocks']:>8}"
+                   f"{r['tokens_per_s']:>12,.0f}{r['step_seconds']:>9.3f}"
+                   f"{r['nvml_gpu_mem_bytes'] / 2 ** 30:>9.2f}{r['host_mem_bytes'] / 2 ** 30:>10.1f}"
+                   f"{r['pcie_bytes_per_step'] / 2 ** 30:>10.2f}")
+    return "\n".join(out + ([f"... {len(rows) - top} more"] if len(rows) > top else []))
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from workbench.calibration import cache_path, calibrate
+
+    result = calibrate(args.device, quick=args.quick)
+    for k, v in sorted(result.items()):
+        print(f"{k:<28} {v:.4g}" if isinstance(v, float) else f"{k:<28} {v}")
+    print(f"cached in {cache_path()}")
     return 0
 
 
@@ -118,7 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("run", help="train one run and write its run directory")
     common(sp)
-    sp.add_argument("--out", required=True, help="run directory to write")
+    sp.add_argument("--out", help="run directory to write")
+    sp.add_argument("--resume", metavar="RUN_DIR",
+                    help="continue RUN_DIR from its newest complete checkpoint")
     sp.add_argument("--quiet", action="store_true", help="no progress bar")
     sp.set_defaults(fn=cmd_run)
     sp = sub.add_parser("validate", help="check settings without running")
@@ -129,9 +221,26 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", default="runs/demo", help="folder for the two run directories")
     sp.add_argument("--quiet", action="store_true")
     sp.set_defaults(fn=cmd_demo)
+    sp = sub.add_parser("plan", help="predict memory and step time without running")
+    common(sp)
+    sp.add_argument("--gpu", help="plan for a GPU of the table (h200, h100, a100-40gb, "
+                    "a100-80gb, rtx-4090, 24gb); default: this machine's calibration, else h200")
+    sp.add_argument("--json", action="store_true", help="print the plan as JSON")
+    sp.add_argument("--suggest", type=float, metavar="BUDGET_GB",
+                    help="rank zo-offload settings that fit this much GPU memory (GiB)")
+    sp.set_defaults(fn=cmd_plan)
+    sp = sub.add_parser("calibrate", help="measure this machine's rates for the planner")
+    sp.add_argument("--quick", action="store_true", help="smaller and fewer measurements")
+    sp.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                    help="default: cuda when available")
+    sp.set_defaults(fn=cmd_calibrate)
     sp = sub.add_parser("compare", help="print saved runs side by side")
     sp.add_argument("run_dirs", nargs="+")
     sp.set_defaults(fn=cmd_compare)
+    sp = sub.add_parser("report", help="write a self-contained HTML report of saved runs")
+    sp.add_argument("run_dirs", nargs="+")
+    sp.add_argument("-o", "--out", default="report.html", help="HTML file to write")
+    sp.set_defaults(fn=cmd_report)
     return p
 
 
@@ -143,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         for problem in e.problems:
             print(f"error: {problem}", file=sys.stderr)
         return 2
-    except FileNotFoundError as e:
+    except (FileNotFoundError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -18,8 +18,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-# Methods land here as they are implemented (fo, fo-offload, forward-grad follow).
-Method = Literal["mezo", "zo-offload"]
+Method = Literal["mezo", "zo-offload", "fo", "fo-offload", "forward-grad"]
 Device = Literal["cpu", "cuda"]
 Amp = Literal["off", "bf16", "fp16"]
 Rng = Literal["philox", "torch"]

@@ -47,4 +47,8 @@ def build_engine(model, source, cfg: RunConfig, device: torch.device, bus: Event
         from workbench.engine.fo_offload import FOOffloadEngine
 
         return FOOffloadEngine(model, source, cfg, device, bus)
+    if cfg.method == "forward-grad":
+        from workbench.engine.forward_grad import ForwardGradEngine
+
+        return ForwardGradEngine(model, source, cfg, device, bus)
     raise ValueError(f"method: {cfg.method!r} has no engine")

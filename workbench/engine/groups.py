@@ -68,6 +68,13 @@ class GroupLayout:
                 module._parameters[slot] = p
 
 
+def release(layout: GroupLayout) -> None:
+    """Point the owners at empty meta tensors, so the model no longer holds the group's memory
+    (engines call this on close: a notebook runs many jobs in one process)."""
+    layout.bind([nn.Parameter(torch.empty(e.shape, device="meta"), requires_grad=False)
+                 for e in layout.entries])
+
+
 def build_layouts(adapter: BlockAdapter) -> tuple[GroupLayout, list[GroupLayout], GroupLayout]:
     """Layouts of (embedding, blocks, head). A weight tied between embedding and head is in the
     embedding group only; binding it there rebinds the head's alias too."""

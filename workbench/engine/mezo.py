@@ -13,11 +13,11 @@ from workbench.config import RunConfig
 from workbench.engine import StepOutput
 from workbench.data.batches import Batch
 from workbench.engine.events import EMBED, HEAD, EventBus
-from workbench.engine.groups import build_layouts, move_buffers
+from workbench.engine.groups import build_layouts, move_buffers, release
 from workbench.engine.perturb import PendingUpdate, ZOOps
 from workbench.engine.timing import OpTimer
-from workbench.engine.zo_common import (Group, autocast, label_loss, materialise,
-                                        projected_grad, step_seed)
+from workbench.engine.zo_common import (Group, autocast, device_copies, label_loss,
+                                        materialise, projected_grad, step_seed)
 from workbench.models.adapter import BlockAdapter
 
 
@@ -103,8 +103,38 @@ class MeZOEngine:
         for group, flat in zip(self.groups, flats):
             group.flat.copy_(flat)
 
+    def group_layouts(self) -> list:
+        return [g.layout for g in self.groups]
+
+    def snapshot(self, next_step: int):
+        """Start host copies of the weights (never blocking the step); returns a function the
+        checkpoint writer calls to get the ``Snapshot``."""
+        from workbench.engine.checkpoint import Snapshot
+
+        bufs, done = device_copies([g.flat for g in self.groups], getattr(self, "_snap", None),
+                                   self.device)
+        self._snap = bufs if done is not None else None
+        names = [lay.name for lay in self.group_layouts()]
+
+        def make() -> Snapshot:
+            if done is not None:
+                done.synchronize()  # writer thread: wait for the side-stream copies
+            return Snapshot(next_step, bufs, names, None, self.cfg.to_dict(),
+                            [lay.n_decay for lay in self.group_layouts()])
+
+        return make
+
+    def set_pending(self, pending: dict | None) -> None:
+        """MeZO applies each update within its step: a snapshot never carries one."""
+        if pending is not None:
+            raise ValueError("checkpoint: a MeZO snapshot cannot carry a pending update")
+
     def gpu_param_bytes(self) -> int:
         return sum(g.layout.nbytes for g in self.groups) if self.device.type == "cuda" else 0
 
     def close(self) -> None:
+        """Drain timing events and free the device memory (the model becomes a skeleton)."""
         self.timer.poll(wait=True)
+        for group in self.groups:
+            release(group.layout)
+        self.groups = []

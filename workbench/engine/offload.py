@@ -13,6 +13,7 @@ from the embedding's + pass to the head's, so every value equals MeZO's bit for 
 """
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 import torch
@@ -21,12 +22,13 @@ from workbench.config import RunConfig
 from workbench.engine import StepOutput
 from workbench.data.batches import Batch
 from workbench.engine.events import EMBED, HEAD, EventBus
-from workbench.engine.groups import build_layouts, move_buffers, tied_with_embed
+from workbench.engine.groups import build_layouts, move_buffers, release, tied_with_embed
 from workbench.engine.perturb import PendingUpdate, ZOOps
 from workbench.engine.streams import Streams
 from workbench.engine.timing import OpTimer
 from workbench.engine.transfers import MirrorTransfer, make_transfer
-from workbench.engine.zo_common import (Group, autocast, label_loss, materialise,
+from workbench.engine.zo_common import (Group, autocast, device_copies, label_loss,
+                                        materialise, pending_dict, pending_from_dict,
                                         projected_grad, step_seed)
 from workbench.models.adapter import BlockAdapter
 from workbench.models.build import RandomInit
@@ -77,6 +79,8 @@ class ZOOffloadEngine:
         self._offloaded: dict[int, torch.cuda.Event | None] = {}  # block -> its last offload
         self._slot_free: dict[int, torch.cuda.Event | None] = {}  # slot -> last use finished
         self._slot_params: dict[tuple, list] = {}
+        self._gates: dict[int, Future] = {}  # block -> its snapshot copy, awaited before offload
+        self._copier = ThreadPoolExecutor(max_workers=2, thread_name_prefix="self-copy")
 
     def _host_storage(self, lay, source):
         """A streamed block's host storage, filled with its initial weights. Random init runs on
@@ -136,6 +140,9 @@ class ZOOffloadEngine:
             if not write_back:
                 self._slot_free[slot] = computed
                 continue
+            gate = self._gates.pop(i, None)
+            if gate is not None:
+                gate.result()  # the checkpoint's self-copy of this block's half is done
             with s.on(s.offload):
                 s.wait(s.offload, computed)  # offload only after compute has finished the block
                 self.bytes_d2h += tr.offload(group.flat, flat, extra, step, i, group.layout,
@@ -286,6 +293,58 @@ class ZOOffloadEngine:
             else:
                 self.transfer.store_fp32(self.blocks[i].flat, flat)
 
+    def group_layouts(self) -> list:
+        return [g.layout for g in (self.embed, *self.blocks, self.head)]
+
+    def snapshot(self, next_step: int):
+        """The paper's asynchronous checkpoint: GPU-resident groups are copied down on a side
+        stream; each half's streamed blocks are self-copied on the host by a thread once their
+        offloads have landed, while training goes on. The next step waits only before it
+        overwrites a block whose copy is not done yet. Returns a function for the writer."""
+        from workbench.engine.checkpoint import Snapshot, halves
+
+        groups = [self.embed, *self.blocks, self.head]
+        on_gpu = [k for k in range(len(groups)) if k in (0, len(groups) - 1)
+                  or (k - 1) in self.resident]
+        gpu_bufs, done = device_copies([groups[k].flat for k in on_gpu] +
+                                       ([self.pending.g.reshape(1)] if self.pending else []),
+                                       None, self.device)
+        out: list[torch.Tensor | None] = [None] * len(groups)
+        futures = []
+        for part in halves(len(groups)):
+            streamed = [k - 1 for k in part if k not in on_gpu]
+            if streamed:
+                future = self._copier.submit(self._self_copy, streamed, out)
+                futures.append(future)
+                for b in streamed:
+                    self._gates[b] = future
+        upd, names = self.pending, [lay.name for lay in self.group_layouts()]
+
+        def make() -> Snapshot:
+            if done is not None:
+                done.synchronize()  # writer thread: the side-stream copies have landed
+            for k, buf in zip(on_gpu, gpu_bufs):
+                out[k] = buf
+            for future in futures:
+                future.result()
+            host_g = gpu_bufs[-1] if upd is not None else None
+            return Snapshot(next_step, out, names, pending_dict(upd, host_g),
+                            self.cfg.to_dict(), [lay.n_decay for lay in self.group_layouts()])
+
+        return make
+
+    def _self_copy(self, blocks: list[int], out: list) -> None:
+        """Copy thread: host copies of streamed blocks once their last offload has landed."""
+        for b in blocks:
+            landed = self._offloaded.get(b)
+            if landed is not None:
+                landed.synchronize()  # copy thread only: the step's offload wrote the master
+            self.transfer.wait_host(b)
+            out[b + 1] = self.transfer.to_fp32(self.blocks[b].flat).clone()
+
+    def set_pending(self, pending: dict | None) -> None:
+        self.pending = pending_from_dict(pending, self.device)
+
     def gpu_param_bytes(self) -> int:
         if not self.cuda:
             return 0
@@ -296,10 +355,15 @@ class ZOOffloadEngine:
         return self.embed.layout.nbytes + self.head.layout.nbytes + resident + slots + scratch
 
     def close(self) -> None:
-        """Drain timing events and point the model back at the host masters."""
+        """Drain timing events and free GPU and pinned host memory (the model becomes a
+        skeleton: a notebook runs many jobs in one process)."""
         self.sync()
+        for gate in self._gates.values():
+            gate.result()
+        self._copier.shutdown(wait=True)
         self.transfer.close()
         self.timer.poll(wait=True)
-        for i, group in enumerate(self.blocks):
-            if i not in self.resident:
-                group.layout.bind(group.layout.make_params(self._weights(i)))
+        for group in (self.embed, *self.blocks, self.head):
+            release(group.layout)
+        self.blocks, self.slots, self.scratch = [], [], None
+        self._slot_params.clear()

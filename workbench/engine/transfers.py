@@ -16,7 +16,7 @@ All GPU-side encode / decode runs on the stream of the transfer it belongs to.
 """
 from __future__ import annotations
 
-import time
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
@@ -130,6 +130,7 @@ class MirrorTransfer(PlainTransfer):
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="host-update")
         self._pending: dict[int, Future] = {}
         self._has_delta: set[int] = set()
+        self._lock = threading.Lock()  # the training and checkpoint threads both wait here
 
     def host_storage(self, n: int) -> dict[str, torch.Tensor]:
         return {"master": torch.empty(n, dtype=torch.float32),
@@ -178,7 +179,8 @@ class MirrorTransfer(PlainTransfer):
         landed = torch.cuda.Event() if self.cuda else None
         if landed is not None:
             landed.record(stream)  # the host pass starts once the delta is in host memory
-        self._pending[block] = self.pool.submit(self._host_pass, host, landed, step, block, n)
+        with self._lock:
+            self._pending[block] = self.pool.submit(self._host_pass, host, landed, step, block, n)
         return 2 * n
 
     def _host_pass(self, host, landed, step: int, block: int, n: int) -> None:
@@ -191,7 +193,8 @@ class MirrorTransfer(PlainTransfer):
                                        self.timer.now()))
 
     def wait_host(self, block: int) -> None:
-        future = self._pending.pop(block, None)
+        with self._lock:
+            future = self._pending.get(block)
         if future is not None:
             future.result()  # the mirror must be refreshed before it is uploaded again
 

@@ -64,3 +64,35 @@ def materialise(layout: GroupLayout, source, seed: int, device: torch.device,
     if layout.numel:
         source.fill(layout.name, layout.named_views(flat), seed)
     return flat
+
+
+def device_copies(flats: list[torch.Tensor], bufs: list[torch.Tensor] | None, device: torch.device):
+    """Host copies of device tensors without stalling the step: on CUDA, pinned buffers filled
+    on a side stream that the compute stream then waits for; returns (buffers, done event)."""
+    if device.type != "cuda":
+        return [f.detach().clone() for f in flats], None
+    bufs = bufs or [torch.empty(f.numel(), dtype=f.dtype, pin_memory=True) for f in flats]
+    compute = torch.cuda.current_stream(device)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(compute)  # copy the weights as the step left them
+    with torch.cuda.stream(side):
+        for buf, flat in zip(bufs, flats):
+            buf.copy_(flat, non_blocking=True)
+        done = side.record_event()
+    compute.wait_event(done)  # the next step changes the weights only once they are copied
+    return bufs, done
+
+
+def pending_dict(upd, host_g: torch.Tensor | None) -> dict | None:
+    if upd is None:
+        return None
+    return {"seed": upd.seed, "g": float(host_g), "lr": upd.lr, "wd": upd.wd}
+
+
+def pending_from_dict(d: dict | None, device: torch.device):
+    from workbench.engine.perturb import PendingUpdate
+
+    if d is None:
+        return None
+    return PendingUpdate(int(d["seed"]), torch.tensor(float(d["g"]), dtype=torch.float32,
+                                                      device=device), float(d["lr"]), float(d["wd"]))

@@ -15,13 +15,16 @@ from typing import Any
 
 import torch
 
-from workbench.config import RunConfig, check_environment
+from workbench.config import ConfigError, RunConfig, check_environment
 from workbench.data.batches import PromptDataset, SyntheticData
 from workbench.data.sources import load_split
 from workbench.engine import build_engine
+from workbench.engine.checkpoint import (AsyncCheckpointer, CheckpointError, StepLog,
+                                         latest_checkpoint, read_checkpoint)
 from workbench.engine.events import EvalEvent, EventBus, InfoEvent, StepEvent
 from workbench.engine.groups import digest, norm
 from workbench.engine.timing import Deferred
+from workbench.engine.zo_common import step_seed
 from workbench.models.build import build_skeleton
 from workbench.models.presets import PRESETS
 from workbench.models.tokenizer import load_tokenizer
@@ -51,20 +54,32 @@ class TrainRecipe:
         self.live: dict[str, float] = {"lr": cfg.lr, "weight_decay": cfg.weight_decay}
         self.engine: Any = None
         self.sampler: Sampler | None = None
+        self.checkpointer: AsyncCheckpointer | None = None
+        self.steplog: StepLog | None = None
         self.step = 0
 
     # --- setup ------------------------------------------------------------------------------
-    def setup(self) -> "TrainRecipe":
-        """Check the machine, load data, build the model and engine, start sampling."""
+    def setup(self, resume: bool = False) -> "TrainRecipe":
+        """Check the machine, load data, build the model and engine, start sampling; with
+        ``resume``, continue from the newest complete checkpoint."""
         cfg = self.cfg
         check_environment(cfg)
+        root = self._checkpoint_root()
         torch.manual_seed(cfg.seed)
         self.device = torch.device(cfg.device)
         self.train_data, self.dev_data = self._data()
         model, source = build_skeleton(cfg.model)
         t = time.perf_counter()
         self.engine = build_engine(model, source, cfg, self.device, self.bus)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # setup only: build time includes the GPU's work
         self.bus.publish(InfoEvent("build_seconds", time.perf_counter() - t))
+        if root is not None:
+            self.checkpointer = AsyncCheckpointer(root, cfg.keep_last, self.bus, self.engine.timer)
+            if cfg.method in ("mezo", "zo-offload", "forward-grad"):
+                self.steplog = StepLog(root)
+        if resume:
+            self._resume(root)
         self.sampler = Sampler(hz=cfg.sample_hz, t0=self.engine.timer.t0,
                                on_sample=self._on_sample)
         self.record.environment = environment(cfg.device, self.sampler.static_info())
@@ -72,6 +87,40 @@ class TrainRecipe:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         return self
+
+    def _checkpoint_root(self) -> Path | None:
+        cfg = self.cfg
+        if cfg.checkpoint_dir:
+            return Path(cfg.checkpoint_dir).expanduser()
+        if self.out_dir is not None:
+            return self.out_dir / "checkpoints"
+        if cfg.checkpoint_every:
+            raise ConfigError(["checkpoint_dir: checkpoint_every needs a place to write; set "
+                               "checkpoint_dir or give the run an output directory"])
+        return None
+
+    def _resume(self, root: Path | None) -> None:
+        """Load the newest complete checkpoint and continue from its step."""
+        path = latest_checkpoint(root) if root is not None else None
+        if path is None:
+            raise CheckpointError(f"resume: no complete checkpoint under {root}")
+        layouts = self.engine.group_layouts()
+        snap = read_checkpoint(path, [l.name for l in layouts], [l.numel for l in layouts])
+        for key in ("model", "method"):
+            if snap.config.get(key) != getattr(self.cfg, key):
+                raise CheckpointError(f"resume: checkpoint {path.name} is for {key}="
+                                      f"{snap.config.get(key)!r}, this run has "
+                                      f"{getattr(self.cfg, key)!r}")
+        self.engine.load_state_flats(snap.flats)
+        self.engine.set_pending(snap.pending)
+        self.step = snap.step
+        if self.out_dir is not None and (self.out_dir / "run.json").is_file():
+            previous = RunRecord.load(self.out_dir)
+            with self.record.lock:
+                self.record.steps = [r for r in previous.steps if r["step"] < snap.step]
+                self.record.evals = [e for e in previous.evals if e["step"] <= snap.step]
+                self.record.step_ops = [r for r in previous.step_ops if r["step"] < snap.step]
+        self.bus.publish(InfoEvent("resumed_from", path.name))
 
     def _data(self):
         cfg = self.cfg
@@ -121,9 +170,12 @@ class TrainRecipe:
             nan = torch.full((), float("nan"), device=out.loss.device)
             scalars = [out.loss, *(x if x is not None else nan for x in
                                    (out.projected_grad, out.loss_plus, out.loss_minus))]
-            inflight.append((t, Deferred(*scalars), batch.tokens, lr, mark, end, moved))
+            inflight.append((t, Deferred(*scalars), batch.tokens, lr, wd, mark, end, moved))
             mark = end
             self.step += 1
+            if (self.checkpointer is not None and cfg.checkpoint_every
+                    and self.step % cfg.checkpoint_every == 0 and self.step < cfg.steps):
+                self._checkpoint()
             # Bound run-ahead to two steps: the host waits here, between steps, if it must.
             self._publish(inflight, block=len(inflight) > 2, bar=bar)
             if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
@@ -131,12 +183,24 @@ class TrainRecipe:
                 self.evaluate()
         self._publish(inflight, block=True, bar=bar, drain=True)
         engine.flush()
+        if self.checkpointer is not None and cfg.checkpoint_every:
+            self.checkpointer.wait()
+            self._checkpoint()  # the final state, so a longer run can continue from here
+            self.checkpointer.wait()
         if bar is not None:
             bar.close()
         if self.dev_data is not None:
             self.evaluate()
         rec.status = "stopped" if self.stop_event.is_set() else "done"
         return rec
+
+    def _checkpoint(self) -> None:
+        """Hand a snapshot to the background writer; skip it if the last is still writing."""
+        if self.checkpointer.busy:
+            self.checkpointer.skipped += 1
+            self.bus.publish(InfoEvent("checkpoints_skipped", self.checkpointer.skipped))
+            return
+        self.checkpointer.submit(self.engine.snapshot(self.step))
 
     def _marker(self):
         if self.device.type != "cuda":
@@ -147,7 +211,7 @@ class TrainRecipe:
 
     def _publish(self, inflight: deque, block: bool, bar, drain: bool = False) -> None:
         while inflight and (drain or block or inflight[0][1].ready()):
-            t, deferred, tokens, lr, begin, end, moved = inflight.popleft()
+            t, deferred, tokens, lr, wd, begin, end, moved = inflight.popleft()
             loss, g, loss_plus, loss_minus = deferred.get()
             self.engine.timer.poll()  # the step's spans are complete: publish them before it
             if isinstance(end, float):
@@ -157,6 +221,8 @@ class TrainRecipe:
                 seconds = begin.elapsed_time(end) / 1e3
                 end_t = self.engine.timer.now()
             mem = _memory(self.device)
+            if self.steplog is not None:
+                self.steplog.append(t, step_seed(self.cfg.seed, t), g, lr, wd)
             self.bus.publish(StepEvent(t, loss, g, seconds, tokens,
                                        loss_plus, loss_minus, lr, *mem, *moved, end=end_t))
             if bar is not None:
@@ -198,6 +264,8 @@ class TrainRecipe:
         return rec
 
     def cleanup(self) -> None:
+        if self.checkpointer is not None:
+            self.checkpointer.close()
         if self.sampler is not None:
             self.sampler.stop()
         if self.engine is not None:
@@ -206,11 +274,12 @@ class TrainRecipe:
 
 
 def run(cfg: RunConfig, out_dir: str | Path | None = None, bus: EventBus | None = None,
-        progress: bool = True) -> RunRecord:
-    """Set up, train, save and clean up one run; returns its record."""
+        progress: bool = True, resume: bool = False) -> RunRecord:
+    """Set up, train, save and clean up one run; returns its record. With ``resume``, continue
+    ``out_dir``'s run from its newest complete checkpoint."""
     recipe = TrainRecipe(cfg, out_dir, bus, progress)
     try:
-        recipe.setup()
+        recipe.setup(resume=resume)
         recipe.train()
         return recipe.save()
     except BaseException:

@@ -1,0 +1,256 @@
+"""Figure builders: numbers in the traces, not just "it drew something"."""
+from __future__ import annotations
+
+import ast
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from workbench.config import RunConfig
+from workbench.engine.events import EMBED, HEAD, OpEvent
+from workbench.recipes.train import run
+from workbench.telemetry.record import RunRecord
+from workbench.ui import figures as F
+
+TINY = dict(model="tiny-opt", steps=3, batch_size=4, seq_len=32, eval_samples=8)
+
+
+@pytest.fixture(scope="module")
+def offload_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ui-fig") / "zo-offload"
+    rec = run(RunConfig(method="zo-offload", **TINY), out_dir=out, progress=False)
+    return rec, out
+
+
+def synthetic(steps: int = 5, blocks: int = 2, samples: int = 50) -> RunRecord:
+    """A record with known events: per step, upload/compute/offload per block, one update, and
+    a codec pass on its own stream in the last step."""
+    events, rows, t = [], [], 0.0
+    for s in range(steps):
+        for b in [EMBED, *range(blocks), HEAD]:
+            events.append(OpEvent("upload", "upload", s, b, 2_000_000, t, t + 0.001))
+            events.append(OpEvent("compute", "compute", s, b, 0, t + 0.001, t + 0.004, "+"))
+            events.append(OpEvent("offload", "offload", s, b, 2_000_000, t + 0.004, t + 0.005))
+            t += 0.005
+        events.append(OpEvent("update", "update", s, -1, 0, t, t + 0.002))
+        t += 0.002
+        if s == steps - 1:
+            events.append(OpEvent("codec", "zcodec", s, 0, 1_000_000, t, t + 0.001))
+        rows.append({"step": s, "loss": 1.0 - 0.1 * s, "seconds": 0.5, "tokens": 100 * (s + 1),
+                     "end": t, "mem_allocated": (s + 1) * 10**9, "mem_reserved": 2 * 10**9,
+                     "mem_peak": 3 * 10**9, "lr": 1e-3})
+    smp = [{"t (s)": i * 0.01, "gpu mem used (bytes)": 4e9 + (i % 10) * 1e6,
+            "pcie rx (bytes/s)": 8e9, "pcie tx (bytes/s)": 4e9, "gpu util (%)": 50.0 + (i % 2)}
+           for i in range(samples)]
+    return RunRecord(config={"method": "zo-offload", "model": "tiny-opt", "steps": steps},
+                     environment={"pcie peak (bytes/s)": 31.5e9}, steps=rows,
+                     evals=[{"step": 0, "accuracy": 0.5, "loss": 0.7, "examples": 8},
+                            {"step": steps, "accuracy": 0.75, "loss": 0.6, "examples": 8}],
+                     events=events, samples=smp, status="done")
+
+
+def _bars(fig):
+    return [t for t in fig.data if t.type == "bar"]
+
+
+def _notes(fig) -> list[str]:
+    return [a.text for a in fig.layout.annotations if a.text.startswith("no ")]
+
+
+# --- timeline ---------------------------------------------------------------------------------
+def test_timeline_one_bar_per_event_of_last_steps():
+    rec = synthetic(steps=5, blocks=2)
+    fig = F.timeline(rec, last_steps=3)
+    want = [e for e in rec.events if e.step >= 2]
+    bars = _bars(fig)
+    assert sum(len(b.x) for b in bars) == len(want)
+    # one trace per op, each bar of it placed at its event's start with its duration
+    for b in bars:
+        evs = [e for e in want if e.op == b.name]
+        assert list(b.y) == [e.stream for e in evs]
+        np.testing.assert_allclose(b.base, [e.start for e in evs])
+        np.testing.assert_allclose(b.x, [e.end - e.start for e in evs])
+    assert list(fig.layout.yaxis.categoryarray) == ["upload", "compute", "offload", "update",
+                                                    "zcodec"]
+    assert fig.layout.xaxis.title.text == "time (s)"
+    up = next(b for b in bars if b.name == "upload")
+    assert up.customdata[0][0] == "embed" and up.customdata[-1][0] == "head"
+    assert up.customdata[1][0] == "block 0"
+    assert up.customdata[0][1] == 2 and up.customdata[0][2] == pytest.approx(2.0)  # step, MB
+    assert up.customdata[0][3] == pytest.approx(1.0)  # ms
+    assert up.marker.color != next(b for b in bars if b.name == "compute").marker.color
+
+
+def test_timeline_real_run_rows_and_counts(offload_run):
+    rec, _ = offload_run
+    steps = sorted({e.step for e in rec.events})
+    fig = F.timeline(rec, last_steps=2)
+    want = [e for e in rec.events if e.step in steps[-2:]]
+    assert sum(len(b.x) for b in _bars(fig)) == len(want) > 0
+    rows = list(fig.layout.yaxis.categoryarray)
+    assert rows == [s for s in ("upload", "compute", "offload", "update", "checkpoint")
+                    if s in {e.stream for e in want}]
+    assert {b.name for b in _bars(fig)} == {e.op for e in want}
+
+
+def test_timeline_without_events_has_note():
+    fig = F.timeline(RunRecord(), last_steps=3)
+    assert not fig.data and _notes(fig) and fig.layout.xaxis.title.text == "time (s)"
+    fig.to_json()
+
+
+# --- one-run figures --------------------------------------------------------------------------
+def test_memory_pcie_utilisation_values_in_units():
+    rec = synthetic(samples=50)
+    mem = F.memory(rec)
+    assert mem.layout.yaxis.title.text == "GPU memory (GB)"
+    assert mem.layout.xaxis.title.text == "time (s)"
+    by = {t.name: t for t in mem.data}
+    assert set(by) == {"torch allocated", "torch reserved", "torch peak", "NVML used"}
+    np.testing.assert_allclose(by["torch allocated"].y, [1, 2, 3, 4, 5])
+    np.testing.assert_allclose(by["torch allocated"].x, [r["end"] for r in rec.steps])
+    assert by["NVML used"].y[0] == pytest.approx(4.0)
+
+    pc = F.pcie(rec)
+    assert pc.layout.yaxis.title.text == "PCIe throughput (GB/s)"
+    by = {t.name: t for t in pc.data}
+    np.testing.assert_allclose(by["RX host→GPU"].y, 8.0)
+    np.testing.assert_allclose(by["TX GPU→host"].y, 4.0)
+    peak = by["link peak (per direction)"]
+    assert list(peak.y) == [31.5, 31.5] and peak.line.dash == "dash"
+
+    ut = F.utilisation(rec)
+    assert ut.layout.yaxis.title.text == "GPU utilisation (%)"
+    assert list(ut.data[0].y[:2]) == [50.0, 51.0]
+
+
+def test_progress_loss_accuracy_and_tokens_per_s():
+    rec = synthetic(steps=5)
+    fig = F.progress(rec)
+    by = {t.name: t for t in fig.data}
+    np.testing.assert_allclose(by["loss"].y, [1.0, 0.9, 0.8, 0.7, 0.6])
+    np.testing.assert_allclose(by["dev accuracy"].y, [50.0, 75.0])
+    assert by["dev accuracy"].yaxis != by["loss"].yaxis  # the secondary axis
+    np.testing.assert_allclose(by["tokens/s"].y, [200, 400, 600, 800, 1000])
+    titles = {ax.title.text for ax in (fig.layout.yaxis, fig.layout.yaxis2, fig.layout.yaxis3)}
+    assert {"loss", "dev accuracy (%)", "throughput (tokens/s)"} <= titles
+
+
+def test_cpu_run_and_missing_data_give_empty_figures_with_notes(offload_run):
+    rec, _ = offload_run  # CPU: torch memory is 0, NVML is off
+    for build in (F.memory, F.pcie, F.utilisation):
+        fig = build(rec)
+        assert len(fig.data) == 0 and _notes(fig)
+        fig.to_json()
+    nan_rec = RunRecord(steps=[{"step": 0, "loss": None, "seconds": 0.0, "tokens": 10,
+                                "end": None}],
+                        samples=[{"t (s)": 0.1, "gpu mem used (bytes)": math.nan}])
+    for build in (F.timeline, F.memory, F.pcie, F.utilisation, F.progress, F.dashboard_figure):
+        build(nan_rec).to_json()
+    assert len(F.dashboard_figure(RunRecord()).data) == 0
+
+
+def test_dashboard_figure_has_every_panel():
+    fig = F.dashboard_figure(synthetic())
+    names = {t.name for t in fig.data}
+    assert {"upload", "loss", "tokens/s", "NVML used", "RX host→GPU", "GPU util"} <= names
+    fig.to_json()
+
+
+def test_long_runs_are_downsampled_keeping_peaks():
+    rec = synthetic(samples=100_000)
+    rec.samples[54_321]["gpu mem used (bytes)"] = 99e9  # one spike
+    fig = F.memory(rec)
+    nvml = next(t for t in fig.data if t.name == "NVML used")
+    assert len(nvml.x) <= F.MAX_POINTS
+    assert max(nvml.y) == pytest.approx(99.0)
+    assert np.all(np.diff(nvml.x) > 0)
+
+
+# --- comparisons ------------------------------------------------------------------------------
+def _with_summary(rec: RunRecord, peak: float, tps: float, name: str) -> RunRecord:
+    rec.summary = {"peak_gpu_mem_bytes": peak, "tokens_per_s": tps}
+    rec.info["name"] = name
+    return rec
+
+
+def test_compare_bars_one_bar_per_run_per_metric():
+    a = _with_summary(synthetic(), 4e9, 1000.0, "mezo")
+    b = _with_summary(synthetic(), 1e9, 2000.0, "offload")
+    fig = F.compare_bars([a, b])
+    mem, tps = fig.data
+    assert list(mem.x) == ["mezo", "offload"] and list(tps.x) == ["mezo", "offload"]
+    np.testing.assert_allclose(mem.y, [4.0, 1.0])
+    np.testing.assert_allclose(tps.y, [1000.0, 2000.0])
+    assert "(0.25x)" in mem.text[1] and "(2.00x)" in tps.text[1] and "(1.00x)" in tps.text[0]
+    assert fig.layout.yaxis.title.text == "peak GPU memory (GB)"
+    assert fig.layout.yaxis2.title.text == "throughput (tokens/s)"
+
+
+def test_compare_bars_labels_are_distinct():
+    a, b = synthetic(), synthetic()
+    assert list(F.compare_bars([a, b]).data[0].x) == ["zo-offload tiny-opt #1",
+                                                      "zo-offload tiny-opt #2"]
+
+
+def test_compare_loss_memory_timelines():
+    a, b = synthetic(steps=4), synthetic(steps=6)
+    loss = F.compare_loss([a, b])
+    assert [len(t.y) for t in loss.data] == [4, 6]
+    mem = F.compare_memory([a, b])
+    assert len(mem.data) == 2 and all("NVML used" in t.name for t in mem.data)
+    tl = F.compare_timelines([a, b], last_steps=2)
+    per_run = [len([e for e in r.events if e.step >= len(r.steps) - 2]) for r in (a, b)]
+    by_axis: dict[str, int] = {}
+    for t in tl.data:
+        by_axis[t.yaxis] = by_axis.get(t.yaxis, 0) + len(t.x)
+    assert sorted(by_axis.values()) == sorted(per_run)
+    assert len(by_axis) == 2
+    assert min(min(t.base) for t in tl.data) == pytest.approx(0.0)  # aligned to window start
+    legend = [t.name for t in tl.data if t.showlegend is not False]
+    assert len(legend) == len(set(legend))  # each op once in the legend
+
+
+def test_save_load_gives_the_same_figure(offload_run):
+    live, out = offload_run
+    saved = RunRecord.load(out)
+    a, b = F.dashboard_figure(live), F.dashboard_figure(saved)
+    assert len(a.data) == len(b.data) > 0
+    for ta, tb in zip(a.data, b.data):
+        assert ta.name == tb.name
+        for key in ("x", "y", "base"):
+            va, vb = getattr(ta, key, None), getattr(tb, key, None)
+            if va is None:
+                assert vb is None
+                continue
+            if key == "y" and ta.type == "bar":
+                assert list(va) == list(vb)
+            else:
+                np.testing.assert_array_equal(np.asarray(va, float), np.asarray(vb, float))
+        if ta.customdata is not None:
+            assert [list(r) for r in ta.customdata] == [list(r) for r in tb.customdata]
+
+
+def test_layering_ui_is_imported_only_from_the_top():
+    root = Path(F.__file__).resolve().parents[1]
+    for path in root.rglob("*.py"):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith("ui/") or rel in ("cli.py", "__main__.py"):
+            continue
+        mods = _imports(path)
+        assert not any(m.startswith("workbench.ui") for m in mods), rel
+    figs = _imports(root / "ui" / "figures.py") | _imports(root / "ui" / "report.py")
+    assert not any(m.startswith("ipywidgets") for m in figs)
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+    return out

@@ -1,0 +1,201 @@
+"""Knob panel, live dashboard and compare widgets, driven from Python (no browser)."""
+from __future__ import annotations
+
+import sys
+import time
+import types
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+import pytest
+
+from workbench.config import ConfigError, RunConfig
+from workbench.engine.events import OpEvent
+from workbench.telemetry.record import RunRecord
+from workbench.ui.compare import compare, mezo_vs_offload
+from workbench.ui.dashboard import Dashboard
+from workbench.ui.figures import dashboard_figure
+from workbench.ui.panel import KnobPanel
+
+TINY = dict(model="tiny-opt", batch_size=4, seq_len=32, eval_samples=8)
+
+
+def _wait(cond, timeout: float = 20.0, what: str = "condition") -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def _trace(fig, name: str):
+    return next(t for t in fig.data if t.name == name)
+
+
+# --- controls and validation ------------------------------------------------------------------
+def test_controls_follow_the_config():
+    p = KnobPanel(method="mezo", steps=7)
+    c = p.controls
+    assert isinstance(c["method"], widgets.Dropdown) and "zo-offload" in c["method"].options
+    assert isinstance(c["overlap"], widgets.Checkbox)
+    assert isinstance(c["prefetch_depth"], widgets.IntSlider)
+    assert (c["prefetch_depth"].min, c["prefetch_depth"].max) == (1, 8)
+    assert isinstance(c["lr"], widgets.FloatText) and c["steps"].value == 7
+    assert c["lr"].description == "lr" and "learning rate" in c["lr"].tooltip
+    assert "[0, 10]" in c["lr"].tooltip
+    shown = lambda: {box.children[0].value for box in p.knobs.children}  # noqa: E731
+    assert "<b>offload</b>" not in shown() and "<b>run</b>" in shown()
+    c["method"].value = "zo-offload"
+    assert "<b>offload</b>" in shown()
+    assert p.config() == RunConfig(method="zo-offload", steps=7)
+    with pytest.raises(ConfigError):
+        KnobPanel(method="mezo", no_such_knob=1)
+
+
+@pytest.mark.parametrize("name,value", [("lr", -1.0), ("steps", 0)])
+def test_invalid_input_shows_problems_and_starts_nothing(tmp_path, name, value):
+    p = KnobPanel(out_dir=tmp_path, **TINY)
+    p.controls[name].value = value
+    assert p.run() is None
+    assert p.thread is None and p.recipe is None
+    assert f"error: {name}:" in p.problems.value
+    p.controls[name].value = RunConfig().to_dict()[name]
+    assert p.problems.value == ""
+    assert not any(tmp_path.iterdir())
+
+
+def test_planner_hook(monkeypatch):
+    fake = types.ModuleType("workbench.planner")
+    fake.plan = lambda cfg: {"peak_gpu_mem_bytes": 2e9 * cfg.batch_size, "step_seconds": 0.25}
+    monkeypatch.setitem(sys.modules, "workbench.planner", fake)
+    p = KnobPanel(batch_size=1)
+    assert "2.00 GB" in p.prediction.value and "0.250 s" in p.prediction.value
+    p.controls["batch_size"].value = 3
+    assert "6.00 GB" in p.prediction.value
+    fake.plan = lambda cfg: types.SimpleNamespace(peak_gpu_mem_bytes=5e8, step_seconds=1.5,
+                                                  fits_gpu=False)  # a Plan-like object
+    p = KnobPanel()
+    assert "0.50 GB" in p.prediction.value and "does not fit" in p.prediction.value
+    fake.plan = lambda cfg: 1 / 0
+    assert "planner: no prediction" in KnobPanel().prediction.value
+
+
+# --- runs -------------------------------------------------------------------------------------
+def test_run_completes_and_dashboard_has_steps(tmp_path):
+    p = KnobPanel(method="zo-offload", out_dir=tmp_path, steps=3, refresh_s=0.2, **TINY)
+    thread = p.run()
+    assert thread is p.thread and thread.daemon
+    thread.join(timeout=25)
+    assert not thread.is_alive()
+    assert p.error is None and p.recipe.record.status == "done"
+    assert len(_trace(p.dashboard.figure, "loss").y) == 3
+    assert "done: 3 steps" in p.message.value
+    assert (p.last_run_dir / "run.json").is_file()
+    assert not p.controls["steps"].disabled and not p.run_button.disabled
+    assert p.stop_button.disabled and not p.export_button.disabled
+    report = p.export_report()
+    assert report.is_file() and p.recipe.record.param_digest in report.read_text()
+
+
+def test_stop_and_knob_locking_during_a_long_run(tmp_path):
+    p = KnobPanel(method="zo-offload", out_dir=tmp_path, steps=500, refresh_s=0.2, **TINY)
+    p.run()
+    rec = p.recipe.record
+    _wait(lambda: len(rec.steps) >= 2, what="two steps")
+    assert p.controls["steps"].disabled and p.controls["method"].disabled
+    assert not p.controls["lr"].disabled and not p.controls["weight_decay"].disabled
+    assert p.run_button.disabled and not p.stop_button.disabled
+    assert p.run() is None  # one run at a time
+    p.stop()
+    at_stop = len(rec.steps)
+    p.thread.join(timeout=25)
+    assert not p.thread.is_alive()
+    assert rec.status == "stopped"
+    assert at_stop <= len(rec.steps) <= at_stop + 3  # the step in hand plus what was in flight
+    assert len(rec.steps) < 500
+    assert not p.controls["steps"].disabled and not p.controls["method"].disabled
+    assert RunRecord.load(p.last_run_dir).status == "stopped"
+
+
+def test_live_lr_change_applies_from_the_next_step(tmp_path):
+    p = KnobPanel(method="mezo", out_dir=tmp_path, steps=500, lr=1e-3, refresh_s=0.2, **TINY)
+    p.run()
+    rec = p.recipe.record
+    _wait(lambda: len(rec.steps) >= 2, what="two steps")
+    p.controls["lr"].value = 5e-3
+    assert p.recipe.live["lr"] == 5e-3
+    _wait(lambda: any(r["lr"] == 5e-3 for r in rec.snapshot().steps), what="a step at lr 5e-3")
+    p.controls["lr"].value = -1.0  # rejected with the config's message, the run goes on
+    assert "error: lr:" in p.problems.value and p.recipe.live["lr"] == 5e-3
+    p.stop()
+    p.thread.join(timeout=25)
+    lrs = [r["lr"] for r in rec.steps]
+    assert lrs[0] == 1e-3 and lrs[-1] == 5e-3
+    first = lrs.index(5e-3)
+    assert all(lr == 5e-3 for lr in lrs[first:])
+
+
+# --- dashboard --------------------------------------------------------------------------------
+def test_dashboard_refresh_updates_the_same_widget():
+    rec = RunRecord(config={"method": "zo-offload", "model": "tiny-opt", "steps": 10},
+                    status="running")
+    d = Dashboard(rec, min_interval_s=10.0)
+    fig = d.figure
+    assert isinstance(fig, go.FigureWidget) and len(fig.data) == 0
+    with rec.lock:
+        for s in range(3):
+            rec.steps.append({"step": s, "loss": 1.0 - s / 10, "seconds": 0.5, "tokens": 100,
+                              "end": s + 1.0})
+            rec.events.append(OpEvent("upload", "upload", s, 0, 10**6, s, s + 0.1))
+    assert d.refresh(force=True)
+    assert d.figure is fig and d.widget.children[1] is fig
+    assert list(_trace(fig, "loss").y) == pytest.approx([1.0, 0.9, 0.8])
+    assert len(_trace(fig, "upload").x) == 3
+    assert "step 3 of 10" in d.status.value
+    assert not d.refresh()  # throttled: within min_interval_s
+    with rec.lock:
+        rec.steps.append({"step": 3, "loss": 0.5, "seconds": 0.5, "tokens": 100, "end": 4.0})
+    d.min_interval_s = 0.0
+    assert d.refresh()
+    assert list(_trace(fig, "loss").y) == pytest.approx([1.0, 0.9, 0.8, 0.5])
+    assert d.refreshes == 2
+    # the live widget shows exactly what the report's figure shows for the same record
+    ref = dashboard_figure(rec.snapshot())
+    assert [t.name for t in fig.data] == [t.name for t in ref.data]
+    for live, want in zip(fig.data, ref.data):
+        assert (live.xaxis, live.yaxis) == (want.xaxis, want.yaxis)
+        assert list(live.x) == pytest.approx(list(want.x))
+        assert list(live.y) == list(want.y) if live.type == "bar" else \
+            list(live.y) == pytest.approx(list(want.y))
+    assert fig.layout.yaxis.categoryarray == ref.layout.yaxis.categoryarray
+    assert sorted(a.text for a in fig.layout.annotations) == \
+        sorted(a.text for a in ref.layout.annotations)
+
+
+def test_auto_refresh_stops_when_the_run_ends():
+    rec = RunRecord(config={"steps": 5}, status="running")
+    d = Dashboard(rec, min_interval_s=0.05)
+    d.start_auto_refresh(0.05)
+    _wait(lambda: d.refreshes >= 2, timeout=5, what="two refreshes")
+    rec.steps.append({"step": 0, "loss": 0.5, "seconds": 0.1, "tokens": 10, "end": 0.1})
+    rec.status = "done"
+    _wait(lambda: not d.auto_refreshing, timeout=5, what="the timer to stop")
+    assert len(_trace(d.figure, "loss").y) == 1
+    d.start_auto_refresh(0.05)
+    d.stop_auto_refresh()
+    assert not d.auto_refreshing
+
+
+# --- compare ----------------------------------------------------------------------------------
+def test_mezo_vs_offload_is_one_call(tmp_path):
+    box = mezo_vs_offload(out_dir=tmp_path, steps="3", **TINY)
+    assert isinstance(box, widgets.VBox)
+    table, *figs = box.children
+    assert len(figs) == 4 and all(isinstance(f, go.FigureWidget) for f in figs)
+    assert "param_digest identical" in table.value
+    assert [r.config["method"] for r in box.records] == ["mezo", "zo-offload"]
+    assert (tmp_path / "mezo" / "run.json").is_file()
+    again = compare(tmp_path / "mezo", box.records[1])  # directories and records mix
+    assert list(again.children[1].data[1].x) == ["mezo tiny-opt", "zo-offload tiny-opt"]
+    with pytest.raises(ConfigError):
+        mezo_vs_offload(out_dir=tmp_path, steps="zero")

@@ -1,0 +1,73 @@
+"""HTML report: self-contained, plotly.js once, every run's numbers in it; the CLI command."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from workbench.config import RunConfig
+from workbench.recipes.train import run
+from workbench.telemetry.record import RunRecord
+from workbench.ui.report import main, write_report
+
+TINY = dict(model="tiny-opt", steps=3, batch_size=4, seq_len=32, eval_samples=8)
+PLOTLY_MARKER = "* plotly.js v"  # the bundle's licence header, once per copy
+REMOTE_SCRIPT = re.compile(r"<script[^>]*\bsrc\s*=\s*['\"]?https?://", re.I)
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def run_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ui-report")
+    for method in ("mezo", "zo-offload"):
+        run(RunConfig(method=method, **TINY), out_dir=root / method, progress=False)
+    return [root / "mezo", root / "zo-offload"]
+
+
+def test_report_is_self_contained_with_every_run(run_dirs, tmp_path):
+    path = write_report(run_dirs, tmp_path / "r.html")
+    text = path.read_text(encoding="utf-8")
+    assert text.count(PLOTLY_MARKER) == 1
+    assert not REMOTE_SCRIPT.search(text)
+    recs = [RunRecord.load(d) for d in run_dirs]
+    for rec in recs:
+        assert rec.param_digest and rec.param_digest in text
+    assert "id='comparison'" in text
+    assert "param_digest identical across the runs" in text  # same seed, same engine math
+    # one dashboard per run + four comparison figures, each drawn once
+    assert text.count("Plotly.newPlot(") == len(recs) + 4
+    for label in ("tokens/s", "step time (s)", "peak GPU memory (MB)", "final loss",
+                  "dev accuracy start", "dev accuracy end", "<h3>config</h3>",
+                  "<h3>environment</h3>", "learning rate"):
+        assert label in text
+    assert f"{recs[1].summary['tokens_per_s']:,.0f}" in text
+
+
+def test_report_of_one_live_record_has_no_comparison(tmp_path):
+    rec = RunRecord(config={"method": "mezo", "model": "tiny-opt", "lr": 1e-3},
+                    steps=[{"step": 0, "loss": 0.7, "seconds": 0.1, "tokens": 50, "end": 0.1}],
+                    param_digest="abc123", status="running")
+    text = write_report([rec], tmp_path / "one.html").read_text(encoding="utf-8")
+    assert text.count(PLOTLY_MARKER) == 1 and "abc123" in text
+    assert "id='comparison'" not in text and text.count("Plotly.newPlot(") == 1
+
+
+def test_report_errors(tmp_path):
+    with pytest.raises(ValueError):
+        write_report([], tmp_path / "x.html")
+    with pytest.raises(FileNotFoundError):
+        write_report([tmp_path], tmp_path / "x.html")
+    assert main([str(tmp_path), "-o", str(tmp_path / "x.html")]) == 2
+
+
+def test_cli_report_command(run_dirs, tmp_path):
+    out = tmp_path / "x.html"
+    proc = subprocess.run([sys.executable, "-m", "workbench", "report", *map(str, run_dirs),
+                           "-o", str(out)], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert out.is_file() and out.read_text(encoding="utf-8").count(PLOTLY_MARKER) == 1
+    assert proc.stdout.strip() == str(out.resolve())

@@ -1,0 +1,288 @@
+"""Checkpoints: asynchronous snapshots, a per-step log, exact resume, crash safety.
+
+A checkpoint is a folder ``step-NNNNNNNN`` holding safetensors shards (p1 = embedding + first
+half of the blocks, p2 = second half + head, the paper's halves) and ``manifest.json`` with the
+step, the pending update, the config, the group layout and each shard's SHA-256. It is written
+as ``step-NNNNNNNN.partial``: shards, fsync, manifest (temp + rename), fsync, then the folder is
+renamed. A folder without the final name is never read, so a crash mid-write loses nothing that
+was complete before.
+
+Beside the snapshots, ``steps.jsonl`` records every step's (step, seed, g, lr, wd): with MeZO's
+arithmetic replayed from the nearest snapshot, any step can be restored exactly, so a
+"checkpoint" between snapshots costs a line, not gigabytes.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import threading
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT = 1
+
+
+@dataclass
+class Snapshot:
+    """Host copies of every group's fp32 weights at a step boundary, plus what resumes it."""
+
+    step: int  # the next step to run
+    flats: list[torch.Tensor]  # canonical order, CPU fp32
+    names: list[str]
+    pending: dict[str, Any] | None  # {"seed", "g", "lr", "wd"} or None
+    config: dict[str, Any]
+    n_decay: list[int] | None = None  # per group: elements [0, n_decay) get weight decay
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(str(path), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 24), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def halves(n_groups: int) -> tuple[range, range]:
+    """Group indices of p1 (embedding + first half of blocks) and p2 (the rest + head)."""
+    blocks = n_groups - 2
+    cut = 1 + (blocks + 1) // 2
+    return range(0, cut), range(cut, n_groups)
+
+
+def write_checkpoint(root: Path, snap: Snapshot, pause_s: float = 0.0) -> Path:
+    """Write ``snap`` under ``root`` atomically; returns the final folder.
+
+    ``pause_s`` sleeps between shards (tests use it to kill a writer mid-way)."""
+    from safetensors.torch import save_file
+
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{snap.step:08d}"
+    tmp = root / f"step-{snap.step:08d}.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    shards = {}
+    for part, idx in zip(("p1", "p2"), halves(len(snap.flats))):
+        path = tmp / f"{part}.safetensors"
+        save_file({snap.names[i]: snap.flats[i].contiguous() for i in idx}, str(path))
+        with open(path, "rb+") as fh:
+            os.fsync(fh.fileno())  # the shard is on disk before the manifest can name it
+        shards[path.name] = _sha256(path)
+        if pause_s:
+            import time
+
+            time.sleep(pause_s)
+    manifest = {"format": FORMAT, "step": snap.step, "pending": snap.pending,
+                "config": snap.config, "groups": [[n, f.numel()] for n, f in
+                                                  zip(snap.names, snap.flats)],
+                "n_decay": snap.n_decay, "shards": shards}
+    mtmp = tmp / "manifest.json.tmp"
+    mtmp.write_text(json.dumps(manifest, indent=1))
+    with open(mtmp, "rb+") as fh:
+        os.fsync(fh.fileno())
+    mtmp.replace(tmp / "manifest.json")
+    _fsync_dir(tmp)
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.replace(final)  # the checkpoint exists from this rename on
+    _fsync_dir(root)
+    return final
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used (corrupted, or for another model)."""
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    """Complete checkpoints under ``root``, oldest first; incomplete ones are skipped with a
+    warning."""
+    if not root.is_dir():
+        return []
+    found = []
+    for p in sorted(root.glob("step-*")):
+        if p.name.endswith(".partial") or not (p / "manifest.json").is_file():
+            warnings.warn(f"checkpoint {p.name} is incomplete (a write was interrupted); "
+                          "skipping it", stacklevel=2)
+            continue
+        found.append(p)
+    return found
+
+
+def read_checkpoint(path: Path, names: list[str], numels: list[int]) -> Snapshot:
+    """Load and verify a checkpoint against the model's groups.
+
+    Raises:
+        CheckpointError: corrupted shards, or groups that do not match this model.
+    """
+    from safetensors.torch import load_file
+
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"checkpoint {path}: unreadable manifest ({e})") from None
+    want = [[n, k] for n, k in zip(names, numels)]
+    if manifest.get("groups") != want:
+        raise CheckpointError(
+            f"checkpoint {path} belongs to another model or shapes (model "
+            f"{manifest.get('config', {}).get('model')!r}, {len(manifest.get('groups', []))} "
+            f"groups); this run has {len(names)} groups of {names[1:2] and 'these shapes'}")
+    tensors: dict[str, torch.Tensor] = {}
+    for shard, digest in manifest["shards"].items():
+        file = path / shard
+        if not file.is_file() or _sha256(file) != digest:
+            raise CheckpointError(f"checkpoint {path}: shard {shard} is missing or corrupted "
+                                  "(SHA-256 mismatch); use an earlier checkpoint")
+        tensors.update(load_file(str(file)))
+    return Snapshot(manifest["step"], [tensors[n] for n in names], names,
+                    manifest.get("pending"), manifest.get("config", {}), manifest.get("n_decay"))
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    found = complete_checkpoints(root)
+    return found[-1] if found else None
+
+
+def restore_step(root: Path, step: int, device: str = "cpu") -> list[torch.Tensor]:
+    """Weights after ``step`` steps (pending update applied), rebuilt from the newest snapshot
+    at or before it plus the step log, replaying MeZO's elementwise arithmetic exactly
+    (perturb +eps, -2 eps, +eps, update) for ZO methods and the update alone for forward-grad.
+    Bit-identical to the straight run when replayed on the device type that trained."""
+    from workbench.engine.groups import GroupLayout
+    from workbench.engine.perturb import PendingUpdate, ZOOps
+
+    candidates = [p for p in complete_checkpoints(root)
+                  if json.loads((p / "manifest.json").read_text())["step"] <= step]
+    if not candidates:
+        raise CheckpointError(f"no complete checkpoint at or before step {step} in {root}")
+    manifest = json.loads((candidates[-1] / "manifest.json").read_text())
+    names = [g[0] for g in manifest["groups"]]
+    snap = read_checkpoint(candidates[-1], names, [g[1] for g in manifest["groups"]])
+    cfg = snap.config
+    if cfg.get("method") not in ("mezo", "zo-offload", "forward-grad"):
+        raise CheckpointError(f"method {cfg.get('method')!r} keeps optimizer state: only its "
+                              "snapshots can be restored, not steps between them")
+    log = StepLog(root).read()
+    missing = [t for t in range(snap.step, step) if t not in log]
+    if missing:
+        raise CheckpointError(f"the step log lacks steps {missing[:5]}: cannot replay to {step}")
+    dev = torch.device(device)
+    ops = ZOOps(cfg.get("rng", "philox"), dev)
+    eps, zo = float(cfg.get("eps", 0.0)), cfg.get("method") != "forward-grad"
+    layouts = [GroupLayout(n, [], k, d) for n, k, d in
+               zip(names, [g[1] for g in manifest["groups"]], snap.n_decay)]
+    flats = [f.to(dev) for f in snap.flats]
+
+    def as_update(row):
+        return PendingUpdate(int(row["seed"]), torch.tensor(float(row["g"]), device=dev),
+                             float(row["lr"]), float(row["wd"]))
+
+    upd = as_update(snap.pending) if snap.pending else None
+    for t in range(snap.step, step):
+        row = log[t]
+        for lay, flat in zip(layouts, flats):
+            if not lay.numel:
+                continue
+            if zo:
+                ops.update_perturb(flat, lay, upd, int(row["seed"]), +eps)
+                ops.perturb(flat, lay, int(row["seed"]), -2 * eps)
+                ops.perturb(flat, lay, int(row["seed"]), +eps)
+            elif upd is not None:
+                ops.update(flat, lay, upd)
+        upd = as_update(row)
+    for lay, flat in zip(layouts, flats):
+        if upd is not None and lay.numel:
+            ops.update(flat, lay, upd)
+    return [f.cpu() for f in flats]
+
+
+class StepLog:
+    """Append-only JSON lines of each step's update: enough to replay any step exactly."""
+
+    def __init__(self, root: Path):
+        root.mkdir(parents=True, exist_ok=True)
+        self.path = root / "steps.jsonl"
+        self._lock = threading.Lock()
+
+    def append(self, step: int, seed: int, g: float, lr: float, wd: float) -> None:
+        with self._lock, open(self.path, "a") as fh:
+            fh.write(json.dumps({"step": step, "seed": seed, "g": g, "lr": lr, "wd": wd}) + "\n")
+
+    def read(self) -> dict[int, dict]:
+        if not self.path.is_file():
+            return {}
+        out = {}
+        for line in self.path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                break  # a torn last line from a crash
+            out[row["step"]] = row
+        return out
+
+
+class AsyncCheckpointer:
+    """Background writes: the training thread hands over host snapshots and goes on.
+
+    A snapshot still being written when the next one is due is skipped (the step log still
+    covers every step), so a slow disk never makes training wait or memory pile up.
+
+    Args:
+        root: checkpoint folder.
+        keep_last: complete checkpoints kept; older ones are deleted after a newer completes.
+    """
+
+    def __init__(self, root: Path, keep_last: int, bus=None, timer=None):
+        self.root, self.keep_last, self.bus, self.timer = Path(root), keep_last, bus, timer
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+        self.writing: Future | None = None
+        self.skipped = 0
+        self.written: list[Path] = []
+
+    @property
+    def busy(self) -> bool:
+        return self.writing is not None and not self.writing.done()
+
+    def submit(self, make_snapshot) -> bool:
+        """Write ``make_snapshot()`` (called in the writer thread) unless a write is running."""
+        if self.busy:
+            self.skipped += 1
+            return False
+        self.writing = self.pool.submit(self._write, make_snapshot)
+        return True
+
+    def _write(self, make_snapshot) -> Path:
+        from workbench.engine.events import OpEvent
+
+        start = self.timer.now() if self.timer else 0.0
+        snap = make_snapshot()
+        path = write_checkpoint(self.root, snap)
+        nbytes = sum(f.numel() * 4 for f in snap.flats)
+        if self.bus is not None and self.timer is not None:
+            self.bus.publish(OpEvent("checkpoint", "checkpoint", snap.step - 1, -1, nbytes,
+                                     start, self.timer.now(), path.name))
+        self.written.append(path)
+        for old in complete_checkpoints(self.root)[:-self.keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+        return path
+
+    def wait(self) -> None:
+        if self.writing is not None:
+            self.writing.result()  # end of run: the last checkpoint must be on disk
+
+    def close(self) -> None:
+        self.wait()
+        self.pool.shutdown(wait=True)

@@ -1,0 +1,63 @@
+"""Side-by-side view of runs, and "MeZO vs offload is one call".
+
+    from workbench.ui.compare import compare, mezo_vs_offload
+    compare("runs/demo/mezo", "runs/demo/zo-offload")
+    mezo_vs_offload(steps=40, lr=2e-3)   # runs both, same settings, then compares
+"""
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+
+from workbench.config import RunConfig, load_config
+from workbench.telemetry.record import RunRecord
+from workbench.ui import figures
+from workbench.ui.report import digest_note, load_runs, summary_table_html
+
+
+def compare(*runs: RunRecord | str | Path, last_steps: int = 3) -> widgets.VBox:
+    """A summary table and the comparison figures of ``runs`` (records or run directories).
+
+    Raises:
+        ValueError: no runs.
+        FileNotFoundError: a path that is not a run directory.
+    """
+    recs = load_runs(runs)
+    if not recs:
+        raise ValueError("compare needs at least one run (a RunRecord or a run directory)")
+    figs = [figures.compare_bars(recs), figures.compare_loss(recs),
+            figures.compare_memory(recs), figures.compare_timelines(recs, last_steps)]
+    table = widgets.HTML(summary_table_html(recs) + f"<p>{html.escape(digest_note(recs))}</p>")
+    box = widgets.VBox([table, *(go.FigureWidget(f) for f in figs)])
+    box.records = recs  # the snapshots drawn, for notebooks that want the numbers
+    return box
+
+
+def mezo_vs_offload(cfg: RunConfig | None = None, out_dir: str | Path = "runs/compare",
+                    progress: bool = False, **overrides: Any) -> widgets.VBox:
+    """Run MeZO and ZO-offload with the same settings, one after the other, and compare them.
+
+    Args:
+        cfg: base settings (default: ``RunConfig()`` on CUDA when there is a GPU).
+        out_dir: the runs go to ``out_dir/mezo`` and ``out_dir/zo-offload``.
+        progress: show a progress bar per run.
+        **overrides: settings changed from ``cfg`` (strings are parsed as ``--set`` values).
+
+    Raises:
+        ConfigError: invalid or unknown overrides, all listed.
+    """
+    from workbench.recipes.train import run
+
+    if cfg is None:
+        import torch
+
+        cfg = RunConfig(device="cuda" if torch.cuda.is_available() else "cpu")
+    cfg = load_config(None, overrides, base=cfg)
+    out = Path(out_dir)
+    recs = [run(cfg.replace(method=m), out / m, progress=progress)
+            for m in ("mezo", "zo-offload")]
+    return compare(*recs)

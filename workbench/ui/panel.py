@@ -1,0 +1,321 @@
+"""Knob panel: one control per ``RunConfig`` field, Run / Stop / Export buttons, a live view.
+
+Controls are built from the config's field metadata (``knob_info``): the label is the field
+name (the same name as ``--set`` and the report), the tooltip is its help, range and unit.
+The panel never checks values itself: ``config()`` builds a ``RunConfig``, whose validator
+reports every problem, and the panel shows them inline. A run goes through the same
+``TrainRecipe`` as the CLI, on a daemon thread; during it only live knobs (lr, weight_decay)
+stay enabled, and changing one calls ``recipe.set_live``.
+"""
+from __future__ import annotations
+
+import html
+import importlib
+import logging
+import threading
+import time
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import ipywidgets as widgets
+
+from workbench.config import (STREAMING_METHODS, ConfigError, RunConfig, check_environment,
+                              knob_info)
+from workbench.recipes.train import TrainRecipe
+from workbench.ui.dashboard import Dashboard
+
+log = logging.getLogger(__name__)
+
+#: Groups shown for every method; others depend on the method (see ``groups_for``).
+COMMON_GROUPS = ("run", "optim", "telemetry", "checkpoint", "planner")
+SLIDER_MAX_SPAN = 64  # int ranges up to this wide get a slider; wider ones a text box
+LABEL_STYLE = {"description_width": "150px"}
+
+
+def groups_for(method: str) -> list[str]:
+    """Config groups that matter for ``method`` (offload knobs only for streaming methods)."""
+    groups = ["run", "optim"]
+    if method in STREAMING_METHODS:
+        groups.append("offload")
+    if method.startswith("fo"):
+        groups.append("fo")
+    return groups + [g for g in COMMON_GROUPS if g not in groups]
+
+
+def make_control(name: str, value: Any) -> widgets.ValueWidget:
+    """The control for config field ``name``, showing ``value``.
+
+    Literal choices get a dropdown, bools a checkbox, narrow int ranges a slider. Other numbers
+    get plain text boxes: a bounded widget would clamp a typo (lr=-1 becomes 0) silently, where
+    the config's validator says what is allowed.
+    """
+    info = knob_info(name)
+    t, lo, hi = info["type"], info.get("lo"), info.get("hi")
+    rng = f" [{lo:g}, {hi:g}]" if lo is not None and hi is not None else ""
+    unit = f" {info['unit']}" if info.get("unit") else ""
+    live = " (live: changeable during a run)" if info.get("live") else ""
+    common = dict(description=name, tooltip=f"{info['help']}{rng}{unit}{live}",
+                  style=LABEL_STYLE, layout=widgets.Layout(width="380px"))
+    if info["choices"]:
+        return widgets.Dropdown(options=list(info["choices"]), value=value, **common)
+    if t in ("bool", bool):
+        return widgets.Checkbox(value=value, indent=True, **common)
+    if t in ("int", int):
+        if lo is not None and hi is not None and hi - lo <= SLIDER_MAX_SPAN:
+            return widgets.IntSlider(value=value, min=lo, max=hi, continuous_update=False,
+                                     **common)
+        return widgets.IntText(value=value, **common)
+    if t in ("float", float):
+        return widgets.FloatText(value=value, **common)
+    if name in ("model", "data"):  # free text, with the built-in names offered
+        from workbench.models.presets import PRESETS
+
+        options = list(PRESETS) if name == "model" else ["embedded", "sst2", "synthetic"]
+        return widgets.Combobox(value=value, options=options, ensure_option=False, **common)
+    return widgets.Text(value=value, **common)
+
+
+class KnobPanel:
+    """Args:
+        method: the method selected at first.
+        out_dir: each run writes ``out_dir/<time>-<method>/``.
+        refresh_s: dashboard refresh interval during a run (s).
+        **defaults: starting values of other config fields.
+
+    Raises:
+        ConfigError: ``defaults`` name unknown fields or give invalid values.
+
+    Attributes:
+        widget: the container to display. controls: field name -> control.
+        recipe / thread / dashboard: those of the current or last run (None before the first).
+        last_run_dir: the directory of the last finished run.
+    """
+
+    def __init__(self, method: str = "mezo", out_dir: str | Path = "runs/panel",
+                 refresh_s: float = 0.5, **defaults: Any):
+        known = {f.name for f in fields(RunConfig)}
+        unknown = sorted(set(defaults) - known)
+        if unknown:
+            raise ConfigError([f"{k}: unknown setting (known: {', '.join(sorted(known))})"
+                               for k in unknown])
+        start = RunConfig(method=method, **defaults)  # invalid defaults fail here, listed
+        self.out_dir, self.refresh_s = Path(out_dir), refresh_s
+        self.recipe: TrainRecipe | None = None
+        self.thread: threading.Thread | None = None
+        self.dashboard: Dashboard | None = None
+        self.last_run_dir: Path | None = None
+        self.error: BaseException | None = None
+        self.planner = _load_planner()
+
+        self.controls: dict[str, widgets.ValueWidget] = {
+            f.name: make_control(f.name, getattr(start, f.name)) for f in fields(RunConfig)}
+        self._sections: dict[str, widgets.VBox] = {}
+        for f in fields(RunConfig):
+            group = knob_info(f.name)["group"]
+            if group not in self._sections:
+                self._sections[group] = widgets.VBox([widgets.HTML(f"<b>{group}</b>")])
+            box = self._sections[group]
+            box.children = (*box.children, self.controls[f.name])
+        for name, ctl in self.controls.items():
+            ctl.observe(self._on_change(name), names="value")
+
+        self.run_button = widgets.Button(description="Run", button_style="success", icon="play")
+        self.stop_button = widgets.Button(description="Stop", button_style="danger", icon="stop",
+                                          disabled=True)
+        self.export_button = widgets.Button(description="Export report", icon="file",
+                                            disabled=True)
+        self.run_button.on_click(lambda _: self.run())
+        self.stop_button.on_click(lambda _: self.stop())
+        self.export_button.on_click(lambda _: self._export_clicked())
+        self.problems = widgets.HTML()
+        self.prediction = widgets.HTML()
+        self.message = widgets.HTML()
+        self.view = widgets.Box(layout=widgets.Layout(width="100%"))
+        self.knobs = widgets.GridBox(layout=widgets.Layout(
+            grid_template_columns="repeat(auto-fill, minmax(400px, 1fr))", grid_gap="8px"))
+        self._show_groups(method)
+        self.widget = widgets.VBox([
+            self.knobs, widgets.HBox([self.run_button, self.stop_button, self.export_button]),
+            self.problems, self.prediction, self.message, self.view])
+        self._update_prediction()
+
+    # --- settings ---------------------------------------------------------------------------
+    def config(self) -> RunConfig:
+        """The run the controls describe.
+
+        Raises:
+            ConfigError: every invalid setting, as the CLI would report it.
+        """
+        return RunConfig(**{name: ctl.value for name, ctl in self.controls.items()})
+
+    def _show_groups(self, method: str) -> None:
+        self.knobs.children = [self._sections[g] for g in groups_for(method)
+                               if g in self._sections]
+
+    def _on_change(self, name: str) -> Callable[[dict], None]:
+        def handler(change: dict) -> None:
+            if name == "method":
+                self._show_groups(change["new"])
+            if self.running and knob_info(name).get("live"):
+                self._set_live(name, change["new"])
+            elif not self.running:
+                self._update_prediction()
+        return handler
+
+    def _update_prediction(self) -> None:
+        """Re-check the settings as knobs move; show problems and the planner's forecast."""
+        try:
+            cfg = self.config()
+        except ConfigError as e:
+            self._show_problems(e.problems)
+            self.prediction.value = ""
+            return
+        self._show_problems([])
+        self.prediction.value = _prediction_html(self.planner, cfg)
+
+    def _show_problems(self, problems: list[str]) -> None:
+        self.problems.value = "".join(
+            f"<div style='color:#b00020'>error: {html.escape(p)}</div>" for p in problems)
+
+    def _say(self, text: str) -> None:
+        self.message.value = f"<span>{html.escape(text)}</span>"
+
+    # --- running ----------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    def run(self) -> threading.Thread | None:
+        """Start a run of ``config()`` on a daemon thread; None (and the problems shown) when the
+        settings are invalid or a run is already going."""
+        if self.running:
+            self._say("a run is already going: Stop it first")
+            return None
+        try:
+            cfg = self.config()
+            check_environment(cfg)
+        except ConfigError as e:
+            self._show_problems(e.problems)
+            return None
+        self._show_problems([])
+        self.error = None
+        run_dir = self._new_run_dir(cfg.method)
+        self.recipe = recipe = TrainRecipe(cfg, run_dir, progress=False)
+        self.dashboard = Dashboard(recipe.record, min_interval_s=min(self.refresh_s, 0.5))
+        self.view.children = [self.dashboard.widget]
+        self._set_running(True)
+        self._say(f"running {cfg.method} on {cfg.model} ({cfg.steps} steps) -> {run_dir}")
+        self.thread = threading.Thread(target=self._work, args=(recipe, self.dashboard),
+                                       name="workbench-run", daemon=True)
+        self.thread.start()
+        self.dashboard.start_auto_refresh(self.refresh_s)
+        return self.thread
+
+    def _work(self, recipe: TrainRecipe, dashboard: Dashboard) -> None:
+        text = ""
+        try:
+            recipe.setup()
+            recipe.train()
+            recipe.save()
+            self.last_run_dir = recipe.out_dir
+            text = (f"{recipe.record.status}: {len(recipe.record.steps)} steps, "
+                    f"run directory {recipe.out_dir}")
+        except BaseException as e:  # shown in the panel: a notebook thread has no traceback
+            recipe.record.status = "failed"
+            self.error = e
+            log.exception("run failed")
+            text = f"failed: {type(e).__name__}: {e}"
+        finally:
+            recipe.cleanup()
+            dashboard.stop_auto_refresh()
+            try:
+                dashboard.refresh(force=True)  # the final state, whatever the timer last drew
+            except Exception:
+                log.exception("final dashboard refresh failed")
+            self._set_running(False)
+            self._say(text)
+
+    def stop(self) -> None:
+        """Ask the running loop to stop; it finishes the current step, evaluates and saves."""
+        if self.recipe is not None and self.running:
+            self.recipe.stop_event.set()
+            self._say("stopping after the current step")
+
+    def _set_running(self, running: bool) -> None:
+        for name, ctl in self.controls.items():
+            if not knob_info(name).get("live"):
+                ctl.disabled = running
+        self.run_button.disabled = running
+        self.stop_button.disabled = not running
+        self.export_button.disabled = running or self.last_run_dir is None
+
+    def _set_live(self, name: str, value: Any) -> None:
+        recipe = self.recipe
+        try:
+            recipe.cfg.replace(**{name: value})  # the config's range check, nothing else
+        except ConfigError as e:
+            self._show_problems(e.problems)
+            return
+        self._show_problems([])
+        recipe.set_live(**{name: float(value)})
+        self._say(f"{name} = {value:g} from the next step")
+
+    def _new_run_dir(self, method: str) -> Path:
+        stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{method}"
+        path, n = self.out_dir / stem, 1
+        while path.exists():
+            n += 1
+            path = self.out_dir / f"{stem}-{n}"
+        return path
+
+    # --- report -----------------------------------------------------------------------------
+    def export_report(self, path: str | Path | None = None) -> Path:
+        """Write the HTML report of the last finished run (default: ``RUN_DIR/report.html``).
+
+        Raises:
+            RuntimeError: no run has finished yet.
+        """
+        from workbench.ui.report import write_report
+
+        if self.last_run_dir is None:
+            raise RuntimeError("no finished run to report yet: press Run first")
+        out = write_report([self.last_run_dir], path or self.last_run_dir / "report.html")
+        self._say(f"report written to {out}")
+        return out
+
+    def _export_clicked(self) -> None:
+        try:
+            self.export_report()
+        except Exception as e:
+            self._say(f"report failed: {type(e).__name__}: {e}")
+
+
+def _load_planner() -> Callable[[RunConfig], Any] | None:
+    """``workbench.planner.plan`` if that module exists and works; None otherwise."""
+    try:
+        module = importlib.import_module("workbench.planner")
+    except ImportError:
+        return None
+    except Exception:  # a planner that fails to import must not take the panel down
+        log.exception("workbench.planner failed to import; predictions are off")
+        return None
+    plan = getattr(module, "plan", None)
+    return plan if callable(plan) else None
+
+
+def _prediction_html(plan: Callable[[RunConfig], Any] | None, cfg: RunConfig) -> str:
+    """The planner's forecast for ``cfg``; it may answer with a mapping or an object (``Plan``)
+    holding ``peak_gpu_mem_bytes`` and ``step_seconds``."""
+    if plan is None:
+        return ""
+    try:
+        p = plan(cfg)
+        get = p.get if isinstance(p, Mapping) else (lambda k, d=None: getattr(p, k, d))
+        mem, step = float(get("peak_gpu_mem_bytes")), float(get("step_seconds"))
+    except Exception as e:
+        return (f"<i>planner: no prediction ({html.escape(type(e).__name__)}: "
+                f"{html.escape(str(e))})</i>")
+    fits = "" if get("fits_gpu", True) else " <b>(does not fit the GPU)</b>"
+    return (f"<i>planner predicts: peak GPU memory {mem / 1e9:.2f} GB, "
+            f"step {step:.3f} s</i>{fits}")

@@ -1,0 +1,205 @@
+"""Self-contained HTML report of one or more runs (opens offline, no server, no CDN).
+
+The report reads run directories (or records) through ``RunRecord``, never live widgets, and
+draws with the same ``figures`` builders as the dashboard. plotly.js is embedded once in the
+page head; every figure after that is a ``<div>`` plus a ``Plotly.newPlot`` call.
+
+    python -m workbench report RUN_DIR [RUN_DIR ...] -o report.html
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import html
+import math
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import plotly.graph_objects as go
+from plotly.offline import get_plotlyjs
+
+from workbench.config import knob_info
+from workbench.telemetry.record import RunRecord
+from workbench.ui import figures
+from workbench.ui.figures import MB, run_labels, summary_metrics
+
+#: Summary rows: label, value from ``summary_metrics``, format; units in the label.
+SUMMARY_ROWS: list[tuple[str, Callable[[dict[str, Any]], Any], str | None]] = [
+    ("status", lambda m: m["status"], None),
+    ("steps", lambda m: m["steps"], "{:,}"),
+    ("tokens/s", lambda m: m["tokens_per_s"], "{:,.0f}"),
+    ("step time (s)", lambda m: m["step_seconds"], "{:.4f}"),
+    ("peak GPU memory (MB)", lambda m: m["peak_gpu_mem_bytes"] / MB, "{:,.1f}"),
+    ("H2D per step (MB)", lambda m: m["bytes_h2d"] / MB, "{:,.2f}"),
+    ("D2H per step (MB)", lambda m: m["bytes_d2h"] / MB, "{:,.2f}"),
+    ("final loss", lambda m: m["final_loss"], "{:.4f}"),
+    ("dev accuracy start", lambda m: m["eval_accuracy_start"], "{:.3f}"),
+    ("dev accuracy end", lambda m: m["eval_accuracy"], "{:.3f}"),
+    ("param_digest", lambda m: m["param_digest"] or None, None),
+]
+RATIO_ROWS = ("tokens/s", "peak GPU memory (MB)")
+
+CSS = """
+body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1400px; color: #222; }
+h1 { font-size: 22px; } h2 { font-size: 18px; border-bottom: 1px solid #ddd; padding-top: 12px; }
+table { border-collapse: collapse; margin: 8px 0 16px; }
+th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-align: top; }
+th { background: #f6f6f6; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+code { font-size: 12px; } .tables { display: flex; gap: 24px; flex-wrap: wrap; }
+.note { color: #666; }
+"""
+
+
+def load_runs(runs: Iterable[str | Path | RunRecord]) -> list[RunRecord]:
+    """Records for run directories or records (records are snapshotted: safe while live).
+
+    Raises:
+        FileNotFoundError: a path that is not a run directory.
+    """
+    return [r.snapshot() if isinstance(r, RunRecord) else RunRecord.load(r) for r in runs]
+
+
+def write_report(runs: Sequence[str | Path | RunRecord], path: str | Path,
+                 title: str = "zo-workbench report") -> Path:
+    """Write one HTML file describing ``runs``; returns its path.
+
+    Per run: summary, dashboard charts, config and environment tables; with two runs or more, a
+    comparison section first. The file embeds plotly.js once (about 5 MB) and loads nothing.
+
+    Raises:
+        ValueError: no runs.
+        FileNotFoundError: a path that is not a run directory.
+    """
+    recs = load_runs(runs)
+    if not recs:
+        raise ValueError("write_report needs at least one run (a run directory or RunRecord)")
+    labels = run_labels(recs)
+    parts = [f"<h1>{html.escape(title)}</h1>",
+             f"<p class=note>{len(recs)} run(s), written "
+             f"{_dt.datetime.now().isoformat(timespec='seconds')}. Memory in MB = 10<sup>6</sup>"
+             " bytes, GB = 10<sup>9</sup> bytes; times in seconds since each run's start.</p>"]
+    toc = [f"<li><a href='#run-{i}'>{html.escape(label)}</a></li>"
+           for i, label in enumerate(labels)]
+    if len(recs) > 1:
+        toc.insert(0, "<li><a href='#comparison'>comparison</a></li>")
+    parts.append(f"<ul>{''.join(toc)}</ul>")
+    if len(recs) > 1:
+        parts.append("<h2 id='comparison'>comparison</h2>")
+        parts.append(summary_table_html(recs))
+        parts.append(f"<p>{html.escape(digest_note(recs))}</p>")
+        for fig in (figures.compare_bars(recs), figures.compare_loss(recs),
+                    figures.compare_memory(recs), figures.compare_timelines(recs)):
+            parts.append(_figure_html(fig))
+    for i, (rec, label) in enumerate(zip(recs, labels)):
+        parts.append(f"<h2 id='run-{i}'>{html.escape(label)}</h2>")
+        parts.append(_table(["metric", "value"],
+                            [[lbl, _fmt(get(summary_metrics(rec)), fmt)]
+                             for lbl, get, fmt in SUMMARY_ROWS]))
+        parts.append(_figure_html(figures.dashboard_figure(rec)))
+        parts.append("<div class=tables><div><h3>config</h3>" + config_table_html(rec)
+                     + "</div><div><h3>environment</h3>"
+                     + _table(["key", "value"], [[k, _fmt(v)] for k, v in rec.environment.items()])
+                     + "</div></div>")
+    page = ("<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
+            f"<title>{html.escape(title)}</title><style>{CSS}</style>"
+            # plotly.js inline, once, so the file works offline and figures share it.
+            f"<script type='text/javascript'>{get_plotlyjs()}</script></head>\n<body>"
+            + "\n".join(parts) + "</body></html>\n")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page, encoding="utf-8")
+    return path
+
+
+def summary_table_html(recs: Sequence[RunRecord]) -> str:
+    """Runs side by side (one column per run), with ratios to the first for tokens/s and peak
+    GPU memory."""
+    metrics = [summary_metrics(r) for r in recs]
+    rows = []
+    for label, get, fmt in SUMMARY_ROWS:
+        cells = [label]
+        for i, m in enumerate(metrics):
+            v, text = get(m), _fmt(get(m), fmt)
+            base = get(metrics[0])
+            if (i and label in RATIO_ROWS and _finite(v) and _finite(base) and base > 0):
+                text += f" ({v / base:.2f}x)"
+            cells.append(text)
+        rows.append(cells)
+    return _table(["", *run_labels(recs)], rows)
+
+
+def digest_note(recs: Sequence[RunRecord]) -> str:
+    """Whether the runs ended with the same parameters (same ``param_digest``)."""
+    digests = [r.param_digest for r in recs]
+    if not all(digests):
+        return "param_digest: not recorded for every run (unsaved or failed runs)"
+    same = len(set(digests)) == 1
+    return f"param_digest {'identical' if same else 'DIFFERENT'} across the runs"
+
+
+def config_table_html(rec: RunRecord) -> str:
+    """The run's settings with their units; fields unknown to this version are shown as is."""
+    rows = []
+    for key, value in rec.config.items():
+        try:
+            info = knob_info(key)
+            unit, help_ = info.get("unit") or "", info.get("help") or ""
+        except KeyError:
+            unit = help_ = ""
+        rows.append([key, _fmt(value), unit, help_])
+    return _table(["field", "value", "unit", "help"], rows)
+
+
+def _figure_html(fig: go.Figure) -> str:
+    return fig.to_html(full_html=False, include_plotlyjs=False,
+                       default_height=f"{fig.layout.height or 450}px",
+                       config={"displaylogo": False, "responsive": True})
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(_cell(c) for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _cell(text: str) -> str:
+    numeric = text[:1].isdigit() or text[:1] == "-" and text[1:2].isdigit()
+    return f"<td{' class=num' if numeric else ''}>{html.escape(text)}</td>"
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _fmt(v: Any, fmt: str | None = None) -> str:
+    if v is None or isinstance(v, float) and not math.isfinite(v):
+        return "-"
+    if fmt is not None and _finite(v):
+        return fmt.format(v)
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"
+    return str(v)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m workbench.ui.report RUN_DIR ... -o report.html``; prints the file's path."""
+    p = argparse.ArgumentParser(prog="python -m workbench report",
+                                description="Write a self-contained HTML report of saved runs.")
+    p.add_argument("run_dirs", nargs="+", help="run directories (each holds run.json)")
+    p.add_argument("-o", "--out", default="report.html", help="HTML file to write")
+    p.add_argument("--title", default="zo-workbench report")
+    args = p.parse_args(argv)
+    try:
+        path = write_report(args.run_dirs, args.out, args.title)
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(path.resolve())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
