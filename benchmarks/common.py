@@ -49,9 +49,24 @@ def measure(cfg: RunConfig, name: str = "") -> dict:
     nvml = [x.get("gpu mem used (bytes)") for x in rec.samples]
     nvml = [v for v in nvml if v is not None and math.isfinite(v)]
     s["nvml_peak_bytes"] = max(nvml) if nvml else None
-    timed = {r["step"] for r in rec.steps[1:]}
-    comp = [e.seconds for e in rec.events if e.op == "compute" and e.step in timed]
+    timed_steps = rec.steps[1:]
+    timed = {r["step"] for r in timed_steps}
+    comp = [e.seconds for e in rec.events if e.op in ("compute", "jvp") and e.step in timed]
     s["compute_seconds_per_step"] = sum(comp) / max(len(timed), 1) if comp else None
+    # PCIe seen by NVML over the timed steps vs the engine's own bytes / time.
+    if timed_steps and rec.steps[0].get("end") is not None:
+        t0, t1 = rec.steps[0]["end"], timed_steps[-1]["end"]
+        window = [x for x in rec.samples if t0 <= (x.get("t (s)") or -1) <= t1]
+        for key, name in (("pcie rx (bytes/s)", "nvml_rx"), ("pcie tx (bytes/s)", "nvml_tx")):
+            vals = [x[key] for x in window if x.get(key) is not None and math.isfinite(x[key])]
+            s[name] = sum(vals) / len(vals) if vals else None
+        secs = sum(r["seconds"] for r in timed_steps)
+        s["engine_h2d"] = sum(r.get("bytes_h2d", 0) for r in timed_steps) / secs if secs else None
+        s["engine_d2h"] = sum(r.get("bytes_d2h", 0) for r in timed_steps) / secs if secs else None
+    for key in ("peak_gpu_mem_bytes", "nvml_peak_bytes", "nvml_rx", "nvml_tx", "engine_h2d",
+                "engine_d2h", "bytes_h2d", "bytes_d2h"):
+        if s.get(key) is not None:
+            s[key.replace("_bytes", "") + "_gb"] = s[key] / 1e9  # GB = 1e9 bytes (GB/s for rates)
     s["name"] = name
     s["config"] = {k: v for k, v in cfg.to_dict().items() if k in (
         "method", "model", "batch_size", "seq_len", "amp", "codec", "master", "overlap",

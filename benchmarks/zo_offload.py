@@ -5,6 +5,8 @@ Suites (combine with commas):
             lower bound max(two forward passes, bytes each way / measured PCIe bandwidth)
   ablation  each scheduler knob off in turn (the paper's Table 2)
   codecs    zo-offload tokens/s per codec and master (the paper's Table 3)
+  telemetry telemetry fully on vs off; NVML PCIe rates vs the engine's bytes / time
+  methods   zo-offload vs forward-grad (tokens/s, peak memory)
   cap       the largest OPT preset that trains under a 24 GB GPU memory cap
 Usage: python benchmarks/zo_offload.py --suite main --models opt-125m,opt-1.3b
 """
@@ -87,6 +89,48 @@ def run_codecs(args) -> list[dict]:
     return rows
 
 
+def run_telemetry(args) -> list[dict]:
+    """Telemetry fully on vs off, and NVML's PCIe rates against the engine's bytes / time."""
+    rows = []
+    for model in args.models:
+        base = RunConfig(model=model, method="zo-offload", data="synthetic", device="cuda",
+                         batch_size=16, seq_len=128, steps=args.steps + 3, lr=1e-7,
+                         amp=args.amps[0])
+        on = measure(base, f"{model} telemetry on")
+        off = measure(base.replace(telemetry=False, sample_hz=0.0), f"{model} telemetry off")
+        for r in (on, off):
+            r.update(model=model)
+        if "error" not in on and "error" not in off:
+            on["ratio"] = on["tokens_per_s"] / off["tokens_per_s"]
+            for d in ("rx", "tx"):
+                engine = on.get("engine_h2d" if d == "rx" else "engine_d2h")
+                nvml = on.get(f"nvml_{d}")
+                if engine and nvml:
+                    on[f"nvml_{d}_vs_engine"] = nvml / engine
+        rows += [on, off]
+        print(table([on, off], TEL_COLS), flush=True)
+    return rows
+
+
+def run_methods(args) -> list[dict]:
+    """zo-offload vs forward-grad: tokens/s and peak memory."""
+    rows = []
+    for model in args.models:
+        for amp in args.amps:
+            base = RunConfig(model=model, data="synthetic", device="cuda", batch_size=16,
+                             seq_len=128, steps=args.steps, lr=1e-7, amp=amp)
+            zo = measure(base.replace(method="zo-offload"), f"{model} {amp} zo-offload")
+            fg = measure(base.replace(method="forward-grad"), f"{model} {amp} forward-grad")
+            for r in (zo, fg):
+                r.update(model=model, amp=amp)
+            if "error" not in zo and "error" not in fg:
+                fg["tps_ratio"] = fg["tokens_per_s"] / zo["tokens_per_s"]
+                fg["mem_ratio"] = fg["peak_gpu_mem_bytes"] / zo["peak_gpu_mem_bytes"]
+            rows += [zo, fg]
+            print(table([zo, fg], MAIN_COLS), flush=True)
+    return rows
+
+
 def run_cap(args) -> list[dict]:
     """Largest preset under a 24 GB cap, largest first; host RAM decides the master format."""
     total = torch.cuda.get_device_properties(0).total_memory
@@ -107,19 +151,24 @@ def run_cap(args) -> list[dict]:
 
 
 MAIN_COLS = [("run", "name", ""), ("tok/s", "tokens_per_s", "{:,.0f}"),
-             ("x MeZO", "tps_ratio", "{:.2f}"), ("torch peak GB", "peak_gpu_mem_bytes", "{:.2e}"),
-             ("NVML GB", "nvml_peak_bytes", "{:.2e}"), ("mem x", "mem_ratio", "{:.2f}"),
+             ("x MeZO", "tps_ratio", "{:.2f}"), ("torch peak GB", "peak_gpu_mem_gb", "{:.2f}"),
+             ("NVML GB", "nvml_peak_gb", "{:.2f}"), ("mem x", "mem_ratio", "{:.2f}"),
              ("step s", "step_seconds", "{:.4f}"), ("bound s", "lower_bound_s", "{:.4f}"),
              ("/bound", "vs_bound", "{:.2f}"), ("build s", "build_seconds", "{:.1f}"),
              ("error", "error", "")]
 ABL_COLS = [("run", "name", ""), ("tok/s", "tokens_per_s", "{:,.0f}"),
             ("x all-on", "ratio", "{:.2f}"), ("step s", "step_seconds", "{:.4f}"), ("error", "error", "")]
 CODEC_COLS = [("run", "name", ""), ("tok/s", "tokens_per_s", "{:,.0f}"),
-              ("x fp32", "ratio", "{:.2f}"), ("H2D MB", "bytes_h2d", "{:.3e}"),
-              ("D2H MB", "bytes_d2h", "{:.3e}"), ("step s", "step_seconds", "{:.4f}"),
+              ("x fp32", "ratio", "{:.2f}"), ("H2D GB/step", "bytes_h2d_gb", "{:.2f}"),
+              ("D2H GB/step", "bytes_d2h_gb", "{:.2f}"), ("step s", "step_seconds", "{:.4f}"),
               ("error", "error", "")]
+TEL_COLS = [("run", "name", ""), ("tok/s", "tokens_per_s", "{:,.0f}"),
+            ("on/off", "ratio", "{:.3f}"), ("NVML rx GB/s", "nvml_rx_gb", "{:.1f}"),
+            ("engine h2d GB/s", "engine_h2d_gb", "{:.1f}"), ("rx/engine", "nvml_rx_vs_engine", "{:.3f}"),
+            ("NVML tx GB/s", "nvml_tx_gb", "{:.1f}"), ("engine d2h GB/s", "engine_d2h_gb", "{:.1f}"),
+            ("tx/engine", "nvml_tx_vs_engine", "{:.3f}"), ("error", "error", "")]
 CAP_COLS = [("run", "name", ""), ("tok/s", "tokens_per_s", "{:,.0f}"),
-            ("torch peak", "peak_gpu_mem_bytes", "{:.3e}"), ("build s", "build_seconds", "{:.1f}"),
+            ("torch peak GB", "peak_gpu_mem_gb", "{:.2f}"), ("build s", "build_seconds", "{:.1f}"),
             ("error", "error", "")]
 
 
@@ -147,12 +196,16 @@ def main() -> None:
         out["ablation"] = run_ablation(args)
     if "codecs" in suites:
         out["codecs"] = run_codecs(args)
+    if "telemetry" in suites:
+        out["telemetry"] = run_telemetry(args)
+    if "methods" in suites:
+        out["methods"] = run_methods(args)
     if "cap" in suites:
         out["cap"] = run_cap(args)
     out["seconds"] = time.perf_counter() - t
     path = save(args.name, out)
     for key, cols in (("main", MAIN_COLS), ("ablation", ABL_COLS), ("codecs", CODEC_COLS),
-                      ("cap", CAP_COLS)):
+                      ("telemetry", TEL_COLS), ("methods", MAIN_COLS), ("cap", CAP_COLS)):
         if key in out:
             print(f"\n== {key}\n" + table(out[key], cols))
     print(f"\nsaved {path} ({out['seconds']:.0f} s)")

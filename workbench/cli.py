@@ -6,6 +6,7 @@ status 2 and one line per problem naming the field and what is allowed.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -37,9 +38,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise ConfigError(["--out: a run directory is required (or --resume RUN_DIR)"])
         cfg, out = _config(args), args.out
     check_environment(cfg)
-    rec = run(cfg, out, progress=not args.quiet, resume=bool(args.resume))
-    print(format_summary([rec]))
-    print(f"run directory: {Path(out).resolve()}")
+    rank = int(os.environ.get("RANK", "0"))  # under torchrun only rank 0 reports
+    rec = run(cfg, out, progress=not args.quiet and rank == 0, resume=bool(args.resume))
+    if rank == 0:
+        print(format_summary([rec]))
+        print(f"run directory: {Path(out).resolve()}")
     return 0
 
 

@@ -64,6 +64,8 @@ class ForwardGradEngine(ZOOffloadEngine):
                 loss, d = fwAD.unpack_dual(loss_dual)
                 loss = loss.detach().clone()  # plain tensors: the dual level ends below
                 d = d.detach().clone().float()
+        if self.reduce is not None:
+            loss, d = self.reduce(torch.stack([loss.float(), d])).unbind()
         self.embed.bind()
         self.head.bind()
         for i in self.resident:

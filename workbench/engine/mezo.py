@@ -44,7 +44,9 @@ class MeZOEngine:
         self.ops = ZOOps(cfg.rng, device)
         self.timer = OpTimer(device, bus, cfg.telemetry)
         self.bytes_h2d = self.bytes_d2h = 0
-        self.pending: PendingUpdate | None = None  # MeZO applies its update within the step
+        self.pending: PendingUpdate | None = None
+        # Data parallel: averages the shard losses over ranks (the only traffic of a step).
+        self.reduce = None  # MeZO applies its update within the step
 
     # --- training ---------------------------------------------------------------------------
     def _perturb_all(self, seed: int, scale: float) -> None:
@@ -72,6 +74,8 @@ class MeZOEngine:
         self._perturb_all(seed, -2 * eps)
         loss_minus = self._loss(batch, step, "-")
         self._perturb_all(seed, +eps)
+        if self.reduce is not None:
+            loss_plus, loss_minus = self.reduce(torch.stack([loss_plus, loss_minus])).unbind()
         g = projected_grad(loss_plus, loss_minus, eps)
         upd = PendingUpdate(seed, g, lr, wd)
         stream = torch.cuda.current_stream() if self.device.type == "cuda" else None

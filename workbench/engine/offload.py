@@ -75,6 +75,8 @@ class ZOOffloadEngine:
             self.blocks[i].bind()
         move_buffers([model], device)
         self.pending: PendingUpdate | None = None
+        # Data parallel: averages the shard losses over ranks (the only traffic of a step).
+        self.reduce = None
         self.bytes_h2d = self.bytes_d2h = 0
         self._offloaded: dict[int, torch.cuda.Event | None] = {}  # block -> its last offload
         self._slot_free: dict[int, torch.cuda.Event | None] = {}  # slot -> last use finished
@@ -213,6 +215,8 @@ class ZOOffloadEngine:
                     ops.perturb(head.flat, head.layout, seed, +eps)
                 if self.tied:
                     ops.perturb(emb.flat, emb.layout, seed, +eps)
+        if self.reduce is not None:
+            loss_plus, loss_minus = self.reduce(torch.stack([loss_plus, loss_minus])).unbind()
         g = projected_grad(loss_plus, loss_minus, eps)
         self.pending = PendingUpdate(seed, g, lr, wd)
         if not cfg.fused_update:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from workbench import distributed
 from workbench.config import ConfigError, RunConfig, check_environment
 from workbench.data.batches import PromptDataset, SyntheticData
 from workbench.data.sources import load_split
@@ -57,6 +58,7 @@ class TrainRecipe:
         self.checkpointer: AsyncCheckpointer | None = None
         self.steplog: StepLog | None = None
         self.step = 0
+        self.dist = None  # set under torchrun (data parallel)
 
     # --- setup ------------------------------------------------------------------------------
     def setup(self, resume: bool = False) -> "TrainRecipe":
@@ -64,13 +66,20 @@ class TrainRecipe:
         ``resume``, continue from the newest complete checkpoint."""
         cfg = self.cfg
         check_environment(cfg)
-        root = self._checkpoint_root()
+        self.dist = distributed.from_env(cfg)
+        if self.dist is not None and not self.dist.main:
+            self.out_dir = None  # rank 0 writes the run directory and the checkpoints
+        root = self._checkpoint_root() if self.dist is None or self.dist.main else None
         torch.manual_seed(cfg.seed)
-        self.device = torch.device(cfg.device)
+        self.device = self.dist.device(cfg) if self.dist else torch.device(cfg.device)
         self.train_data, self.dev_data = self._data()
+        if self.dist is not None and not self.dist.main:
+            self.dev_data = None  # rank 0 evaluates
         model, source = build_skeleton(cfg.model)
         t = time.perf_counter()
         self.engine = build_engine(model, source, cfg, self.device, self.bus)
+        if self.dist is not None:
+            self.engine.reduce = self.dist.mean
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # setup only: build time includes the GPU's work
         self.bus.publish(InfoEvent("build_seconds", time.perf_counter() - t))
@@ -81,7 +90,7 @@ class TrainRecipe:
         if resume:
             self._resume(root)
         self.sampler = Sampler(hz=cfg.sample_hz, t0=self.engine.timer.t0,
-                               on_sample=self._on_sample)
+                               device_index=self.device.index or 0, on_sample=self._on_sample)
         self.record.environment = environment(cfg.device, self.sampler.static_info())
         self.sampler.start()
         if self.device.type == "cuda":
@@ -161,7 +170,11 @@ class TrainRecipe:
         bar = _progress(cfg.steps, self.step) if self.progress else None
         while self.step < cfg.steps and not self.stop_event.is_set():
             t = self.step
-            batch = self.train_data.batch_for_step(t, cfg.batch_size, cfg.seed).to(self.device)
+            batch = self.train_data.batch_for_step(t, cfg.batch_size, cfg.seed)
+            tokens = batch.tokens  # the global batch's, on every rank
+            if self.dist is not None:
+                batch = self.dist.shard(batch, cfg.batch_size)
+            batch = batch.to(self.device)
             lr, wd = self.live["lr"], self.live["weight_decay"]
             moved = engine.bytes_h2d, engine.bytes_d2h
             out = engine.step(batch, t, lr, wd)
@@ -170,9 +183,12 @@ class TrainRecipe:
             nan = torch.full((), float("nan"), device=out.loss.device)
             scalars = [out.loss, *(x if x is not None else nan for x in
                                    (out.projected_grad, out.loss_plus, out.loss_minus))]
-            inflight.append((t, Deferred(*scalars), batch.tokens, lr, wd, mark, end, moved))
+            inflight.append((t, Deferred(*scalars), tokens, lr, wd, mark, end, moved))
             mark = end
             self.step += 1
+            if (self.dist is not None and cfg.digest_check_every
+                    and self.step % cfg.digest_check_every == 0):
+                distributed.check_in_sync(self.dist, engine.state_flats(), self.step)
             if (self.checkpointer is not None and cfg.checkpoint_every
                     and self.step % cfg.checkpoint_every == 0 and self.step < cfg.steps):
                 self._checkpoint()
@@ -256,6 +272,14 @@ class TrainRecipe:
         with rec.lock:
             rec.param_digest, rec.param_norm = digest(flats), norm(flats)
             rec.summary = _summary(rec, self.engine, self.device)
+        if self.dist is not None:  # every rank's own view, merged into rank 0's record
+            mine = {"rank": self.dist.rank, "device": str(self.device),
+                    "param_digest": rec.param_digest, "summary": rec.summary,
+                    "step_seconds": [s["seconds"] for s in rec.steps]}
+            ranks = self.dist.gather(mine)
+            with rec.lock:
+                rec.info["ranks"] = ranks
+                rec.info["world_size"] = self.dist.world
         if self.out_dir is not None:
             rec.save(self.out_dir)
             from workbench.telemetry.trace import write_trace
@@ -270,6 +294,8 @@ class TrainRecipe:
             self.sampler.stop()
         if self.engine is not None:
             self.engine.close()
+        if self.dist is not None:
+            distributed.shutdown()
         self._unsubscribe()
 
 

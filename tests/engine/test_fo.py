@@ -1,0 +1,293 @@
+"""First-order engines: fo-offload equals torch's AdamW on the same gradients for every schedule,
+fo and fo-offload train alike, and the stride model is Equation 1 of Deep Optimizer States.
+
+Tolerance (weights after 5 steps): atol 1e-6 + rtol 1e-5. fo-offload runs torch's fused AdamW
+kernel, the reference the single-tensor one (foreach=False); per element they differ only in
+rounding (operation order, FMA), a few ulps of p, m, v per step: for |p| <= ~1 a few 1e-7, and a
+relative ~1e-6 of the lr-sized (1e-2) Adam step, ~1e-8. Five steps stay well inside the bound,
+while the bugs it guards against are orders of magnitude larger: decay applied to a norm weight
+(1.0) moves it by lr * wd = 1e-3 per step; a stale or skipped subgroup, a wrong bias correction
+or a lost m / v move weights by about lr = 1e-2.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from workbench.config import RunConfig
+from workbench.data.batches import SyntheticData
+from workbench.engine import build_engine, perfmodel
+from workbench.engine.events import EMBED, HEAD, EventBus, InfoEvent, OpEvent
+from workbench.engine.fo_offload import make_schedule
+from workbench.models.build import build_skeleton
+
+ATOL, RTOL, STEPS, LR, WD = 1e-6, 1e-5, 5, 1e-2, 0.1
+THREADS = torch.get_num_threads()
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models: an OpenMP fork / join costs more than the work, and on a loaded CI machine
+    each parallel region can stall for milliseconds. Results do not depend on the thread count
+    (elementwise kernels); ``test_multithreaded_cpu_side_equals_adamw`` runs with all threads."""
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(THREADS)
+
+
+@pytest.fixture
+def all_threads(one_thread):
+    torch.set_num_threads(THREADS)
+    yield
+
+
+def _engine(cfg: RunConfig, bus: EventBus | None = None):
+    model, source = build_skeleton(cfg.model)
+    engine = build_engine(model, source, cfg, torch.device(cfg.device), bus or EventBus())
+    return engine, SyntheticData(model.config.vocab_size, 16)
+
+
+def _reference(engine, flats0: list[torch.Tensor]):
+    """torch.optim.AdamW (foreach=False) over copies of the initial weights, decaying only the
+    first n_decay elements of each group, as the engines do."""
+    decay, rest, slots = [], [], []
+    for lay, flat in zip(engine.layouts, flats0):
+        n, k = lay.numel, lay.n_decay
+        pair = []
+        for lo, hi, bucket in ((0, k, decay), (k, n, rest)):
+            t = torch.nn.Parameter(flat[lo:hi].clone()) if hi > lo else None
+            if t is not None:
+                bucket.append(t)
+            pair.append((lo, hi, t))
+        slots.append(pair)
+    cfg = engine.cfg
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": WD},
+                             {"params": rest, "weight_decay": 0.0}],
+                            lr=LR, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
+                            foreach=False)
+    return opt, slots
+
+
+SCHEDULES = [  # (model, update_stride, gpu_resident_ratio, subgroup_size)
+    ("tiny-opt", "1", 0.0, 20000),  # every subgroup prefetched and updated on the "GPU" side
+    ("tiny-opt", "2", 0.0, 8192),
+    ("tiny-opt", "3", 0.2, 5000),
+    ("tiny-opt", "-2", 0.0, 3000),  # more GPU than CPU subgroups
+    ("tiny-opt", "auto", 0.5, 7777),
+    ("tiny-opt", "2", 1.0, 5000),  # everything resident
+    ("tiny-opt", "1000000", 0.0, 40000),  # everything on the CPU (ZeRO-Offload)
+    ("tiny-llama", "-3", 0.2, 20000),
+    ("tiny-llama", "auto", 0.0, 9000),
+]
+
+
+def _check_against_adamw(cfg: RunConfig, steps: int = STEPS) -> None:
+    """``steps`` steps of ``cfg``; torch's AdamW fed the engine's own gradients must end with the
+    same weights, and the compute weights must be the (downcast) masters."""
+    engine, data = _engine(cfg)
+    flats0 = [f.clone() for f in engine.state_flats()]
+    opt, slots = _reference(engine, flats0)
+    for t in range(steps):
+        engine.step(data.batch_for_step(t, 4, cfg.seed).to(cfg.device), t, LR, WD)
+        grads = engine.grad_flats()
+        assert sum(float(g.norm()) for g in grads) > 0
+        for pair, g in zip(slots, grads):
+            for lo, hi, p in pair:
+                if p is not None:
+                    p.grad = g[lo:hi].clone()
+        opt.step()
+    got = engine.state_flats()
+    for pair, flat in zip(slots, got):
+        for lo, hi, p in pair:
+            if p is not None:
+                torch.testing.assert_close(flat[lo:hi], p.detach(), atol=ATOL, rtol=RTOL)
+    moved = max(float((f - w0).abs().max()) for f, w0 in zip(got, flats0))
+    assert moved > 100 * ATOL  # the weights really trained
+    # The weights the next forward reads are the masters: no stale or lost subgroup.
+    assert torch.equal(engine.w.cpu(), torch.cat(got).to(engine.wdtype))
+    engine.close()
+
+
+@pytest.mark.parametrize("model, stride, ratio, size", SCHEDULES)
+def test_offload_equals_adamw_on_the_same_gradients(model, stride, ratio, size):
+    _check_against_adamw(RunConfig(model=model, method="fo-offload", lr=LR, weight_decay=WD,
+                                   update_stride=stride, gpu_resident_ratio=ratio,
+                                   subgroup_size=size))
+
+
+def test_multithreaded_cpu_side_equals_adamw(all_threads):
+    _check_against_adamw(RunConfig(model="tiny-opt", method="fo-offload", lr=LR, weight_decay=WD,
+                                   update_stride="-2", gpu_resident_ratio=0.2,
+                                   subgroup_size=16384), steps=3)
+
+
+def _losses(cfg: RunConfig, steps: int = STEPS) -> list[float]:
+    """Losses of ``steps`` steps on one repeated batch (so they must fall)."""
+    engine, data = _engine(cfg)
+    batch = data.batch_for_step(0, 4, cfg.seed)
+    out = [float(engine.step(batch, t, cfg.lr, cfg.weight_decay).loss) for t in range(steps)]
+    engine.close()
+    return out
+
+
+@pytest.mark.parametrize("model", ["tiny-opt", "tiny-llama"])
+def test_fo_and_fo_offload_train_alike(model):
+    base = RunConfig(model=model, lr=1e-3, weight_decay=WD)
+    fo = _losses(base.replace(method="fo"))
+    off = _losses(base.replace(method="fo-offload", update_stride="-2", gpu_resident_ratio=0.2,
+                               subgroup_size=4096))
+    assert off == pytest.approx(fo, rel=RTOL, abs=ATOL)
+    assert all(b < a for a, b in zip(fo, fo[1:]))  # it learns
+
+
+def test_bf16_offload_tracks_fp32():
+    # bf16 compute weights round every weight to 8 bits of mantissa: losses agree to ~1%.
+    base = RunConfig(model="tiny-opt", method="fo-offload", lr=1e-3, weight_decay=WD,
+                     update_stride="2", subgroup_size=4096)
+    ref = _losses(base)
+    bf16 = _losses(base.replace(amp="bf16"))
+    assert bf16 == pytest.approx(ref, rel=2e-2)
+
+
+def test_stride_model_is_equation_1_by_hand():
+    G = 1e9
+    # The paper's V100 example: B 3, Ug 35, Uc 2, Dc 8.7 G params/s.
+    B, Ug, Uc, Dc = 3 * G, 35 * G, 2 * G, 8.7 * G
+    k = (3 / B + 1 / Ug) / (1 / Uc + 1 / Dc - 1 / (2 * B))
+    assert perfmodel.balance_ratio(B, Ug, Uc, Dc) == pytest.approx(k, rel=1e-12)
+    assert k == pytest.approx(2.294, abs=1e-3)
+    # k = 2.29 CPU : GPU; the schedules around it are 2 : 1 (stride 3) and 3 : 1 (stride 4).
+    a, b, c = 1 / Uc + 1 / Dc, 3 / B + 1 / Ug, 1 / (2 * B)
+    t3 = max(2 / 3 * a, b / 3 + 2 / 3 * c)  # 0.454 ns / parameter
+    t4 = max(3 / 4 * a, b / 4 + 3 / 4 * c)  # 0.461 ns / parameter
+    assert t3 < t4 and perfmodel.stride(B, Ug, Uc, Dc) == 3
+    split = perfmodel.Split(cpu=2 / 3, gpu=1 / 3)
+    assert perfmodel.predict_update_seconds(10**9, split, B, Ug, Uc, Dc) == pytest.approx(1e9 * t3)
+    # The H200 machine: GPU path faster (k < 1) -> m of every m + 1 subgroups on the GPU.
+    B, Ug, Uc, Dc = 55e9 / 4, 112 * G, 0.76 * G, 5 * G
+    k = (3 / B + 1 / Ug) / (1 / Uc + 1 / Dc - 1 / (2 * B))
+    assert k == pytest.approx(0.1535, abs=1e-4)  # 1/k = 6.51: m = 6 or 7
+    a, b, c = 1 / Uc + 1 / Dc, 3 / B + 1 / Ug, 1 / (2 * B)
+    t6 = max(a / 7, 6 / 7 * b + c / 7)
+    t7 = max(a / 8, 7 / 8 * b + c / 8)
+    assert t7 < t6 and perfmodel.stride(B, Ug, Uc, Dc) == -7
+    # fp32 compute weights: nothing downcast (Dc = inf), 4-byte uploads.
+    k32 = (3 / B + 1 / Ug) / (1 / Uc - 1 / B)
+    assert perfmodel.balance_ratio(B, Ug, Uc, math.inf, word_bytes=4) == pytest.approx(k32)
+    # A CPU faster than the link can carry its results: nothing goes to the GPU.
+    assert perfmodel.stride(1 * G, 100 * G, 50 * G, math.inf, word_bytes=4) == perfmodel.NO_GPU
+    assert perfmodel.gpu_fraction(-7) == pytest.approx(7 / 8)
+    assert perfmodel.gpu_fraction(3) == pytest.approx(1 / 3)
+
+
+def test_schedule_places_subgroups_as_algorithm_1():
+    s = make_schedule(10, 3, 0.2)
+    assert list(s.resident) == [8, 9] and s.gpu == (2, 5) and s.cpu == (7, 6, 4, 3, 1, 0)
+    s = make_schedule(9, -2, 0.0)  # 2 of every 3 on the GPU
+    assert s.gpu == (0, 1, 3, 4, 6, 7) and s.cpu == (8, 5, 2)
+    s = make_schedule(4, perfmodel.NO_GPU, 0.0)
+    assert s.gpu == () and s.cpu == (3, 2, 1, 0)
+    assert make_schedule(5, 1, 1.0).cpu == ()
+
+
+def test_timeline_shows_each_subgroup_where_it_was_scheduled():
+    events, infos = [], {}
+    bus = EventBus()
+    bus.subscribe(lambda e: events.append(e) if isinstance(e, OpEvent) else
+                  infos.__setitem__(e.key, e.value) if isinstance(e, InfoEvent) else None)
+    cfg = RunConfig(model="tiny-opt", method="fo-offload", update_stride="3",
+                    gpu_resident_ratio=0.25, subgroup_size=20000, lr=LR)
+    engine, data = _engine(cfg, bus)
+    n_sub = engine.n_sub
+    r = int(0.25 * n_sub)
+    gpu = {i for i in range(n_sub - r) if (i + 1) % 3 == 0}
+    resident = set(range(n_sub - r, n_sub))
+    cpu = set(range(n_sub)) - gpu - resident
+    for t in range(2):
+        engine.step(data.batch_for_step(t, 4, 0), t, LR, 0.0)
+    engine.close()
+    for t in range(2):
+        of = lambda op: {e.block for e in events if e.op == op and e.step == t}  # noqa: E731
+        assert of("gpu-update") == gpu | resident
+        assert of("prefetch") == of("flush-out") == gpu
+        assert of("cpu-update") == of("upload-weights") == cpu
+        assert of("grad-flush") == {EMBED, *range(4), HEAD}
+        assert {e.stream for e in events if e.op == "cpu-update"} == {"cpu"}
+    assert infos["fo_stride"] == 3
+    assert infos["fo_perf_inputs"]["subgroups"] == n_sub
+    assert infos["fo_update_predicted_s"] > 0 and infos["fo_update_measured_s"] > 0
+
+
+def test_recipe_runs_fo_offload_and_records_the_model():
+    from workbench.recipes.train import run
+
+    cfg = RunConfig(model="tiny-opt", method="fo-offload", steps=3, batch_size=4, seq_len=32,
+                    eval_samples=16, lr=1e-3, subgroup_size=8192)
+    rec = run(cfg, progress=False)
+    assert len(rec.steps) == 3 and all(math.isfinite(s["loss"]) for s in rec.steps)
+    assert {"fo_stride", "fo_perf_inputs", "fo_update_predicted_s",
+            "fo_update_measured_s"} <= set(rec.info)
+    assert rec.param_digest
+
+
+def test_fp16_needs_a_gpu():
+    for method in ("fo", "fo-offload"):
+        with pytest.raises(ValueError, match="fp16"):
+            _engine(RunConfig(model="tiny-opt", method=method, amp="fp16"))
+
+
+# --- CUDA ------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("amp, stride, ratio", [("off", "-2", 0.2), ("bf16", "2", 0.0),
+                                                ("bf16", "auto", 0.3)])
+def test_cuda_offload_equals_adamw(amp, stride, ratio):
+    _check_against_adamw(RunConfig(model="tiny-llama", method="fo-offload", device="cuda",
+                                   amp=amp, lr=LR, weight_decay=WD, update_stride=stride,
+                                   gpu_resident_ratio=ratio, subgroup_size=4096))
+
+
+@pytest.mark.gpu
+def test_cuda_fo_matches_fo_offload():
+    base = RunConfig(model="tiny-opt", device="cuda", lr=1e-3, weight_decay=WD)
+    fo = _losses_cuda(base.replace(method="fo"))
+    off = _losses_cuda(base.replace(method="fo-offload", update_stride="-2", subgroup_size=4096))
+    assert off == pytest.approx(fo, rel=1e-4, abs=1e-5)  # TF32 / kernel choice may differ
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["fo", "fo-offload"])
+def test_cuda_fp16_loss_scaling_trains(method):
+    base = RunConfig(model="tiny-opt", method=method, device="cuda", lr=1e-3, weight_decay=WD,
+                     update_stride="-2", subgroup_size=4096)
+    ref = _losses_cuda(base)
+    fp16 = _losses_cuda(base.replace(amp="fp16"))
+    assert all(math.isfinite(x) for x in fp16)
+    assert fp16 == pytest.approx(ref, rel=2e-2)  # fp16 activations: ~1e-3 relative per op
+
+
+def _losses_cuda(cfg: RunConfig) -> list[float]:
+    engine, data = _engine(cfg)
+    batch = data.batch_for_step(0, 4, cfg.seed).to("cuda")
+    out = [engine.step(batch, t, cfg.lr, cfg.weight_decay).loss for t in range(STEPS)]
+    engine.close()
+    return [float(x) for x in out]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("stride, limit", [(str(perfmodel.NO_GPU), 4.0), ("auto", 8.0)])
+def test_cuda_adam_state_stays_on_the_host(stride, limit):
+    # opt-125m: 125M parameters; resident Adam (fp32 p, g, m, v) would be 16 bytes each, 2 GB.
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    cfg = RunConfig(model="opt-125m", method="fo-offload", device="cuda", amp="bf16", lr=1e-5,
+                    update_stride=stride, subgroup_size=2_000_000)
+    engine, data = _engine(cfg)
+    for t in range(2):
+        engine.step(data.batch_for_step(t, 2, 0).to("cuda"), t, 1e-5, 0.0)
+    torch.cuda.synchronize()
+    per_param = (torch.cuda.memory_allocated() - base) / engine.numel
+    assert per_param < limit, f"{per_param:.2f} bytes / parameter on the GPU"
+    assert engine.gpu_param_bytes() < limit * engine.numel
+    engine.close()

@@ -1,0 +1,155 @@
+"""First-order fine-tuning: backprop and torch's AdamW, the whole model on one device.
+
+The baseline the offloaded first-order engine is measured against. Weights live in the same flat
+fp32 group buffers as the ZO engines (so ``state_flats`` and the run digest mean the same
+thing), every group has a flat gradient buffer of the same layout that autograd accumulates
+into, and the loss is the ZO engines' prompt loss over embed -> blocks -> head, so losses are
+comparable across methods. Weight decay is AdamW's decoupled decay on the first ``n_decay``
+elements of each group (the matrices), as in the ZO engines: each group is handed to the
+optimizer as two tensors, its decayed prefix and the rest, in two parameter groups.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from workbench.config import RunConfig
+from workbench.data.batches import Batch
+from workbench.engine import StepOutput
+from workbench.engine.events import EMBED, HEAD, EventBus
+from workbench.engine.groups import GroupLayout, build_layouts, move_buffers
+from workbench.engine.timing import OpTimer
+from workbench.engine.zo_common import Group, autocast, label_loss, materialise
+from workbench.models.adapter import BlockAdapter
+
+
+def trainable_params(layout: GroupLayout, flat: torch.Tensor,
+                     grad: torch.Tensor | None = None) -> list[nn.Parameter]:
+    """Leaf parameters viewing ``flat`` that require grad, bound into the model; with ``grad``
+    (a flat buffer of the same layout) each ``.grad`` is its view, so autograd accumulates in
+    place there."""
+    params = [nn.Parameter(v, requires_grad=True) for v in layout.views(flat)]
+    if grad is not None:
+        for p, g in zip(params, layout.views(grad)):
+            p.grad = g
+    layout.bind(params)
+    return params
+
+
+def prompt_loss(adapter: BlockAdapter, batch: Batch, timer: OpTimer, step: int,
+                stream) -> torch.Tensor:
+    """The prompt loss through embed -> blocks -> head, each part timed as a "forward" span."""
+    with timer.span("forward", "compute", stream, step, EMBED):
+        hidden, ctx = adapter.embed(batch.input_ids, batch.attention_mask)
+    for i, block in enumerate(adapter.blocks):
+        with timer.span("forward", "compute", stream, step, i):
+            hidden = adapter.run_block(block, hidden, ctx)
+    with timer.span("forward", "compute", stream, step, HEAD):
+        return label_loss(adapter.head(hidden, ctx), batch)
+
+
+@torch.no_grad()
+def predict_logits(adapter: BlockAdapter, batch: Batch, device: torch.device,
+                   amp: str) -> torch.Tensor:
+    """Label-word logits (B, 2) at each prompt's last token with the weights bound now."""
+    with autocast(device, amp):
+        hidden, ctx = adapter.embed(batch.input_ids, batch.attention_mask)
+        for block in adapter.blocks:
+            hidden = adapter.run_block(block, hidden, ctx)
+        return adapter.head(hidden, ctx)[:, batch.label_ids].float()
+
+
+class FOEngine:
+    """Args:
+        model: a model skeleton (meta weights are fine) from ``build_skeleton``.
+        source: where weights come from.
+        cfg: the run config (amp, seed, adam_beta1/2, adam_eps, telemetry).
+        device: the one device weights, gradients and optimizer state live on.
+        bus: where operation events go.
+
+    Raises:
+        ValueError: amp=fp16 on a CPU (a loss scaler needs CUDA).
+    """
+
+    streaming = False
+
+    def __init__(self, model, source, cfg: RunConfig, device: torch.device, bus: EventBus):
+        if cfg.amp == "fp16" and device.type != "cuda":
+            raise ValueError("amp: fp16 first-order training needs a GPU loss scaler; use amp=bf16 "
+                             "or off on the CPU")
+        self.cfg, self.device = cfg, device
+        self.cuda = device.type == "cuda"
+        self.adapter = BlockAdapter(model)
+        embed, blocks, head = build_layouts(self.adapter)
+        self.groups = [Group(lay, materialise(lay, source, cfg.seed, device))
+                       for lay in (embed, *blocks, head)]
+        self.grads = [torch.zeros_like(g.flat) for g in self.groups]
+        for group, grad in zip(self.groups, self.grads):
+            trainable_params(group.layout, group.flat, grad)
+        move_buffers([model], device)
+        decay, rest = [], []
+        for group, grad in zip(self.groups, self.grads):
+            n, k = group.layout.numel, group.layout.n_decay
+            for lo, hi, bucket in ((0, k, decay), (k, n, rest)):
+                if hi > lo:
+                    t = group.flat[lo:hi]  # a leaf view: the optimizer updates the buffer in place
+                    t.grad = grad[lo:hi]
+                    bucket.append(t)
+        self.opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": cfg.weight_decay},
+             {"params": rest, "weight_decay": 0.0}],
+            lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
+            fused=True if self.cuda else None)
+        self.scaler = torch.amp.GradScaler("cuda") if cfg.amp == "fp16" else None
+        self.timer = OpTimer(device, bus, cfg.telemetry)
+        self.bytes_h2d = self.bytes_d2h = 0
+
+    # --- training ---------------------------------------------------------------------------
+    def step(self, batch: Batch, step: int, lr: float, wd: float) -> StepOutput:
+        """One AdamW step on the batch's prompt loss; returns the loss (0-d device tensor)."""
+        stream = torch.cuda.current_stream(self.device) if self.cuda else None
+        for grad in self.grads:
+            grad.zero_()
+        decay, rest = self.opt.param_groups
+        decay["lr"] = rest["lr"] = lr
+        decay["weight_decay"] = wd
+        with autocast(self.device, self.cfg.amp):
+            loss = prompt_loss(self.adapter, batch, self.timer, step, stream)
+        with self.timer.span("backward", "compute", stream, step, EMBED):
+            (self.scaler.scale(loss) if self.scaler else loss).backward()
+        with self.timer.span("update", "compute", stream, step, EMBED):
+            if self.scaler:
+                self.scaler.step(self.opt)
+                self.scaler.update()
+            else:
+                self.opt.step()
+        self.timer.poll()
+        return StepOutput(loss.detach())
+
+    def flush(self) -> None:
+        """Nothing is ever pending: the update runs inside the step."""
+
+    def predict(self, batch: Batch) -> torch.Tensor:
+        """Label-word logits (B, 2) at each prompt's last token, with the current weights."""
+        return predict_logits(self.adapter, batch, self.device, self.cfg.amp)
+
+    # --- state ------------------------------------------------------------------------------
+    def state_flats(self) -> list[torch.Tensor]:
+        """Every group's fp32 weights in canonical order (device tensors; callers copy)."""
+        return [g.flat for g in self.groups]
+
+    def load_state_flats(self, flats: list[torch.Tensor]) -> None:
+        with torch.no_grad():
+            for group, flat in zip(self.groups, flats):
+                group.flat.copy_(flat)
+
+    def grad_flats(self) -> list[torch.Tensor]:
+        """The last step's fp32 gradients per group (device tensors, valid until the next step)."""
+        return list(self.grads)
+
+    def gpu_param_bytes(self) -> int:
+        """Weights, gradients and Adam's m and v on the GPU: 16 bytes per parameter."""
+        return 16 * sum(g.layout.numel for g in self.groups) if self.cuda else 0
+
+    def close(self) -> None:
+        self.timer.poll(wait=True)

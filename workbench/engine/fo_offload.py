@@ -1,0 +1,602 @@
+"""First-order training with interleaved offloaded optimizer states (Deep Optimizer States).
+
+Where things live. The host holds, page-locked, the fp32 master weights p, Adam's m and v and
+the fp32 gradients of all parameters (16 bytes per parameter), as one buffer each over the
+canonically ordered, concatenated parameter groups. That range is cut into subgroups of
+``subgroup_size`` parameters. The GPU holds the compute weights w (bf16 under amp=bf16, else
+fp32) the forward and backward passes read, the gradients of GPU-updated subgroups, a few
+subgroup slots, and the (p, m, v) of the static resident share (``gpu_resident_ratio``, the
+last subgroups, TwinFlow-style).
+
+A step. Forward and backward on w. As each group's gradients complete (post-accumulate-grad
+hooks), they are concatenated, the CPU-updated parts upcast to fp32 and flushed to the host on
+the offload stream while the backward pass goes on; the GPU-updated parts stay on the GPU.
+Update phase, per the schedule (``perfmodel``): resident subgroups update in place; every
+interleaved GPU subgroup is prefetched (p, m, v) into a slot on the prefetch stream, updated
+with the fused AdamW kernel on the compute stream, written into w, and flushed out on the
+offload stream, the slots rotating; meanwhile the host thread updates the CPU subgroups with
+torch's multi-threaded fused CPU AdamW, last subgroup first (their gradients arrive first),
+downcasts each into a pinned staging buffer and uploads it into w on the upload stream. Every
+GPU-side dependency is an event; the host blocks only where it must read or reuse host memory
+that a copy is still writing or reading. On a CPU-only machine both sides run on the CPU and the
+streams are no-ops, so the schedule is tested in CI.
+
+Longer than the usual module (about 600 lines) because the schedule, its gradient routing and
+its host memory only make sense together; the model and its measurements are in ``perfmodel``.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import time
+import warnings
+from collections import deque
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from workbench.config import RunConfig
+from workbench.data.batches import Batch
+from workbench.engine import StepOutput
+from workbench.engine import perfmodel
+from workbench.engine.events import EMBED, HEAD, EventBus, InfoEvent, OpEvent
+from workbench.engine.fo import predict_logits, prompt_loss, trainable_params
+from workbench.engine.groups import build_layouts, move_buffers
+from workbench.engine.streams import Streams
+from workbench.engine.timing import OpTimer
+from workbench.engine.zo_common import autocast
+from workbench.models.adapter import BlockAdapter
+from workbench.models.build import RandomInit
+
+N_SLOTS = 3  # GPU subgroup slots: one prefetching, one updating, one flushing out
+N_STAGES = 4  # pinned 16-bit staging buffers for uploads of CPU-updated weights
+CHUNK = 1 << 24  # elements upcast to fp32 at a time for a gradient flush (64 MB)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Where each subgroup is updated. ``gpu`` and ``cpu`` are in processing order."""
+
+    stride: int
+    resident: range  # static GPU residents: the last subgroups
+    gpu: tuple[int, ...]  # interleaved: prefetched, updated on the GPU, flushed out
+    cpu: tuple[int, ...]  # updated on the CPU, last first
+
+
+def make_schedule(n_sub: int, stride: int, resident_ratio: float) -> Schedule:
+    """Algorithm 1's placement: subgroup i (0-based) goes to the GPU when it is resident or
+    when (i + 1) % k == 0 for stride k > 0; for k = -m, unless (i + 1) % (m + 1) == 0."""
+    if stride == 0:
+        raise ValueError("update_stride: 0 is not a stride")
+    r = min(n_sub, int(resident_ratio * n_sub + 1e-9))
+    gpu, cpu = [], []
+    for i in range(n_sub - r):
+        on_gpu = (i + 1) % stride == 0 if stride > 0 else (i + 1) % (1 - stride) != 0
+        (gpu if on_gpu else cpu).append(i)
+    return Schedule(stride, range(n_sub - r, n_sub), tuple(gpu), tuple(reversed(cpu)))
+
+
+class _HostMemory:
+    """Exact-size page-locked host tensors. torch's pinned allocator rounds each request up to
+    a power of two (a 26.6 GB buffer would pin 32 GB), so large buffers are ordinary CPU
+    tensors registered with ``cudaHostRegister`` and unregistered on ``release``."""
+
+    LARGE = 64 << 20  # bytes; smaller requests use the pinned allocator
+
+    def __init__(self, cuda: bool):
+        self.cuda, self._registered = cuda, []
+
+    def empty(self, n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        if not self.cuda:
+            return torch.empty(n, dtype=dtype)
+        nbytes = n * torch.empty((), dtype=dtype).element_size()
+        if nbytes < self.LARGE:
+            return torch.empty(n, dtype=dtype, pin_memory=True)
+        t = torch.empty(n, dtype=dtype)
+        ret = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), nbytes, 0)
+        err = int(getattr(ret, "value", ret))  # a cudaError enum
+        if err == 0:
+            self._registered.append(t)
+        else:  # slower (copies stage through the driver) but correct
+            _clear_cuda_error()
+            warnings.warn(f"fo-offload: cannot page-lock {nbytes / 1e9:.1f} GB of host memory "
+                          f"(cudaHostRegister error {err}); using pageable memory", stacklevel=3)
+        return t
+
+    def release(self) -> None:
+        for t in self._registered:
+            torch.cuda.cudart().cudaHostUnregister(t.data_ptr())
+        self._registered.clear()
+
+    def __del__(self) -> None:
+        if self._registered:
+            try:
+                self.release()
+            except Exception:  # interpreter shutdown: the process frees everything anyway
+                pass
+
+
+def _clear_cuda_error() -> None:
+    """Reset the runtime's last-error slot after a failed cudaHostRegister, so the next kernel
+    launch check does not report it (best effort: libcudart is already loaded by torch)."""
+    try:
+        ctypes.CDLL("libcudart.so." + torch.version.cuda.split(".")[0]).cudaGetLastError()
+    except (OSError, AttributeError):
+        pass
+
+
+class FOOffloadEngine:
+    """Args:
+        model, source, device, bus: as ``FOEngine``.
+        cfg: the run config; besides the FO knobs (amp, adam_*), ``subgroup_size``,
+            ``update_stride`` ("auto": from the performance model) and ``gpu_resident_ratio``.
+
+    Attributes beyond the engine protocol: ``schedule``, ``perf`` (measured model inputs),
+    ``predicted_update_s`` and ``update_seconds`` (measured per step: from the end of the
+    backward pass on the GPU to the end of the last update work on either side).
+    """
+
+    streaming = False
+
+    def __init__(self, model, source, cfg: RunConfig, device: torch.device, bus: EventBus):
+        if cfg.amp == "fp16" and device.type != "cuda":
+            raise ValueError("amp: fp16 first-order training needs a GPU loss scaler; use amp=bf16 "
+                             "or off on the CPU")
+        self.cfg, self.device, self.bus = cfg, device, bus
+        self.cuda = device.type == "cuda"
+        self.wdtype = torch.bfloat16 if cfg.amp == "bf16" else torch.float32
+        self.word = 2 if self.wdtype == torch.bfloat16 else 4
+        self.adapter = BlockAdapter(model)
+        embed, blocks, head = build_layouts(self.adapter)
+        self.layouts = [embed, *blocks, head]
+        self.block_ids = [EMBED, *range(len(blocks)), HEAD]
+        self.offsets, n = [], 0
+        for lay in self.layouts:
+            self.offsets.append(n)
+            n += lay.numel
+        self.numel, self.sub = n, max(1, min(cfg.subgroup_size, n))
+        self.n_sub = -(-n // self.sub)
+        self.host = _HostMemory(self.cuda)
+        self.p32, self.m, self.v, self.g32 = (self.host.empty(n) for _ in range(4))
+        self.m.zero_()
+        self.v.zero_()
+        self.w = torch.empty(n, dtype=self.wdtype, device=device)
+        self._materialise(source)
+        self.params = [trainable_params(lay, self.w[o:o + lay.numel])
+                       for lay, o in zip(self.layouts, self.offsets)]
+        self._hooks = [p.register_post_accumulate_grad_hook(partial(self._on_grad, gi, ei))
+                       for gi, ps in enumerate(self.params) for ei, p in enumerate(ps)]
+        move_buffers([model], device)
+        self.segments = [self._decay_segments(j) for j in range(self.n_sub)]
+        self.streams = Streams(device, overlap=True)
+        self.prefetch = torch.cuda.Stream(device) if self.cuda else None
+        self.timer = OpTimer(device, bus, cfg.telemetry)
+        self.bytes_h2d = self.bytes_d2h = 0
+        self.adam_step = 0
+        self._step_dev = torch.zeros((), device=device)
+        self._step_cpu = torch.zeros(())
+        self.scale, self._good_steps = (2.0 ** 16 if cfg.amp == "fp16" else 1.0), 0
+        self._found_inf = torch.zeros((), device=device)
+        self._inv_scale = torch.full((), 1.0 / self.scale, device=device)
+        self._stages = [self.host.empty(self.sub, self.wdtype) for _ in range(N_STAGES)] \
+            if self.wdtype != torch.float32 else []
+        self._stage_free: list = [None] * len(self._stages)
+        self._flushed: dict[int, object] = {}  # subgroup -> its last flush-out (host copy valid)
+        self._slot_free: list = [None] * N_SLOTS
+        self._clock: deque = deque()
+        self.update_seconds: list[float] = []
+        if self.cuda:
+            torch.cuda.synchronize(device)  # setup: pins the CUDA clock to the host clock
+            self._origin = torch.cuda.Event(enable_timing=True)
+            self._origin.record()  # time zero of the update clock on the GPU ...
+            torch.cuda.synchronize(device)  # ... read with the host clock right after it passed
+            self._origin_host = time.perf_counter()
+        self.perf = perfmodel.measure(device, self.wdtype, self._cpu_bench, self._dev_bench)
+        self.res_p = self.res_m = self.res_v = None
+        self.schedule: Schedule | None = None
+        self.reschedule(cfg.update_stride, cfg.gpu_resident_ratio)
+
+    # --- setup ------------------------------------------------------------------------------
+    def _materialise(self, source) -> None:
+        """Fill the fp32 masters (random init runs on the GPU, as the other engines do there)
+        and the compute weights."""
+        for lay, o in zip(self.layouts, self.offsets):
+            if not lay.numel:
+                continue
+            host = self.p32[o:o + lay.numel]
+            if self.cuda and isinstance(source, RandomInit):
+                staging = torch.empty(lay.numel, device=self.device)
+                source.fill(lay.name, lay.named_views(staging), self.cfg.seed)
+                host.copy_(staging)  # setup only: a synchronous copy is fine here
+                self.w[o:o + lay.numel].copy_(staging)
+            else:
+                source.fill(lay.name, lay.named_views(host), self.cfg.seed)
+                self.w[o:o + lay.numel].copy_(host)
+
+    def _decay_segments(self, j: int) -> list[tuple[int, int, bool]]:
+        """(lo, hi, decayed) runs of subgroup j, relative to its start."""
+        a, b = self._bounds(j)
+        cuts = []
+        for lay, o in zip(self.layouts, self.offsets):
+            for lo, hi, d in ((o, o + lay.n_decay, True), (o + lay.n_decay, o + lay.numel, False)):
+                lo, hi = max(lo, a), min(hi, b)
+                if hi > lo:
+                    if cuts and cuts[-1][2] == d and cuts[-1][1] == lo - a:
+                        cuts[-1] = (cuts[-1][0], hi - a, d)
+                    else:
+                        cuts.append((lo - a, hi - a, d))
+        return cuts
+
+    def _bounds(self, j: int) -> tuple[int, int]:
+        return j * self.sub, min((j + 1) * self.sub, self.numel)
+
+    def reschedule(self, update_stride: str | int, resident_ratio: float) -> Schedule:
+        """(Re)place subgroups: "auto" or a stride, and the resident share. Moves resident
+        state between host and GPU; waits for all pending work (call between steps)."""
+        self.sync()
+        if self.res_p is not None:  # bring the old residents' state home
+            r0 = self.schedule.resident.start * self.sub
+            for host, dev in ((self.p32, self.res_p), (self.m, self.res_m), (self.v, self.res_v)):
+                host[r0:].copy_(dev)
+        # Free the old placement's GPU buffers before allocating the new ones (memory caps).
+        self.res_p = self.res_m = self.res_v = self._res_g = self.keep = None
+        self.slots = []
+        k = perfmodel.balance_ratio(*self._rates(), word_bytes=self.word)
+        stride = (perfmodel.stride(*self._rates(), word_bytes=self.word)
+                  if str(update_stride) == "auto" else int(update_stride))
+        s = self.schedule = make_schedule(self.n_sub, stride, resident_ratio)
+        r0 = s.resident.start * self.sub if len(s.resident) else self.numel
+        self.res_p, self.res_m, self.res_v = (
+            tuple(t[r0:].to(self.device, copy=True) for t in (self.p32, self.m, self.v))
+            if r0 < self.numel else (None,) * 3)
+        self._keep_at: dict[int, int] = {}  # GPU-side subgroup -> offset of its grads in `keep`
+        kept = 0
+        for j in sorted((*s.gpu, *s.resident)):
+            self._keep_at[j] = kept
+            kept += self._bounds(j)[1] - self._bounds(j)[0]
+        self.keep = torch.empty(kept, dtype=self.wdtype, device=self.device)
+        convert = self.wdtype != torch.float32
+        self.slots = [tuple(torch.empty(self.sub, device=self.device) for _ in range(3 + convert))
+                      for _ in range(min(N_SLOTS, len(s.gpu)))]
+        self._res_g = (torch.empty(self.sub, device=self.device)
+                       if convert and len(s.resident) else None)
+        self._routes = [self._route(gi) for gi in range(len(self.layouts))]
+        self._flushed.clear()
+        self._slot_free = [None] * N_SLOTS
+        n = self.numel
+        share = perfmodel.Split(sum(self._size(j) for j in s.cpu) / n,
+                                sum(self._size(j) for j in s.gpu) / n,
+                                sum(self._size(j) for j in s.resident) / n)
+        self.split = share
+        self.predicted_update_s = perfmodel.predict_update_seconds(n, share, *self._rates(),
+                                                                   word_bytes=self.word)
+        self.bus.publish(InfoEvent("fo_stride", stride))
+        self.bus.publish(InfoEvent("fo_perf_inputs", {
+            **self.perf.as_dict(), "k": k if math.isfinite(k) else None, "subgroups": self.n_sub,
+            "subgroup_size": self.sub, "gpu_subgroups": len(s.gpu),
+            "resident_subgroups": len(s.resident), "cpu_subgroups": len(s.cpu)}))
+        self.bus.publish(InfoEvent("fo_update_predicted_s", self.predicted_update_s))
+        self.update_seconds = []
+        return s
+
+    def _rates(self) -> tuple[float, float, float, float]:
+        return self.perf.B, self.perf.Ug, self.perf.Uc, self.perf.Dc
+
+    def _size(self, j: int) -> int:
+        a, b = self._bounds(j)
+        return b - a
+
+    def _route(self, gi: int) -> tuple[list, list, dict]:
+        """Group gi's gradient routing: host ranges (lo, hi) and kept ranges (lo, hi, keep
+        offset), relative to the group, and how many of its host ranges each CPU subgroup has."""
+        o, n = self.offsets[gi], self.layouts[gi].numel
+        host, kept, touches = [], [], {}
+        cpu = set(self.schedule.cpu)
+        for j in range(o // self.sub, -(-(o + n) // self.sub) if n else o // self.sub):
+            a, b = self._bounds(j)
+            lo, hi = max(a, o) - o, min(b, o + n) - o
+            if hi <= lo:
+                continue
+            if j in cpu:
+                touches[j] = touches.get(j, 0) + 1
+                if host and host[-1][1] == lo:
+                    host[-1] = (host[-1][0], hi)
+                else:
+                    host.append((lo, hi))
+            else:
+                kept.append((lo, hi, self._keep_at[j] + (lo + o - a)))
+        return host, kept, touches
+
+    # --- forward / backward and the gradient flush -------------------------------------------
+    def step(self, batch: Batch, step: int, lr: float, wd: float) -> StepOutput:
+        """One AdamW step on the batch's prompt loss; returns the loss (0-d device tensor)."""
+        self._resolve_clock()
+        compute = self.streams.compute
+        self._step = step
+        self._grads = [[None] * len(ps) for ps in self.params]
+        self._left = [len(ps) for ps in self.params]
+        self._waiting = {}  # CPU subgroup -> group flushes still to come
+        for host, kept, touches in self._routes:
+            for j, c in touches.items():
+                self._waiting[j] = self._waiting.get(j, 0) + c
+        self._ready: dict[int, object] = {}
+        if self.scale != 1.0:
+            self._found_inf.zero_()
+        with autocast(self.device, self.cfg.amp):
+            loss = prompt_loss(self.adapter, batch, self.timer, step, compute)
+        with self.timer.span("backward", "compute", compute, step, EMBED):
+            (loss * self.scale if self.scale != 1.0 else loss).backward()
+        for gi, left in enumerate(self._left):  # groups with parameters that got no gradient
+            if left > 0 and self.layouts[gi].numel:
+                self._flush_group(gi)
+        self._update(step, lr, wd)
+        self.timer.poll()
+        return StepOutput(loss.detach())
+
+    def _on_grad(self, gi: int, ei: int, param: torch.Tensor) -> None:
+        """Post-accumulate-grad hook (on the autograd thread): take the gradient; flush the
+        group once all its parameters have one."""
+        self._grads[gi][ei], param.grad = param.grad, None
+        self._left[gi] -= 1
+        if self._left[gi] == 0:
+            self._flush_group(gi)
+
+    def _flush_group(self, gi: int) -> None:
+        s, lay = self.streams, self.layouts[gi]
+        grads = [g if g is not None else torch.zeros(e.shape, dtype=self.wdtype, device=self.device)
+                 for g, e in zip(self._grads[gi], lay.entries)]
+        self._left[gi] = -1  # flushed
+        host, kept, touches = self._routes[gi]
+        o, nbytes = self.offsets[gi], 4 * sum(hi - lo for lo, hi in host)
+        # The grads are complete where backward has got to on its (compute) stream.
+        produced = s.record(torch.cuda.current_stream(self.device) if self.cuda else None)
+        with s.on(s.offload):
+            s.wait(s.offload, produced)  # the backward kernels that wrote these grads must finish
+            with self.timer.span("grad-flush", "offload", s.offload, self._step,
+                                 self.block_ids[gi], nbytes):
+                flat = torch.cat([g.reshape(-1) for g in grads])
+                if self.scale != 1.0:  # fp32 grads of a scaled loss: unscale, note inf / nan
+                    torch._amp_foreach_non_finite_check_and_unscale_([flat], self._found_inf,
+                                                                     self._inv_scale)
+                for lo, hi, at in kept:
+                    self.keep[at:at + hi - lo].copy_(flat[lo:hi])
+                for lo, hi in host:  # upcast in chunks: bounded fp32 scratch on the GPU
+                    for c in range(lo, hi, CHUNK):
+                        e = min(c + CHUNK, hi)
+                        self.g32[o + c:o + e].copy_(flat[c:e].float(), non_blocking=self.cuda)
+            done = s.record(s.offload)  # host waits on it before the CPU reads these grads
+        if self.cuda:
+            for g in grads:
+                g.record_stream(s.offload)  # allocated on the compute stream, read on this one
+        self._grads[gi] = []
+        self.bytes_d2h += nbytes
+        for j, c in touches.items():
+            self._waiting[j] -= c
+            if self._waiting[j] == 0:
+                self._ready[j] = done
+
+    # --- the update phase -------------------------------------------------------------------
+    def _update(self, step: int, lr: float, wd: float) -> None:
+        s = self.streams
+        start = self._mark(s.compute)  # the backward pass has been enqueued up to here
+        grads_done = s.record(s.offload)  # every gradient flushed or kept
+        if self.scale != 1.0 and self._skip_step(grads_done):
+            return
+        self.adam_step += 1
+        self._step_dev.fill_(self.adam_step)
+        self._step_cpu.fill_(self.adam_step)
+        cfg = self.cfg
+        hyper = dict(lr=lr, beta1=cfg.adam_beta1, beta2=cfg.adam_beta2, eps=cfg.adam_eps)
+        s.wait(s.compute, grads_done)  # GPU updates read the kept grads the offload stream wrote
+        self._gpu_side(step, wd, hyper)
+        self._cpu_side(step, wd, hyper, start)
+        s.wait(s.compute, s.record(s.upload))  # the next forward reads the uploaded weights
+        ends = [self._mark(st) for st in (s.compute, s.offload, s.upload)]
+        self._clock.append((start, ends, time.perf_counter()))
+        self._resolve_clock()
+
+    def _gpu_side(self, step: int, wd: float, hyper: dict) -> None:
+        s, sched = self.streams, self.schedule
+        r0 = sched.resident.start * self.sub
+        for j in sched.resident:  # no transfers: these go first while the prefetches fly
+            a, b = self._bounds(j)
+            with self.timer.span("gpu-update", "compute", s.compute, step, j):
+                p = self.res_p[a - r0:b - r0]
+                self._adamw(p, self._grad32(j, self._res_g), self.res_m[a - r0:b - r0],
+                            self.res_v[a - r0:b - r0], j, wd, hyper, self._step_dev)
+                self.w[a:b].copy_(p)
+        for k, j in enumerate(sched.gpu):
+            a, b = self._bounds(j)
+            n, slot, q = b - a, self.slots[k % len(self.slots)], k % len(self.slots)
+            sp, sm, sv = (t[:n] for t in slot[:3])
+            with s.on(self.prefetch):
+                s.wait(self.prefetch, self._slot_free[q])  # its last user has flushed it out
+                s.wait(self.prefetch, self._flushed.get(j))  # last flush-out wrote j's host copy
+                with self.timer.span("prefetch", "upload", self.prefetch, step, j, 12 * n):
+                    for dst, src in ((sp, self.p32), (sm, self.m), (sv, self.v)):
+                        dst.copy_(src[a:b], non_blocking=self.cuda)
+                fetched = s.record(self.prefetch)  # p, m, v of j are on the GPU
+            s.wait(s.compute, fetched)  # update only once p, m, v have landed
+            with self.timer.span("gpu-update", "compute", s.compute, step, j):
+                g = self._grad32(j, slot[3] if len(slot) > 3 else None)
+                self._adamw(sp, g, sm, sv, j, wd, hyper, self._step_dev)
+                self.w[a:b].copy_(sp)  # the next forward's weights, downcast on the GPU
+            updated = s.record(s.compute)  # j's update and its compute weights are done
+            with s.on(s.offload):
+                s.wait(s.offload, updated)  # flush out only the updated values
+                with self.timer.span("flush-out", "offload", s.offload, step, j, 12 * n):
+                    for src, dst in ((sp, self.p32), (sm, self.m), (sv, self.v)):
+                        dst[a:b].copy_(src, non_blocking=self.cuda)
+                # The slot may be refilled, and j's host copy read, after this point.
+                self._slot_free[q] = self._flushed[j] = s.record(s.offload)
+            self.bytes_h2d += 12 * n
+            self.bytes_d2h += 12 * n
+
+    def _grad32(self, j: int, scratch: torch.Tensor | None) -> torch.Tensor:
+        """GPU-side subgroup j's fp32 gradient (upcast into ``scratch`` under bf16)."""
+        at, n = self._keep_at[j], self._size(j)
+        g = self.keep[at:at + n]
+        return g if scratch is None else scratch[:n].copy_(g)
+
+    def _cpu_side(self, step: int, wd: float, hyper: dict, start) -> None:
+        s, stage = self.streams, 0
+        for i, j in enumerate(self.schedule.cpu):
+            a, b = self._bounds(j)
+            ready = self._ready.get(j)
+            if ready is not None:
+                ready.synchronize()  # the CPU reads host grads the offload stream is writing
+            t0 = self.timer.now()
+            self._adamw(self.p32[a:b], self.g32[a:b], self.m[a:b], self.v[a:b], j, wd, hyper,
+                        self._step_cpu)
+            self._publish("cpu-update", step, j, 0, t0)
+            src = self.p32[a:b]
+            if self._stages:
+                if self._stage_free[stage] is not None:
+                    self._stage_free[stage].synchronize()  # its last upload must have read it
+                t0 = self.timer.now()
+                src = self._stages[stage][:b - a]
+                src.copy_(self.p32[a:b])  # fp32 -> bf16 on the CPU: half the PCIe bytes
+                self._publish("downcast", step, j, 0, t0)
+            with s.on(s.upload):
+                if i == 0:
+                    s.wait(s.upload, start)  # the backward pass must be done reading w
+                with self.timer.span("upload-weights", "upload", s.upload, step, j,
+                                     (b - a) * self.word):
+                    self.w[a:b].copy_(src, non_blocking=self.cuda)
+                if self._stages:
+                    self._stage_free[stage] = s.record(s.upload)  # staging reusable after it
+                    stage = (stage + 1) % len(self._stages)
+            self.bytes_h2d += (b - a) * self.word
+
+    def _adamw(self, p, g, m, v, j: int, wd: float, hyper: dict, step_t: torch.Tensor) -> None:
+        """torch.optim.AdamW's step on one subgroup: decoupled decay only on its decayed runs."""
+        segs = self.segments[j]
+        if wd == 0.0:  # one launch over the whole subgroup
+            parts = [(0.0, [(0, p.numel())])]
+        else:
+            parts = [(wd, [(lo, hi) for lo, hi, d in segs if d]),
+                     (0.0, [(lo, hi) for lo, hi, d in segs if not d])]
+        for decay, runs in parts:
+            if runs:
+                torch._fused_adamw_([p[lo:hi] for lo, hi in runs], [g[lo:hi] for lo, hi in runs],
+                                    [m[lo:hi] for lo, hi in runs], [v[lo:hi] for lo, hi in runs],
+                                    [], [step_t] * len(runs), weight_decay=decay,
+                                    amsgrad=False, maximize=False, **hyper)
+
+    def _skip_step(self, grads_done) -> bool:
+        """fp16 loss scaling: skip the update and halve the scale on inf / nan gradients."""
+        if grads_done is not None:
+            grads_done.synchronize()  # found_inf is written by the flushes on the offload stream
+        if float(self._found_inf) > 0:
+            self.scale, self._good_steps = self.scale / 2, 0
+        else:
+            self._good_steps += 1
+            if self._good_steps % 2000 == 0:
+                self.scale *= 2
+        self._inv_scale.fill_(1.0 / self.scale)
+        return self._good_steps == 0
+
+    # --- timing -----------------------------------------------------------------------------
+    def _publish(self, op: str, step: int, j: int, nbytes: int, t0: float) -> None:
+        """A host-side (CPU) operation on the timeline, timed with the host clock."""
+        if self.timer.enabled:
+            self.bus.publish(OpEvent(op, "cpu", step, j, nbytes, t0, self.timer.now()))
+
+    def _mark(self, stream):
+        """A timing mark: a CUDA event on ``stream``, or the host clock on a CPU."""
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(stream)  # marks where the stream's enqueued work ends, for timing only
+        return event
+
+    def _resolve_clock(self, wait: bool = False) -> None:
+        """Turn finished update phases into seconds (never blocks unless ``wait``)."""
+        while self._clock:
+            start, ends, cpu_end = self._clock[0]
+            if self.cuda:
+                if not wait and not all(e.query() for e in (start, *ends)):
+                    return
+                for e in ends:
+                    e.synchronize()  # only with wait (end of run); otherwise already complete
+                t_start = self._origin_host + self._origin.elapsed_time(start) / 1e3
+                gpu_end = max(start.elapsed_time(e) for e in ends) / 1e3
+                seconds = max(gpu_end, cpu_end - t_start)
+            else:
+                seconds = cpu_end - start
+            self._clock.popleft()
+            self.update_seconds.append(seconds)
+            timed = self.update_seconds[1:] or self.update_seconds  # the first step warms up
+            self.bus.publish(InfoEvent("fo_update_measured_s", sum(timed) / len(timed)))
+
+    # --- engine protocol --------------------------------------------------------------------
+    def flush(self) -> None:
+        """Nothing is pending between steps: each step's update is enqueued inside it."""
+
+    def predict(self, batch: Batch) -> torch.Tensor:
+        """Label-word logits (B, 2) with the current compute weights."""
+        return predict_logits(self.adapter, batch, self.device, self.cfg.amp)
+
+    def sync(self) -> None:
+        """Wait for every copy and kernel (outside steps: before reading host buffers); the
+        finished update phases land in ``update_seconds``."""
+        if self.cuda:
+            torch.cuda.synchronize(self.device)  # outside steps only: host buffers are read next
+        self._resolve_clock()
+
+    def _home_residents(self) -> None:
+        if self.res_p is not None:
+            self.p32[self.schedule.resident.start * self.sub:].copy_(self.res_p)
+
+    def state_flats(self) -> list[torch.Tensor]:
+        """Every group's fp32 master weights in canonical order (host tensors)."""
+        self.sync()
+        self._home_residents()
+        return [self.p32[o:o + lay.numel] for lay, o in zip(self.layouts, self.offsets)]
+
+    def load_state_flats(self, flats: list[torch.Tensor]) -> None:
+        """Load fp32 weights (Adam's m and v are kept) into the masters and the compute weights."""
+        self.sync()
+        for lay, o, flat in zip(self.layouts, self.offsets, flats):
+            self.p32[o:o + lay.numel].copy_(flat)
+            self.w[o:o + lay.numel].copy_(self.p32[o:o + lay.numel])
+        if self.res_p is not None:
+            self.res_p.copy_(self.p32[self.schedule.resident.start * self.sub:])
+
+    def grad_flats(self) -> list[torch.Tensor]:
+        """The last step's fp32 gradients per group, on the host (diagnostics and tests)."""
+        self.sync()
+        full = torch.empty(self.numel)
+        for j in range(self.n_sub):
+            a, b = self._bounds(j)
+            full[a:b] = (self.keep[self._keep_at[j]:self._keep_at[j] + b - a].float().cpu()
+                         if j in self._keep_at else self.g32[a:b])
+        return [full[o:o + lay.numel] for lay, o in zip(self.layouts, self.offsets)]
+
+    def gpu_param_bytes(self) -> int:
+        """Compute weights, kept gradients, slots and resident (p, m, v) on the GPU."""
+        if not self.cuda:
+            return 0
+        tensors = [self.w, self.keep, self.res_p, self.res_m, self.res_v, self._res_g,
+                   *(t for slot in self.slots for t in slot)]
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+    def close(self) -> None:
+        """Drain copies and timing events, drop the hooks, unregister host memory."""
+        self.sync()
+        self.timer.poll(wait=True)
+        self._resolve_clock(wait=True)
+        self._home_residents()
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        self.host.release()
+
+    # --- micro-benchmark kernels for the performance model ----------------------------------
+    def _dev_bench(self, p, g, m, v) -> None:
+        torch._fused_adamw_([p], [g], [m], [v], [], [torch.ones((), device=p.device)], lr=1e-3,
+                            beta1=0.9, beta2=0.999, weight_decay=0.0, eps=1e-8, amsgrad=False,
+                            maximize=False)
+
+    _cpu_bench = _dev_bench

@@ -1,0 +1,194 @@
+"""The update-phase performance model of interleaved optimizer states, and its measured inputs.
+
+Inputs, all in parameters per second (Deep Optimizer States, section 4.2):
+    B   host <-> GPU link: pinned H2D of fp32, bytes / 4
+    Ug  AdamW update on the GPU (fused kernel)
+    Uc  AdamW update on the CPU (the engine's multi-threaded CPU path)
+    Dc  CPU fp32 -> 16-bit conversion
+
+Equation 1 of the paper balances k CPU-updated subgroups of S parameters against one
+GPU-updated subgroup. The CPU spends k S (1/Uc + 1/Dc); the GPU side spends the PCIe time of
+swapping one subgroup's (p, m, v) in and out, 3 S / B each way, plus the 16-bit upload of the
+k CPU-updated subgroups, k S / 2B, on the H2D link, plus S / Ug of update:
+
+    k (1/Uc + 1/Dc) = 3/B + k/(2B) + 1/Ug
+    k = (3/B + 1/Ug) / (1/Uc + 1/Dc - 1/(2B))
+
+Here the upload term is ``w / B`` with w = (bytes of a compute weight) / 4: 1/2 for bf16/fp16
+weights as in the paper, 1 for fp32 weights (then nothing is downcast: Dc = inf).
+
+Reading k. The derivation defines k as the CPU : GPU ratio of subgroup counts (k : 1), which is
+what the model balances. Algorithm 1's test ``(i + 1) % k == 0`` sends every k-th subgroup to
+the GPU, which is a (k-1) : 1 ratio, one off from the derivation; we follow the derivation.
+With a fraction f of the subgroups on the GPU, the two sides take (per parameter)
+
+    T_cpu(f) = (1 - f) a             a = 1/Uc + 1/Dc
+    T_gpu(f) = f b + (1 - f) c       b = 3/B + 1/Ug,  c = w/B
+
+and the update phase takes T(f) = max(T_cpu, T_gpu). T_cpu falls and T_gpu rises with f, so
+the optimum is where they are equal: (1 - f)(a - c) = f b, i.e. (1 - f) / f = b / (a - c) = k,
+f* = 1 / (1 + k). This is the balance condition both for k >= 1 and for k < 1.
+
+Schedules are integers (``RunConfig.update_stride``): stride s > 0 puts every s-th subgroup
+on the GPU (f = 1/s, ratio (s-1) : 1); stride -m puts m of every m+1 on the GPU
+(f = m/(m+1), ratio 1 : m), the generalisation for a GPU path faster than the CPU path
+(k < 1, as on the H200 machine: Uc 0.76 G/s vs B 13.75 G/s). ``stride`` returns whichever of
+the two schedules around f* has the smaller predicted T. With the paper's own example
+(B 3, Ug 35, Uc 2, Dc 8.7 G params/s) k = 2.29 and this gives stride 3 (2 : 1), where the
+paper ran stride 2 (Algorithm 1's reading): the model is pessimistic about the GPU side,
+since it adds the update time to the transfer time that the pipeline actually overlaps.
+When a <= c (the CPU updates faster than the link can even carry the result) nothing goes to
+the GPU: ``NO_GPU``.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+#: A stride larger than any subgroup count: no subgroup is updated on the GPU.
+NO_GPU = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class PerfInputs:
+    """Measured (or given) model inputs, params/s; ``word_bytes`` of a compute weight."""
+
+    B: float
+    Ug: float
+    Uc: float
+    Dc: float
+    word_bytes: int = 2
+
+    def as_dict(self) -> dict:
+        return {k: (v if math.isfinite(v) else None) if isinstance(v, float) else v
+                for k, v in asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class Split:
+    """Shares of all parameters updated on the CPU, on the GPU after a prefetch (interleaved),
+    and on the GPU from a static resident copy (fractions, summing to 1)."""
+
+    cpu: float
+    gpu: float
+    resident: float = 0.0
+
+
+def _terms(B: float, Ug: float, Uc: float, Dc: float,
+           word_bytes: int) -> tuple[float, float, float]:
+    """(a, b, c) of the module docstring, seconds per parameter."""
+    a = 1.0 / Uc + 1.0 / Dc
+    b = 3.0 / B + 1.0 / Ug
+    c = (word_bytes / 4.0) / B
+    return a, b, c
+
+
+def balance_ratio(B: float, Ug: float, Uc: float, Dc: float, *, word_bytes: int = 2) -> float:
+    """Equation 1: k = (3/B + 1/Ug) / (1/Uc + 1/Dc - w/B), the CPU : GPU subgroup ratio that
+    balances both sides (w = word_bytes / 4; the paper's 1/(2B) for 16-bit weights).
+    ``math.inf`` when the denominator is <= 0 (keep everything on the CPU)."""
+    a, b, c = _terms(B, Ug, Uc, Dc, word_bytes)
+    return b / (a - c) if a > c else math.inf
+
+
+def gpu_fraction(stride_: int) -> float:
+    """Share of subgroups a stride sends to the GPU: 1/s for s > 0, m/(m+1) for s = -m."""
+    if stride_ == 0:
+        raise ValueError("update_stride: 0 is not a stride (use a positive or negative whole "
+                         "number)")
+    return 1.0 / stride_ if stride_ > 0 else -stride_ / (1.0 - stride_)
+
+
+def _cost(f: float, a: float, b: float, c: float) -> float:
+    return max((1.0 - f) * a, f * b + (1.0 - f) * c)
+
+
+def stride(B: float, Ug: float, Uc: float, Dc: float, *, word_bytes: int = 2) -> int:
+    """The update stride for the given rates (params/s): s > 0 sends every s-th subgroup to the
+    GPU, -m sends m of every m + 1; the integer schedule next to the balance point
+    f* = 1/(1 + k) (k from ``balance_ratio``) with the smaller predicted update time."""
+    k = balance_ratio(B, Ug, Uc, Dc, word_bytes=word_bytes)
+    if not math.isfinite(k):
+        return NO_GPU
+    a, b, c = _terms(B, Ug, Uc, Dc, word_bytes)
+    if k >= 1.0:  # ratio r : 1 with r = s - 1 around k; ties keep fewer GPU subgroups
+        lo = int(math.floor(k)) + 1
+        cands = [lo + 1, lo]
+    else:  # ratio 1 : m with m around 1/k; -1 is the same schedule as stride 2
+        m = max(1, int(math.floor(1.0 / k)))
+        cands = [-m if m > 1 else 2, -(m + 1)]
+    return min(cands, key=lambda s: _cost(gpu_fraction(s), a, b, c))
+
+
+def predict_update_seconds(n_params: int, split: Split, B: float, Ug: float, Uc: float,
+                           Dc: float, *, word_bytes: int = 2) -> float:
+    """Predicted update-phase seconds for ``n_params`` parameters split as ``split``: the
+    slower of the CPU side, n (cpu) (1/Uc + 1/Dc), and the GPU side,
+    n (gpu (3/B + 1/Ug) + cpu w/B + resident/Ug)."""
+    a, b, c = _terms(B, Ug, Uc, Dc, word_bytes)
+    t_cpu = n_params * split.cpu * a
+    t_gpu = n_params * (split.gpu * b + split.cpu * c + split.resident / Ug)
+    return max(t_cpu, t_gpu)
+
+
+# --- measurement ------------------------------------------------------------------------------
+_CACHE: dict[tuple, PerfInputs] = {}
+
+
+def measure(device: torch.device, compute_dtype: torch.dtype, cpu_update, gpu_update) -> PerfInputs:
+    """Micro-benchmarks of B, Ug, Uc, Dc (short: well under 2 s on a CPU), cached per process
+    and (device, compute dtype, CPU threads).
+
+    Args:
+        device: where the "GPU side" runs (on a CPU-only machine, the CPU: then B is a host
+            memcpy and Ug the same kernel as Uc).
+        compute_dtype: the compute weights' dtype; fp32 means nothing is downcast (Dc = inf).
+        cpu_update / gpu_update: ``fn(p, g, m, v)`` applying one AdamW step to flat fp32
+            tensors, exactly as the engine's CPU and GPU paths do.
+    """
+    device = torch.device(device)
+    key = (str(device), compute_dtype, torch.get_num_threads())
+    if key in _CACHE:
+        return _CACHE[key]
+    cuda = device.type == "cuda"
+    n_link = 1 << 25 if cuda else 1 << 22  # 128 MB / 16 MB of fp32
+    n_upd = 1 << 25 if cuda else 1 << 21
+    n_cpu = 1 << 23 if cuda else 1 << 21  # the H200 host updates ~0.8 G/s: ~10 ms a run
+
+    def timed(fn, reps: int = 3) -> float:
+        fn()  # warm-up (first-touch of pages, kernel selection)
+        best = math.inf
+        for _ in range(reps):
+            if cuda:
+                torch.cuda.synchronize(device)  # measurement only, outside training
+            t = time.perf_counter()
+            fn()
+            if cuda:
+                torch.cuda.synchronize(device)  # the copies / kernels must have finished
+            best = min(best, time.perf_counter() - t)
+        return max(best, 1e-9)
+
+    src = torch.empty(n_link, dtype=torch.float32, pin_memory=cuda).fill_(1.0)
+    dst = torch.empty(n_link, dtype=torch.float32, device=device)
+    B = n_link / timed(lambda: dst.copy_(src, non_blocking=cuda))
+    del src, dst
+
+    def rates(n: int, dev: torch.device, fn) -> float:
+        p, g = torch.randn(n, device=dev) * 0.02, torch.randn(n, device=dev) * 1e-3
+        m, v = torch.zeros(n, device=dev), torch.zeros(n, device=dev)
+        return n / timed(lambda: fn(p, g, m, v))
+
+    Ug = rates(n_upd, device, gpu_update)
+    Uc = rates(n_cpu, torch.device("cpu"), cpu_update)
+    if compute_dtype == torch.float32:
+        Dc = math.inf
+    else:
+        x = torch.randn(n_cpu)
+        y = torch.empty(n_cpu, dtype=compute_dtype)
+        Dc = n_cpu / timed(lambda: y.copy_(x))
+    word = torch.empty((), dtype=compute_dtype).element_size()
+    _CACHE[key] = PerfInputs(B, Ug, Uc, Dc, word)
+    return _CACHE[key]
