@@ -42,7 +42,7 @@ def timed_run(cfg: RunConfig, recipe_cls=TrainRecipe) -> dict:
         t = time.perf_counter()
         recipe.train()
         wall = time.perf_counter() - t
-        rec = recipe.save()
+        rec = recipe.save(digest_params=False)
         written = len(recipe.checkpointer.written) if recipe.checkpointer else 0
         skipped = recipe.checkpointer.skipped if recipe.checkpointer else 0
     finally:

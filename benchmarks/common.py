@@ -36,7 +36,7 @@ def measure(cfg: RunConfig, name: str = "") -> dict:
         recipe.setup()
         recipe.dev_data = None  # speed runs: no eval
         recipe.train()
-        rec = recipe.save()
+        rec = recipe.save(digest_params=False)
     except torch.OutOfMemoryError as e:
         return {"name": name, "error": f"out of memory: {str(e).splitlines()[0]}"}
     except Exception as e:  # keep the rest of the table; the error is in the JSON
@@ -57,9 +57,9 @@ def measure(cfg: RunConfig, name: str = "") -> dict:
     if timed_steps and rec.steps[0].get("end") is not None:
         t0, t1 = rec.steps[0]["end"], timed_steps[-1]["end"]
         window = [x for x in rec.samples if t0 <= (x.get("t (s)") or -1) <= t1]
-        for key, name in (("pcie rx (bytes/s)", "nvml_rx"), ("pcie tx (bytes/s)", "nvml_tx")):
+        for key, out_key in (("pcie rx (bytes/s)", "nvml_rx"), ("pcie tx (bytes/s)", "nvml_tx")):
             vals = [x[key] for x in window if x.get(key) is not None and math.isfinite(x[key])]
-            s[name] = sum(vals) / len(vals) if vals else None
+            s[out_key] = sum(vals) / len(vals) if vals else None
         secs = sum(r["seconds"] for r in timed_steps)
         s["engine_h2d"] = sum(r.get("bytes_h2d", 0) for r in timed_steps) / secs if secs else None
         s["engine_d2h"] = sum(r.get("bytes_d2h", 0) for r in timed_steps) / secs if secs else None

@@ -23,7 +23,7 @@ from workbench.config import RunConfig
 
 
 def run_main(args, bw) -> list[dict]:
-    rows = []
+    rows = args.sink.setdefault("main", [])
     for model in args.models:
         for amp in args.amps:
             for b, t in args.shapes:
@@ -41,15 +41,17 @@ def run_main(args, bw) -> list[dict]:
                     off["vs_bound"] = off["step_seconds"] / off["lower_bound_s"]
                     if "error" not in mezo:
                         off["tps_ratio"] = off["tokens_per_s"] / mezo["tokens_per_s"]
-                        off["mem_ratio"] = off["peak_gpu_mem_bytes"] / mezo["peak_gpu_mem_bytes"]
+                        off["mem_ratio"] = (off["peak_gpu_mem_bytes"] / mezo["peak_gpu_mem_bytes"]
+                                            if mezo["peak_gpu_mem_bytes"] else None)
                 mezo["lower_bound_s"] = fwd2
                 rows += [mezo, off]
+                args.flush()
                 print(table([mezo, off], MAIN_COLS), flush=True)
     return rows
 
 
 def run_ablation(args) -> list[dict]:
-    rows = []
+    rows = args.sink.setdefault("ablation", [])
     variants = {"all on": {}, "overlap off": {"overlap": False},
                 "reuse_buffers off": {"reuse_buffers": False},
                 "fused_update off": {"fused_update": False}}
@@ -65,12 +67,13 @@ def run_ablation(args) -> list[dict]:
             if "error" not in r and "error" not in ref:
                 r["ratio"] = r["tokens_per_s"] / ref["tokens_per_s"]
             rows.append(r)
+            args.flush()
             print(table([r], ABL_COLS), flush=True)
     return rows
 
 
 def run_codecs(args) -> list[dict]:
-    rows = []
+    rows = args.sink.setdefault("codecs", [])
     combos = [("fp32", "fp32"), ("bf16", "compressed-sr"), ("fp16", "compressed-sr"),
               ("bf16", "fp32"), ("fp8-e4m3", "fp32"), ("fp8-e5m2", "fp32")]
     for model in args.models:
@@ -85,13 +88,14 @@ def run_codecs(args) -> list[dict]:
                 if "error" not in r and "error" not in ref:
                     r["ratio"] = r["tokens_per_s"] / ref["tokens_per_s"]
                 rows.append(r)
+                args.flush()
                 print(table([r], CODEC_COLS), flush=True)
     return rows
 
 
 def run_telemetry(args) -> list[dict]:
     """Telemetry fully on vs off, and NVML's PCIe rates against the engine's bytes / time."""
-    rows = []
+    rows = args.sink.setdefault("telemetry", [])
     for model in args.models:
         base = RunConfig(model=model, method="zo-offload", data="synthetic", device="cuda",
                          batch_size=16, seq_len=128, steps=args.steps + 3, lr=1e-7,
@@ -108,13 +112,14 @@ def run_telemetry(args) -> list[dict]:
                 if engine and nvml:
                     on[f"nvml_{d}_vs_engine"] = nvml / engine
         rows += [on, off]
+        args.flush()
         print(table([on, off], TEL_COLS), flush=True)
     return rows
 
 
 def run_methods(args) -> list[dict]:
     """zo-offload vs forward-grad: tokens/s and peak memory."""
-    rows = []
+    rows = args.sink.setdefault("methods", [])
     for model in args.models:
         for amp in args.amps:
             base = RunConfig(model=model, data="synthetic", device="cuda", batch_size=16,
@@ -125,8 +130,10 @@ def run_methods(args) -> list[dict]:
                 r.update(model=model, amp=amp)
             if "error" not in zo and "error" not in fg:
                 fg["tps_ratio"] = fg["tokens_per_s"] / zo["tokens_per_s"]
-                fg["mem_ratio"] = fg["peak_gpu_mem_bytes"] / zo["peak_gpu_mem_bytes"]
+                fg["mem_ratio"] = (fg["peak_gpu_mem_bytes"] / zo["peak_gpu_mem_bytes"]
+                                   if zo["peak_gpu_mem_bytes"] else None)
             rows += [zo, fg]
+            args.flush()
             print(table([zo, fg], MAIN_COLS), flush=True)
     return rows
 
@@ -135,7 +142,7 @@ def run_cap(args) -> list[dict]:
     """Largest preset under a 24 GB cap, largest first; host RAM decides the master format."""
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(24 * 2**30 / total)
-    rows = []
+    rows = args.sink.setdefault("cap", [])
     for model, codec, master in [("opt-30b", "bf16", "compressed-sr"), ("opt-13b", "fp32", "fp32")]:
         cfg = RunConfig(model=model, method="zo-offload", data="synthetic", device="cuda",
                         batch_size=16, seq_len=128, steps=3, amp="bf16", codec=codec,
@@ -143,6 +150,7 @@ def run_cap(args) -> list[dict]:
         r = measure(cfg, f"{model} under 24 GB ({codec}/{master})")
         r.update(model=model, codec=codec, master=master)
         rows.append(r)
+        args.flush()
         print(table([r], CAP_COLS), flush=True)
         if "error" not in r:
             break
@@ -189,19 +197,14 @@ def main() -> None:
     print(f"PCIe pinned: H2D {bw['h2d'] / 1e9:.1f} GB/s, D2H {bw['d2h'] / 1e9:.1f} GB/s, both "
           f"{bw['both_per_direction'] / 1e9:.1f} GB/s per direction", flush=True)
     out: dict = {"pcie": bw, "args": {k: v for k, v in vars(args).items()}}
+    args.sink = out
+    args.flush = lambda: save(args.name, out)  # after every row: a timeout keeps what ran
     suites = args.suite.split(",")
-    if "main" in suites:
-        out["main"] = run_main(args, bw)
-    if "ablation" in suites:
-        out["ablation"] = run_ablation(args)
-    if "codecs" in suites:
-        out["codecs"] = run_codecs(args)
-    if "telemetry" in suites:
-        out["telemetry"] = run_telemetry(args)
-    if "methods" in suites:
-        out["methods"] = run_methods(args)
-    if "cap" in suites:
-        out["cap"] = run_cap(args)
+    for suite, fn in (("main", lambda: run_main(args, bw)), ("ablation", lambda: run_ablation(args)),
+                      ("codecs", lambda: run_codecs(args)), ("telemetry", lambda: run_telemetry(args)),
+                      ("methods", lambda: run_methods(args)), ("cap", lambda: run_cap(args))):
+        if suite in suites:
+            fn()
     out["seconds"] = time.perf_counter() - t
     path = save(args.name, out)
     for key, cols in (("main", MAIN_COLS), ("ablation", ABL_COLS), ("codecs", CODEC_COLS),

@@ -263,14 +263,17 @@ class TrainRecipe:
         return acc
 
     # --- save -------------------------------------------------------------------------------
-    def save(self) -> RunRecord:
-        """Summary, parameter digest and the run directory (if any)."""
+    def save(self, digest_params: bool = True) -> RunRecord:
+        """Summary, parameter digest and the run directory (if any). Speed benchmarks pass
+        ``digest_params=False``: hashing a 13B model's weights takes half a minute."""
         rec, cfg = self.record, self.cfg
         self.engine.flush()
-        flats = [f.detach().cpu() for f in self.engine.state_flats()]
         self.collector.flush()
+        if digest_params:
+            flats = [f.detach().cpu() for f in self.engine.state_flats()]
+            with rec.lock:
+                rec.param_digest, rec.param_norm = digest(flats), norm(flats)
         with rec.lock:
-            rec.param_digest, rec.param_norm = digest(flats), norm(flats)
             rec.summary = _summary(rec, self.engine, self.device)
         if self.dist is not None:  # every rank's own view, merged into rank 0's record
             mine = {"rank": self.dist.rank, "device": str(self.device),
