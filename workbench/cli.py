@@ -95,13 +95,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     import json
 
     from workbench.calibration import load_calibration
-    from workbench.planner import planned_config, plan, suggest
+    from workbench.planner import plan, suggest
 
-    sets = parse_sets(args.set or [])
-    method = sets.pop("method", None)  # fo, fo-offload, forward-grad are planned before the config lists them
-    cfg = load_config(args.config, sets)
-    if method is not None:
-        cfg = planned_config(cfg, method=method)
+    cfg = _config(args)
     calib = None if args.gpu else load_calibration(cfg.device)
     if args.suggest is not None:
         rows = suggest(cfg, int(args.suggest * 2 ** 30), args.gpu, calib)
@@ -127,7 +123,8 @@ def format_plan(cfg: RunConfig, pl) -> str:
                      f"available {gib(pl.gpu_mem_available_bytes)}: {ok}")
     ok = "fits" if pl.fits_host else "DOES NOT FIT"
     lines.append(f"host memory              {gib(pl.host_mem_bytes):>14}   (pinned "
-                 f"{gib(pl.pinned_host_bytes)}; available {gib(pl.host_mem_available_bytes)}: {ok})")
+                 f"{gib(pl.pinned_host_bytes)}; available {gib(pl.host_mem_available_bytes)}: "
+                 f"{ok})")
     lines += [f"  {k:<36}{gib(v):>14}" for k, v in pl.host_breakdown.items() if v]
     lines += [f"PCIe per step            {gib(pl.pcie_bytes_per_step):>14}   (H2D "
               f"{gib(pl.h2d_bytes_per_step)}, D2H {gib(pl.d2h_bytes_per_step)})",
@@ -147,7 +144,8 @@ def format_suggestions(rows: list[dict], budget_gib: float, top: int = 15) -> st
     for r in rows[:top]:
         out.append(f"{r['codec']:<9}{r['master']:<14}{r['resident_blocks']:>8}"
                    f"{r['tokens_per_s']:>12,.0f}{r['step_seconds']:>9.3f}"
-                   f"{r['nvml_gpu_mem_bytes'] / 2 ** 30:>9.2f}{r['host_mem_bytes'] / 2 ** 30:>10.1f}"
+                   f"{r['nvml_gpu_mem_bytes'] / 2 ** 30:>9.2f}"
+                   f"{r['host_mem_bytes'] / 2 ** 30:>10.1f}"
                    f"{r['pcie_bytes_per_step'] / 2 ** 30:>10.2f}")
     return "\n".join(out + ([f"... {len(rows) - top} more"] if len(rows) > top else []))
 

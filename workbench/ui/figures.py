@@ -289,7 +289,9 @@ def _util_panel(rec: RunRecord) -> Panel:
 
 def _loss_panel(rec: RunRecord) -> Panel:
     p = Panel("loss and dev accuracy", "step", "loss", y2title="dev accuracy (%)",
-               y2axis={"range": [0, 100]})
+               # plotly.js >= 3 syncs an overlaying axis's ticks to the primary's grid
+               # (ticks at 16.5, 35, ... %); fixed quarters read better, without a second grid.
+               y2axis={"range": [0, 100], "tickmode": "linear", "dtick": 25, "showgrid": False})
     x, y = _xy(rec.steps, "step", "loss")
     if np.isfinite(y).any():
         p.add(_line(x, y, "loss", "#1f77b4"))
@@ -325,7 +327,9 @@ def compose(grid: list[list[Panel]], bars: bool = False, shared_x: bool = False)
     titles = [p.title for row in grid for p in row]
     fig = make_subplots(rows=len(grid), cols=cols, specs=specs, subplot_titles=titles,
                         shared_xaxes=shared_x, vertical_spacing=min(0.3 / len(grid), 0.12),
-                        horizontal_spacing=0.1)
+                        # room for a right-hand axis title beside the next panel's left one
+                        horizontal_spacing=0.14 if any(p.y2title for row in grid for p in row)
+                        else 0.1)
     traces, layout, notes = fill(fig, grid)
     fig.add_traces(traces)
     fig.update_layout(layout, annotations=[*fig.layout.annotations, *notes], template=TEMPLATE,
@@ -364,9 +368,16 @@ def fill(fig: go.Figure, grid: list[list[Panel]]) -> tuple[list[Any], dict[str, 
             layout[x] = {"title": {"text": p.xtitle}}
             layout[y] = {"title": {"text": p.ytitle}, **p.yaxis}
             if p.note:
+                # Centred on the subplot in paper coordinates: plotly.js draws no axes for a
+                # subplot without traces, and an "x4 domain" reference to such an axis falls
+                # back to the first subplot, piling every empty panel's note onto the timeline.
+                (x0, x1), (y0, y1) = main.xaxis.domain, main.yaxis.domain
                 notes.append(go.layout.Annotation(
-                    text=p.note, x=0.5, y=0.5, xref=f"{ref['xaxis']} domain",
-                    yref=f"{ref['yaxis']} domain", showarrow=False,
+                    # the reason in parentheses on its own line: a half-width panel of the
+                    # 700 px live widget is narrower than the whole note
+                    text=p.note.replace(" (", "<br>(", 1), x=(x0 + x1) / 2, y=(y0 + y1) / 2,
+                    xref="paper", yref="paper", xanchor="center", yanchor="middle",
+                    showarrow=False,
                     font=dict(color="#888", size=13)))
     return traces, layout, notes
 

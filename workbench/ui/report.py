@@ -39,6 +39,9 @@ SUMMARY_ROWS: list[tuple[str, Callable[[dict[str, Any]], Any], str | None]] = [
     ("param_digest", lambda m: m["param_digest"] or None, None),
 ]
 RATIO_ROWS = ("tokens/s", "peak GPU memory (MB)")
+#: Hex digits of ``param_digest`` shown when runs sit side by side (the full 64 made every column
+#: ~500 px wide, pushing a table of 3+ runs off the notebook); run sections show it whole.
+DIGEST_CHARS = 16
 
 CSS = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1400px; color: #222; }
@@ -114,7 +117,7 @@ def write_report(runs: Sequence[str | Path | RunRecord], path: str | Path,
 
 def summary_table_html(recs: Sequence[RunRecord]) -> str:
     """Runs side by side (one column per run), with ratios to the first for tokens/s and peak
-    GPU memory."""
+    GPU memory; digests shortened to their first ``DIGEST_CHARS`` hex digits."""
     metrics = [summary_metrics(r) for r in recs]
     rows = []
     for label, get, fmt in SUMMARY_ROWS:
@@ -124,6 +127,8 @@ def summary_table_html(recs: Sequence[RunRecord]) -> str:
             base = get(metrics[0])
             if (i and label in RATIO_ROWS and _finite(v) and _finite(base) and base > 0):
                 text += f" ({v / base:.2f}x)"
+            if label == "param_digest" and len(text) > DIGEST_CHARS:
+                text = text[:DIGEST_CHARS] + "…"
             cells.append(text)
         rows.append(cells)
     return _table(["", *run_labels(recs)], rows)
