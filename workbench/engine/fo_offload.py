@@ -26,10 +26,8 @@ its host memory only make sense together; the model and its measurements are in 
 """
 from __future__ import annotations
 
-import ctypes
 import math
 import time
-import warnings
 from collections import deque
 from dataclasses import dataclass
 from functools import partial
@@ -40,6 +38,7 @@ from workbench.config import RunConfig
 from workbench.data.batches import Batch
 from workbench.engine import StepOutput
 from workbench.engine import perfmodel
+from workbench.engine.pinned import HostMemory
 from workbench.engine.events import EMBED, HEAD, EventBus, InfoEvent, OpEvent
 from workbench.engine.fo import predict_logits, prompt_loss, trainable_params
 from workbench.engine.groups import build_layouts, move_buffers
@@ -77,55 +76,6 @@ def make_schedule(n_sub: int, stride: int, resident_ratio: float) -> Schedule:
     return Schedule(stride, range(n_sub - r, n_sub), tuple(gpu), tuple(reversed(cpu)))
 
 
-class _HostMemory:
-    """Exact-size page-locked host tensors. torch's pinned allocator rounds each request up to
-    a power of two (a 26.6 GB buffer would pin 32 GB), so large buffers are ordinary CPU
-    tensors registered with ``cudaHostRegister`` and unregistered on ``release``."""
-
-    LARGE = 64 << 20  # bytes; smaller requests use the pinned allocator
-
-    def __init__(self, cuda: bool):
-        self.cuda, self._registered = cuda, []
-
-    def empty(self, n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        if not self.cuda:
-            return torch.empty(n, dtype=dtype)
-        nbytes = n * torch.empty((), dtype=dtype).element_size()
-        if nbytes < self.LARGE:
-            return torch.empty(n, dtype=dtype, pin_memory=True)
-        t = torch.empty(n, dtype=dtype)
-        ret = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), nbytes, 0)
-        err = int(getattr(ret, "value", ret))  # a cudaError enum
-        if err == 0:
-            self._registered.append(t)
-        else:  # slower (copies stage through the driver) but correct
-            _clear_cuda_error()
-            warnings.warn(f"fo-offload: cannot page-lock {nbytes / 1e9:.1f} GB of host memory "
-                          f"(cudaHostRegister error {err}); using pageable memory", stacklevel=3)
-        return t
-
-    def release(self) -> None:
-        for t in self._registered:
-            torch.cuda.cudart().cudaHostUnregister(t.data_ptr())
-        self._registered.clear()
-
-    def __del__(self) -> None:
-        if self._registered:
-            try:
-                self.release()
-            except Exception:  # interpreter shutdown: the process frees everything anyway
-                pass
-
-
-def _clear_cuda_error() -> None:
-    """Reset the runtime's last-error slot after a failed cudaHostRegister, so the next kernel
-    launch check does not report it (best effort: libcudart is already loaded by torch)."""
-    try:
-        ctypes.CDLL("libcudart.so." + torch.version.cuda.split(".")[0]).cudaGetLastError()
-    except (OSError, AttributeError):
-        pass
-
-
 class FOOffloadEngine:
     """Args:
         model, source, device, bus: as ``FOEngine``.
@@ -157,7 +107,7 @@ class FOOffloadEngine:
             n += lay.numel
         self.numel, self.sub = n, max(1, min(cfg.subgroup_size, n))
         self.n_sub = -(-n // self.sub)
-        self.host = _HostMemory(self.cuda)
+        self.host = HostMemory(self.cuda)
         self.p32, self.m, self.v, self.g32 = (self.host.empty(n) for _ in range(4))
         self.m.zero_()
         self.v.zero_()

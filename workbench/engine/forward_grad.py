@@ -28,10 +28,13 @@ class ForwardGradEngine(ZOOffloadEngine):
     """Method ``forward-grad``: the zo-offload pipeline with a jvp in place of the dual forward.
     Same constructor and knobs as ``ZOOffloadEngine``."""
 
-    def _bind_dual(self, layout, flat: torch.Tensor, seed: int) -> None:
-        """Bind the group's weights as dual tensors whose tangent is z(seed, group)."""
+    def _bind_dual(self, layout, flat: torch.Tensor, seed: int) -> list:
+        """Bind the group's weights as dual tensors whose tangent is z(seed, group); returns
+        what was bound before, to put back once the group has run."""
+        previous = [e.owners[0][0]._parameters[e.owners[0][1]] for e in layout.entries]
         v = self.ops.z(layout.numel, seed, layout.gid, flat.device)
         layout.bind([fwAD.make_dual(w, t) for w, t in zip(layout.views(flat), layout.views(v))])
+        return previous
 
     def _dual_group(self, group: Group, upd: PendingUpdate | None, seed: int) -> None:
         if group.layout.numel:
@@ -54,8 +57,10 @@ class ForwardGradEngine(ZOOffloadEngine):
             def jvp_block(i: int, flat: torch.Tensor, extra: dict | None) -> None:
                 if upd is not None:
                     self._update_block(i, flat, extra, upd)
-                self._bind_dual(self.blocks[i].layout, flat, seed)
+                lay = self.blocks[i].layout
+                plain = self._bind_dual(lay, flat, seed)
                 state[0] = adapter.run_block(adapter.blocks[i], state[0], ctx)
+                lay.bind(plain)  # drop the block's tangent now: one block's z alive at a time
 
             self._stream_blocks(step, jvp_block, write_back=True, op="jvp")
             with self.timer.span("jvp", "compute", compute, step, HEAD):

@@ -25,6 +25,7 @@ from workbench.engine.codecs import Codec, get_codec
 from workbench.engine.events import OpEvent
 from workbench.engine.groups import GroupLayout
 from workbench.engine.perturb import PendingUpdate, ZOOps
+from workbench.engine.pinned import HostMemory
 from workbench.engine.zo_common import step_seed
 
 
@@ -36,9 +37,10 @@ class PlainTransfer:
     def __init__(self, device: torch.device, timer, ops: ZOOps):
         self.device, self.timer, self.ops = device, timer, ops
         self.cuda = device.type == "cuda"
+        self.host = HostMemory(self.cuda)  # exact-size page-locked buffers
 
     def host_storage(self, n: int) -> torch.Tensor:
-        return torch.empty(n, dtype=torch.float32, pin_memory=self.cuda)
+        return self.host.empty(n, torch.float32)
 
     def store_fp32(self, host: torch.Tensor, flat: torch.Tensor) -> None:
         host.copy_(flat)
@@ -68,7 +70,7 @@ class PlainTransfer:
         """Host-side work on the block's storage must be done before its next upload."""
 
     def close(self) -> None:
-        pass
+        self.host.release()
 
 
 class SRTransfer(PlainTransfer):
@@ -82,7 +84,7 @@ class SRTransfer(PlainTransfer):
         self._round = 0
 
     def host_storage(self, n: int) -> torch.Tensor:
-        return self.codec.empty(n, "cpu", pin=self.cuda)
+        return self.host.empty(self.codec.nbytes(n), torch.uint8)
 
     def store_fp32(self, host, flat) -> None:
         self.codec.encode(flat.to(host.device), host)  # round to nearest: loading, not training
@@ -134,8 +136,8 @@ class MirrorTransfer(PlainTransfer):
 
     def host_storage(self, n: int) -> dict[str, torch.Tensor]:
         return {"master": torch.empty(n, dtype=torch.float32),
-                "mirror": self.codec.empty(n, "cpu", pin=self.cuda),
-                "delta": torch.empty(n, dtype=torch.bfloat16, pin_memory=self.cuda)}
+                "mirror": self.host.empty(self.codec.nbytes(n), torch.uint8),
+                "delta": self.host.empty(n, torch.bfloat16)}
 
     def store_fp32(self, host, flat) -> None:
         host["master"].copy_(flat)
@@ -202,6 +204,7 @@ class MirrorTransfer(PlainTransfer):
         for block in list(self._pending):
             self.wait_host(block)
         self.pool.shutdown(wait=True)
+        self.host.release()
 
 
 def make_transfer(master: str, codec: str, device: torch.device, timer, ops: ZOOps):

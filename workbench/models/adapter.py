@@ -63,7 +63,7 @@ class _Captured(Exception):
 
     def __init__(self, args: tuple, kwargs: dict):
         super().__init__()
-        self.args, self.kwargs = args, kwargs
+        self.block_args, self.block_kwargs = args, kwargs
 
 
 @dataclass
@@ -96,12 +96,14 @@ class BlockAdapter:
         try:
             self.base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
         except _Captured as c:
-            captured = c
+            # Take the inputs and drop the exception: its traceback holds the forward's frames
+            # (and their tensors) in a reference cycle that only the garbage collector breaks.
+            args, kwargs = c.block_args, dict(c.block_kwargs)
+            c.__traceback__ = None
         else:  # pragma: no cover - a family whose base never reaches block 0
             raise RuntimeError("the model's forward never reached its first block")
         finally:
             hook.remove()
-        args, kwargs = captured.args, dict(captured.kwargs)
         hidden = args[0] if args else kwargs.pop("hidden_states")
         last = attention_mask.sum(dim=1) - 1
         return hidden, BlockContext(kwargs=kwargs, last_index=last)

@@ -1,0 +1,73 @@
+"""Exact-size page-locked host memory.
+
+torch's pinned allocator rounds every request up to a power of two: one OPT-13B block
+(1.26 GB) pins 2 GiB, so streaming OPT-13B would pin 80 GiB instead of 47, and OPT-30B would not
+fit a 125 GiB host at all. Large buffers are therefore ordinary CPU tensors registered with
+``cudaHostRegister`` (page-locked at their exact size) and unregistered on ``release``.
+"""
+from __future__ import annotations
+
+import ctypes
+import warnings
+
+import torch
+
+
+class HostMemory:
+    """Exact-size page-locked host tensors. torch's pinned allocator rounds each request up to
+    a power of two (a 26.6 GB buffer would pin 32 GB), so large buffers are ordinary CPU
+    tensors registered with ``cudaHostRegister`` and unregistered on ``release``."""
+
+    LARGE = 64 << 20  # bytes; smaller requests use the pinned allocator
+
+    def __init__(self, cuda: bool):
+        self.cuda, self._registered = cuda, []
+
+    def empty(self, n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        if not self.cuda:
+            return torch.empty(n, dtype=dtype)
+        nbytes = n * torch.empty((), dtype=dtype).element_size()
+        if nbytes < self.LARGE:
+            return torch.empty(n, dtype=dtype, pin_memory=True)
+        t = torch.empty(n, dtype=dtype)
+        ret = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), nbytes, 0)
+        err = int(getattr(ret, "value", ret))  # a cudaError enum
+        if err == 0:
+            self._registered.append(t)
+        else:  # slower (copies stage through the driver) but correct
+            _clear_cuda_error()
+            warnings.warn(f"cannot page-lock {nbytes / 1e9:.1f} GB of host memory "
+                          f"(cudaHostRegister error {err}); using pageable memory", stacklevel=3)
+        return t
+
+    def release(self) -> None:
+        for t in self._registered:
+            torch.cuda.cudart().cudaHostUnregister(t.data_ptr())
+        self._registered.clear()
+
+    def __del__(self) -> None:
+        if self._registered:
+            try:
+                self.release()
+            except Exception:  # interpreter shutdown: the process frees everything anyway
+                pass
+
+
+def _clear_cuda_error() -> None:
+    """Reset the runtime's last-error slot after a failed cudaHostRegister, so the next kernel
+    launch check does not report it (best effort: libcudart is already loaded by torch)."""
+    try:
+        ctypes.CDLL("libcudart.so." + torch.version.cuda.split(".")[0]).cudaGetLastError()
+    except (OSError, AttributeError):
+        pass
+
+
+
+
+def _clear_cuda_error() -> None:
+    """Reset the runtime's last-error slot after a failed cudaHostRegister, so the next kernel
+    launch check does not report it (best effort: libcudart is already loaded by torch)."""
+    try:
+        ctypes.CDLL("libcudart.so." + torch.version.cuda.split(".")[0]).cudaGetLastError()
+    except (OSError, AttributeError):
+        pass
