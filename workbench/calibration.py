@@ -303,8 +303,9 @@ def _gpu_rates(dev, quick: bool) -> dict[str, Any]:
                               do_perturb=True, write_x=False)
         out["perturb_fused_per_s"] = n / _timeit(fused, "cuda", reps)
         out["fused_kernel"] = True
-    except Exception:  # Triton missing or broken: the engine falls back to the torch path
+    except Exception as e:  # Triton missing or broken: the engine falls back to the torch path
         out["fused_kernel"] = False
+        out["fused_kernel_error"] = repr(e)[:300]
         out["perturb_fused_per_s"] = out["perturb_philox_torch_per_s"]
     p = torch.nn.Parameter(torch.randn(n // 2, device=dev))
     p.grad = torch.randn_like(p)

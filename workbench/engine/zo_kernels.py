@@ -63,7 +63,9 @@ def _lane(x_ptr, out_ptr, e, m, zp, zc, g, neg_lr, wd, n_decay, scale,
         tl.store(out_ptr + e, w, mask=m)
 
 
-@triton.jit
+# Triton turns an integer argument equal to 1 into a compile-time constant; a seed or group id
+# of 1 would then break ``.to(tl.uint32)``, so those are never specialised.
+@triton.jit(do_not_specialize=["seed", "prev_seed", "gid"])
 def zo_kernel(x_ptr, out_ptr, g_ptr, n, q, n_decay, seed, prev_seed, gid, scale, neg_lr, wd,
               DO_UPDATE: tl.constexpr, DO_PERTURB: tl.constexpr, WRITE_X: tl.constexpr,
               BLOCK: tl.constexpr):
@@ -91,7 +93,7 @@ def zo_kernel(x_ptr, out_ptr, g_ptr, n, q, n_decay, seed, prev_seed, gid, scale,
           DO_UPDATE, DO_PERTURB, WRITE_X)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed", "gid"])
 def normals_kernel(out_ptr, n, q, seed, gid, BLOCK: tl.constexpr):
     """Materialise z (tests and forward-gradient tangents)."""
     c = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
