@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from workbench.config import ConfigError, RunConfig
-from workbench.models.presets import PRESETS
+from workbench.presets import PRESETS
 from workbench.planner import GiB, PlanError, block_flops, check_fits, plan, suggest
 
 HOST = {"host_mem_available_bytes": 125 * GiB}  # the brief's H200 machine, for determinism
@@ -21,6 +21,12 @@ KEYS = ("peak_gpu_mem_bytes", "nvml_gpu_mem_bytes", "host_mem_bytes", "pcie_byte
 
 def pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
+
+
+def pinned(nbytes: int) -> int:
+    """Pinned host bytes as the engine allocates them: exact from 64 MiB up (cudaHostRegister),
+    a power of two below (torch's pinned allocator)."""
+    return nbytes if nbytes >= 64 * 2**20 else pow2(nbytes)
 
 
 def cfg_(**kw) -> RunConfig:
@@ -36,9 +42,9 @@ def test_zo_offload_bytes_by_hand(model):
     pl = plan(cfg_(model=model, method="zo-offload"), gpu="h200")
     # embedding + head + (prefetch_depth + 2) fp32 slots + the tied embedding's scratch copy
     assert pl.gpu_param_bytes == 4 * (ne + nh) + 3 * 4 * nb + 4 * ne
-    # host: one fp32 master per block, each pinned buffer rounded up to a power of two by
-    # torch's pinned allocator (a 1.26 GB OPT-13B block pins 2 GiB); unrounded on the CPU
-    assert pl.host_mem_bytes == n * pow2(nb * 4) == pl.pinned_host_bytes
+    # host: one fp32 master per block, pinned: at exact size from 64 MiB up, else rounded up to
+    # a power of two by torch's pinned allocator; unrounded on the CPU
+    assert pl.host_mem_bytes == n * pinned(nb * 4) == pl.pinned_host_bytes
     cpu = plan(cfg_(model=model, method="zo-offload", device="cpu"), calibration=HOST)
     assert cpu.host_breakdown["block masters (fp32)"] == n * nb * 4
     assert pl.h2d_bytes_per_step == pl.d2h_bytes_per_step == n * nb * 4
@@ -57,7 +63,7 @@ def test_codecs_shrink_the_wire():
     sr = plan(cfg_(model="opt-1.3b", method="zo-offload", codec="bf16", master="compressed-sr"),
               gpu="h200")
     assert sr.pcie_bytes_per_step * 2 == fp32.pcie_bytes_per_step  # bf16 both ways
-    assert sr.host_mem_bytes * 2 == fp32.host_mem_bytes  # bf16 masters (both rounded to 2^k)
+    assert sr.host_mem_bytes * 2 == fp32.host_mem_bytes  # bf16 masters, half the bytes
     # fp8 with an fp32 master (the mirror transfer of engine/transfers.py): the fp8 mirror goes
     # up (a quarter plus one fp32 scale per 256 elements), the bf16 update comes down (a half).
     fp8 = plan(cfg_(model="opt-1.3b", method="zo-offload", codec="fp8-e4m3"), gpu="h200")
@@ -81,7 +87,7 @@ def test_resident_blocks_move_from_host_to_gpu():
     b = plan(cfg_(model="opt-1.3b", method="zo-offload", amp="bf16", resident_blocks=5),
              gpu="h200")
     assert b.gpu_param_bytes - a.gpu_param_bytes == 5 * 4 * nb
-    assert a.host_mem_bytes - b.host_mem_bytes == 5 * pow2(4 * nb)  # pinned, rounded
+    assert a.host_mem_bytes - b.host_mem_bytes == 5 * pinned(4 * nb)  # pinned at exact size
     assert a.pcie_bytes_per_step - b.pcie_bytes_per_step == 5 * 2 * 4 * nb
     assert b.step_seconds < a.step_seconds  # bf16 is PCIe-bound: fewer streamed blocks help
 
@@ -156,9 +162,9 @@ def test_check_fits_refuses_mezo_66b_on_24gb():
     assert msg.startswith("host memory:") and "compressed-sr" in msg
     sr = plan(fix.replace(codec="bf16", master="compressed-sr"), calibration=HOST, gpu="24gb")
     assert sr.host_mem_bytes * 2 == plan(fix, calibration=HOST, gpu="24gb").host_mem_bytes
-    # ... but 64 blocks x 2.04 GB pin 64 x 2 GiB (power-of-two rounding): still not 125 GiB,
-    assert not sr.fits_host  # and SR encoding as written needs ~15 B/param of GPU scratch
-    assert not sr.fits_gpu  # per block (engine/transfers.py)
+    # ... bf16 masters pinned at their exact size (64 x 2.04 GB) fit the host,
+    assert sr.fits_host
+    assert not sr.fits_gpu  # but SR encoding as written needs ~15 B/param of GPU scratch per block
 
 
 def test_check_fits_names_resident_blocks_and_the_limit():

@@ -74,7 +74,7 @@ GPUS: dict[str, tuple[int, float, float, float, float]] = {
 
 
 def _derived() -> dict[str, float]:
-    from workbench.models.presets import PRESETS
+    from workbench.presets import PRESETS
     from workbench.planner import block_flops
 
     name, rows, t, s32, s16 = _REF_BLOCK
@@ -321,7 +321,7 @@ def _block_rates(device: str, quick: bool) -> dict[str, float]:
     from transformers.models.opt.modeling_opt import OPTDecoderLayer
 
     from workbench.models.build import hf_config
-    from workbench.models.presets import PRESETS
+    from workbench.presets import PRESETS
     from workbench.planner import block_flops
 
     cuda = device == "cuda"

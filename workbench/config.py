@@ -184,7 +184,7 @@ def _check_types(cfg: RunConfig) -> list[str]:
 
 
 def _check_values(cfg: RunConfig) -> list[str]:
-    from workbench.models.presets import PRESETS  # presets are plain data: no heavy imports
+    from workbench.presets import PRESETS  # presets are plain data: no heavy imports
 
     problems = []
     for f in fields(cfg):

@@ -36,8 +36,9 @@ Memory (n = elements of one block, B rows, T = seq_len, D hidden, F ffn, V vocab
   ``peak_gpu_mem_bytes``: the torch allocator peak (what the run summary reports), with 32 MiB of
     cuBLAS workspace; ``nvml_gpu_mem_bytes`` adds 500 MiB of CUDA context; no fragmentation.
     gpu_mem_limit_gb caps the NVML-level figure (GB = 2^30 bytes, as GPU memory is sized).
-  Host: the buffers above that live there; each pinned one rounded up to a power of two as
-    torch's pinned allocator does (a 1.26 GB OPT-13B block pins 2 GiB). checkpoint_every > 0: a
+  Host: the buffers above that live there; pinned ones of 64 MiB and more at their exact size
+    (``engine/pinned.py``), smaller ones rounded up to a power of two as torch's pinned
+    allocator does. checkpoint_every > 0: a
     snapshot holds an fp32 copy of every group until it is written (pinned for GPU groups,
     pageable clones of streamed blocks). The fit check adds 3 GiB for the process.
 Time: a block pass takes max(FLOPs / effective FLOP/s, weight bytes / memory bandwidth), FLOPs =
@@ -60,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import ConfigError, RunConfig
-from workbench.models.presets import PRESETS, Preset
+from workbench.presets import PRESETS, Preset
 
 GiB, MiB = 2 ** 30, 2 ** 20
 CONTEXT_BYTES = 500 * MiB  # CUDA context + allocator bookkeeping: NVML sees it, torch does not
@@ -138,10 +139,16 @@ def codec_bytes(codec: str, n: int) -> int:
     return (n + 15) // 16 * 16 + 4 * ((n + 255) // 256)
 
 
+PIN_EXACT = 64 * MiB  # ``engine.pinned.HostMemory.LARGE``: from here on, registered at exact size
+
+
 def _pin(nbytes: int, cuda: bool) -> int:
-    """Host bytes of a pinned request: torch's caching host allocator rounds each one up to a
-    power of two (no pinning, no rounding, on the CPU)."""
-    return 1 << (nbytes - 1).bit_length() if cuda and nbytes > 1 else nbytes
+    """Host bytes of a pinned request: buffers of 64 MiB and more are page-locked at their exact
+    size (``engine/pinned.py``); smaller ones come from torch's caching host allocator, which
+    rounds up to a power of two. No pinning, no rounding, on the CPU."""
+    if not cuda or nbytes <= 1 or nbytes >= PIN_EXACT:
+        return nbytes
+    return 1 << (nbytes - 1).bit_length()
 
 
 def _moments(p: Preset, rows: int, t: int, amp: bool, masked: bool) -> dict[str, int]:
@@ -265,8 +272,8 @@ def _zo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) -> Non
         else:
             e["host"][f"block masters ({cfg.codec})"] = e["pinned"]
         if cuda and e["pinned"] > 1.1 * s * (4 * nb if kind == "plain" else up + 2 * nb):
-            notes.append("torch's pinned allocator rounds each block's host buffer up to a power "
-                         "of two: pinned host memory is counted as rounded")
+            notes.append("blocks under 64 MiB are pinned by torch's allocator, which rounds each "
+                         "up to a power of two: pinned host memory is counted as rounded")
     extras = dev.get("codec wire buffers", 0) if cfg.reuse_buffers else 0
     e["gpu_param_bytes"] = cuda * (4 * (ne + nh + r * nb) + 4 * ne * (streaming and tied)
                                    + (4 * slots * nb + extras) * cfg.reuse_buffers)

@@ -9,7 +9,7 @@ from workbench.engine.perturb import PendingUpdate, ZOOps
 from workbench.engine.timing import OpTimer
 from workbench.engine.events import EventBus
 from workbench.engine.transfers import MirrorTransfer, SRTransfer
-from workbench.models.presets import PRESETS
+from workbench.presets import PRESETS
 
 from zo_helpers import train
 

@@ -5,7 +5,7 @@ import pytest
 
 from workbench.config import RunConfig
 from workbench.engine.events import EventBus, OpEvent
-from workbench.models.presets import PRESETS
+from workbench.presets import PRESETS
 
 from zo_helpers import train
 

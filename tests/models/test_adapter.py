@@ -8,7 +8,7 @@ from workbench.config import RunConfig
 from workbench.engine.events import EventBus
 from workbench.engine.mezo import MeZOEngine
 from workbench.models.build import build_skeleton
-from workbench.models.presets import PRESETS
+from workbench.presets import PRESETS
 
 
 def _materialised(name):

@@ -15,7 +15,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from workbench.models.presets import PRESETS, Preset
+from workbench.presets import PRESETS, Preset
 
 
 def hf_config(preset: Preset):

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-from workbench.models.presets import PRESETS
+from workbench.presets import PRESETS
 
 
 class Tokenizer(Protocol):

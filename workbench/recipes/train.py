@@ -27,7 +27,7 @@ from workbench.engine.groups import digest, norm
 from workbench.engine.timing import Deferred
 from workbench.engine.zo_common import step_seed
 from workbench.models.build import build_skeleton
-from workbench.models.presets import PRESETS
+from workbench.presets import PRESETS
 from workbench.models.tokenizer import load_tokenizer
 from workbench.telemetry.collector import Collector
 from workbench.telemetry.environment import environment

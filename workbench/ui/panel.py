@@ -69,7 +69,7 @@ def make_control(name: str, value: Any) -> widgets.ValueWidget:
     if t in ("float", float):
         return widgets.FloatText(value=value, **common)
     if name in ("model", "data"):  # free text, with the built-in names offered
-        from workbench.models.presets import PRESETS
+        from workbench.presets import PRESETS
 
         options = list(PRESETS) if name == "model" else ["embedded", "sst2", "synthetic"]
         return widgets.Combobox(value=value, options=options, ensure_option=False, **common)

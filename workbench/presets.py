@@ -1,4 +1,4 @@
-"""Model presets: published architectures built with random weights, plus tiny test models.
+"""Model presets (config layer): published architectures built with random weights, plus tiny test models.
 
 Plain data only (no torch import), so the config validator and the planner can read them on any
 machine. Sizes follow the published Hugging Face configs of each model.
