@@ -19,7 +19,7 @@ import torch
 from common import save, table
 
 from workbench.config import RunConfig
-from workbench.models.presets import PRESETS
+from workbench.presets import PRESETS
 from workbench.recipes.train import TrainRecipe
 
 

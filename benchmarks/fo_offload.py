@@ -40,7 +40,7 @@ from workbench.engine import build_engine, perfmodel  # noqa: E402
 from workbench.engine.events import EventBus  # noqa: E402
 from workbench.engine.fo_offload import N_SLOTS, make_schedule  # noqa: E402
 from workbench.models.build import build_skeleton  # noqa: E402
-from workbench.models.presets import PRESETS  # noqa: E402
+from workbench.presets import PRESETS  # noqa: E402
 
 GB = 1e9
 NO_GPU = perfmodel.NO_GPU

@@ -19,7 +19,7 @@ from pathlib import Path
 from common import RESULTS, save, table
 
 from workbench.config import RunConfig
-from workbench.models.presets import PRESETS
+from workbench.presets import PRESETS
 from workbench.planner import plan
 
 DAY = "NVIDIA-H200-2026-11-22"
