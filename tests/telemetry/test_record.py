@@ -1,0 +1,63 @@
+"""Run records: what a CPU zo-offload run writes, and the save -> load round trip."""
+import json
+
+import pytest
+
+from workbench.config import RunConfig
+from workbench.engine.events import EMBED, HEAD, OpEvent
+from workbench.presets import PRESETS
+from workbench.recipes.train import run
+from workbench.telemetry.collector import Collector
+from workbench.telemetry.record import RunRecord
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "offload"
+    cfg = RunConfig(model="tiny-opt", method="zo-offload", data="synthetic", steps=4,
+                    batch_size=4, seq_len=16, sample_hz=50.0, eval_samples=0)
+    return out, run(cfg, out, progress=False)
+
+
+def test_run_writes_every_block_event_and_valid_chrome_trace(run_dir):
+    out, rec = run_dir
+    n = PRESETS["tiny-opt"].num_layers
+    for step in range(4):
+        for block in range(n):
+            ops = [e.op for e in rec.events if e.step == step and e.block == block]
+            assert ops.count("upload") == 1 and ops.count("compute") == 1 and ops.count("offload") == 1
+        assert {e.block for e in rec.events if e.step == step and e.op == "compute"} >= {EMBED, HEAD}
+    trace = json.loads((out / "trace.json").read_text())
+    events = trace["traceEvents"]
+    slices = [e for e in events if e["ph"] == "X"]
+    assert len(slices) == len([e for e in rec.events])
+    assert all({"name", "ts", "dur", "pid", "tid"} <= set(e) and e["dur"] >= 0 for e in slices)
+    names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {"upload", "compute", "offload"} <= names  # one track per stream
+    assert any(e["ph"] == "C" and e["name"] == "loss" for e in events)  # counter tracks
+
+
+def test_save_load_round_trip_gives_an_equal_record(run_dir, tmp_path):
+    out, rec = run_dir
+    loaded = RunRecord.load(out)
+    assert loaded.events == rec.events
+    assert loaded.steps == json.loads(json.dumps(rec.steps))
+    assert loaded.summary == json.loads(json.dumps(rec.summary))
+    assert loaded.param_digest == rec.param_digest and loaded.config == rec.config
+    assert len(loaded.samples) == len(rec.samples) > 0
+    loaded.save(tmp_path / "again")
+    again = RunRecord.load(tmp_path / "again")
+    assert again.events == loaded.events and again.samples.__len__() == loaded.samples.__len__()
+
+
+def test_retention_keeps_recent_steps_in_full_and_totals_for_all():
+    rec = RunRecord()
+    collector = Collector(rec, keep_steps=3)
+    for step in range(10):
+        for block in range(4):
+            collector(OpEvent("upload", "upload", step, block, 100, step + block * 0.1,
+                              step + block * 0.1 + 0.05))
+    collector.flush()
+    assert {e.step for e in rec.events} == {7, 8, 9}
+    assert [r["step"] for r in rec.step_ops] == list(range(10))
+    assert all(r["upload (bytes)"] == 400 for r in rec.step_ops)
