@@ -60,14 +60,3 @@ def _clear_cuda_error() -> None:
         ctypes.CDLL("libcudart.so." + torch.version.cuda.split(".")[0]).cudaGetLastError()
     except (OSError, AttributeError):
         pass
-
-
-
-
-def _clear_cuda_error() -> None:
-    """Reset the runtime's last-error slot after a failed cudaHostRegister, so the next kernel
-    launch check does not report it (best effort: libcudart is already loaded by torch)."""
-    try:
-        ctypes.CDLL("libcudart.so." + torch.version.cuda.split(".")[0]).cudaGetLastError()
-    except (OSError, AttributeError):
-        pass
