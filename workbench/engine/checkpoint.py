@@ -164,6 +164,7 @@ def restore_step(root: Path, step: int, device: str = "cpu") -> list[torch.Tenso
     from workbench.engine.groups import GroupLayout
     from workbench.engine.perturb import PendingUpdate, ZOOps
 
+    root = Path(root)
     candidates = [p for p in complete_checkpoints(root)
                   if json.loads((p / "manifest.json").read_text())["step"] <= step]
     if not candidates:

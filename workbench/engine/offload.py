@@ -82,6 +82,7 @@ class ZOOffloadEngine:
         self._slot_free: dict[int, torch.cuda.Event | None] = {}  # slot -> last use finished
         self._slot_params: dict[tuple, list] = {}
         self._gates: dict[int, Future] = {}  # block -> its snapshot copy, awaited before offload
+        self._snap_host: dict[int, torch.Tensor] = {}  # self-copy buffers, reused
         self._copier = ThreadPoolExecutor(max_workers=2, thread_name_prefix="self-copy")
 
     def _host_storage(self, lay, source):
@@ -338,13 +339,20 @@ class ZOOffloadEngine:
         return make
 
     def _self_copy(self, blocks: list[int], out: list) -> None:
-        """Copy thread: host copies of streamed blocks once their last offload has landed."""
+        """Copy thread: host copies of streamed blocks once their last offload has landed, into
+        buffers kept from one snapshot to the next (fresh memory would be page-faulted in on
+        every snapshot, which costs more than the copy; the writer is idle when a snapshot
+        starts, so nothing still reads them)."""
         for b in blocks:
             landed = self._offloaded.get(b)
             if landed is not None:
                 landed.synchronize()  # copy thread only: the step's offload wrote the master
             self.transfer.wait_host(b)
-            out[b + 1] = self.transfer.to_fp32(self.blocks[b].flat).clone()
+            weights = self.transfer.to_fp32(self.blocks[b].flat)
+            buf = self._snap_host.get(b)
+            if buf is None or buf.numel() != weights.numel():
+                buf = self._snap_host[b] = torch.empty_like(weights)
+            out[b + 1] = buf.copy_(weights)
 
     def set_pending(self, pending: dict | None) -> None:
         self.pending = pending_from_dict(pending, self.device)
@@ -371,3 +379,4 @@ class ZOOffloadEngine:
             release(group.layout)
         self.blocks, self.slots, self.scratch = [], [], None
         self._slot_params.clear()
+        self._snap_host.clear()
