@@ -32,16 +32,17 @@ class PendingUpdate:
     wd: float
 
 
-def _triton_ok(device: torch.device) -> bool:
+def _fused_kernels(device: torch.device):
+    """The Triton kernel module on CUDA, or None (CPU, or Triton missing: said once)."""
     if device.type != "cuda":
-        return False
+        return None
     try:
-        from workbench.engine import zo_kernels  # noqa: F401
+        from workbench.engine import zo_kernels
     except Exception as e:  # Triton missing or broken: say so, then use the torch path
         warnings.warn(f"rng=philox: the fused Triton kernel is unavailable ({e}); using the "
                       "slower torch implementation of the same numbers", stacklevel=3)
-        return False
-    return True
+        return None
+    return zo_kernels
 
 
 class ZOOps:
@@ -55,7 +56,12 @@ class ZOOps:
 
     def __init__(self, rng: str, device: torch.device):
         self.rng, self.device = rng, torch.device(device)
-        self.fused = rng == "philox" and _triton_ok(self.device)
+        self.kernels = _fused_kernels(self.device) if rng == "philox" else None
+
+    @property
+    def fused(self) -> bool:
+        return self.kernels is not None
+
 
     def z(self, n: int, seed: int, gid: int, device: torch.device | None = None) -> torch.Tensor:
         """The (n,) float32 normals of group ``gid`` at ``seed``."""
@@ -64,20 +70,16 @@ class ZOOps:
             gen = torch.Generator(device=device)
             gen.manual_seed((seed << 31) ^ gid)
             return torch.randn(n, generator=gen, device=device, dtype=torch.float32)
-        if self.fused and device.type == "cuda":
-            from workbench.engine import zo_kernels
-
-            return zo_kernels.normals(n, seed, gid, device)
+        if self.kernels is not None and device.type == "cuda":
+            return self.kernels.normals(n, seed, gid, device)
         return philox.normals(n, seed, gid, device)
 
     def perturb(self, x: torch.Tensor, layout: GroupLayout, seed: int, scale: float,
                 out: torch.Tensor | None = None) -> None:
         """out (default: x in place) <- x + scale * z."""
         out = x if out is None else out
-        if self.fused:
-            from workbench.engine import zo_kernels
-
-            zo_kernels.launch(x, out, None, layout.n_decay, seed, 0, layout.gid, scale, 0.0, 0.0,
+        if self.kernels is not None:
+            self.kernels.launch(x, out, None, layout.n_decay, seed, 0, layout.gid, scale, 0.0, 0.0,
                               do_update=False, do_perturb=True, write_x=False)
             return
         z = self.z(x.numel(), seed, layout.gid, x.device)
@@ -85,10 +87,8 @@ class ZOOps:
 
     def update(self, x: torch.Tensor, layout: GroupLayout, upd: PendingUpdate) -> None:
         """x <- x - lr (g z + wd x) in place, z from the update's seed."""
-        if self.fused:
-            from workbench.engine import zo_kernels
-
-            zo_kernels.launch(x, x, upd.g, layout.n_decay, 0, upd.seed, layout.gid, 0.0, upd.lr,
+        if self.kernels is not None:
+            self.kernels.launch(x, x, upd.g, layout.n_decay, 0, upd.seed, layout.gid, 0.0, upd.lr,
                               upd.wd, do_update=True, do_perturb=False, write_x=True)
             return
         u = self.z(x.numel(), upd.seed, layout.gid, x.device).mul_(upd.g.to(x.device))
@@ -110,10 +110,8 @@ class ZOOps:
         if upd is None:
             self.perturb(x, layout, seed, scale, out)
             return
-        if self.fused:
-            from workbench.engine import zo_kernels
-
-            zo_kernels.launch(x, x if out is None else out, upd.g, layout.n_decay, seed, upd.seed,
+        if self.kernels is not None:
+            self.kernels.launch(x, x if out is None else out, upd.g, layout.n_decay, seed, upd.seed,
                               layout.gid, scale, upd.lr, upd.wd, do_update=True, do_perturb=True,
                               write_x=out is not None and out is not x)
             return
