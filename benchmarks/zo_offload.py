@@ -50,8 +50,23 @@ def run_main(args, bw) -> list[dict]:
     return rows
 
 
+def _versus_first(args, suite: str, cols, runs) -> list[dict]:
+    """Measure ``runs`` ((cfg, name, fields) in order); each row's tokens/s as a ratio to the
+    first of the series."""
+    rows, ref = args.sink.setdefault(suite, []), None
+    for cfg, name, fields in runs:
+        r = measure(cfg, name)
+        r.update(fields)
+        ref = ref or r
+        if "error" not in r and "error" not in ref:
+            r["ratio"] = r["tokens_per_s"] / ref["tokens_per_s"]
+        rows.append(r)
+        args.flush()
+        print(table([r], cols), flush=True)
+    return rows
+
+
 def run_ablation(args) -> list[dict]:
-    rows = args.sink.setdefault("ablation", [])
     variants = {"all on": {}, "overlap off": {"overlap": False},
                 "reuse_buffers off": {"reuse_buffers": False},
                 "fused_update off": {"fused_update": False}}
@@ -59,38 +74,24 @@ def run_ablation(args) -> list[dict]:
         base = RunConfig(model=model, method="zo-offload", data="synthetic", device="cuda",
                          batch_size=16, seq_len=128, steps=args.steps, lr=1e-7,
                          amp=args.amps[0])
-        ref = None
-        for label, knobs in variants.items():
-            r = measure(base.replace(**knobs), f"{model} {label}")
-            r.update(model=model, variant=label)
-            ref = ref or r
-            if "error" not in r and "error" not in ref:
-                r["ratio"] = r["tokens_per_s"] / ref["tokens_per_s"]
-            rows.append(r)
-            args.flush()
-            print(table([r], ABL_COLS), flush=True)
-    return rows
+        _versus_first(args, "ablation", ABL_COLS,
+                      [(base.replace(**knobs), f"{model} {label}",
+                        {"model": model, "variant": label}) for label, knobs in variants.items()])
+    return args.sink.get("ablation", [])
 
 
 def run_codecs(args) -> list[dict]:
-    rows = args.sink.setdefault("codecs", [])
     combos = [("fp32", "fp32"), ("bf16", "compressed-sr"), ("fp16", "compressed-sr"),
               ("bf16", "fp32"), ("fp8-e4m3", "fp32"), ("fp8-e5m2", "fp32")]
     for model in args.models:
         for amp in [a for a in args.amps if a != "off"] or ["bf16"]:
             base = RunConfig(model=model, method="zo-offload", data="synthetic", device="cuda",
                              batch_size=16, seq_len=128, steps=args.steps, lr=1e-7, amp=amp)
-            ref = None
-            for codec, master in combos:
-                r = measure(base.replace(codec=codec, master=master), f"{model} {amp} {codec}/{master}")
-                r.update(model=model, amp=amp, codec=codec, master=master)
-                ref = ref or r
-                if "error" not in r and "error" not in ref:
-                    r["ratio"] = r["tokens_per_s"] / ref["tokens_per_s"]
-                rows.append(r)
-                args.flush()
-                print(table([r], CODEC_COLS), flush=True)
-    return rows
+            _versus_first(args, "codecs", CODEC_COLS,
+                          [(base.replace(codec=c, master=m), f"{model} {amp} {c}/{m}",
+                            {"model": model, "amp": amp, "codec": c, "master": m})
+                           for c, m in combos])
+    return args.sink.get("codecs", [])
 
 
 def run_telemetry(args) -> list[dict]:

@@ -1,6 +1,4 @@
 """CUDA-only checks (skipped without a GPU; run on the GPU machine before resolving)."""
-import itertools
-
 import pytest
 import torch
 
@@ -10,26 +8,19 @@ from workbench.engine.codecs import get_codec, stochastic_round
 from workbench.engine.groups import GroupLayout
 from workbench.engine.perturb import PendingUpdate, ZOOps
 
-from zo_helpers import train
+from zo_helpers import KNOBS, assert_offload_equals_mezo, mezo_reference, train
 
 pytestmark = pytest.mark.gpu
-KNOBS = list(itertools.product([True, False], [True, False], [True, False], [0, 2]))
 
 
 @pytest.fixture(scope="module", params=["tiny-opt", "tiny-llama"])
 def cuda_reference(request):
-    cfg = RunConfig(model=request.param, method="mezo", device="cuda", lr=5e-3,
-                    weight_decay=0.1)
-    return cfg, train(cfg)[1:]
+    return mezo_reference(request.param, device="cuda")
 
 
 @pytest.mark.parametrize("overlap, reuse, fused, resident", KNOBS)
 def test_offload_equals_mezo_on_cuda(cuda_reference, overlap, reuse, fused, resident):
-    cfg, (ref_digest, ref_losses) = cuda_reference
-    cfg = cfg.replace(method="zo-offload", overlap=overlap, reuse_buffers=reuse,
-                      fused_update=fused, resident_blocks=resident)
-    _, d, losses = train(cfg)
-    assert losses == ref_losses and d == ref_digest
+    assert_offload_equals_mezo(cuda_reference, overlap, reuse, fused, resident)
 
 
 @pytest.mark.parametrize("rng, amp", [("torch", "off"), ("philox", "bf16")])

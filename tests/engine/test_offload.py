@@ -1,31 +1,21 @@
 """zo-offload equals MeZO bit for bit, for every scheduler knob."""
-import itertools
-
 import pytest
 
 from workbench.config import RunConfig
 from workbench.engine.events import EventBus, OpEvent
 from workbench.presets import PRESETS
 
-from zo_helpers import train
-
-KNOBS = list(itertools.product([True, False], [True, False], [True, False], [0, 2]))
+from zo_helpers import KNOBS, assert_offload_equals_mezo, mezo_reference, train
 
 
 @pytest.fixture(scope="module", params=["tiny-opt", "tiny-llama"])
 def reference(request):
-    cfg = RunConfig(model=request.param, method="mezo", lr=5e-3, weight_decay=0.1)
-    return cfg, train(cfg)[1:]
+    return mezo_reference(request.param)
 
 
 @pytest.mark.parametrize("overlap, reuse, fused, resident", KNOBS)
 def test_offload_equals_mezo(reference, overlap, reuse, fused, resident):
-    cfg, (ref_digest, ref_losses) = reference
-    cfg = cfg.replace(method="zo-offload", overlap=overlap, reuse_buffers=reuse,
-                      fused_update=fused, resident_blocks=resident)
-    _, d, losses = train(cfg)
-    assert losses == ref_losses
-    assert d == ref_digest
+    assert_offload_equals_mezo(reference, overlap, reuse, fused, resident)
 
 
 @pytest.mark.parametrize("depth", [1, 3])

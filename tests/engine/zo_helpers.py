@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+import itertools
+
 from workbench.config import RunConfig
 from workbench.data.batches import SyntheticData
 from workbench.engine import build_engine
@@ -27,3 +29,23 @@ def train(cfg: RunConfig, steps: int = 10, bus: EventBus | None = None, batch_si
     d = digest([f.detach().cpu() for f in engine.state_flats()])
     engine.close()
     return engine, d, out
+
+
+#: (overlap, reuse_buffers, fused_update, resident_blocks) combinations checked against MeZO.
+KNOBS = list(itertools.product([True, False], [True, False], [True, False], [0, 2]))
+
+
+def mezo_reference(model: str, device: str = "cpu"):
+    """The MeZO run every zo-offload variant must equal: (config, (digest, losses))."""
+    cfg = RunConfig(model=model, method="mezo", device=device, lr=5e-3, weight_decay=0.1)
+    return cfg, train(cfg)[1:]
+
+
+def assert_offload_equals_mezo(reference, overlap, reuse, fused, resident) -> None:
+    """zo-offload with these knobs ends with MeZO's losses and parameter digest, bit for bit."""
+    cfg, (ref_digest, ref_losses) = reference
+    cfg = cfg.replace(method="zo-offload", overlap=overlap, reuse_buffers=reuse,
+                      fused_update=fused, resident_blocks=resident)
+    _, d, losses = train(cfg)
+    assert losses == ref_losses
+    assert d == ref_digest

@@ -27,7 +27,6 @@ from workbench.engine.groups import digest, norm
 from workbench.engine.timing import Deferred
 from workbench.engine.zo_common import step_seed
 from workbench.models.build import build_skeleton
-from workbench.presets import PRESETS
 from workbench.models.tokenizer import load_tokenizer
 from workbench.telemetry.collector import Collector
 from workbench.telemetry.environment import environment
@@ -72,10 +71,10 @@ class TrainRecipe:
         root = self._checkpoint_root() if self.dist is None or self.dist.main else None
         torch.manual_seed(cfg.seed)
         self.device = self.dist.device(cfg) if self.dist else torch.device(cfg.device)
-        self.train_data, self.dev_data = self._data()
+        model, source = build_skeleton(cfg.model)
+        self.train_data, self.dev_data = self._data(model.config.vocab_size)
         if self.dist is not None and not self.dist.main:
             self.dev_data = None  # rank 0 evaluates
-        model, source = build_skeleton(cfg.model)
         t = time.perf_counter()
         self.engine = build_engine(model, source, cfg, self.device, self.bus)
         if self.dist is not None:
@@ -131,11 +130,10 @@ class TrainRecipe:
                 self.record.step_ops = [r for r in previous.step_ops if r["step"] < snap.step]
         self.bus.publish(InfoEvent("resumed_from", path.name))
 
-    def _data(self):
+    def _data(self, vocab: int):
+        """(train, dev) data; ``vocab`` sizes synthetic token ids."""
         cfg = self.cfg
         if cfg.data == "synthetic":
-            vocab = (PRESETS[cfg.model].vocab if cfg.model in PRESETS
-                     else build_skeleton(cfg.model)[0].config.vocab_size)
             return SyntheticData(vocab, cfg.seq_len), None
         tok = load_tokenizer(cfg.model, cfg.resolved_data_dir)
         train = load_split(cfg.data, "train", cfg.resolved_data_dir)
