@@ -26,9 +26,7 @@ def compare(*runs: RunRecord | str | Path, last_steps: int = 3) -> widgets.VBox:
         ValueError: no runs.
         FileNotFoundError: a path that is not a run directory.
     """
-    recs = load_runs(runs)
-    if not recs:
-        raise ValueError("compare needs at least one run (a RunRecord or a run directory)")
+    recs = load_runs(runs, "compare")
     figs = [figures.compare_bars(recs), figures.compare_loss(recs),
             figures.compare_memory(recs), figures.compare_timelines(recs, last_steps)]
     table = widgets.HTML(summary_table_html(recs) + f"<p>{html.escape(digest_note(recs))}</p>")

@@ -54,13 +54,17 @@ code { font-size: 12px; } .tables { display: flex; gap: 24px; flex-wrap: wrap; }
 """
 
 
-def load_runs(runs: Iterable[str | Path | RunRecord]) -> list[RunRecord]:
+def load_runs(runs: Iterable[str | Path | RunRecord], caller: str) -> list[RunRecord]:
     """Records for run directories or records (records are snapshotted: safe while live).
 
     Raises:
+        ValueError: no runs (the message names ``caller``).
         FileNotFoundError: a path that is not a run directory.
     """
-    return [r.snapshot() if isinstance(r, RunRecord) else RunRecord.load(r) for r in runs]
+    recs = [r.snapshot() if isinstance(r, RunRecord) else RunRecord.load(r) for r in runs]
+    if not recs:
+        raise ValueError(f"{caller} needs at least one run (a run directory or RunRecord)")
+    return recs
 
 
 def write_report(runs: Sequence[str | Path | RunRecord], path: str | Path,
@@ -74,9 +78,7 @@ def write_report(runs: Sequence[str | Path | RunRecord], path: str | Path,
         ValueError: no runs.
         FileNotFoundError: a path that is not a run directory.
     """
-    recs = load_runs(runs)
-    if not recs:
-        raise ValueError("write_report needs at least one run (a run directory or RunRecord)")
+    recs = load_runs(runs, "write_report")
     labels = run_labels(recs)
     parts = [f"<h1>{html.escape(title)}</h1>",
              f"<p class=note>{len(recs)} run(s), written "
