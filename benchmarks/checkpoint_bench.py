@@ -4,6 +4,8 @@ For each model, zo-offload runs with: no checkpoint; checkpoint_every=1 (the asy
 step waits only for host self-copies; a snapshot due while the last is still being written is
 skipped and the step log covers it); and a synchronous torch.save of all weights after every
 step. Disk use is checked first: a model whose checkpoint would not fit twice is skipped.
+``--master compressed-sr --codec bf16`` halves the checkpoint (the host master is bf16), which is
+how opt-6.7b fits the GPU machine's 64 GB disk.
 """
 from __future__ import annotations
 
@@ -57,10 +59,13 @@ def main() -> None:
     p.add_argument("--models", default="opt-1.3b,opt-2.7b,opt-6.7b")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--dir", default=tempfile.gettempdir())
+    p.add_argument("--master", default="fp32", choices=["fp32", "compressed-sr"])
+    p.add_argument("--codec", default="fp32")
+    p.add_argument("--name", default="checkpoint")
     args = p.parse_args()
     rows = []
     for model in args.models.split(","):
-        nbytes = PRESETS[model].total_params() * 4
+        nbytes = PRESETS[model].total_params() * (2 if args.master == "compressed-sr" else 4)
         free = shutil.disk_usage(args.dir).free
         if free < 2.5 * nbytes:
             rows.append({"model": model, "error": f"skipped: {nbytes / 1e9:.0f} GB checkpoints, "
@@ -70,8 +75,9 @@ def main() -> None:
         root = Path(args.dir) / f"wb-ckpt-{model}"
         base = RunConfig(model=model, method="zo-offload", data="synthetic", device="cuda",
                          batch_size=16, seq_len=128, steps=args.steps, lr=1e-7,
-                         checkpoint_dir=str(root), keep_last=1, sample_hz=0.0)
-        row = {"model": model, "checkpoint_gb": nbytes / 1e9}
+                         checkpoint_dir=str(root), keep_last=1, sample_hz=0.0,
+                         master=args.master, codec=args.codec)
+        row = {"model": model, "master": args.master, "checkpoint_gb": nbytes / 1e9}
         for label, cfg, cls in (("none", base.replace(checkpoint_dir=""), TrainRecipe),
                                 ("async", base.replace(checkpoint_every=1), TrainRecipe),
                                 ("sync", base.replace(checkpoint_every=1), SyncSaveRecipe)):
@@ -92,7 +98,7 @@ def main() -> None:
             ("async +%", "async_overhead", "{:.1%}"), ("written", "async_written", ""),
             ("skipped", "async_skipped", ""), ("sync s/step", "sync_s", "{:.3f}"),
             ("sync +%", "sync_overhead", "{:.1%}"), ("error", "error", "")]
-    path = save("checkpoint", {"rows": rows, "args": vars(args)})
+    path = save(args.name, {"rows": rows, "args": vars(args)})
     print("\n" + table(rows, cols) + f"\nsaved {path}")
 
 

@@ -13,6 +13,7 @@ Usage: python benchmarks/zo_offload.py --suite main --models opt-125m,opt-1.3b
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 
 import torch
@@ -20,6 +21,7 @@ import torch
 from common import measure, pcie_bandwidth, save, table
 
 from workbench.config import RunConfig
+from workbench.engine import codecs as codec_module
 
 
 def run_main(args, bw) -> list[dict]:
@@ -50,13 +52,30 @@ def run_main(args, bw) -> list[dict]:
     return rows
 
 
-def _versus_first(args, suite: str, cols, runs) -> list[dict]:
+@contextlib.contextmanager
+def torch_sr_path():
+    """The "before" of the fused SR kernel: the codec's torch stochastic rounding on the GPU
+    (same numbers, about seven passes instead of one). Benchmark-only switch."""
+    fused = codec_module._sr_kernels
+    codec_module._sr_kernels = lambda: None
+    try:
+        yield
+    finally:
+        codec_module._sr_kernels = fused
+
+
+def _versus_first(args, suite: str, cols, runs, bw: dict | None = None) -> list[dict]:
     """Measure ``runs`` ((cfg, name, fields) in order); each row's tokens/s as a ratio to the
-    first of the series."""
+    first of the series, and with ``bw`` its distance from max(compute, bytes / PCIe)."""
     rows, ref = args.sink.setdefault(suite, []), None
     for cfg, name, fields in runs:
-        r = measure(cfg, name)
+        with torch_sr_path() if fields.get("sr_path") == "torch" else contextlib.nullcontext():
+            r = measure(cfg, name)
         r.update(fields)
+        if bw is not None and "error" not in r:
+            r["transfer_bound_s"] = max(r["bytes_h2d"], r["bytes_d2h"]) / bw["both_per_direction"]
+            r["lower_bound_s"] = max(r.get("compute_seconds_per_step") or 0.0, r["transfer_bound_s"])
+            r["vs_bound"] = r["step_seconds"] / r["lower_bound_s"]
         ref = ref or r
         if "error" not in r and "error" not in ref:
             r["ratio"] = r["tokens_per_s"] / ref["tokens_per_s"]
@@ -80,17 +99,19 @@ def run_ablation(args) -> list[dict]:
     return args.sink.get("ablation", [])
 
 
-def run_codecs(args) -> list[dict]:
-    combos = [("fp32", "fp32"), ("bf16", "compressed-sr"), ("fp16", "compressed-sr"),
-              ("bf16", "fp32"), ("fp8-e4m3", "fp32"), ("fp8-e5m2", "fp32")]
+def run_codecs(args, bw) -> list[dict]:
+    """``--combos``: codec/master[/torch-sr], the first being the reference of each series."""
+    combos = [c.split("/") for c in args.combos.split(",")]
     for model in args.models:
         for amp in [a for a in args.amps if a != "off"] or ["bf16"]:
             base = RunConfig(model=model, method="zo-offload", data="synthetic", device="cuda",
                              batch_size=16, seq_len=128, steps=args.steps, lr=1e-7, amp=amp)
             _versus_first(args, "codecs", CODEC_COLS,
-                          [(base.replace(codec=c, master=m), f"{model} {amp} {c}/{m}",
-                            {"model": model, "amp": amp, "codec": c, "master": m})
-                           for c, m in combos])
+                          [(base.replace(codec=c, master=m), f"{model} {amp} {'/'.join([c, m, *p])}",
+                            {"model": model, "amp": amp, "codec": c, "master": m,
+                             "sr_path": (p[0].removesuffix("-sr") if p else "fused")
+                             if m == "compressed-sr" else None})
+                           for c, m, *p in combos], bw)
     return args.sink.get("codecs", [])
 
 
@@ -170,6 +191,7 @@ ABL_COLS = [("run", "name", ""), ("tok/s", "tokens_per_s", "{:,.0f}"),
 CODEC_COLS = [("run", "name", ""), ("tok/s", "tokens_per_s", "{:,.0f}"),
               ("x fp32", "ratio", "{:.2f}"), ("H2D GB/step", "bytes_h2d_gb", "{:.2f}"),
               ("D2H GB/step", "bytes_d2h_gb", "{:.2f}"), ("step s", "step_seconds", "{:.4f}"),
+              ("bound s", "lower_bound_s", "{:.4f}"), ("/bound", "vs_bound", "{:.2f}"),
               ("error", "error", "")]
 TEL_COLS = [("run", "name", ""), ("tok/s", "tokens_per_s", "{:,.0f}"),
             ("on/off", "ratio", "{:.3f}"), ("NVML rx GB/s", "nvml_rx_gb", "{:.1f}"),
@@ -188,6 +210,9 @@ def main() -> None:
     p.add_argument("--amps", default="off,bf16")
     p.add_argument("--shapes", default="16x128")
     p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--combos", default="fp32/fp32,bf16/compressed-sr,bf16/compressed-sr/torch-sr,"
+                   "fp16/compressed-sr,bf16/fp32,fp8-e4m3/fp32,fp8-e5m2/fp32",
+                   help="codecs suite: codec/master[/torch-sr] (torch-sr: the unfused rounding)")
     p.add_argument("--name", default="zo_offload")
     args = p.parse_args()
     args.models = args.models.split(",")
@@ -202,7 +227,7 @@ def main() -> None:
     args.flush = lambda: save(args.name, out)  # after every row: a timeout keeps what ran
     suites = args.suite.split(",")
     for suite, fn in (("main", lambda: run_main(args, bw)), ("ablation", lambda: run_ablation(args)),
-                      ("codecs", lambda: run_codecs(args)), ("telemetry", lambda: run_telemetry(args)),
+                      ("codecs", lambda: run_codecs(args, bw)), ("telemetry", lambda: run_telemetry(args)),
                       ("methods", lambda: run_methods(args)), ("cap", lambda: run_cap(args))):
         if suite in suites:
             fn()

@@ -59,30 +59,53 @@ def test_fused_kernel_equals_separate_passes():
     assert torch.equal(c, w) and torch.equal(out, a)
 
 
-def test_no_cuda_allocation_inside_steps_with_reused_buffers():
+def _allocations_inside_steps(reuse_buffers: bool):
+    """Ten steps after a ten-step warm-up, under the allocator's history: the sizes of
+    block-sized allocations, the new segments (with their Python frames), stats before / after."""
     from workbench.data.batches import SyntheticData
     from workbench.engine import build_engine
     from workbench.engine.events import EventBus
     from workbench.models.build import build_skeleton
 
-    cfg = RunConfig(model="opt-125m", method="zo-offload", device="cuda", telemetry=False)
+    cfg = RunConfig(model="opt-125m", method="zo-offload", device="cuda", telemetry=False,
+                    reuse_buffers=reuse_buffers)
     model, source = build_skeleton(cfg.model)
     engine = build_engine(model, source, cfg, torch.device("cuda"), EventBus())
-    data = SyntheticData(model.config.vocab_size, 128)
-    batch = data.batch_for_step(0, 4, 0).to("cuda")
-    for t in range(5):  # warm-up: kernels compiled, allocator pools filled
+    batch = SyntheticData(model.config.vocab_size, 128).batch_for_step(0, 4, 0).to("cuda")
+    for t in range(10):  # warm-up: kernels compiled, allocator pools filled
         engine.step(batch, t, 1e-6, 0.0)
         torch.cuda.synchronize()
     before = torch.cuda.memory_stats()
-    for t in range(5, 10):
-        engine.step(batch, t, 1e-6, 0.0)
-        torch.cuda.synchronize()
+    torch.cuda.memory._record_memory_history(max_entries=200_000)
+    try:
+        for t in range(10, 20):
+            engine.step(batch, t, 1e-6, 0.0)
+            torch.cuda.synchronize()
+        trace = torch.cuda.memory._snapshot()["device_traces"][0]
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
     after = torch.cuda.memory_stats()
-    grew = {k: (before.get(k), v) for k, v in after.items()
-            if ("segment" in k or "num_device" in k or "reserved" in k) and before.get(k) != v}
+    block_bytes = 4 * engine.slot_numel  # the largest streamed block, fp32
     engine.close()
-    assert after["num_device_alloc"] == before["num_device_alloc"], grew  # no cudaMalloc
-    assert after["reserved_bytes.all.current"] == before["reserved_bytes.all.current"], grew
+    big = [e["size"] for e in trace if e["action"] == "alloc" and e["size"] >= block_bytes // 2]
+    grown = [(e["size"], [f"{f['filename'].split('/')[-1]}:{f['line']} {f['name']}"
+                          for f in e.get("frames", [])[:8]])
+             for e in trace if e["action"] == "segment_alloc"]
+    return big, grown, before, after
+
+
+def test_no_cuda_allocation_inside_steps_with_reused_buffers():
+    big, grown, before, after = _allocations_inside_steps(reuse_buffers=True)
+    assert not big, f"block-sized allocations inside steps: {big}"  # the engine's own buffers
+    # and the allocator never went back to cudaMalloc (the frames say who, if it did)
+    assert after["num_device_alloc"] == before["num_device_alloc"], grown
+    assert after["reserved_bytes.all.current"] == before["reserved_bytes.all.current"], grown
+
+
+def test_allocation_check_sees_per_transfer_buffers():
+    """The check above can fail: with reuse_buffers off every upload allocates a block."""
+    big, _, _, _ = _allocations_inside_steps(reuse_buffers=False)
+    assert len(big) >= 10 * 12  # 10 steps x 12 streamed blocks, at least
 
 
 @pytest.mark.parametrize("name", ["bf16", "fp16", "fp8-e4m3", "fp8-e5m2"])
@@ -103,6 +126,18 @@ def test_stochastic_rounding_unbiased_on_gpu():
     x = torch.randn(4096, device="cuda") * 0.02
     trials = torch.stack([stochastic_round(x, torch.bfloat16, s).float() for s in range(400)])
     assert (trials.mean(0) - x).abs().mean() < (x.to(torch.bfloat16).float() - x).abs().mean() / 8
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp16"])
+def test_fused_sr_kernel_equals_cpu_torch_path(name):
+    """The codec's SR encode on CUDA (fused kernel) rounds every normal value as the CPU does."""
+    codec = get_codec(name)
+    x = torch.randn(1_000_003, generator=torch.Generator().manual_seed(3)) * 0.02
+    x = torch.where(x.abs() < 1e-30, torch.full_like(x, 1e-3), x)  # no subnormals
+    cpu, gpu = codec.empty(x.numel(), "cpu"), codec.empty(x.numel(), "cuda")
+    codec.encode(x, cpu, sr_seed=77)
+    codec.encode(x.cuda(), gpu, sr_seed=77)
+    assert torch.equal(cpu, gpu.cpu())
 
 
 @pytest.mark.parametrize("master, codec", [("fp32", "bf16"), ("compressed-sr", "bf16"),

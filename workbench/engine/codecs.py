@@ -8,17 +8,24 @@ stream); on the CPU the same code runs for tests.
 
 Stochastic rounding (SR) to bf16 / fp16 adds uniform noise below the kept mantissa bits before
 truncating, so E[SR(x)] = x: an update far smaller than a bf16 ulp still moves the stored
-weight in expectation instead of being rounded away.
+weight in expectation instead of being rounded away. The noise is counter-based Philox
+(``philox.words``), so the fused CUDA kernel (``codec_kernels.py``) and the torch path here
+round every element the same way.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
+from functools import cache
 
 import torch
+
+from workbench.engine import philox
 
 CHUNK = 256  # elements per fp8 scale
 FP8 = {"fp8-e4m3": (torch.float8_e4m3fn, 448.0), "fp8-e5m2": (torch.float8_e5m2, 57344.0)}
 HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
+SR_KEY = 0x53524E44  # second Philox key word of the rounding noise: apart from z's group ids
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,8 @@ class Codec:
         elif self.name in HALF:
             if sr_seed is None:
                 values.copy_(x)
+            elif x.is_cuda and _sr_kernels() is not None:
+                _sr_kernels().stochastic_round_into(x, values, sr_seed, SR_KEY)
             else:
                 values.copy_(stochastic_round(x, HALF[self.name], sr_seed))
         else:
@@ -94,15 +103,26 @@ def _chunked(x: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
     return x.view(-1, CHUNK), pad
 
 
+@cache
+def _sr_kernels():
+    """The fused SR kernel module, or None when Triton is missing (said once)."""
+    try:
+        from workbench.engine import codec_kernels
+    except Exception as e:  # Triton missing or broken: say so, then use the torch path
+        warnings.warn(f"codec: the fused stochastic-rounding kernel is unavailable ({e}); using "
+                      "the slower torch implementation of the same numbers", stacklevel=3)
+        return None
+    return codec_kernels
+
+
 def stochastic_round(x: torch.Tensor, dtype: torch.dtype, seed: int) -> torch.Tensor:
-    """fp32 -> bf16 / fp16 with unbiased stochastic rounding (deterministic given ``seed``).
+    """fp32 (n,) -> bf16 / fp16 with unbiased stochastic rounding (deterministic given ``seed``).
 
     Adds uniform integer noise below the kept mantissa bits of the fp32 pattern and truncates
     them; the result is then exactly representable (fp16: within its normal range)."""
     drop = 16 if dtype == torch.bfloat16 else 13
-    gen = torch.Generator(device=x.device)
-    gen.manual_seed(seed)
-    noise = torch.randint(0, 1 << drop, x.shape, generator=gen, device=x.device, dtype=torch.int32)
+    noise = (philox.words(x.numel(), seed, SR_KEY, x.device) >> (32 - drop)).to(torch.int32)
+    noise = noise.view(x.shape)
     bits = x.contiguous().view(torch.int32)
     finite = torch.isfinite(x)
     rounded = ((bits + noise) & ~((1 << drop) - 1)).view(torch.float32)

@@ -50,6 +50,20 @@ def uniform(x: torch.Tensor) -> torch.Tensor:
     return (x >> 9).to(torch.float32) * (2.0 ** -23) + 2.0 ** -24
 
 
+def words(n: int, k0: int, k1: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """n raw uint32 words (as int64, shape (n,)) under key (k0, k1), in the same lane layout as
+    ``normals``: element e takes word e div Q of counter e mod Q."""
+    q = (n + 3) // 4
+    out = torch.empty(4 * q, dtype=torch.int64, device=device)
+    lanes = out.view(4, q)
+    for start in range(0, q, CHUNK):
+        stop = min(q, start + CHUNK)
+        counter = torch.arange(start, stop, dtype=torch.int64, device=device)
+        for lane, w in enumerate(philox4x32(counter, k0 & MASK32, k1 & MASK32)):
+            lanes[lane, start:stop] = w
+    return out[:n]
+
+
 def normals(n: int, seed: int, gid: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """The n standard normals of group ``gid`` at step seed ``seed`` (float32, shape (n,))."""
     q = (n + 3) // 4

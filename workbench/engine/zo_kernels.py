@@ -25,7 +25,8 @@ def _uniform(x):
 
 
 @triton.jit
-def _normals(seed, gid, c):
+def _philox(seed, gid, c):
+    """Philox4x32-10 of counter c under key (seed, gid): four uint32 words."""
     k0 = seed.to(tl.uint32)
     k1 = gid.to(tl.uint32)
     c0 = c.to(tl.uint32)
@@ -41,6 +42,12 @@ def _normals(seed, gid, c):
         c3 = M0 * _c0
         k0 = k0 + W0
         k1 = k1 + W1
+    return c0, c1, c2, c3
+
+
+@triton.jit
+def _normals(seed, gid, c):
+    c0, c1, c2, c3 = _philox(seed, gid, c)
     r0 = tl.sqrt_rn(-2.0 * tl.log(_uniform(c0)))
     t0 = TWO_PI * _uniform(c1)
     r1 = tl.sqrt_rn(-2.0 * tl.log(_uniform(c2)))
