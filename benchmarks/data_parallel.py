@@ -41,7 +41,9 @@ def torchrun(nproc: int, sets: list[str], out: Path, port: int) -> dict:
     return {"tokens_per_s": s["tokens_per_s"], "step_seconds": s["step_seconds"],
             "peak_gpu_mem_gb": s.get("peak_gpu_mem_bytes", 0) / 1e9,
             "bytes_h2d_gb": s.get("bytes_h2d", 0) / 1e9,
-            "rank_digests_equal": len({x.get("param_digest") for x in ranks}) <= 1,
+            "ranks": len(ranks) or 1,  # the digests were also compared during the run
+            "rank_digests_equal": (len({x.get("param_digest") for x in ranks}) == 1
+                                   if len(ranks) > 1 else None),
             "wall_seconds": time.perf_counter() - t}
 
 

@@ -52,16 +52,31 @@ def run_main(args, bw) -> list[dict]:
     return rows
 
 
+def _randint_stochastic_round(x: torch.Tensor, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """The rounding as it was before the fused kernel (commit 3897549): torch.randint noise and
+    about seven passes over the block. Same cost as then; its own random numbers."""
+    drop = 16 if dtype == torch.bfloat16 else 13
+    gen = torch.Generator(device=x.device)
+    gen.manual_seed(seed)
+    noise = torch.randint(0, 1 << drop, x.shape, generator=gen, device=x.device, dtype=torch.int32)
+    bits = x.contiguous().view(torch.int32)
+    rounded = ((bits + noise) & ~((1 << drop) - 1)).view(torch.float32)
+    return torch.where(torch.isfinite(x), rounded, x).to(dtype)
+
+
 @contextlib.contextmanager
-def torch_sr_path():
-    """The "before" of the fused SR kernel: the codec's torch stochastic rounding on the GPU
-    (same numbers, about seven passes instead of one). Benchmark-only switch."""
-    fused = codec_module._sr_kernels
-    codec_module._sr_kernels = lambda: None
+def sr_path(path: str):
+    """Which stochastic rounding the SR codec uses: "fused" (the kernel), "torch" (the torch
+    path of the same numbers) or "before" (the pre-kernel code). Benchmark-only switch."""
+    fused, rounding = codec_module._sr_kernels, codec_module.stochastic_round
+    if path in ("torch", "before"):
+        codec_module._sr_kernels = lambda: None
+    if path == "before":
+        codec_module.stochastic_round = _randint_stochastic_round
     try:
         yield
     finally:
-        codec_module._sr_kernels = fused
+        codec_module._sr_kernels, codec_module.stochastic_round = fused, rounding
 
 
 def _versus_first(args, suite: str, cols, runs, bw: dict | None = None) -> list[dict]:
@@ -69,7 +84,7 @@ def _versus_first(args, suite: str, cols, runs, bw: dict | None = None) -> list[
     first of the series, and with ``bw`` its distance from max(compute, bytes / PCIe)."""
     rows, ref = args.sink.setdefault(suite, []), None
     for cfg, name, fields in runs:
-        with torch_sr_path() if fields.get("sr_path") == "torch" else contextlib.nullcontext():
+        with sr_path(fields.get("sr_path") or "fused"):
             r = measure(cfg, name)
         r.update(fields)
         if bw is not None and "error" not in r:
@@ -100,7 +115,7 @@ def run_ablation(args) -> list[dict]:
 
 
 def run_codecs(args, bw) -> list[dict]:
-    """``--combos``: codec/master[/torch-sr], the first being the reference of each series."""
+    """``--combos``: codec/master[/torch-sr|/before-sr], the first being each series' reference."""
     combos = [c.split("/") for c in args.combos.split(",")]
     for model in args.models:
         for amp in [a for a in args.amps if a != "off"] or ["bf16"]:
@@ -210,9 +225,10 @@ def main() -> None:
     p.add_argument("--amps", default="off,bf16")
     p.add_argument("--shapes", default="16x128")
     p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--combos", default="fp32/fp32,bf16/compressed-sr,bf16/compressed-sr/torch-sr,"
+    p.add_argument("--combos", default="fp32/fp32,bf16/compressed-sr,bf16/compressed-sr/before-sr,"
                    "fp16/compressed-sr,bf16/fp32,fp8-e4m3/fp32,fp8-e5m2/fp32",
-                   help="codecs suite: codec/master[/torch-sr] (torch-sr: the unfused rounding)")
+                   help="codecs suite: codec/master[/torch-sr|/before-sr] (torch-sr: the torch path of the "
+                   "fused kernel's numbers; before-sr: the rounding before the kernel)")
     p.add_argument("--name", default="zo_offload")
     args = p.parse_args()
     args.models = args.models.split(",")
