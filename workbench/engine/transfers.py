@@ -87,7 +87,12 @@ class SRTransfer(PlainTransfer):
         return self.host.empty(self.codec.nbytes(n), torch.uint8)
 
     def store_fp32(self, host, flat) -> None:
-        self.codec.encode(flat.to(host.device), host)  # round to nearest: loading, not training
+        # round to nearest (loading, not training), on flat's device: on the GPU the fp32
+        # block never crosses PCIe, only its encoded bytes
+        wire = host if flat.device == host.device else self.codec.empty(flat.numel(), flat.device)
+        self.codec.encode(flat, wire)
+        if wire is not host:
+            host.copy_(wire)
 
     def to_fp32(self, host) -> torch.Tensor:
         n = host.numel() // 2
