@@ -21,9 +21,10 @@ BASE = dict(model="tiny-opt", data="synthetic", batch_size=4, seq_len=16, lr=2e-
             weight_decay=0.01, sample_hz=0.0, eval_samples=0)
 
 
-@pytest.mark.parametrize("method", ["mezo", "zo-offload", "forward-grad"])
+@pytest.mark.parametrize("method", ["mezo", "zo-offload", "forward-grad", "zo-offload-sr"])
 def test_resume_is_exact(method, tmp_path):
-    cfg = RunConfig(method=method, steps=10, **BASE)
+    sr = dict(method="zo-offload", master="compressed-sr", codec="bf16")  # bf16 host master
+    cfg = RunConfig(**(sr if method == "zo-offload-sr" else {"method": method}), steps=10, **BASE)
     straight = run(cfg, tmp_path / "straight", progress=False)
     part = run(cfg.replace(steps=6, checkpoint_every=3), tmp_path / "resumed", progress=False)
     assert part.param_digest != straight.param_digest

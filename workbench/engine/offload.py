@@ -348,11 +348,11 @@ class ZOOffloadEngine:
             if landed is not None:
                 landed.synchronize()  # copy thread only: the step's offload wrote the master
             self.transfer.wait_host(b)
-            weights = self.transfer.to_fp32(self.blocks[b].flat)
+            numel = self.blocks[b].layout.numel
             buf = self._snap_host.get(b)
-            if buf is None or buf.numel() != weights.numel():
-                buf = self._snap_host[b] = torch.empty_like(weights)
-            out[b + 1] = buf.copy_(weights)
+            if buf is None or buf.numel() != numel:
+                buf = self._snap_host[b] = torch.empty(numel, dtype=torch.float32)
+            out[b + 1] = self.transfer.read_fp32(self.blocks[b].flat, buf)
 
     def set_pending(self, pending: dict | None) -> None:
         self.pending = pending_from_dict(pending, self.device)

@@ -48,6 +48,10 @@ class PlainTransfer:
     def to_fp32(self, host: torch.Tensor) -> torch.Tensor:
         return host
 
+    def read_fp32(self, host: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """The block's fp32 weights written into ``out`` (a reused host buffer): one pass."""
+        return out.copy_(self.to_fp32(host))
+
     def slot_extra(self, n: int) -> dict[str, torch.Tensor]:
         return {}
 
@@ -81,7 +85,7 @@ class SRTransfer(PlainTransfer):
     def __init__(self, device, timer, ops, codec: Codec):
         super().__init__(device, timer, ops)
         self.codec = codec
-        self._round = 0
+        self._offloads: tuple[int, dict[int, int]] = (-1, {})  # (step, block -> offloads so far)
 
     def host_storage(self, n: int) -> torch.Tensor:
         return self.host.empty(self.codec.nbytes(n), torch.uint8)
@@ -95,9 +99,10 @@ class SRTransfer(PlainTransfer):
             host.copy_(wire)
 
     def to_fp32(self, host) -> torch.Tensor:
-        n = host.numel() // 2
-        out = torch.empty(n, dtype=torch.float32)
-        self.codec.decode(host, out)
+        return self.read_fp32(host, torch.empty(host.numel() // 2, dtype=torch.float32))
+
+    def read_fp32(self, host, out) -> torch.Tensor:
+        self.codec.decode(host, out)  # decoded straight into out: no fresh block-sized memory
         return out
 
     def slot_extra(self, n: int) -> dict[str, torch.Tensor]:
@@ -117,8 +122,13 @@ class SRTransfer(PlainTransfer):
 
     def offload(self, host, slot, extra, step, block, layout, stream) -> int:
         wire = extra["wire"][:host.numel()]
-        self._round += 1  # a fresh rounding draw every offload, reproducible run to run
-        seed = step_seed(self._round, layout.gid)
+        # A fresh rounding draw for every offload, a function of (step, block, offload within
+        # the step) alone, so a resumed run rounds exactly as a straight one.
+        if self._offloads[0] != step:
+            self._offloads = (step, {})
+        k = self._offloads[1].get(block, 0)
+        self._offloads[1][block] = k + 1
+        seed = step_seed(layout.gid, 4 * step + k)
         with self.timer.span("codec", "offload", stream, step, block, wire.numel(), "encode-sr"):
             self.codec.encode(slot, wire, sr_seed=seed)
         with self.timer.span("offload", "offload", stream, step, block, wire.numel()):

@@ -196,11 +196,13 @@ class TrainRecipe:
                 self._publish(inflight, block=True, bar=bar)
                 self.evaluate()
         self._publish(inflight, block=True, bar=bar, drain=True)
-        engine.flush()
         if self.checkpointer is not None and cfg.checkpoint_every:
             self.checkpointer.wait()
-            self._checkpoint()  # the final state, so a longer run can continue from here
+            # The final state, its update still pending, so a longer run continues exactly as a
+            # straight one (applying it now would add a rounding under master=compressed-sr).
+            self._checkpoint()
             self.checkpointer.wait()
+        engine.flush()
         if bar is not None:
             bar.close()
         if self.dev_data is not None:
