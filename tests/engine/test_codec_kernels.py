@@ -1,11 +1,9 @@
 """The fused stochastic-rounding kernel, run by Triton's CPU interpreter and compiled for sm_90."""
 import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+
+from zo_helpers import run_under_triton_interpreter
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                 reason="triton not installed")
@@ -32,12 +30,7 @@ print("ok")
 
 
 def test_sr_kernel_equals_torch_path_under_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1",
-               PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-    r = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.strip().endswith("ok")
+    run_under_triton_interpreter(SCRIPT)
 
 
 @pytest.mark.parametrize("out_type, drop", [("*bf16", 16), ("*fp16", 13)])

@@ -1,11 +1,9 @@
 """The fused Triton kernel, run by Triton's CPU interpreter (no GPU needed)."""
 import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+
+from zo_helpers import run_under_triton_interpreter
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                 reason="triton not installed")
@@ -46,12 +44,7 @@ print("ok")
 
 
 def test_fused_kernel_under_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1",
-               PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-    r = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.strip().endswith("ok")
+    run_under_triton_interpreter(SCRIPT)
 
 
 @pytest.mark.parametrize("update, perturb, write_x", [(False, True, False), (True, False, True),

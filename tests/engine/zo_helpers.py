@@ -1,9 +1,13 @@
 """Small helpers shared by the engine tests."""
 from __future__ import annotations
 
-import torch
-
 import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
 
 from workbench.config import RunConfig
 from workbench.data.batches import SyntheticData
@@ -49,3 +53,14 @@ def assert_offload_equals_mezo(reference, overlap, reuse, fused, resident) -> No
     _, d, losses = train(cfg)
     assert losses == ref_losses
     assert d == ref_digest
+
+
+def run_under_triton_interpreter(script: str) -> None:
+    """Run ``script`` in a fresh process with TRITON_INTERPRET=1 (kernels on CPU tensors); it
+    must print "ok" last."""
+    env = dict(os.environ, TRITON_INTERPRET="1",
+               PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().endswith("ok")

@@ -14,13 +14,11 @@ round every element the same way.
 """
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
-from functools import cache
 
 import torch
 
-from workbench.engine import philox
+from workbench.engine import kernels, philox
 
 CHUNK = 256  # elements per fp8 scale
 FP8 = {"fp8-e4m3": (torch.float8_e4m3fn, 448.0), "fp8-e5m2": (torch.float8_e5m2, 57344.0)}
@@ -103,16 +101,9 @@ def _chunked(x: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
     return x.view(-1, CHUNK), pad
 
 
-@cache
 def _sr_kernels():
     """The fused SR kernel module, or None when Triton is missing (said once)."""
-    try:
-        from workbench.engine import codec_kernels
-    except Exception as e:  # Triton missing or broken: say so, then use the torch path
-        warnings.warn(f"codec: the fused stochastic-rounding kernel is unavailable ({e}); using "
-                      "the slower torch implementation of the same numbers", stacklevel=3)
-        return None
-    return codec_kernels
+    return kernels.load("codec_kernels", "master=compressed-sr")
 
 
 def stochastic_round(x: torch.Tensor, dtype: torch.dtype, seed: int) -> torch.Tensor:

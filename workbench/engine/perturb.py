@@ -12,12 +12,11 @@ materialised z (CPU; rng=torch anywhere) that give the same numbers as far as th
 """
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import torch
 
-from workbench.engine import philox
+from workbench.engine import kernels, philox
 from workbench.engine.groups import GroupLayout
 
 
@@ -32,19 +31,6 @@ class PendingUpdate:
     wd: float
 
 
-def _fused_kernels(device: torch.device):
-    """The Triton kernel module on CUDA, or None (CPU, or Triton missing: said once)."""
-    if device.type != "cuda":
-        return None
-    try:
-        from workbench.engine import zo_kernels
-    except Exception as e:  # Triton missing or broken: say so, then use the torch path
-        warnings.warn(f"rng=philox: the fused Triton kernel is unavailable ({e}); using the "
-                      "slower torch implementation of the same numbers", stacklevel=3)
-        return None
-    return zo_kernels
-
-
 class ZOOps:
     """Perturb / update flat fp32 groups.
 
@@ -56,7 +42,8 @@ class ZOOps:
 
     def __init__(self, rng: str, device: torch.device):
         self.rng, self.device = rng, torch.device(device)
-        self.kernels = _fused_kernels(self.device) if rng == "philox" else None
+        self.kernels = (kernels.load("zo_kernels", "rng=philox")
+                        if rng == "philox" and self.device.type == "cuda" else None)
 
     @property
     def fused(self) -> bool:

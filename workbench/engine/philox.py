@@ -50,33 +50,38 @@ def uniform(x: torch.Tensor) -> torch.Tensor:
     return (x >> 9).to(torch.float32) * (2.0 ** -23) + 2.0 ** -24
 
 
-def words(n: int, k0: int, k1: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """n raw uint32 words (as int64, shape (n,)) under key (k0, k1), in the same lane layout as
-    ``normals``: element e takes word e div Q of counter e mod Q."""
+def _lanes(n: int, k0: int, k1: int, dtype: torch.dtype, device, fill) -> torch.Tensor:
+    """(n,) output in the lane layout (element e: lane e div Q, counter e mod Q), filled chunk by
+    chunk of counters: ``fill(lanes[:, start:stop], words)`` with the chunk's four Philox words."""
     q = (n + 3) // 4
-    out = torch.empty(4 * q, dtype=torch.int64, device=device)
+    out = torch.empty(4 * q, dtype=dtype, device=device)
     lanes = out.view(4, q)
     for start in range(0, q, CHUNK):
         stop = min(q, start + CHUNK)
         counter = torch.arange(start, stop, dtype=torch.int64, device=device)
-        for lane, w in enumerate(philox4x32(counter, k0 & MASK32, k1 & MASK32)):
-            lanes[lane, start:stop] = w
+        fill(lanes[:, start:stop], philox4x32(counter, k0 & MASK32, k1 & MASK32))
     return out[:n]
+
+
+def words(n: int, k0: int, k1: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """n raw uint32 words (as int64, shape (n,)) under key (k0, k1), in ``normals``' layout."""
+
+    def fill(lanes: torch.Tensor, w: list[torch.Tensor]) -> None:
+        for lane in range(4):
+            lanes[lane] = w[lane]
+
+    return _lanes(n, k0, k1, torch.int64, device, fill)
 
 
 def normals(n: int, seed: int, gid: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """The n standard normals of group ``gid`` at step seed ``seed`` (float32, shape (n,))."""
-    q = (n + 3) // 4
-    out = torch.empty(4 * q, dtype=torch.float32, device=device)
-    lanes = out.view(4, q)
-    for start in range(0, q, CHUNK):
-        stop = min(q, start + CHUNK)
-        counter = torch.arange(start, stop, dtype=torch.int64, device=device)
-        w = philox4x32(counter, seed & MASK32, gid & MASK32)
-        for pair in (0, 1):
+
+    def fill(lanes: torch.Tensor, w: list[torch.Tensor]) -> None:
+        for pair in (0, 1):  # Box-Muller: two uniforms -> two normals
             u1, u2 = uniform(w[2 * pair]), uniform(w[2 * pair + 1])
             r = torch.sqrt(-2.0 * torch.log(u1))
             theta = (2.0 * math.pi) * u2
-            lanes[2 * pair, start:stop] = r * torch.cos(theta)
-            lanes[2 * pair + 1, start:stop] = r * torch.sin(theta)
-    return out[:n]
+            lanes[2 * pair] = r * torch.cos(theta)
+            lanes[2 * pair + 1] = r * torch.sin(theta)
+
+    return _lanes(n, seed, gid, torch.float32, device, fill)
