@@ -86,6 +86,7 @@ class SRTransfer(PlainTransfer):
         super().__init__(device, timer, ops)
         self.codec = codec
         self._offloads: tuple[int, dict[int, int]] = (-1, {})  # (step, block -> offloads so far)
+        self._outside = 0  # offloads outside any step so far
 
     def host_storage(self, n: int) -> torch.Tensor:
         return self.host.empty(self.codec.nbytes(n), torch.uint8)
@@ -123,7 +124,11 @@ class SRTransfer(PlainTransfer):
     def offload(self, host, slot, extra, step, block, layout, stream) -> int:
         wire = extra["wire"][:host.numel()]
         # A fresh rounding draw for every offload, a function of (step, block, offload within
-        # the step) alone, so a resumed run rounds exactly as a straight one.
+        # the step) alone, so a resumed run rounds exactly as a straight one. Passes outside a
+        # step (step < 0: an eval's flush of the pending update) count on from their own base.
+        if step < 0:
+            self._outside += 1
+            step = -self._outside
         if self._offloads[0] != step:
             self._offloads = (step, {})
         k = self._offloads[1].get(block, 0)
