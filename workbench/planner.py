@@ -31,8 +31,9 @@ Memory (n = elements of one block, B rows, T = seq_len, D hidden, F ffn, V vocab
     query dtype; synthetic data has none. Prompt batches are planned at T = seq_len (an upper
     bound). Evaluation (max(B, 16) rows, one pass) counts towards the peak as it does in a run.
     Without the fused kernel z is materialised (4 B per element of a group + philox temporaries).
-    codec with master=compressed-sr: the GPU-side stochastic rounding, as written, materialises
-    about 15 B per block element beside compute; the mirror transfer, a 4 B delta per element.
+    codec with master=compressed-sr: the stochastic rounding is one fused kernel with nothing
+    extra (its torch path, without Triton: about 23 B per block element beside compute); the
+    mirror transfer, a 4 B delta per element.
   ``peak_gpu_mem_bytes``: the torch allocator peak (what the run summary reports), with 32 MiB of
     cuBLAS workspace; ``nvml_gpu_mem_bytes`` adds 500 MiB of CUDA context; no fragmentation.
     gpu_mem_limit_gb caps the NVML-level figure (GB = 2^30 bytes, as GPU memory is sized).
@@ -279,12 +280,19 @@ def _zo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) -> Non
                                    + (4 * slots * nb + extras) * cfg.reuse_buffers)
     live = 1 if cfg.method == "mezo" else 2
     held = (3 if p.family == "opt" else 1) * hb * live  # embedding frames kept by the adapter
-    blockm = m["block"] + 15 * nb * (kind == "sr")  # SR encode (as written) runs beside compute
+    # SR encode beside compute: the fused kernel holds nothing extra; the torch path about 23 B
+    # per element (int64 noise words, int32 noise, mask, rounded, selected, cast)
+    blockm = m["block"] + (0 if cuda and prof.get("fused_kernel") else 23 * nb) * (kind == "sr")
     if cfg.method == "forward-grad":  # dual tensors, math-backend attention (scores + probs)
         blockm = 2 * m["block"] + 4 * rows * p.heads * t * t * (2 if e["amp"] else 4)
-        dev["tangents (all groups)"] = 4 * (ne + nh + N * nb)
-        notes.append("forward-grad: each group's tangent stays bound until the step's dual level "
-                     "ends (4 B/param on the device); jvp taken as 3x forward FLOPs")
+        # embedding and head tangents live all step; a block's only while it computes
+        dev["tangents (embedding, head, one block)"] = 4 * (ne + nh + nb)
+        # forward-AD transients per block parameter (dual casts under autocast, the next
+        # block's tangent): an empirical 16 B, fitted to the H200 peaks of opt-1.3b / 6.7b bf16
+        # (benchmarks/results/methods-fgfix-*.json; the plan was 27-31% under without it)
+        dev["forward-AD transients"] = 16 * nb
+        notes.append("forward-grad: the embedding's and head's tangents live all step, a block's "
+                     "only while it computes (4 B/param); jvp taken as 3x forward FLOPs")
     moments = [m["embed"] + (live - 1) * (hb + held // live), live * hb + held + blockm,
                live * hb + held + m["head"]]
     moments += [held + z(max(ne, nb, nh))] if not streaming else [  # held: not yet collected
@@ -352,11 +360,12 @@ def _plan(cfg: RunConfig, gpu: str | None, calib: dict | None,
     else:  # everything lives in host memory
         host.update({f"{k} (device=cpu)": v for k, v in dev.items()})
         dev = {}
-    if cfg.checkpoint_every > 0:  # a snapshot holds an fp32 copy of every group until written
+    if cfg.checkpoint_every > 0:  # a snapshot holds a master copy of every group until written
         nb, ne, nh, n = p.block_params(), p.embed_params(), p.head_params(), p.num_layers
         r = min(cfg.resident_blocks, n) if cfg.method in ("zo-offload", "forward-grad") else n
         on_gpu = _pin(4 * ne, cuda) + _pin(4 * nh, cuda) + r * _pin(4 * nb, cuda)  # pinned
-        host["checkpoint snapshot (fp32 copy)"] = on_gpu + 4 * (n - r) * nb  # streamed: clones
+        streamed = 2 if cfg.master == "compressed-sr" and cfg.method == "zo-offload" else 4
+        host["checkpoint snapshot (master copy)"] = on_gpu + streamed * (n - r) * nb
     peak, host_bytes = sum(dev.values()), sum(host.values())
     nvml = peak + CONTEXT_BYTES if cuda else 0
     if cuda:

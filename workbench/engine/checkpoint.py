@@ -2,7 +2,9 @@
 
 A checkpoint is a folder ``step-NNNNNNNN`` holding safetensors shards (p1 = embedding + first
 half of the blocks, p2 = second half + head, the paper's halves) and ``manifest.json`` with the
-step, the pending update, the config, the group layout and each shard's SHA-256. It is written
+step, the pending update, the config, the group layout and each shard's SHA-256. Weights are
+stored in master precision (fp32; bf16 / fp16 for streamed blocks under master=compressed-sr,
+half the bytes) and read back as fp32, which holds them exactly. It is written
 as ``step-NNNNNNNN.partial``: shards, fsync, manifest (temp + rename), fsync, then the folder is
 renamed. A folder without the final name is never read, so a crash mid-write loses nothing that
 was complete before.
@@ -31,10 +33,10 @@ FORMAT = 1
 
 @dataclass
 class Snapshot:
-    """Host copies of every group's fp32 weights at a step boundary, plus what resumes it."""
+    """Host copies of every group's master weights at a step boundary, plus what resumes it."""
 
     step: int  # the next step to run
-    flats: list[torch.Tensor]  # canonical order, CPU fp32
+    flats: list[torch.Tensor]  # canonical order, CPU; fp32, or bf16 / fp16 for an SR master
     names: list[str]
     pending: dict[str, Any] | None  # {"seed", "g", "lr", "wd"} or None
     config: dict[str, Any]
@@ -147,7 +149,9 @@ def read_checkpoint(path: Path, names: list[str], numels: list[int]) -> Snapshot
             raise CheckpointError(f"checkpoint {path}: shard {shard} is missing or corrupted "
                                   "(SHA-256 mismatch); use an earlier checkpoint")
         tensors.update(load_file(str(file)))
-    return Snapshot(manifest["step"], [tensors[n] for n in names], names,
+    # Streamed blocks are stored in master precision (bf16 / fp16 under master=compressed-sr);
+    # they are read back as fp32, which holds those values exactly.
+    return Snapshot(manifest["step"], [tensors[n].float() for n in names], names,
                     manifest.get("pending"), manifest.get("config", {}), manifest.get("n_decay"))
 
 

@@ -351,8 +351,8 @@ class ZOOffloadEngine:
             numel = self.blocks[b].layout.numel
             buf = self._snap_host.get(b)
             if buf is None or buf.numel() != numel:
-                buf = self._snap_host[b] = torch.empty(numel, dtype=torch.float32)
-            out[b + 1] = self.transfer.read_fp32(self.blocks[b].flat, buf)
+                buf = self._snap_host[b] = torch.empty(numel, dtype=self.transfer.master_dtype)
+            out[b + 1] = self.transfer.read_master(self.blocks[b].flat, buf)
 
     def set_pending(self, pending: dict | None) -> None:
         self.pending = pending_from_dict(pending, self.device)

@@ -21,7 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from workbench.engine.codecs import Codec, get_codec
+from workbench.engine.codecs import HALF, Codec, get_codec
 from workbench.engine.events import OpEvent
 from workbench.engine.groups import GroupLayout
 from workbench.engine.perturb import PendingUpdate, ZOOps
@@ -48,8 +48,11 @@ class PlainTransfer:
     def to_fp32(self, host: torch.Tensor) -> torch.Tensor:
         return host
 
-    def read_fp32(self, host: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """The block's fp32 weights written into ``out`` (a reused host buffer): one pass."""
+    master_dtype = torch.float32  # what the host keeps, and so what a checkpoint stores
+
+    def read_master(self, host: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """The block's master weights copied into ``out`` (a reused host buffer of
+        ``master_dtype``, (n,)): one pass, no conversion."""
         return out.copy_(self.to_fp32(host))
 
     def slot_extra(self, n: int) -> dict[str, torch.Tensor]:
@@ -100,11 +103,16 @@ class SRTransfer(PlainTransfer):
             host.copy_(wire)
 
     def to_fp32(self, host) -> torch.Tensor:
-        return self.read_fp32(host, torch.empty(host.numel() // 2, dtype=torch.float32))
-
-    def read_fp32(self, host, out) -> torch.Tensor:
-        self.codec.decode(host, out)  # decoded straight into out: no fresh block-sized memory
+        out = torch.empty(host.numel() // 2, dtype=torch.float32)
+        self.codec.decode(host, out)
         return out
+
+    @property
+    def master_dtype(self) -> torch.dtype:
+        return HALF[self.codec.name]
+
+    def read_master(self, host, out) -> torch.Tensor:
+        return out.copy_(host.view(self.master_dtype))  # the bf16 / fp16 bits as they are
 
     def slot_extra(self, n: int) -> dict[str, torch.Tensor]:
         return {"wire": self.codec.empty(n, self.device)}
