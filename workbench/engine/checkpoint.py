@@ -164,7 +164,9 @@ def restore_step(root: Path, step: int, device: str = "cpu") -> list[torch.Tenso
     """Weights after ``step`` steps (pending update applied), rebuilt from the newest snapshot
     at or before it plus the step log, replaying MeZO's elementwise arithmetic exactly
     (perturb +eps, -2 eps, +eps, update) for ZO methods and the update alone for forward-grad.
-    Bit-identical to the straight run when replayed on the device type that trained."""
+    Bit-identical to the straight run when replayed on the device type that trained, for fp32
+    masters; under master=compressed-sr the replay is in fp32 without the per-offload stochastic
+    roundings, so it matches the straight run in expectation only."""
     from workbench.engine.groups import GroupLayout
     from workbench.engine.perturb import PendingUpdate, ZOOps
 
