@@ -74,9 +74,9 @@ def main() -> None:
                 r["speedup"] = r["tokens_per_s"] / base_tps[mode]
             rows.append(r)
             print(table([r], COLS), flush=True)
-            save("data_parallel", {"rows": rows, "args": vars(args)})
+            path = save("data_parallel", {"rows": rows, "args": vars(args)})  # after every row
     print("\n" + table(rows, COLS))
-    print(f"saved {save('data_parallel', {'rows': rows, 'args': vars(args)})}")
+    print(f"saved {path}")
 
 
 COLS = [("run", "name", ""), ("tok/s", "tokens_per_s", "{:,.0f}"), ("x 1 GPU", "speedup", "{:.2f}"),

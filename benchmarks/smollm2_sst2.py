@@ -81,7 +81,6 @@ def run_fidelity(args, lr: float) -> list[dict]:
         flats = r.pop("_flats")
         if ref is None:
             ref, ref_flats = r, flats
-            start = None
         diff = math.sqrt(sum(float((a - b).double().pow(2).sum()) for a, b in zip(flats, ref_flats)))
         norm = math.sqrt(sum(float(a.double().pow(2).sum()) for a in ref_flats))
         r["param_distance_rel"] = diff / norm

@@ -24,6 +24,13 @@ from workbench.config import RunConfig
 from workbench.engine import codecs as codec_module
 
 
+def add_bound(row: dict, bw: dict, compute_s: float | None) -> None:
+    """The row's lower bound max(compute, bytes each way / PCIe both ways) and its distance."""
+    row["transfer_bound_s"] = max(row["bytes_h2d"], row["bytes_d2h"]) / bw["both_per_direction"]
+    row["lower_bound_s"] = max(compute_s or 0.0, row["transfer_bound_s"])
+    row["vs_bound"] = row["step_seconds"] / row["lower_bound_s"]
+
+
 def run_main(args, bw) -> list[dict]:
     rows = args.sink.setdefault("main", [])
     for model in args.models:
@@ -37,10 +44,7 @@ def run_main(args, bw) -> list[dict]:
                     r.update(model=model, amp=amp, shape=f"{b}x{t}")
                 fwd2 = mezo.get("compute_seconds_per_step")
                 if "error" not in off:
-                    transfer = max(off["bytes_h2d"], off["bytes_d2h"]) / bw["both_per_direction"]
-                    off["transfer_bound_s"] = transfer
-                    off["lower_bound_s"] = max(fwd2 or 0.0, transfer)
-                    off["vs_bound"] = off["step_seconds"] / off["lower_bound_s"]
+                    add_bound(off, bw, fwd2)  # MeZO's two forward passes: the compute bound
                     if "error" not in mezo:
                         off["tps_ratio"] = off["tokens_per_s"] / mezo["tokens_per_s"]
                         off["mem_ratio"] = (off["peak_gpu_mem_bytes"] / mezo["peak_gpu_mem_bytes"]
@@ -88,9 +92,7 @@ def _versus_first(args, suite: str, cols, runs, bw: dict | None = None) -> list[
             r = measure(cfg, name)
         r.update(fields)
         if bw is not None and "error" not in r:
-            r["transfer_bound_s"] = max(r["bytes_h2d"], r["bytes_d2h"]) / bw["both_per_direction"]
-            r["lower_bound_s"] = max(r.get("compute_seconds_per_step") or 0.0, r["transfer_bound_s"])
-            r["vs_bound"] = r["step_seconds"] / r["lower_bound_s"]
+            add_bound(r, bw, r.get("compute_seconds_per_step"))
         ref = ref or r
         if "error" not in r and "error" not in ref:
             r["ratio"] = r["tokens_per_s"] / ref["tokens_per_s"]

@@ -9,14 +9,14 @@ stay identical on every rank without ever being broadcast; a cheap digest is com
 """
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from workbench.config import ConfigError, RunConfig
+from workbench.config import ZO_METHODS, ConfigError, RunConfig
+from workbench.engine.groups import digest
 
 
 @dataclass
@@ -62,7 +62,7 @@ def from_env(cfg: RunConfig) -> DistContext | None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return None
-    if cfg.method not in ("mezo", "zo-offload", "forward-grad"):
+    if cfg.method not in ZO_METHODS:
         raise ConfigError([f"method: {cfg.method} has no data-parallel mode; use mezo, "
                            "zo-offload or forward-grad under torchrun"])
     if cfg.batch_size % world:
@@ -77,10 +77,7 @@ def from_env(cfg: RunConfig) -> DistContext | None:
 def quick_digest(flats: list[torch.Tensor], stride: int = 1021) -> str:
     """SHA-256 of every ``stride``-th element of each group: cheap enough to run during
     training, and any divergence between ranks (a different g moves every element) shows."""
-    h = hashlib.sha256()
-    for flat in flats:
-        h.update(flat[::stride].detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
-    return h.hexdigest()
+    return digest([flat[::stride] for flat in flats])
 
 
 def check_in_sync(ctx: DistContext, flats: list[torch.Tensor], step: int) -> None:

@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from workbench.config import ZO_METHODS
+
 FORMAT = 1
 
 
@@ -168,7 +170,8 @@ def restore_step(root: Path, step: int, device: str = "cpu") -> list[torch.Tenso
     masters; under master=compressed-sr the replay is in fp32 without the per-offload stochastic
     roundings, so it matches the straight run in expectation only."""
     from workbench.engine.groups import GroupLayout
-    from workbench.engine.perturb import PendingUpdate, ZOOps
+    from workbench.engine.perturb import ZOOps
+    from workbench.engine.zo_common import pending_from_dict
 
     root = Path(root)
     candidates = [p for p in complete_checkpoints(root)
@@ -179,7 +182,7 @@ def restore_step(root: Path, step: int, device: str = "cpu") -> list[torch.Tenso
     names = [g[0] for g in manifest["groups"]]
     snap = read_checkpoint(candidates[-1], names, [g[1] for g in manifest["groups"]])
     cfg = snap.config
-    if cfg.get("method") not in ("mezo", "zo-offload", "forward-grad"):
+    if cfg.get("method") not in ZO_METHODS:
         raise CheckpointError(f"method {cfg.get('method')!r} keeps optimizer state: only its "
                               "snapshots can be restored, not steps between them")
     log = StepLog(root).read()
@@ -193,11 +196,7 @@ def restore_step(root: Path, step: int, device: str = "cpu") -> list[torch.Tenso
                zip(names, [g[1] for g in manifest["groups"]], snap.n_decay)]
     flats = [f.to(dev) for f in snap.flats]
 
-    def as_update(row):
-        return PendingUpdate(int(row["seed"]), torch.tensor(float(row["g"]), device=dev),
-                             float(row["lr"]), float(row["wd"]))
-
-    upd = as_update(snap.pending) if snap.pending else None
+    upd = pending_from_dict(snap.pending, dev)
     for t in range(snap.step, step):
         row = log[t]
         for lay, flat in zip(layouts, flats):
@@ -209,7 +208,7 @@ def restore_step(root: Path, step: int, device: str = "cpu") -> list[torch.Tenso
                 ops.perturb(flat, lay, int(row["seed"]), +eps)
             elif upd is not None:
                 ops.update(flat, lay, upd)
-        upd = as_update(row)
+        upd = pending_from_dict(row, dev)
     for lay, flat in zip(layouts, flats):
         if upd is not None and lay.numel:
             ops.update(flat, lay, upd)

@@ -72,9 +72,7 @@ class ForwardGradEngine(ZOOffloadEngine):
         if self.reduce is not None:
             loss, d = self.reduce(torch.stack([loss.float(), d])).unbind()
         self.embed.bind()
-        self.head.bind()
-        for i in self.resident:
-            self.blocks[i].bind()
+        self.head.bind()  # (blocks put their plain weights back as they ran)
         self.pending = PendingUpdate(seed, d, lr, wd)
         if not cfg.fused_update:
             self.flush(step)

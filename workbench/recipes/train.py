@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from workbench import distributed
-from workbench.config import ConfigError, RunConfig, check_environment
+from workbench.config import ZO_METHODS, ConfigError, RunConfig, check_environment
 from workbench.data.batches import PromptDataset, SyntheticData
 from workbench.data.sources import load_split
 from workbench.engine import build_engine
@@ -84,7 +84,7 @@ class TrainRecipe:
         self.bus.publish(InfoEvent("build_seconds", time.perf_counter() - t))
         if root is not None:
             self.checkpointer = AsyncCheckpointer(root, cfg.keep_last, self.bus, self.engine.timer)
-            if cfg.method in ("mezo", "zo-offload", "forward-grad"):
+            if cfg.method in ZO_METHODS:
                 self.steplog = StepLog(root)
         if resume:
             self._resume(root)
@@ -164,6 +164,7 @@ class TrainRecipe:
         if self.dev_data is not None and self.step == 0:
             self.evaluate()
         inflight: deque = deque()
+        nan = torch.full((), float("nan"), device=self.device)  # stands in for absent scalars
         mark = self._marker()
         bar = _progress(cfg.steps, self.step) if self.progress else None
         while self.step < cfg.steps and not self.stop_event.is_set():
@@ -178,7 +179,6 @@ class TrainRecipe:
             out = engine.step(batch, t, lr, wd)
             end = self._marker()
             moved = (engine.bytes_h2d - moved[0], engine.bytes_d2h - moved[1])
-            nan = torch.full((), float("nan"), device=out.loss.device)
             scalars = [out.loss, *(x if x is not None else nan for x in
                                    (out.projected_grad, out.loss_plus, out.loss_minus))]
             inflight.append((t, Deferred(*scalars), tokens, lr, wd, mark, end, moved))

@@ -98,9 +98,9 @@ def write_report(runs: Sequence[str | Path | RunRecord], path: str | Path,
             parts.append(_figure_html(fig))
     for i, (rec, label) in enumerate(zip(recs, labels)):
         parts.append(f"<h2 id='run-{i}'>{html.escape(label)}</h2>")
+        metrics = summary_metrics(rec)
         parts.append(_table(["metric", "value"],
-                            [[lbl, _fmt(get(summary_metrics(rec)), fmt)]
-                             for lbl, get, fmt in SUMMARY_ROWS]))
+                            [[lbl, _fmt(get(metrics), fmt)] for lbl, get, fmt in SUMMARY_ROWS]))
         parts.append(_figure_html(figures.dashboard_figure(rec)))
         parts.append("<div class=tables><div><h3>config</h3>" + config_table_html(rec)
                      + "</div><div><h3>environment</h3>"
@@ -123,10 +123,10 @@ def summary_table_html(recs: Sequence[RunRecord]) -> str:
     metrics = [summary_metrics(r) for r in recs]
     rows = []
     for label, get, fmt in SUMMARY_ROWS:
-        cells = [label]
+        cells, base = [label], get(metrics[0])
         for i, m in enumerate(metrics):
-            v, text = get(m), _fmt(get(m), fmt)
-            base = get(metrics[0])
+            v = get(m)
+            text = _fmt(v, fmt)
             if (i and label in RATIO_ROWS and _finite(v) and _finite(base) and base > 0):
                 text += f" ({v / base:.2f}x)"
             if label == "param_digest" and len(text) > DIGEST_CHARS:
