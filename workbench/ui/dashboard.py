@@ -45,12 +45,13 @@ class Dashboard:
         self.record, self.last_steps = record, last_steps
         self.min_interval_s = max(float(min_interval_s), 0.0)
         snap = record.snapshot()
-        self.figure = go.FigureWidget(dashboard_figure(snap, last_steps))
+        panels = dashboard_panels(snap, last_steps)
+        self.figure = go.FigureWidget(dashboard_figure(snap, last_steps, panels))
         self.status = widgets.HTML(_status_html(snap))
         self.widget = widgets.VBox([self.status, self.figure])
         self.refreshes = 0
         # compose() puts the subplot titles first; notes follow and are redrawn on refresh.
-        n_panels = sum(len(row) for row in dashboard_panels(snap, last_steps))
+        n_panels = sum(len(row) for row in panels)
         self._titles = tuple(self.figure.layout.annotations[:n_panels])
         self._layout: dict[str, Any] = {}
         self._notes: list[str] | None = None

@@ -114,9 +114,11 @@ def progress(rec: RunRecord) -> go.Figure:
     return compose([[_loss_panel(rec), _throughput_panel(rec)]])
 
 
-def dashboard_figure(rec: RunRecord, last_steps: int | None = 3) -> go.Figure:
-    """Everything about one run in one figure: what the live view and the report show."""
-    fig = compose(dashboard_panels(rec, last_steps), bars=True)
+def dashboard_figure(rec: RunRecord, last_steps: int | None = 3,
+                     panels: list[list[Panel]] | None = None) -> go.Figure:
+    """Everything about one run in one figure: what the live view and the report show.
+    ``panels``: ``dashboard_panels(rec, last_steps)`` when the caller already built them."""
+    fig = compose(panels or dashboard_panels(rec, last_steps), bars=True)
     fig.update_layout(title_text=dashboard_title(rec))
     return fig
 
