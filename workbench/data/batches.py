@@ -61,7 +61,7 @@ class PromptDataset:
         self.pad_id = tok.pad_id
         self.ids: list[list[int]] = []
         for ex in examples:
-            ids = tok.encode(TEMPLATE.format(sentence=ex.sentence)) + prefix
+            ids = tok.encode(TEMPLATE.format(sentence=ex.text)) + prefix
             if len(ids) > seq_len:  # keep the leading special token and the prompt's end
                 ids = ids[:1] + ids[len(ids) - seq_len + 1:]
             self.ids.append(ids)
