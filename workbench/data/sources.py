@@ -103,7 +103,8 @@ def read_tsv(path: Path) -> list[Example]:
     return classify_examples(read_file(Path(path)), 2)
 
 
-def load_split(data: str, split: str, data_dir: Path | None) -> list[Example]:
-    """Two-label examples of ``split`` ("train" or "dev") from ``data`` (default fields)."""
+def load_split(data: str, split: str, data_dir: Path | None, text_field: str = "",
+               label_field: str = "") -> list[Example]:
+    """Two-label examples of ``split`` ("train" or "dev") from ``data``."""
     train, dev = load_rows(data, data_dir)
-    return classify_examples(train if split == "train" else dev, 2)
+    return classify_examples(train if split == "train" else dev, 2, text_field, label_field)
