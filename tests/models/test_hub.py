@@ -75,3 +75,28 @@ def test_hub_model_without_safetensors_or_needing_custom_code(hub_cache):
 def test_model_setting_shapes():
     with pytest.raises(ConfigError, match="neither a preset .* nor a hub id org/name"):
         RunConfig(model="./no/such/folder")
+
+
+def test_cli_run_on_a_cached_hub_model_offline(tmp_path, tiny_model, data_dir):
+    """As a user runs it: HF_HUB_OFFLINE=1 and a model id in the Hugging Face cache."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    snap = tmp_path / "hf" / "hub" / "models--acme--tiny-opt" / "snapshots" / "0123abcd"
+    tiny_model("tiny-opt", vocab=50272).save_pretrained(snap)  # OPT's vocabulary, tiny blocks
+    for f in (data_dir / "opt-tokenizer").iterdir():
+        shutil.copy(f, snap / f.name)
+    (snap.parents[1] / "refs").mkdir()
+    (snap.parents[1] / "refs" / "main").write_text("0123abcd")
+    repo = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1", PYTHONPATH=str(repo))
+    r = subprocess.run([sys.executable, "-m", "workbench", "run", "--set", "model=acme/tiny-opt",
+                        "--set", "steps=2", "--set", "eval_samples=8", "--set", "sample_hz=0",
+                        "--out", str(tmp_path / "run"), "--quiet"],
+                       cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert record["config"]["model"] == "acme/tiny-opt" and len(record["steps"]) == 2
