@@ -1,6 +1,7 @@
 """Every data format loads the same examples; splits, fields and save_to_disk folders."""
 import csv
 import json
+from pathlib import Path
 
 import pytest
 
@@ -105,3 +106,22 @@ def test_embedded_sets_of_each_objective():
 def test_sst2_from_the_shared_folder_matches_glue_counts(data_dir):
     train, dev = load_rows("sst2", data_dir)
     assert (len(train.rows), len(dev.rows)) == (67349, 872)
+
+
+def test_files_and_the_recipe_need_neither_datasets_nor_pyarrow(tmp_path):
+    """The engine layer imports them lazily: only hf:, save_to_disk and parquet need them."""
+    import subprocess
+    import sys
+
+    _write(tmp_path, "train", "jsonl", TRAIN)
+    code = ("import sys; sys.modules['datasets'] = None; sys.modules['pyarrow'] = None\n"
+            "import workbench.recipes.train, workbench.data.task\n"
+            "from workbench.data.sources import load_rows\n"
+            "from workbench.data.files import DataError\n"
+            f"print(len(load_rows({str(tmp_path)!r}, None)[0].rows))\n"
+            "try:\n    load_rows('hf:x/y', None)\nexcept DataError as e:\n    print(e)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       cwd=Path(__file__).resolve().parents[2])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["5", "data: this data source needs the `datasets` package; "
+                                          "install zo-workbench[data]"]
