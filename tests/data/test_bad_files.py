@@ -93,3 +93,17 @@ def test_folder_problems(tmp_path):
     (tmp_path / "train.jsonl").unlink()
     assert "1 example(s); a source without a dev split needs at least 2" in \
         _refusal(lambda: load_split(str(tmp_path), "train", None))
+
+
+def test_line_numbers_count_physical_lines(tmp_path):
+    path = tmp_path / "train.csv"
+    path.write_text('text,label\n"two\nlines",1\n\nthird\u2028still third,0\nbad,x\n')
+    line = _refusal(_classify(path))
+    assert line == f"data: {path} line 6: field 'label' is 'x', not a whole number"
+    path.write_text('text,label\n"two\nlines",1\nthird\u2028still third,0\n')
+    assert [e.text for e in classify_examples(read_file(path), 2)] == \
+        ["two\nlines", "third\u2028still third"]
+    jsonl = tmp_path / "train.jsonl"
+    jsonl.write_text('{"text": "a\u2028b", "label": 0}\n{"text": "c", "label": 5}\n')
+    assert _refusal(_classify(jsonl)).endswith("line 2: field 'label' is 5, outside 0..1 "
+                                               "(label_words has 2 words)")

@@ -67,6 +67,9 @@ class ClassifyData(StepData):
         self.k = len(self.words)
         self.single = all(len(w) == 1 for w in self.words)
         room = seq_len - max(len(w) for w in self.words) * (not self.single)
+        if room < 2:
+            raise DataError(f"seq_len: {seq_len} tokens leave no room for a prompt before the "
+                            f"label words ({max(map(len, self.words))} tokens)")
         self.pad_id = tok.pad_id
         self.ids = [fit(tok.encode(template.format(text=ex.text)) + prefix, room)
                     for ex in examples]

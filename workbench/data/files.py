@@ -8,6 +8,7 @@ JSON, a field over the size limit) is refused here, in one line.
 from __future__ import annotations
 
 import csv
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,7 +78,7 @@ def read_file(path: Path) -> Rows:
 
 def _jsonl(path: Path, text: str) -> Rows:
     rows, columns, numbers = [], {}, []
-    for n, line in enumerate(text.splitlines(), start=1):
+    for n, line in enumerate(text.split("\n"), start=1):  # JSON strings may hold U+2028 etc.
         if not line.strip():
             continue
         try:
@@ -98,32 +99,31 @@ def _delimited(path: Path, text: str, delimiter: str) -> Rows:
     """CSV with standard quoting; TSV as GLUE writes it (no quoting: sentences hold quotes)."""
     quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
     old = csv.field_size_limit(FIELD_LIMIT)
-    reader = csv.reader(text.splitlines(), delimiter=delimiter, quoting=quoting, strict=True)
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, quoting=quoting,
+                        strict=True)
+    table: list[tuple[int, list[str]]] = []  # (line where the record ends, fields)
     try:
-        table = []
         for row in reader:
-            table.append(row)
+            if any(c.strip() for c in row):  # blank lines carry no example
+                table.append((reader.line_num, row))
     except csv.Error as e:
         raise DataError(f"{path} line {reader.line_num}: {e}") from None
     finally:
         csv.field_size_limit(old)
-    while table and not any(c.strip() for c in table[-1]):
-        table.pop()  # trailing blank lines
     if not table:
         raise DataError(f"{path}: the file is empty")
-    header = [c.strip() for c in table[0]]
+    header = [c.strip() for c in table[0][1]]
     if len(set(header)) < len(header) or not all(header):
-        raise DataError(f"{path} line 1: the header {table[0]!r} needs distinct, non-empty "
-                        "column names")
+        raise DataError(f"{path} line {table[0][0]}: the header {table[0][1]!r} needs distinct, "
+                        "non-empty column names")
     if len(table) == 1:
         raise DataError(f"{path}: a header ({', '.join(header)}) but no examples")
-    rows = []
-    for n, row in enumerate(table[1:], start=2):
+    for n, row in table[1:]:
         if len(row) != len(header):
             raise DataError(f"{path} line {n}: {len(row)} fields, the header has {len(header)} "
                             f"({', '.join(header)})")
-        rows.append(dict(zip(header, row)))
-    return Rows(str(path), rows, header, list(range(2, len(rows) + 2)), "line")
+    return Rows(str(path), [dict(zip(header, row)) for _, row in table[1:]], header,
+                [n for n, _ in table[1:]], "line")
 
 
 def _parquet(path: Path) -> Rows:
