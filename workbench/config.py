@@ -64,7 +64,7 @@ class RunConfig:
 
     # what to train
     method: Method = _knob("mezo", "training method")
-    model: str = _knob("tiny-opt", "model preset, a local Hugging Face folder, or a hub id org/name")
+    model: str = _knob("tiny-opt", "model preset, a local Hugging Face folder or a hub id org/name")
     data: str = _knob("embedded", "embedded | sst2 | synthetic | hf:NAME[:CONFIG] | a .jsonl/.csv/"
                       ".tsv/.parquet file | a folder of train.*/dev.* files or from save_to_disk")
     data_dir: str = _knob("", "folder holding sst2/ and opt-tokenizer/ (empty: $WORKBENCH_DATA_DIR "
@@ -76,7 +76,7 @@ class RunConfig:
                                  "prompt -> completion; lm: plain text", group="task")
     template: str = _knob("{text} It was", "classify prompt; {text} is the example's text",
                           group="task")
-    label_words: str = _knob(" terrible, great", "classify: comma-separated word of label 0, 1, ...",
+    label_words: str = _knob(" terrible, great", "classify: comma-separated words of labels 0, 1..",
                              group="task")
     text_field: str = _knob("", "field with the text (classify, lm)", group="task")
     label_field: str = _knob("", "field with the integer label (classify)", group="task")
@@ -174,7 +174,8 @@ def knob_info(name: str) -> dict[str, Any]:
 
 
 _TYPES = {"Method": Method, "Device": Device, "Amp": Amp, "Rng": Rng, "Codec": Codec,
-          "Master": Master, "Objective": Objective, "int": int, "float": float, "str": str, "bool": bool}
+          "Master": Master, "Objective": Objective, "int": int, "float": float, "str": str,
+          "bool": bool}
 
 
 def _resolve(t: Any) -> Any:

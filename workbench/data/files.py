@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workbench.config import DATA_SUFFIXES as SUFFIXES
 from workbench.config import ConfigError
 
-SUFFIXES = (".jsonl", ".csv", ".tsv", ".parquet")
 FIELD_LIMIT = 1 << 20  # characters in one CSV/TSV field; beyond it the file is refused
 
 
@@ -130,7 +130,8 @@ def _parquet(path: Path) -> Rows:
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise DataError(f"{path}: reading parquet needs pyarrow; install zo-workbench[data]") from None
+        raise DataError(f"{path}: reading parquet needs pyarrow; install "
+                        "zo-workbench[data]") from None
     try:
         table = pq.read_table(path)
     except Exception as e:  # pyarrow raises several types for a broken file

@@ -1,4 +1,4 @@
-"""Rows through the ``datasets`` package: ``hf:NAME[:CONFIG]`` and folders written by ``save_to_disk``.
+"""Rows through ``datasets``: ``hf:NAME[:CONFIG]`` and folders written by ``save_to_disk``.
 
 ``datasets`` is imported here only, and lazily, so the engine layer works without it. Online,
 ``hf:`` downloads through ``datasets.load_dataset``; offline (``HF_HUB_OFFLINE=1`` or
@@ -30,7 +30,8 @@ def _datasets():
 def offline() -> bool:
     """Whether the Hugging Face libraries were told to stay off the network."""
     on = ("1", "ON", "YES", "TRUE")
-    return any(os.environ.get(k, "").upper() in on for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+    return any(os.environ.get(k, "").upper() in on
+               for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
 
 
 def load_hub(spec: str) -> dict[str, Rows]:

@@ -74,7 +74,8 @@ class Classify:
         return F.cross_entropy(self.scores(hidden, batch, head), batch.labels)
 
     @torch.no_grad()
-    def evaluate(self, dev, forward: Forward, head: Head, device, batch_size: int) -> dict[str, float]:
+    def evaluate(self, dev, forward: Forward, head: Head, device,
+                 batch_size: int) -> dict[str, float]:
         correct = total = 0
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         for batch in dev.eval_batches(batch_size):
@@ -111,7 +112,8 @@ class LM:
         return {"loss": loss, "perplexity": math.exp(min(loss, 700.0))}
 
     @torch.no_grad()
-    def evaluate(self, dev, forward: Forward, head: Head, device, batch_size: int) -> dict[str, float]:
+    def evaluate(self, dev, forward: Forward, head: Head, device,
+                 batch_size: int) -> dict[str, float]:
         return self._nll(dev, forward, head, device, batch_size)
 
 

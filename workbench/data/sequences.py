@@ -59,7 +59,8 @@ def token_batch(seqs: list[list[int]], starts: list[int], pad_id: int) -> dict[s
         positions += range(r * width + start - 1, r * width + len(seq) - 1)
         targets += seq[start:]
         rows += [r] * (len(seq) - start)
-    return dict(input_ids=ids, attention_mask=mask, positions=torch.tensor(positions, dtype=torch.long),
+    return dict(input_ids=ids, attention_mask=mask,
+                positions=torch.tensor(positions, dtype=torch.long),
                 target_ids=torch.tensor(targets, dtype=torch.long),
                 rows=torch.tensor(rows, dtype=torch.long))
 

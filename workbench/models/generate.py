@@ -33,7 +33,8 @@ def adapter_forward(adapter: BlockAdapter) -> Forward:
 
 @torch.no_grad()
 def greedy_decode(forward: Forward, head: Head, prompts: list[list[int]], max_new_tokens: int,
-                  eos_id: int | None, pad_id: int, device: torch.device | str = "cpu") -> list[list[int]]:
+                  eos_id: int | None, pad_id: int,
+                  device: torch.device | str = "cpu") -> list[list[int]]:
     """The argmax continuation of each prompt, up to ``max_new_tokens`` tokens or EOS.
 
     Rows are right-padded; a row's next token is read at its own last position and written just
@@ -52,8 +53,9 @@ def greedy_decode(forward: Forward, head: Head, prompts: list[list[int]], max_ne
     for _ in range(max_new_tokens):
         width = max(lengths)
         hidden = forward(ids[:, :width].to(device), mask[:, :width].to(device))
-        last = hidden[torch.arange(n, device=hidden.device), torch.tensor(lengths, device=hidden.device) - 1]
-        nxt = head(last).argmax(-1).tolist()  # the host decides which rows go on: one sync per token
+        rows = torch.arange(n, device=hidden.device)
+        last = hidden[rows, torch.tensor(lengths, device=hidden.device) - 1]
+        nxt = head(last).argmax(-1).tolist()  # the host picks the rows that go on: a sync per token
         for r in sorted(live):
             out[r].append(nxt[r])
             ids[r, lengths[r]], mask[r, lengths[r]] = nxt[r], 1
