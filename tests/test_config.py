@@ -72,3 +72,21 @@ def test_cli_cuda_without_gpu(tmp_path):
         pytest.skip("this machine has a GPU")
     r = _cli("run", "--set", "device=cuda", "--out", str(tmp_path / "r"), "--quiet")
     assert r.returncode == 2 and "device:" in r.stderr
+
+
+def test_task_settings_are_checked_together(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        RunConfig(label_words=" good", template="{sentence} was", objective="lm",
+                  data=str(tmp_path / "train.txt"), label_field="y")
+    problems = err.value.problems
+    assert {p.split(":")[0] for p in problems} == {"label_words", "template", "data", "label_field"}
+    assert "label_field: does not apply to objective=lm (it applies to classify)" in problems
+    assert any("k >= 2" in p for p in problems)
+    for ok in ({"label_words": " bad, fine, good"}, {"objective": "completion", "data": "embedded",
+               "prompt_field": "q", "completion_field": "a"}, {"data": "hf:glue:sst2"},
+               {"template": "Review: {text}\nSentiment:"}):
+        RunConfig(**ok)
+    with pytest.raises(ConfigError, match="label_words: ' a, a' repeats a word"):
+        RunConfig(label_words=" a, a")
+    with pytest.raises(ConfigError, match="data: sst2 is a classify data set"):
+        RunConfig(data="sst2", objective="lm")

@@ -113,10 +113,12 @@ class Plan:
 
 
 def preset_of(model: str) -> Preset:
-    """The preset, or a Preset read from a local Hugging Face folder's config.json."""
+    """The preset, or a Preset read from the config.json of a local folder or a hub id."""
     if model in PRESETS:
         return PRESETS[model]
-    c = json.loads((Path(model).expanduser() / "config.json").read_text())
+    from workbench.models.hub import config_path
+
+    c = json.loads(config_path(model).read_text())
     opt = c.get("model_type") == "opt"
     hf = {k: c[k] for k in ("num_key_value_heads", "word_embed_proj_dim", "do_layer_norm_before")
           if k in c}

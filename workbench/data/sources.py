@@ -1,51 +1,110 @@
-"""Labelled sentiment examples: the embedded set, SST-2 from a folder, or GLUE SST-2 online."""
+"""Where examples come from: the ``data`` setting -> the rows of the train and dev splits.
+
+``data`` is one of
+- ``embedded``: the objective's small set in ``assets/`` (always there);
+- ``sst2``: ``data_dir/sst2/{train,dev}.tsv``, else GLUE SST-2 through ``datasets``;
+- ``hf:NAME[:CONFIG]``: ``datasets.load_dataset(NAME, CONFIG)`` (see ``data/hub.py``);
+- a ``.jsonl``, ``.csv``, ``.tsv`` or ``.parquet`` file;
+- a folder written by ``save_to_disk``, or holding ``train.*`` and ``dev.*`` / ``validation.*``
+  files in one of those formats.
+The dev split is ``dev``, else ``validation``, ``valid``, ``val`` or ``test``; a source with none (a
+single file, a folder with only ``train.*``) gives every tenth example (rows 10, 20, ...) to dev.
+``synthetic`` has no rows (``data/batches.py`` makes its batches).
+"""
 from __future__ import annotations
 
-import csv
-from dataclasses import dataclass
 from pathlib import Path
 
 from workbench.config import REPO_ROOT
+from workbench.data.fields import Example, classify_examples
+from workbench.data.files import SUFFIXES, DataError, Rows, read_file
 
-EMBEDDED_DIR = REPO_ROOT / "assets" / "sentiment"
+ASSETS = REPO_ROOT / "assets"
+EMBEDDED = {"classify": ASSETS / "sentiment", "completion": ASSETS / "completion",
+            "lm": ASSETS / "plain-text"}
+EMBEDDED_DIR = EMBEDDED["classify"]
+DEV_NAMES = ("dev", "validation", "valid", "val", "test")
+HOLD_OUT = 10  # without a dev split, every HOLD_OUT-th example is held out for dev
+
+__all__ = ["Example", "DataError", "load_rows", "load_split", "read_tsv"]
 
 
-@dataclass(frozen=True)
-class Example:
-    sentence: str
-    label: int  # 1 = positive
+def load_rows(data: str, data_dir: Path | None, objective: str = "classify") -> tuple[Rows, Rows]:
+    """(train, dev) rows of a ``data`` setting; raises ``DataError`` (one line) if unusable."""
+    if data == "synthetic":
+        raise DataError("synthetic data has no rows; data/batches.py makes its batches")
+    if data == "embedded":
+        return _folder(EMBEDDED[objective])
+    if data == "sst2":
+        local = Path(data_dir or ".") / "sst2"
+        if (local / "train.tsv").is_file():
+            return _folder(local)
+        return _pick(_hub("hf:nyu-mll/glue:sst2"), "hf:nyu-mll/glue:sst2")
+    if data.startswith("hf:"):
+        return _pick(_hub(data), data)
+    path = Path(data).expanduser()
+    if path.is_file():
+        return _pick({"train": read_file(path)}, str(path))
+    if path.is_dir():
+        return _folder(path)
+    raise DataError(f"{data!r} is not embedded, sst2, synthetic, hf:NAME[:CONFIG], a file or a "
+                    "folder")
 
 
+def _hub(spec: str) -> dict[str, Rows]:
+    from workbench.data.hub import load_hub
+
+    return load_hub(spec)
+
+
+def _folder(folder: Path) -> tuple[Rows, Rows]:
+    from workbench.data.hub import is_saved_dataset, load_saved
+
+    if is_saved_dataset(folder):
+        return _pick(load_saved(folder), str(folder))
+    splits = {}
+    for name in ("train", *DEV_NAMES):
+        found = [p for p in sorted(folder.glob(f"{name}.*")) if p.suffix.lower() in SUFFIXES]
+        if len(found) > 1:
+            raise DataError(f"{folder}: several {name} files ({', '.join(p.name for p in found)}); "
+                            "keep one")
+        if found:
+            splits[name] = found[0]
+    if "train" not in splits:
+        raise DataError(f"{folder}: no train file (train{{{','.join(SUFFIXES)}}}) and not a "
+                        "save_to_disk folder")
+    dev = next((n for n in DEV_NAMES if n in splits), None)
+    read = {"train": read_file(splits["train"])}
+    if dev is not None:
+        read[dev] = read_file(splits[dev])
+    return _pick(read, str(folder))
+
+
+def _pick(splits: dict[str, Rows], origin: str) -> tuple[Rows, Rows]:
+    """(train, dev) from named splits; without a dev split, dev is every HOLD_OUT-th row."""
+    if "train" not in splits:
+        raise DataError(f"{origin}: no train split (splits: {', '.join(splits) or 'none'})")
+    train = splits["train"]
+    dev = next((splits[n] for n in DEV_NAMES if n in splits), None)
+    if dev is not None:
+        return train, dev
+    n = len(train.rows)
+    if n < 2:
+        raise DataError(f"{origin}: {n} example(s); a source without a dev split needs at least 2 "
+                        f"(every {HOLD_OUT}th goes to dev)")
+    held = [i for i in range(n) if i % HOLD_OUT == HOLD_OUT - 1] or [n - 1]
+    kept = sorted(set(range(n)) - set(held))
+    return train.subset(kept), train.subset(held)
+
+
+# --- the sentiment API the recipe used before objectives (kept: callers and tests use it) ------
 def read_tsv(path: Path) -> list[Example]:
     """GLUE-style ``sentence<TAB>label`` with a header (sentences may contain quotes)."""
-    with open(path, newline="", encoding="utf-8") as fh:
-        rows = list(csv.reader(fh, delimiter="\t", quoting=csv.QUOTE_NONE))
-    header, body = rows[0], rows[1:]
-    s, y = header.index("sentence"), header.index("label")
-    return [Example(r[s], int(r[y])) for r in body if len(r) > max(s, y)]
+    return classify_examples(read_file(Path(path)), 2)
 
 
-def load_split(data: str, split: str, data_dir: Path) -> list[Example]:
-    """Examples of ``split`` ("train" or "dev") from ``data``.
-
-    ``embedded``: the small set in ``assets/`` (always there). ``sst2``: ``data_dir/sst2``, else
-    GLUE SST-2 through ``datasets`` when online. A folder: its ``train.tsv`` / ``dev.tsv``.
-    """
-    if data == "embedded":
-        return read_tsv(EMBEDDED_DIR / f"{split}.tsv")
-    if data == "sst2":
-        local = data_dir / "sst2" / f"{split}.tsv"
-        if local.is_file():
-            return read_tsv(local)
-        return _glue_sst2(split)
-    return read_tsv(Path(data).expanduser() / f"{split}.tsv")
-
-
-def _glue_sst2(split: str) -> list[Example]:
-    try:
-        from datasets import load_dataset
-    except ImportError:
-        raise FileNotFoundError("data: sst2 is not in data_dir and the `datasets` package is "
-                                "missing; set data_dir or install zo-workbench[data]") from None
-    ds = load_dataset("glue", "sst2", split="validation" if split == "dev" else "train")
-    return [Example(r["sentence"], int(r["label"])) for r in ds]
+def load_split(data: str, split: str, data_dir: Path | None, text_field: str = "",
+               label_field: str = "") -> list[Example]:
+    """Two-label examples of ``split`` ("train" or "dev") from ``data``."""
+    train, dev = load_rows(data, data_dir)
+    return classify_examples(train if split == "train" else dev, 2, text_field, label_field)

@@ -44,18 +44,21 @@ def build_skeleton(model: str, data_dir: Path | None = None) -> tuple[nn.Module,
     """A ``*ForCausalLM`` on the meta device and where its weights come from.
 
     Args:
-        model: a preset name or a local Hugging Face folder.
+        model: a preset name, a local Hugging Face folder or a hub id (``models/hub.py``).
         data_dir: unused today; reserved for presets whose files sit beside the data.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
+
+    from workbench.models.hub import check_weights, load_config, model_folder
 
     preset = PRESETS.get(model)
     if preset is not None and preset.pretrained is None:
         config = hf_config(preset)
         source: WeightSource = RandomInit()
     else:
-        folder = Path(model).expanduser() if preset is None else _pretrained_folder(preset)
-        config = AutoConfig.from_pretrained(folder)
+        folder = model_folder(model) if preset is None else _pretrained_folder(preset)
+        check_weights(model, folder)
+        config = load_config(model, folder)
         source = PretrainedWeights(folder)
     config._attn_implementation = "sdpa"
     with torch.device("meta"):
