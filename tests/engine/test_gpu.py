@@ -33,7 +33,7 @@ def test_offload_equals_mezo_rng_and_amp(rng, amp):
 
 def test_triton_normals_match_torch_philox():
     ops = ZOOps("philox", torch.device("cuda"))
-    assert ops.fused
+    assert ops.kernels is not None  # the fused Triton path
     n = 1_000_003
     fast = ops.z(n, 12345, 678)
     ref = philox.normals(n, 12345, 678, "cuda")
@@ -85,7 +85,7 @@ def _allocations_inside_steps(reuse_buffers: bool):
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
     after = torch.cuda.memory_stats()
-    block_bytes = 4 * engine.slot_numel  # the largest streamed block, fp32
+    block_bytes = 4 * engine.streamer.slot_numel  # the largest streamed block, fp32
     engine.close()
     big = [e["size"] for e in trace if e["action"] == "alloc" and e["size"] >= block_bytes // 2]
     grown = [(e["size"], [f"{f['filename'].split('/')[-1]}:{f['line']} {f['name']}"
