@@ -9,8 +9,9 @@ import sys
 import pytest
 
 from workbench.config import ConfigError, RunConfig
+from workbench.flops import block_flops
+from workbench.planner import GiB, PlanError, check_fits, plan, suggest
 from workbench.presets import PRESETS
-from workbench.planner import GiB, PlanError, block_flops, check_fits, plan, suggest
 
 HOST = {"host_mem_available_bytes": 125 * GiB}  # the brief's H200 machine, for determinism
 KEYS = ("peak_gpu_mem_bytes", "nvml_gpu_mem_bytes", "host_mem_bytes", "pcie_bytes_per_step",
