@@ -35,9 +35,23 @@ def test_resume_is_exact(method, tmp_path):
     assert resumed.info["resumed_from"] == "step-00000006"
 
 
-@pytest.mark.parametrize("method", ["mezo", "zo-offload"])
-def test_restore_between_snapshots_from_the_step_log(method, tmp_path):
-    cfg = RunConfig(method=method, steps=10, checkpoint_every=4, keep_last=10, **BASE)
+REPLAYED = {  # every way the engines apply an update: fused or not, each host format
+    "mezo": dict(method="mezo"),
+    "zo-offload": dict(method="zo-offload"),
+    "unfused": dict(method="zo-offload", fused_update=False),
+    "forward-grad": dict(method="forward-grad"),
+    "mirror": dict(method="zo-offload", codec="bf16", resident_blocks=1),
+    "sr": dict(method="zo-offload", master="compressed-sr", codec="bf16"),
+    "sr-unfused": dict(method="forward-grad", master="compressed-sr", codec="fp16",
+                       fused_update=False),
+}
+
+
+@pytest.mark.parametrize("variant", list(REPLAYED))
+def test_restore_between_snapshots_from_the_step_log(variant, tmp_path):
+    """The replay (``replay.py``) is bit-identical to a straight run, for every way of applying
+    an update and every host format (an SR master's roundings are seeded per offload)."""
+    cfg = RunConfig(**REPLAYED[variant], steps=10, checkpoint_every=4, keep_last=10, **BASE)
     run(cfg, tmp_path / "long", progress=False)
     root = tmp_path / "long" / "checkpoints"
     assert [p.name for p in complete_checkpoints(root)] == ["step-00000004", "step-00000008",
