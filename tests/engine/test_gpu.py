@@ -8,7 +8,8 @@ from workbench.engine.codecs import get_codec, stochastic_round
 from workbench.engine.groups import GroupLayout
 from workbench.engine.perturb import PendingUpdate, ZOOps
 
-from zo_helpers import KNOBS, assert_offload_equals_mezo, check_codec_run, mezo_reference, train
+from zo_helpers import (BASE, KNOBS, REPLAYED, assert_offload_equals_mezo, assert_replay_exact,
+                        check_codec_run, mezo_reference, train)
 
 pytestmark = pytest.mark.gpu
 
@@ -149,3 +150,10 @@ def test_codec_runs_on_gpu(master, codec):
     first = check_codec_run("cuda", master, codec, amp="bf16")
     again = check_codec_run("cuda", master, codec, amp="bf16")
     assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+@pytest.mark.parametrize("variant", ["zo-offload", "mirror", "sr", "sr-unfused"])
+def test_restore_step_replays_a_cuda_run_exactly(variant, tmp_path):
+    """The replay on the device type that trained (fused kernels, transfers on CUDA) is
+    bit-identical to the straight run."""
+    assert_replay_exact(RunConfig(**REPLAYED[variant], **BASE, device="cuda"), tmp_path)

@@ -59,6 +59,39 @@ def assert_offload_equals_mezo(reference, overlap, reuse, fused, resident) -> No
     assert d == ref_digest
 
 
+#: Small synthetic runs for the checkpoint tests.
+BASE = dict(model="tiny-opt", data="synthetic", batch_size=4, seq_len=16, lr=2e-3,
+            weight_decay=0.01, sample_hz=0.0, eval_samples=0)
+#: Every way the engines apply an update (fused or not) and each host format.
+REPLAYED = {
+    "mezo": dict(method="mezo"),
+    "zo-offload": dict(method="zo-offload"),
+    "unfused": dict(method="zo-offload", fused_update=False),
+    "forward-grad": dict(method="forward-grad"),
+    "mirror": dict(method="zo-offload", codec="bf16", resident_blocks=1),
+    "sr": dict(method="zo-offload", master="compressed-sr", codec="bf16"),
+    "sr-unfused": dict(method="forward-grad", master="compressed-sr", codec="fp16",
+                       fused_update=False),
+}
+
+
+def assert_replay_exact(cfg: RunConfig, tmp_path: Path) -> None:
+    """Ten steps with a snapshot every four; ``restore_step`` to step 6 (snapshot 4 + two
+    steps of the log, replayed on the run's device) has a straight six-step run's digest."""
+    from workbench.engine.checkpoint import complete_checkpoints, restore_step
+    from workbench.recipes.train import run
+
+    cfg = cfg.replace(steps=10, checkpoint_every=4, keep_last=10)
+    run(cfg, tmp_path / "long", progress=False)
+    root = tmp_path / "long" / "checkpoints"
+    assert [p.name for p in complete_checkpoints(root)] == ["step-00000004", "step-00000008",
+                                                            "step-00000010"]
+    six = run(cfg.replace(steps=6, checkpoint_every=0), tmp_path / "six", progress=False)
+    assert digest(restore_step(root, 6, device=cfg.device)) == six.param_digest
+    lines = (root / "steps.jsonl").read_text().splitlines()
+    assert len(lines) == 10 and all(len(l) < 200 for l in lines)  # bytes, not gigabytes
+
+
 def run_under_triton_interpreter(script: str) -> None:
     """Run ``script`` in a fresh process with TRITON_INTERPRET=1 (kernels on CPU tensors); it
     must print "ok" last."""

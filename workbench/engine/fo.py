@@ -57,6 +57,16 @@ def checkpoint_refusal(cfg: RunConfig) -> ConfigError:
                         "zo-offload and forward-grad (use checkpoint_every=0)"])
 
 
+def refuse_unsupported(cfg: RunConfig, device: torch.device) -> None:
+    """What a first-order engine refuses before any work: checkpoints (``FirstOrderContract``)
+    and fp16 on a CPU (its loss scaler needs CUDA)."""
+    if cfg.checkpoint_every:
+        raise checkpoint_refusal(cfg)
+    if cfg.amp == "fp16" and device.type != "cuda":
+        raise ValueError("amp: fp16 first-order training needs a GPU loss scaler; use amp=bf16 "
+                         "or off on the CPU")
+
+
 class FirstOrderContract:
     """The parts of the engine contract both first-order engines share. Their checkpoints would
     have to carry the AdamW moments, which the format does not hold: the engines refuse
@@ -86,11 +96,7 @@ class FOEngine(FirstOrderContract):
     """
 
     def __init__(self, model, source, cfg: RunConfig, device: torch.device, bus: EventBus):
-        if cfg.checkpoint_every:
-            raise checkpoint_refusal(cfg)
-        if cfg.amp == "fp16" and device.type != "cuda":
-            raise ValueError("amp: fp16 first-order training needs a GPU loss scaler; use amp=bf16 "
-                             "or off on the CPU")
+        refuse_unsupported(cfg, device)
         self.cfg, self.device = cfg, device
         self.cuda = device.type == "cuda"
         self.adapter = BlockAdapter(model)

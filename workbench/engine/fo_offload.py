@@ -39,7 +39,7 @@ from workbench.data.batches import Batch
 from workbench.engine import perfmodel
 from workbench.engine.pinned import HostMemory
 from workbench.engine.events import EMBED, HEAD, EventBus, InfoEvent, OpEvent
-from workbench.engine.fo import (FirstOrderContract, checkpoint_refusal, prompt_loss,
+from workbench.engine.fo import (FirstOrderContract, prompt_loss, refuse_unsupported,
                                  trainable_params)
 from workbench.engine.objective import objective_for, predict_on_device
 from workbench.engine.protocol import StepOutput
@@ -90,11 +90,7 @@ class FOOffloadEngine(FirstOrderContract):
     """
 
     def __init__(self, model, source, cfg: RunConfig, device: torch.device, bus: EventBus):
-        if cfg.checkpoint_every:
-            raise checkpoint_refusal(cfg)
-        if cfg.amp == "fp16" and device.type != "cuda":
-            raise ValueError("amp: fp16 first-order training needs a GPU loss scaler; use amp=bf16 "
-                             "or off on the CPU")
+        refuse_unsupported(cfg, device)
         self.cfg, self.device, self.bus = cfg, device, bus
         self.cuda = device.type == "cuda"
         self.wdtype = torch.bfloat16 if cfg.amp == "bf16" else torch.float32
