@@ -1,6 +1,7 @@
 """The training runtime: engines, streams, kernels and the events they publish.
 
-Never imports telemetry or UI code; listeners subscribe to an ``EventBus``.
+Every engine implements ``Engine`` (``protocol.py``); the ZO arithmetic they share is
+``zo_step.py``. Never imports telemetry or UI code; listeners subscribe to an ``EventBus``.
 """
 from __future__ import annotations
 

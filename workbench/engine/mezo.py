@@ -3,7 +3,7 @@
 Per step with seed s: perturb every parameter by +eps z, forward; by -2 eps z, forward; by
 +eps z (restore); g = (L+ - L-) / 2 eps; update w <- w - lr (g z + wd w). z is regenerated from
 s each time, never stored; the groups' flat buffers make each of those passes one launch per
-group.
+group. The arithmetic is ``zo_step.py``'s, every group's passes driven together.
 """
 from __future__ import annotations
 

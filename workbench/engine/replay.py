@@ -59,7 +59,7 @@ def replay(flats: list[torch.Tensor], names: list[str], n_decay: list[int],
                 fn(weights[k], lay, None)
                 continue
             b = k - 1  # the block index, as the engine's transfer counts offloads
-            transfer.wait_host(b)
+            transfer.wait_host(b)  # the mirror's host pass of the last offload has finished
             slot, extra = torch.empty(lay.numel, device=device), transfer.slot_extra(lay.numel)
             transfer.upload(weights[k], slot, extra, t, b, None)
             fn(slot, lay, transfer.updater(extra, b))
@@ -80,7 +80,7 @@ def replay(flats: list[torch.Tensor], names: list[str], n_decay: list[int],
     if device.type == "cuda":
         torch.cuda.synchronize(device)  # replay only: the offloads have written the host copies
     for k in streamed:
-        transfer.wait_host(k - 1)
+        transfer.wait_host(k - 1)  # every host pass has written its master
     out = [w.cpu() if k not in streamed else transfer.to_fp32(w).clone()
            for k, w in enumerate(weights)]
     transfer.close()
