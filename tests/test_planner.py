@@ -107,14 +107,16 @@ def test_engine_layouts_match_the_preset_arithmetic():
                         telemetry=False, codec=codec, master=master)
         skeleton, source = build_skeleton(model)
         eng = build_engine(skeleton, source, cfg, torch.device("cpu"), EventBus())
-        eng.cuda = True  # gpu_param_bytes() is pure arithmetic once told it is on a GPU
+        streamer = eng.streamer
+        streamer.cuda = True  # gpu_param_bytes() is pure arithmetic once told it is on a GPU
         pl = plan(cfg.replace(device="cuda"), gpu="h200")
         assert eng.gpu_param_bytes() == pl.gpu_param_bytes
-        streamed = sum(b.layout.nbytes for i, b in enumerate(eng.blocks) if i not in eng.resident)
+        streamed = sum(b.layout.nbytes for i, b in enumerate(streamer.blocks)
+                       if i not in streamer.resident)
         masters = plan(cfg, calibration=HOST).host_breakdown
         assert streamed // (2 if master == "compressed-sr" else 1) == masters[
             f"block masters ({'fp32' if master == 'fp32' else codec})"]
-        eng.cuda = False
+        streamer.cuda = False
         eng.close()
 
 

@@ -20,6 +20,7 @@ from workbench.config import RunConfig
 from workbench.data.batches import Batch
 from workbench.engine.checkpoint import Snapshot
 from workbench.engine.events import EMBED, HEAD, EventBus
+from workbench.engine.groups import GroupLayout
 from workbench.engine.objective import objective_for
 from workbench.engine.perturb import PendingUpdate, ZOOps
 from workbench.engine.protocol import StepOutput
@@ -99,7 +100,7 @@ class StreamedEngine:
     def load_state_flats(self, flats: list[torch.Tensor]) -> None:
         self.streamer.load_state_flats(flats)
 
-    def group_layouts(self) -> list:
+    def group_layouts(self) -> list[GroupLayout]:
         return self.streamer.group_layouts()
 
     def snapshot(self, next_step: int):
