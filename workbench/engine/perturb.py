@@ -7,8 +7,9 @@ MeZO's arithmetic, per element, for a step with seed s, perturbation scale eps a
     r = m + eps z          (restore, from m; not bit-equal to w, as in MeZO)
     w' = r - lr (g z + wd r)
 Every engine and the checkpoint replay issue these operations in this order through
-``zo_step.py``, so on one device they end with the same bits. Backends: the fused Triton kernel (rng=philox on CUDA), or torch ops on a
-materialised z (CPU; rng=torch anywhere) that give the same numbers as far as the RNGs allow.
+``zo_step.py``, so on one device they end with the same bits. Backends: the fused Triton kernel
+(rng=philox on CUDA), or torch ops on a materialised z (CPU; rng=torch anywhere) that give the
+same numbers as far as the RNGs allow.
 """
 from __future__ import annotations
 
