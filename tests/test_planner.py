@@ -9,8 +9,9 @@ import sys
 import pytest
 
 from workbench.config import ConfigError, RunConfig
+from workbench.flops import block_flops
+from workbench.planner import GiB, PlanError, check_fits, plan, suggest
 from workbench.presets import PRESETS
-from workbench.planner import GiB, PlanError, block_flops, check_fits, plan, suggest
 
 HOST = {"host_mem_available_bytes": 125 * GiB}  # the brief's H200 machine, for determinism
 KEYS = ("peak_gpu_mem_bytes", "nvml_gpu_mem_bytes", "host_mem_bytes", "pcie_bytes_per_step",
@@ -106,14 +107,16 @@ def test_engine_layouts_match_the_preset_arithmetic():
                         telemetry=False, codec=codec, master=master)
         skeleton, source = build_skeleton(model)
         eng = build_engine(skeleton, source, cfg, torch.device("cpu"), EventBus())
-        eng.cuda = True  # gpu_param_bytes() is pure arithmetic once told it is on a GPU
+        streamer = eng.streamer
+        streamer.cuda = True  # gpu_param_bytes() is pure arithmetic once told it is on a GPU
         pl = plan(cfg.replace(device="cuda"), gpu="h200")
         assert eng.gpu_param_bytes() == pl.gpu_param_bytes
-        streamed = sum(b.layout.nbytes for i, b in enumerate(eng.blocks) if i not in eng.resident)
+        streamed = sum(b.layout.nbytes for i, b in enumerate(streamer.blocks)
+                       if i not in streamer.resident)
         masters = plan(cfg, calibration=HOST).host_breakdown
         assert streamed // (2 if master == "compressed-sr" else 1) == masters[
             f"block masters ({'fp32' if master == 'fp32' else codec})"]
-        eng.cuda = False
+        streamer.cuda = False
         eng.close()
 
 

@@ -74,8 +74,8 @@ GPUS: dict[str, tuple[int, float, float, float, float]] = {
 
 
 def _derived() -> dict[str, float]:
+    from workbench.flops import block_flops
     from workbench.presets import PRESETS
-    from workbench.planner import block_flops
 
     name, rows, t, s32, s16 = _REF_BLOCK
     flops = block_flops(PRESETS[name], rows, t, causal=True)
@@ -321,8 +321,8 @@ def _block_rates(device: str, quick: bool) -> dict[str, float]:
     from transformers.models.opt.modeling_opt import OPTDecoderLayer
 
     from workbench.models.build import hf_config
+    from workbench.flops import block_flops
     from workbench.presets import PRESETS
-    from workbench.planner import block_flops
 
     cuda = device == "cuda"
     name = ("opt-1.3b" if quick else "opt-6.7b") if cuda else ("opt-125m" if quick else "opt-350m")

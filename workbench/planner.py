@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import ConfigError, RunConfig
+from workbench.flops import block_flops
 from workbench.presets import PRESETS, Preset
 
 GiB, MiB = 2 ** 30, 2 ** 20
@@ -126,12 +127,6 @@ def preset_of(model: str) -> Preset:
     return Preset("opt" if opt else "llama", c["hidden_size"], c["num_hidden_layers"],
                   c["num_attention_heads"], c.get("ffn_dim") or c["intermediate_size"],
                   c["vocab_size"], c.get("max_position_embeddings", 2048), "local", hf=hf)
-
-
-def block_flops(p: Preset, rows: int, t: int, causal: bool = True) -> float:
-    """FLOPs of one block forward: 2 per weight per token + QK^T and AV (half when causal)."""
-    attention = 4.0 * rows * t * t * p.hidden * (0.5 if causal else 1.0)
-    return 2.0 * p.block_params() * rows * t + attention
 
 
 def codec_bytes(codec: str, n: int) -> int:

@@ -12,13 +12,10 @@ import torch
 
 from workbench.config import RunConfig
 from workbench.engine.checkpoint import (CheckpointError, Snapshot, complete_checkpoints,
-                                         latest_checkpoint, read_checkpoint, restore_step,
-                                         write_checkpoint)
-from workbench.engine.groups import digest
+                                         latest_checkpoint, read_checkpoint, write_checkpoint)
 from workbench.recipes.train import run
 
-BASE = dict(model="tiny-opt", data="synthetic", batch_size=4, seq_len=16, lr=2e-3,
-            weight_decay=0.01, sample_hz=0.0, eval_samples=0)
+from zo_helpers import BASE, REPLAYED, assert_replay_exact
 
 
 @pytest.mark.parametrize("method", ["mezo", "zo-offload", "forward-grad", "zo-offload-sr"])
@@ -35,17 +32,11 @@ def test_resume_is_exact(method, tmp_path):
     assert resumed.info["resumed_from"] == "step-00000006"
 
 
-@pytest.mark.parametrize("method", ["mezo", "zo-offload"])
-def test_restore_between_snapshots_from_the_step_log(method, tmp_path):
-    cfg = RunConfig(method=method, steps=10, checkpoint_every=4, keep_last=10, **BASE)
-    run(cfg, tmp_path / "long", progress=False)
-    root = tmp_path / "long" / "checkpoints"
-    assert [p.name for p in complete_checkpoints(root)] == ["step-00000004", "step-00000008",
-                                                            "step-00000010"]
-    six = run(cfg.replace(steps=6, checkpoint_every=0), tmp_path / "six", progress=False)
-    assert digest(restore_step(root, 6)) == six.param_digest
-    lines = (root / "steps.jsonl").read_text().splitlines()
-    assert len(lines) == 10 and all(len(l) < 200 for l in lines)  # bytes, not gigabytes
+@pytest.mark.parametrize("variant", list(REPLAYED))
+def test_restore_between_snapshots_from_the_step_log(variant, tmp_path):
+    """The replay (``replay.py``) is bit-identical to a straight run, for every way of applying
+    an update and every host format (an SR master's roundings are seeded per offload)."""
+    assert_replay_exact(RunConfig(**REPLAYED[variant], **BASE), tmp_path)
 
 
 def _snapshot(step, value=0.5):

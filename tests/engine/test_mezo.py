@@ -8,7 +8,8 @@ from workbench.config import RunConfig
 from workbench.data.batches import SyntheticData
 from workbench.engine.events import EventBus
 from workbench.engine.mezo import MeZOEngine
-from workbench.engine.zo_common import label_loss, step_seed
+from workbench.engine.objective import label_loss
+from workbench.engine.zo_common import step_seed
 from workbench.models.build import build_skeleton
 
 from zo_helpers import train

@@ -164,14 +164,12 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 def restore_step(root: Path, step: int, device: str = "cpu") -> list[torch.Tensor]:
     """Weights after ``step`` steps (pending update applied), rebuilt from the newest snapshot
-    at or before it plus the step log, replaying MeZO's elementwise arithmetic exactly
-    (perturb +eps, -2 eps, +eps, update) for ZO methods and the update alone for forward-grad.
-    Bit-identical to the straight run when replayed on the device type that trained, for fp32
-    masters; under master=compressed-sr the replay is in fp32 without the per-offload stochastic
-    roundings, so it matches the straight run in expectation only."""
-    from workbench.engine.groups import GroupLayout
-    from workbench.engine.perturb import ZOOps
-    from workbench.engine.zo_common import pending_from_dict
+    at or before it plus the step log, with the engines' own arithmetic and host formats
+    (``replay.py``). Bit-identical to the straight run when replayed on the device type that
+    trained; under master=compressed-sr, only if no evaluation fell between the snapshot and
+    ``step`` (an eval applies the pending update early, with a rounding of its own; the replay
+    then matches the straight run in expectation)."""
+    from workbench.engine.replay import replay
 
     root = Path(root)
     candidates = [p for p in complete_checkpoints(root)
@@ -189,30 +187,8 @@ def restore_step(root: Path, step: int, device: str = "cpu") -> list[torch.Tenso
     missing = [t for t in range(snap.step, step) if t not in log]
     if missing:
         raise CheckpointError(f"the step log lacks steps {missing[:5]}: cannot replay to {step}")
-    dev = torch.device(device)
-    ops = ZOOps(cfg.get("rng", "philox"), dev)
-    eps, zo = float(cfg.get("eps", 0.0)), cfg.get("method") != "forward-grad"
-    layouts = [GroupLayout(n, [], k, d) for n, k, d in
-               zip(names, [g[1] for g in manifest["groups"]], snap.n_decay)]
-    flats = [f.to(dev) for f in snap.flats]
-
-    upd = pending_from_dict(snap.pending, dev)
-    for t in range(snap.step, step):
-        row = log[t]
-        for lay, flat in zip(layouts, flats):
-            if not lay.numel:
-                continue
-            if zo:
-                ops.update_perturb(flat, lay, upd, int(row["seed"]), +eps)
-                ops.perturb(flat, lay, int(row["seed"]), -2 * eps)
-                ops.perturb(flat, lay, int(row["seed"]), +eps)
-            elif upd is not None:
-                ops.update(flat, lay, upd)
-        upd = pending_from_dict(row, dev)
-    for lay, flat in zip(layouts, flats):
-        if upd is not None and lay.numel:
-            ops.update(flat, lay, upd)
-    return [f.cpu() for f in flats]
+    return replay(snap.flats, names, snap.n_decay, snap.pending, cfg, log, snap.step, step,
+                  torch.device(device))
 
 
 class StepLog:

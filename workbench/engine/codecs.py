@@ -32,10 +32,6 @@ class Codec:
 
     name: str
 
-    @property
-    def lossless(self) -> bool:
-        return self.name == "fp32"
-
     def _scales_offset(self, n: int) -> int:
         return (n + 15) // 16 * 16  # fp8 bytes, padded so the fp32 scales are aligned
 

@@ -94,10 +94,6 @@ class EventBus:
             if fn in self._subscribers:
                 self._subscribers.remove(fn)
 
-    @property
-    def active(self) -> bool:
-        return bool(self._subscribers)
-
     def publish(self, event: Event) -> None:
         for fn in list(self._subscribers):
             fn(event)

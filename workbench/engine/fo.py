@@ -13,13 +13,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from workbench.config import RunConfig
+from workbench.config import ConfigError, RunConfig
 from workbench.data.batches import Batch
-from workbench.engine import StepOutput
+from workbench.engine.checkpoint import Snapshot
 from workbench.engine.events import EMBED, HEAD, EventBus
 from workbench.engine.groups import GroupLayout, build_layouts, move_buffers
+from workbench.engine.objective import Objective, objective_for, predict_on_device
+from workbench.engine.protocol import StepOutput
 from workbench.engine.timing import OpTimer
-from workbench.engine.zo_common import Group, autocast, label_loss, materialise
+from workbench.engine.zo_common import Group, autocast, materialise
 from workbench.models.adapter import BlockAdapter
 
 
@@ -36,30 +38,51 @@ def trainable_params(layout: GroupLayout, flat: torch.Tensor,
     return params
 
 
-def prompt_loss(adapter: BlockAdapter, batch: Batch, timer: OpTimer, step: int,
-                stream) -> torch.Tensor:
-    """The prompt loss through embed -> blocks -> head, each part timed as a "forward" span."""
+def prompt_loss(adapter: BlockAdapter, objective: Objective, batch: Batch, timer: OpTimer,
+                step: int, stream) -> torch.Tensor:
+    """The objective's loss through embed -> blocks -> head, each part timed as a "forward"
+    span."""
     with timer.span("forward", "compute", stream, step, EMBED):
         hidden, ctx = adapter.embed(batch.input_ids, batch.attention_mask)
     for i, block in enumerate(adapter.blocks):
         with timer.span("forward", "compute", stream, step, i):
             hidden = adapter.run_block(block, hidden, ctx)
     with timer.span("forward", "compute", stream, step, HEAD):
-        return label_loss(adapter.head(hidden, ctx), batch)
+        return objective.loss(adapter, hidden, ctx, batch)
 
 
-@torch.no_grad()
-def predict_logits(adapter: BlockAdapter, batch: Batch, device: torch.device,
-                   amp: str) -> torch.Tensor:
-    """Label-word logits (B, 2) at each prompt's last token with the weights bound now."""
-    with autocast(device, amp):
-        hidden, ctx = adapter.embed(batch.input_ids, batch.attention_mask)
-        for block in adapter.blocks:
-            hidden = adapter.run_block(block, hidden, ctx)
-        return adapter.head(hidden, ctx)[:, batch.label_ids].float()
+def checkpoint_refusal(cfg: RunConfig) -> ConfigError:
+    return ConfigError([f"checkpoint_every: method {cfg.method} keeps AdamW moments that "
+                        "checkpoints do not hold; checkpoints and resume are for mezo, "
+                        "zo-offload and forward-grad (use checkpoint_every=0)"])
 
 
-class FOEngine:
+def refuse_unsupported(cfg: RunConfig, device: torch.device) -> None:
+    """What a first-order engine refuses before any work: checkpoints (``FirstOrderContract``)
+    and fp16 on a CPU (its loss scaler needs CUDA)."""
+    if cfg.checkpoint_every:
+        raise checkpoint_refusal(cfg)
+    if cfg.amp == "fp16" and device.type != "cuda":
+        raise ValueError("amp: fp16 first-order training needs a GPU loss scaler; use amp=bf16 "
+                         "or off on the CPU")
+
+
+class FirstOrderContract:
+    """The parts of the engine contract both first-order engines share. Their checkpoints would
+    have to carry the AdamW moments, which the format does not hold: the engines refuse
+    ``checkpoint_every`` when built, before any work, rather than resume without them."""
+
+    cfg: RunConfig
+    reduce = None  # data parallel is refused for first-order methods (``distributed.from_env``)
+
+    def snapshot(self, next_step: int):
+        raise checkpoint_refusal(self.cfg)
+
+    def restore(self, snap: Snapshot) -> None:
+        raise checkpoint_refusal(self.cfg)
+
+
+class FOEngine(FirstOrderContract):
     """Args:
         model: a model skeleton (meta weights are fine) from ``build_skeleton``.
         source: where weights come from.
@@ -69,17 +92,15 @@ class FOEngine:
 
     Raises:
         ValueError: amp=fp16 on a CPU (a loss scaler needs CUDA).
+        ConfigError: checkpoint_every > 0 (see ``FirstOrderContract``).
     """
 
-    streaming = False
-
     def __init__(self, model, source, cfg: RunConfig, device: torch.device, bus: EventBus):
-        if cfg.amp == "fp16" and device.type != "cuda":
-            raise ValueError("amp: fp16 first-order training needs a GPU loss scaler; use amp=bf16 "
-                             "or off on the CPU")
+        refuse_unsupported(cfg, device)
         self.cfg, self.device = cfg, device
         self.cuda = device.type == "cuda"
         self.adapter = BlockAdapter(model)
+        self.objective = objective_for(cfg)
         embed, blocks, head = build_layouts(self.adapter)
         self.groups = [Group(lay, materialise(lay, source, cfg.seed, device))
                        for lay in (embed, *blocks, head)]
@@ -114,7 +135,7 @@ class FOEngine:
         decay["lr"] = rest["lr"] = lr
         decay["weight_decay"] = wd
         with autocast(self.device, self.cfg.amp):
-            loss = prompt_loss(self.adapter, batch, self.timer, step, stream)
+            loss = prompt_loss(self.adapter, self.objective, batch, self.timer, step, stream)
         with self.timer.span("backward", "compute", stream, step, EMBED):
             (self.scaler.scale(loss) if self.scaler else loss).backward()
         with self.timer.span("update", "compute", stream, step, EMBED):
@@ -131,7 +152,8 @@ class FOEngine:
 
     def predict(self, batch: Batch) -> torch.Tensor:
         """Label-word logits (B, 2) at each prompt's last token, with the current weights."""
-        return predict_logits(self.adapter, batch, self.device, self.cfg.amp)
+        return predict_on_device(self.adapter, self.objective, batch, self.device,
+                                 self.cfg.amp)
 
     # --- state ------------------------------------------------------------------------------
     def state_flats(self) -> list[torch.Tensor]:
@@ -142,6 +164,9 @@ class FOEngine:
         with torch.no_grad():
             for group, flat in zip(self.groups, flats):
                 group.flat.copy_(flat)
+
+    def group_layouts(self) -> list[GroupLayout]:
+        return [g.layout for g in self.groups]
 
     def grad_flats(self) -> list[torch.Tensor]:
         """The last step's fp32 gradients per group (device tensors, valid until the next step)."""

@@ -36,12 +36,14 @@ import torch
 
 from workbench.config import RunConfig
 from workbench.data.batches import Batch
-from workbench.engine import StepOutput
 from workbench.engine import perfmodel
 from workbench.engine.pinned import HostMemory
 from workbench.engine.events import EMBED, HEAD, EventBus, InfoEvent, OpEvent
-from workbench.engine.fo import predict_logits, prompt_loss, trainable_params
-from workbench.engine.groups import build_layouts, move_buffers
+from workbench.engine.fo import (FirstOrderContract, prompt_loss, refuse_unsupported,
+                                 trainable_params)
+from workbench.engine.objective import objective_for, predict_on_device
+from workbench.engine.protocol import StepOutput
+from workbench.engine.groups import GroupLayout, build_layouts, move_buffers
 from workbench.engine.streams import Streams
 from workbench.engine.timing import OpTimer
 from workbench.engine.zo_common import autocast
@@ -76,7 +78,7 @@ def make_schedule(n_sub: int, stride: int, resident_ratio: float) -> Schedule:
     return Schedule(stride, range(n_sub - r, n_sub), tuple(gpu), tuple(reversed(cpu)))
 
 
-class FOOffloadEngine:
+class FOOffloadEngine(FirstOrderContract):
     """Args:
         model, source, device, bus: as ``FOEngine``.
         cfg: the run config; besides the FO knobs (amp, adam_*), ``subgroup_size``,
@@ -87,17 +89,14 @@ class FOOffloadEngine:
     backward pass on the GPU to the end of the last update work on either side).
     """
 
-    streaming = False
-
     def __init__(self, model, source, cfg: RunConfig, device: torch.device, bus: EventBus):
-        if cfg.amp == "fp16" and device.type != "cuda":
-            raise ValueError("amp: fp16 first-order training needs a GPU loss scaler; use amp=bf16 "
-                             "or off on the CPU")
+        refuse_unsupported(cfg, device)
         self.cfg, self.device, self.bus = cfg, device, bus
         self.cuda = device.type == "cuda"
         self.wdtype = torch.bfloat16 if cfg.amp == "bf16" else torch.float32
         self.word = 2 if self.wdtype == torch.bfloat16 else 4
         self.adapter = BlockAdapter(model)
+        self.objective = objective_for(cfg)
         embed, blocks, head = build_layouts(self.adapter)
         self.layouts = [embed, *blocks, head]
         self.block_ids = [EMBED, *range(len(blocks)), HEAD]
@@ -274,7 +273,7 @@ class FOOffloadEngine:
         if self.scale != 1.0:
             self._found_inf.zero_()
         with autocast(self.device, self.cfg.amp):
-            loss = prompt_loss(self.adapter, batch, self.timer, step, compute)
+            loss = prompt_loss(self.adapter, self.objective, batch, self.timer, step, compute)
         with self.timer.span("backward", "compute", compute, step, EMBED):
             (loss * self.scale if self.scale != 1.0 else loss).backward()
         for gi, left in enumerate(self._left):  # groups with parameters that got no gradient
@@ -486,7 +485,8 @@ class FOOffloadEngine:
 
     def predict(self, batch: Batch) -> torch.Tensor:
         """Label-word logits (B, 2) with the current compute weights."""
-        return predict_logits(self.adapter, batch, self.device, self.cfg.amp)
+        return predict_on_device(self.adapter, self.objective, batch, self.device,
+                                 self.cfg.amp)
 
     def sync(self) -> None:
         """Wait for every copy and kernel (outside steps: before reading host buffers); the
@@ -513,6 +513,9 @@ class FOOffloadEngine:
             self.w[o:o + lay.numel].copy_(self.p32[o:o + lay.numel])
         if self.res_p is not None:
             self.res_p.copy_(self.p32[self.schedule.resident.start * self.sub:])
+
+    def group_layouts(self) -> list[GroupLayout]:
+        return list(self.layouts)
 
     def grad_flats(self) -> list[torch.Tensor]:
         """The last step's fp32 gradients per group, on the host (diagnostics and tests)."""

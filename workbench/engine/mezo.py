@@ -3,21 +3,23 @@
 Per step with seed s: perturb every parameter by +eps z, forward; by -2 eps z, forward; by
 +eps z (restore); g = (L+ - L-) / 2 eps; update w <- w - lr (g z + wd w). z is regenerated from
 s each time, never stored; the groups' flat buffers make each of those passes one launch per
-group.
+group. The arithmetic is ``zo_step.py``'s, every group's passes driven together.
 """
 from __future__ import annotations
 
 import torch
 
 from workbench.config import RunConfig
-from workbench.engine import StepOutput
 from workbench.data.batches import Batch
+from workbench.engine.checkpoint import Snapshot
 from workbench.engine.events import EMBED, HEAD, EventBus
 from workbench.engine.groups import build_layouts, move_buffers, release
+from workbench.engine.objective import objective_for, predict_on_device
 from workbench.engine.perturb import PendingUpdate, ZOOps
+from workbench.engine.protocol import StepOutput
 from workbench.engine.timing import OpTimer
-from workbench.engine.zo_common import (Group, autocast, device_copies, label_loss,
-                                        materialise, projected_grad, step_seed)
+from workbench.engine.zo_common import Group, autocast, device_copies, materialise, step_seed
+from workbench.engine.zo_step import ZOStep, apply_update, lockstep, projected_grad, zo_passes
 from workbench.models.adapter import BlockAdapter
 
 
@@ -30,8 +32,6 @@ class MeZOEngine:
         bus: where operation events go.
     """
 
-    streaming = False
-
     def __init__(self, model, source, cfg: RunConfig, device: torch.device, bus: EventBus):
         self.cfg, self.device = cfg, device
         self.adapter = BlockAdapter(model)
@@ -43,17 +43,12 @@ class MeZOEngine:
         move_buffers([model], device)
         self.ops = ZOOps(cfg.rng, device)
         self.timer = OpTimer(device, bus, cfg.telemetry)
+        self.objective = objective_for(cfg)
         self.bytes_h2d = self.bytes_d2h = 0
-        self.pending: PendingUpdate | None = None
         # Data parallel: averages the shard losses over ranks (the only traffic of a step).
         self.reduce = None  # MeZO applies its update within the step
 
     # --- training ---------------------------------------------------------------------------
-    def _perturb_all(self, seed: int, scale: float) -> None:
-        for g in self.groups:
-            if g.layout.numel:
-                self.ops.perturb(g.flat, g.layout, seed, scale)
-
     def _loss(self, batch: Batch, step: int, sign: str) -> torch.Tensor:
         stream = torch.cuda.current_stream() if self.device.type == "cuda" else None
         with autocast(self.device, self.cfg.amp):
@@ -63,40 +58,31 @@ class MeZOEngine:
                 with self.timer.span("compute", "compute", stream, step, i, detail=sign):
                     hidden = self.adapter.run_block(block, hidden, ctx)
             with self.timer.span("compute", "compute", stream, step, HEAD, detail=sign):
-                return label_loss(self.adapter.head(hidden, ctx), batch)
+                return self.objective.loss(self.adapter, hidden, ctx, batch)
 
     @torch.no_grad()
     def step(self, batch: Batch, step: int, lr: float, wd: float) -> StepOutput:
         """One ZO-SGD step; returns (L+, L-, g) as 0-d device tensors."""
-        eps, seed = self.cfg.eps, step_seed(self.cfg.seed, step)
-        self._perturb_all(seed, +eps)
-        loss_plus = self._loss(batch, step, "+")
-        self._perturb_all(seed, -2 * eps)
-        loss_minus = self._loss(batch, step, "-")
-        self._perturb_all(seed, +eps)
+        st = ZOStep(step_seed(self.cfg.seed, step), self.cfg.eps)
+        passes = lockstep([zo_passes(self.ops, g.flat, g.layout, st) for g in self.groups])
+        loss_plus, loss_minus = [self._loss(batch, step, "+-"[sign]) for sign in passes]
         if self.reduce is not None:
             loss_plus, loss_minus = self.reduce(torch.stack([loss_plus, loss_minus])).unbind()
-        g = projected_grad(loss_plus, loss_minus, eps)
-        upd = PendingUpdate(seed, g, lr, wd)
+        g = projected_grad(loss_plus, loss_minus, st.eps)
+        upd = PendingUpdate(st.seed, g, lr, wd)
         stream = torch.cuda.current_stream() if self.device.type == "cuda" else None
         with self.timer.span("update", "compute", stream, step, EMBED):
             for group in self.groups:
-                if group.layout.numel:
-                    self.ops.update(group.flat, group.layout, upd)
+                apply_update(self.ops, group.flat, group.layout, upd)
         self.timer.poll()
         return StepOutput((loss_plus + loss_minus) / 2, g, loss_plus, loss_minus)
 
     def flush(self) -> None:
         """Nothing is ever pending in MeZO."""
 
-    @torch.no_grad()
     def predict(self, batch: Batch) -> torch.Tensor:
         """Label-word logits (B, 2) at each prompt's last token, with the current weights."""
-        with autocast(self.device, self.cfg.amp):
-            hidden, ctx = self.adapter.embed(batch.input_ids, batch.attention_mask)
-            for block in self.adapter.blocks:
-                hidden = self.adapter.run_block(block, hidden, ctx)
-            return self.adapter.head(hidden, ctx)[:, batch.label_ids].float()
+        return predict_on_device(self.adapter, self.objective, batch, self.device, self.cfg.amp)
 
     # --- state ------------------------------------------------------------------------------
     def state_flats(self) -> list[torch.Tensor]:
@@ -113,8 +99,6 @@ class MeZOEngine:
     def snapshot(self, next_step: int):
         """Start host copies of the weights (never blocking the step); returns a function the
         checkpoint writer calls to get the ``Snapshot``."""
-        from workbench.engine.checkpoint import Snapshot
-
         bufs, done = device_copies([g.flat for g in self.groups], getattr(self, "_snap", None),
                                    self.device)
         self._snap = bufs if done is not None else None
@@ -128,10 +112,11 @@ class MeZOEngine:
 
         return make
 
-    def set_pending(self, pending: dict | None) -> None:
+    def restore(self, snap: Snapshot) -> None:
         """MeZO applies each update within its step: a snapshot never carries one."""
-        if pending is not None:
+        if snap.pending is not None:
             raise ValueError("checkpoint: a MeZO snapshot cannot carry a pending update")
+        self.load_state_flats(snap.flats)
 
     def gpu_param_bytes(self) -> int:
         return sum(g.layout.nbytes for g in self.groups) if self.device.type == "cuda" else 0

@@ -6,9 +6,10 @@ MeZO's arithmetic, per element, for a step with seed s, perturbation scale eps a
     m = p - 2 eps z        (perturb -2, from p)
     r = m + eps z          (restore, from m; not bit-equal to w, as in MeZO)
     w' = r - lr (g z + wd r)
-Both engines issue exactly these operations through this class, so on one device they end
-with the same bits. Backends: the fused Triton kernel (rng=philox on CUDA), or torch ops on a
-materialised z (CPU; rng=torch anywhere) that give the same numbers as far as the RNGs allow.
+Every engine and the checkpoint replay issue these operations in this order through
+``zo_step.py``, so on one device they end with the same bits. Backends: the fused Triton kernel
+(rng=philox on CUDA), or torch ops on a materialised z (CPU; rng=torch anywhere) that give the
+same numbers as far as the RNGs allow.
 """
 from __future__ import annotations
 
@@ -44,11 +45,6 @@ class ZOOps:
         self.rng, self.device = rng, torch.device(device)
         self.kernels = (kernels.load("zo_kernels", "rng=philox")
                         if rng == "philox" and self.device.type == "cuda" else None)
-
-    @property
-    def fused(self) -> bool:
-        return self.kernels is not None
-
 
     def z(self, n: int, seed: int, gid: int, device: torch.device | None = None) -> torch.Tensor:
         """The (n,) float32 normals of group ``gid`` at ``seed``."""

@@ -5,12 +5,14 @@ SRTransfer        master compressed-sr: the host stores bf16/fp16 (2 B/param, ha
                   memory); up 2 B, decoded to fp32 on the GPU; the updated fp32 weights are
                   encoded with stochastic rounding on the GPU and sent down (2 B). Unbiased:
                   an update below a bf16 ulp survives in expectation, not always.
-MirrorTransfer    master fp32, compressed codec: the host keeps the exact fp32 master and a
+MirrorTransfer    master fp32, compressed codec: the host keeps an fp32 master and a
                   compressed mirror of it. Up: the mirror (2 B, or 1 B + scales for fp8); the
                   GPU applies the pending update on top of the decoded mirror for compute and
                   sends the update itself down (bf16, 2 B); a host thread adds it to the fp32
-                  master and refreshes the mirror. Nothing is lost (the master accumulates every
-                  update in fp32), at the cost of a pass over host memory per step.
+                  master and refreshes the mirror. Not lossless: the forward passes see the
+                  mirror's rounding and each update reaches the master rounded to bf16 (0.4% of
+                  its own size), but no update is lost to the master's precision, as it would be
+                  in a bf16 master; at the cost of a pass over host memory per step.
 
 All GPU-side encode / decode runs on the stream of the transfer it belongs to.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 
 import torch
 
@@ -27,12 +30,11 @@ from workbench.engine.groups import GroupLayout
 from workbench.engine.perturb import PendingUpdate, ZOOps
 from workbench.engine.pinned import HostMemory
 from workbench.engine.zo_common import step_seed
+from workbench.engine.zo_step import ApplyUpdate
 
 
 class PlainTransfer:
     """fp32 master, fp32 on the wire."""
-
-    lossless = True
 
     def __init__(self, device: torch.device, timer, ops: ZOOps):
         self.device, self.timer, self.ops = device, timer, ops
@@ -58,6 +60,11 @@ class PlainTransfer:
     def slot_extra(self, n: int) -> dict[str, torch.Tensor]:
         return {}
 
+    def updater(self, extra: dict[str, torch.Tensor], block: int) -> ApplyUpdate | None:
+        """How a pending update reaches the block's uploaded weights: None, the fused update
+        of ``zo_step`` (the weights on the device are the master's values)."""
+        return None
+
     def up_bytes(self, n: int) -> int:
         return 4 * n
 
@@ -82,8 +89,6 @@ class PlainTransfer:
 
 class SRTransfer(PlainTransfer):
     """Compressed host storage (bf16 / fp16) with stochastic rounding."""
-
-    lossless = False
 
     def __init__(self, device, timer, ops, codec: Codec):
         super().__init__(device, timer, ops)
@@ -152,8 +157,6 @@ class SRTransfer(PlainTransfer):
 class MirrorTransfer(PlainTransfer):
     """fp32 master on the host, a compressed mirror travels up, the update travels down."""
 
-    lossless = True
-
     def __init__(self, device, timer, ops, codec: Codec):
         super().__init__(device, timer, ops)
         self.codec = codec
@@ -191,6 +194,10 @@ class MirrorTransfer(PlainTransfer):
             wire.copy_(mirror, non_blocking=True)
         with self.timer.span("codec", "upload", stream, step, block, wire.numel(), "decode"):
             self.codec.decode(wire, slot)
+
+    def updater(self, extra: dict[str, torch.Tensor], block: int) -> ApplyUpdate:
+        """The mirror's own update: the delta is kept to send down to the master."""
+        return partial(self.apply_update, extra=extra, block=block)
 
     def apply_update(self, slot, layout: GroupLayout, upd: PendingUpdate, extra, block: int) -> None:
         """On the compute stream: slot += delta, delta kept (bf16) to send down."""

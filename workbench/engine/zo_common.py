@@ -1,4 +1,5 @@
-"""Pieces every ZO engine shares: step seeds, the prompt loss, g, autocast, group storage."""
+"""Pieces the engines share: step seeds, autocast, group storage, host copies, the pending
+update's checkpoint form."""
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -6,10 +7,9 @@ from dataclasses import dataclass, field
 from typing import ContextManager
 
 import torch
-import torch.nn.functional as F
 
-from workbench.data.batches import Batch
 from workbench.engine.groups import GroupLayout
+from workbench.engine.perturb import PendingUpdate
 
 MASK64 = (1 << 64) - 1
 
@@ -21,16 +21,6 @@ def step_seed(run_seed: int, step: int) -> int:
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
     return (x ^ (x >> 31)) & 0x7FFFFFFF
-
-
-def label_loss(logits_last: torch.Tensor, batch: Batch) -> torch.Tensor:
-    """Cross-entropy over the two label words' logits; logits_last (B, V) -> 0-d float32."""
-    return F.cross_entropy(logits_last[:, batch.label_ids].float(), batch.labels)
-
-
-def projected_grad(loss_plus: torch.Tensor, loss_minus: torch.Tensor, eps: float) -> torch.Tensor:
-    """(L+ - L-) / 2 eps as a 0-d device tensor (never read on the host inside a step)."""
-    return (loss_plus - loss_minus) / (2 * eps)
 
 
 def autocast(device: torch.device, amp: str) -> ContextManager:
@@ -83,15 +73,15 @@ def device_copies(flats: list[torch.Tensor], bufs: list[torch.Tensor] | None, de
     return bufs, done
 
 
-def pending_dict(upd, host_g: torch.Tensor | None) -> dict | None:
+def pending_dict(upd: PendingUpdate | None, host_g: torch.Tensor | None) -> dict | None:
+    """A pending update as a checkpoint stores it (``host_g``: its g, copied to the host)."""
     if upd is None:
         return None
     return {"seed": upd.seed, "g": float(host_g), "lr": upd.lr, "wd": upd.wd}
 
 
-def pending_from_dict(d: dict | None, device: torch.device):
-    from workbench.engine.perturb import PendingUpdate
-
+def pending_from_dict(d: dict | None, device: torch.device) -> PendingUpdate | None:
+    """The inverse of ``pending_dict`` (also reads a step-log row), g on ``device``."""
     if d is None:
         return None
     return PendingUpdate(int(d["seed"]), torch.tensor(float(d["g"]), dtype=torch.float32,

@@ -119,8 +119,7 @@ class TrainRecipe:
                 raise CheckpointError(f"resume: checkpoint {path.name} is for {key}="
                                       f"{snap.config.get(key)!r}, this run has "
                                       f"{getattr(self.cfg, key)!r}")
-        self.engine.load_state_flats(snap.flats)
-        self.engine.set_pending(snap.pending)
+        self.engine.restore(snap)
         self.step = snap.step
         if self.out_dir is not None and (self.out_dir / "run.json").is_file():
             previous = RunRecord.load(self.out_dir)

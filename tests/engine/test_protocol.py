@@ -1,0 +1,103 @@
+"""Every engine implements the ``Engine`` protocol: each member, with the protocol's signature,
+and the contract's behaviour on a tiny model."""
+import inspect
+
+import pytest
+import torch
+
+from workbench.config import ConfigError, RunConfig
+from workbench.data.batches import SyntheticData
+from workbench.engine import Engine, build_engine
+from workbench.engine.events import EventBus
+from workbench.engine.fo import FOEngine
+from workbench.engine.fo_offload import FOOffloadEngine
+from workbench.engine.forward_grad import ForwardGradEngine
+from workbench.engine.mezo import MeZOEngine
+from workbench.engine.offload import ZOOffloadEngine
+from workbench.models.build import build_skeleton
+
+ENGINES = {"mezo": MeZOEngine, "zo-offload": ZOOffloadEngine, "forward-grad": ForwardGradEngine,
+           "fo": FOEngine, "fo-offload": FOOffloadEngine}
+METHODS = [n for n, v in vars(Engine).items() if callable(v) and not n.startswith("_")]
+ATTRIBUTES = list(Engine.__annotations__)
+
+
+def mismatches(cls) -> list[str]:
+    """Members of the protocol that ``cls`` lacks or declares with other parameters (names and
+    kinds in order; extra trailing parameters must have defaults)."""
+    out = []
+    for name in METHODS:
+        impl = getattr(cls, name, None)
+        if not callable(impl):
+            out.append(f"{name}: missing")
+            continue
+        want = list(inspect.signature(getattr(Engine, name)).parameters.values())
+        have = list(inspect.signature(impl).parameters.values())
+        if [(p.name, p.kind) for p in have[:len(want)]] != [(p.name, p.kind) for p in want]:
+            out.append(f"{name}{inspect.signature(impl)} is not {name}"
+                       f"{inspect.signature(getattr(Engine, name))}")
+        elif any(p.default is inspect.Parameter.empty for p in have[len(want):]):
+            out.append(f"{name}: extra parameters without defaults")
+    return out
+
+
+def test_the_protocol_covers_the_contract():
+    assert {"step", "flush", "predict", "state_flats", "load_state_flats", "group_layouts",
+            "snapshot", "restore", "gpu_param_bytes", "close"} == set(METHODS)
+    assert {"timer", "bytes_h2d", "bytes_d2h", "reduce"} == set(ATTRIBUTES)
+
+
+@pytest.mark.parametrize("method", ENGINES)
+def test_engine_class_has_the_protocols_methods(method):
+    assert mismatches(ENGINES[method]) == []
+
+
+def test_signature_check_can_fail():
+    class Wrong(MeZOEngine):
+        def step(self, batch, lr, wd):  # no step index
+            ...
+
+        def restore(self, snap, strict):  # a parameter the recipe never passes
+            ...
+
+    assert len(mismatches(Wrong)) == 2
+    assert mismatches(object) == [f"{name}: missing" for name in METHODS]
+
+
+@pytest.mark.parametrize("method", ENGINES)
+def test_built_engine_keeps_the_contract(method):
+    cfg = RunConfig(model="tiny-opt", method=method)
+    model, source = build_skeleton(cfg.model)
+    engine = build_engine(model, source, cfg, torch.device("cpu"), EventBus())
+    try:
+        assert type(engine) is ENGINES[method] and isinstance(engine, Engine)
+        assert engine.reduce is None and (engine.bytes_h2d, engine.bytes_d2h) == (0, 0)
+        layouts = engine.group_layouts()
+        flats = [f.detach().clone() for f in engine.state_flats()]
+        assert [f.numel() for f in flats] == [lay.numel for lay in layouts]
+        assert [lay.name for lay in layouts][::len(layouts) - 1] == ["embed", "head"]
+        batch = SyntheticData(model.config.vocab_size, 16).batch_for_step(0, 4, 0)
+        out = engine.step(batch, 0, cfg.lr, cfg.weight_decay)
+        assert out.loss.dim() == 0 and torch.isfinite(out.loss)
+        engine.flush()
+        assert engine.predict(batch).shape == (4, 2)
+        engine.load_state_flats(flats)  # back to the start, exactly
+        assert all(torch.equal(a, b) for a, b in zip(engine.state_flats(), flats))
+        if method in ("fo", "fo-offload"):
+            with pytest.raises(ConfigError, match="checkpoint_every"):
+                engine.snapshot(1)
+        else:
+            snap = engine.snapshot(1)()
+            engine.restore(snap)
+            assert snap.step == 1 and all(torch.equal(a, b)
+                                          for a, b in zip(engine.state_flats(), flats))
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("method", ["fo", "fo-offload"])
+def test_first_order_refuses_checkpoints_before_any_work(method):
+    cfg = RunConfig(model="tiny-opt", method=method, checkpoint_every=2)
+    model, source = build_skeleton(cfg.model)
+    with pytest.raises(ConfigError, match="checkpoint_every: method fo.* AdamW"):
+        build_engine(model, source, cfg, torch.device("cpu"), EventBus())

@@ -1,0 +1,79 @@
+"""The engine contract: what every training engine offers the recipe, the CLI and the notebooks.
+
+``Engine`` is a ``typing.Protocol``: MeZO, zo-offload, forward-grad, fo and fo-offload each
+implement it (``tests/engine/test_protocol.py`` checks every member and its signature).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
+
+import torch
+
+if TYPE_CHECKING:
+    from workbench.data.batches import Batch
+    from workbench.engine.checkpoint import Snapshot
+    from workbench.engine.groups import GroupLayout
+    from workbench.engine.timing import OpTimer
+
+
+@dataclass
+class StepOutput:
+    """What a training step returns: 0-d device tensors, read on the host later (never inside
+    the step). ZO methods fill the projected gradient and both perturbed losses."""
+
+    loss: torch.Tensor
+    projected_grad: torch.Tensor | None = None
+    loss_plus: torch.Tensor | None = None
+    loss_minus: torch.Tensor | None = None
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """A training engine over one model and device.
+
+    Attributes:
+        timer: times operations and publishes them on the run's event bus.
+        bytes_h2d, bytes_d2h: running totals of bytes moved host -> device and back (0 for
+            engines that keep everything on the device).
+        reduce: data parallel's mean over ranks of a 1-d tensor of the step's losses, set by
+            the recipe under torchrun (ZO methods only; ``distributed.from_env`` refuses the
+            others), or None.
+    """
+
+    timer: OpTimer
+    bytes_h2d: int
+    bytes_d2h: int
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None
+
+    def step(self, batch: Batch, step: int, lr: float, wd: float) -> StepOutput:
+        """One training step on ``batch``; enqueues work and returns without a host sync."""
+
+    def flush(self) -> None:
+        """Apply anything pending (a ZO update deferred into the next step), so the weights
+        are those after the last step."""
+
+    def predict(self, batch: Batch) -> torch.Tensor:
+        """(B, 2) fp32 label-word logits at each prompt's last token, current weights."""
+
+    def state_flats(self) -> list[torch.Tensor]:
+        """Every group's fp32 weights in canonical order (``group_layouts``); callers copy."""
+
+    def load_state_flats(self, flats: list[torch.Tensor]) -> None:
+        """Set every group's weights (canonical order, fp32)."""
+
+    def group_layouts(self) -> list[GroupLayout]:
+        """The parameter groups in canonical order: embedding, blocks, head."""
+
+    def snapshot(self, next_step: int) -> Callable[[], Snapshot]:
+        """Start host copies of the state at a step boundary without blocking the step;
+        returns the function the checkpoint writer calls (in its thread) for the Snapshot."""
+
+    def restore(self, snap: Snapshot) -> None:
+        """Continue from ``snap``: its weights and its pending update."""
+
+    def gpu_param_bytes(self) -> int:
+        """GPU bytes the engine holds for parameters (and their optimizer state)."""
+
+    def close(self) -> None:
+        """Drain timing and transfers and free device and pinned memory."""

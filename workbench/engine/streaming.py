@@ -1,0 +1,294 @@
+"""The block-streaming scheduler: which group is where, on which stream, after which event.
+
+Layout: the embedding, the head and ``resident_blocks`` blocks live on the GPU; every other
+block's master lives in host memory behind a transfer (``transfers.py``: fp32, a compressed
+mirror, or compressed-sr). ``prefetch_depth + 2`` GPU slots, allocated once, hold the blocks in
+flight: block i+d uploads while block i computes and block i-1 offloads, on three CUDA streams
+ordered by events only (the host never waits inside a step). What a pass does to a block is
+the caller's ``compute``; the arithmetic lives in ``zo_step.py``. Used by the zo-offload and
+forward-grad engines (``offload.py``, ``forward_grad.py``) through its public methods.
+
+A weight tied between the embedding and the LM head gets a scratch buffer for the ZO "+" copy
+of the embedding (``scratch``), alive from the embedding's "+" pass to the head's.
+"""
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable
+
+import torch
+
+from workbench.config import RunConfig
+from workbench.engine.groups import GroupLayout, build_layouts, move_buffers, release, \
+    tied_with_embed
+from workbench.engine.perturb import PendingUpdate, ZOOps
+from workbench.engine.streams import Streams
+from workbench.engine.timing import OpTimer
+from workbench.engine.transfers import make_transfer
+from workbench.engine.zo_common import Group, device_copies, materialise, pending_dict
+from workbench.engine.zo_step import ApplyUpdate
+from workbench.models.adapter import BlockAdapter
+from workbench.models.build import RandomInit
+
+#: ``compute(i, weights, apply)``: block i's pass over its (n,) fp32 weights on the device;
+#: ``apply`` is how a pending update reaches them (None: the fused update of ``zo_step``).
+BlockCompute = Callable[[int, torch.Tensor, ApplyUpdate | None], None]
+
+
+class BlockStreamer:
+    """Args:
+        adapter: the model's block adapter; its groups are materialised and bound here.
+        source: where weights come from (random init or a checkpoint folder).
+        cfg: the run config; the scheduler knobs (overlap, reuse_buffers, resident_blocks,
+            prefetch_depth) and the host format (master, codec).
+        device: the GPU (or the CPU, where the streams are no-ops and the schedule is tested).
+        timer: the engine's operation timer.
+        ops: the engine's ZO operations (the transfers use them for their own updates).
+
+    Attributes: ``embed``, ``head``, ``blocks`` (Groups; a streamed block's ``flat`` is its
+    host storage), ``resident`` (block indices on the GPU), ``scratch`` (None unless tied),
+    ``streams``, ``transfer``, ``slot_numel``, ``bytes_h2d`` / ``bytes_d2h`` (running totals).
+    """
+
+    def __init__(self, adapter: BlockAdapter, source, cfg: RunConfig, device: torch.device,
+                 timer: OpTimer, ops: ZOOps):
+        self.cfg, self.device, self.timer = cfg, device, timer
+        self.cuda = device.type == "cuda"
+        embed, blocks, head = build_layouts(adapter)
+        n = len(blocks)
+        self.resident = set(range(min(cfg.resident_blocks, n)))
+        self.embed = Group(embed, materialise(embed, source, cfg.seed, device))
+        self.head = Group(head, materialise(head, source, cfg.seed, device))
+        tied = tied_with_embed(embed, adapter.head_modules)
+        self.scratch = torch.empty_like(self.embed.flat) if tied else None
+        self.streams = Streams(device, cfg.overlap)
+        self.transfer = make_transfer(cfg.master, cfg.codec, device, timer, ops)
+        self.slot_numel = max((blocks[i].numel for i in range(n) if i not in self.resident),
+                              default=0)
+        self.n_slots = cfg.prefetch_depth + 2
+        self.slots: list[tuple[torch.Tensor, dict]] = []
+        if cfg.reuse_buffers and self.slot_numel:
+            self.slots = [(torch.empty(self.slot_numel, device=device),
+                           self.transfer.slot_extra(self.slot_numel)) for _ in range(self.n_slots)]
+        self.blocks: list[Group] = []
+        for i, lay in enumerate(blocks):
+            if i in self.resident:
+                self.blocks.append(Group(lay, materialise(lay, source, cfg.seed, device)))
+            else:
+                self.blocks.append(Group(lay, self._host_storage(lay, source)))
+        self.embed.bind()
+        self.head.bind()
+        for i in self.resident:
+            self.blocks[i].bind()
+        move_buffers([adapter.model], device)
+        self.bytes_h2d = self.bytes_d2h = 0
+        self._offloaded: dict[int, torch.cuda.Event | None] = {}  # block -> its last offload
+        self._slot_free: dict[int, torch.cuda.Event | None] = {}  # slot -> last use finished
+        self._slot_params: dict[tuple, list] = {}
+        self._gates: dict[int, Future] = {}  # block -> its snapshot copy, awaited before offload
+        self._snap_host: dict[int, torch.Tensor] = {}  # self-copy buffers, reused
+        self._copier = ThreadPoolExecutor(max_workers=2, thread_name_prefix="self-copy")
+
+    def _host_storage(self, lay: GroupLayout, source):
+        """A streamed block's host storage, filled with its initial weights. Random init runs on
+        the GPU (in a slot) and is copied down: far faster than initialising on the CPU."""
+        host = self.transfer.host_storage(lay.numel)
+        on_gpu = self.cuda and isinstance(source, RandomInit)
+        staging = (self.slots[0][0] if on_gpu and self.slots
+                   else torch.empty(lay.numel, device=self.device if on_gpu else "cpu"))
+        staging = staging[:lay.numel]
+        source.fill(lay.name, lay.named_views(staging), self.cfg.seed)
+        self.transfer.store_fp32(host, staging)  # setup only: synchronous copies are fine here
+        return host
+
+    def groups(self) -> list[Group]:
+        """Every group in canonical order: embedding, blocks, head."""
+        return [self.embed, *self.blocks, self.head]
+
+    # --- the block pipeline ----------------------------------------------------------------
+    def stream_blocks(self, step: int, compute: BlockCompute, write_back: bool,
+                      op: str = "compute") -> None:
+        """Run ``compute`` for every block in order on the compute stream, streamed blocks
+        uploaded ``prefetch_depth`` ahead and (with ``write_back``) offloaded after; each
+        compute runs inside an ``op`` span of the timer."""
+        s, n, depth, tr = self.streams, len(self.blocks), self.cfg.prefetch_depth, self.transfer
+        inflight: dict[int, tuple] = {}
+
+        def upload(j: int) -> None:
+            if j >= n or j in self.resident:
+                return
+            group, slot = self.blocks[j], j % self.n_slots
+            numel = group.layout.numel
+            tr.wait_host(j)  # host-side work on this block's storage has finished
+            with s.on(s.upload):
+                s.wait(s.upload, self._slot_free.get(slot))  # slot's last block is done with it
+                s.wait(s.upload, self._offloaded.get(j))  # last step's offload wrote the host copy
+                if self.slots:
+                    flat, extra = self.slots[slot][0][:numel], self.slots[slot][1]
+                else:  # reuse_buffers off: fresh buffers from the caching allocator each time
+                    flat, extra = torch.empty(numel, device=self.device), tr.slot_extra(numel)
+                tr.upload(group.flat, flat, extra, step, j, s.upload)
+                inflight[j] = (flat, extra, s.record(s.upload), slot)
+            self.bytes_h2d += tr.up_bytes(numel)
+
+        for j in range(min(depth, n)):
+            upload(j)
+        for i in range(n):
+            upload(i + depth)
+            group = self.blocks[i]
+            if i in self.resident:
+                with self.timer.span(op, "compute", s.compute, step, i):
+                    compute(i, group.flat, None)
+                continue
+            flat, extra, uploaded, slot = inflight.pop(i)
+            s.wait(s.compute, uploaded)  # compute reads the weights only once they have landed
+            fresh = [flat, *extra.values()] if not self.slots and self.cuda else []
+            for t in fresh:
+                t.record_stream(s.compute)  # fresh buffers: alive until compute is done
+            self._bind_slot(i, flat, slot)
+            with self.timer.span(op, "compute", s.compute, step, i):
+                compute(i, flat, tr.updater(extra, i))
+            computed = s.record(s.compute)
+            if not write_back:
+                self._slot_free[slot] = computed
+                continue
+            gate = self._gates.pop(i, None)
+            if gate is not None:
+                gate.result()  # the checkpoint's self-copy of this block's half is done
+            with s.on(s.offload):
+                s.wait(s.offload, computed)  # offload only after compute has finished the block
+                self.bytes_d2h += tr.offload(group.flat, flat, extra, step, i, group.layout,
+                                             s.offload)
+                done = s.record(s.offload)
+                for t in fresh:
+                    t.record_stream(s.offload)  # and until the offload has read them
+            self._offloaded[i] = self._slot_free[slot] = done
+
+    def _bind_slot(self, i: int, flat: torch.Tensor, slot: int) -> None:
+        """Point block i's modules at its weights in the slot (views cached per slot)."""
+        lay = self.blocks[i].layout
+        if not self.slots:
+            lay.bind(lay.make_params(flat))
+            return
+        key = (slot, lay.signature())  # views of one slot serve every block of that shape
+        params = self._slot_params.get(key)
+        if params is None:
+            params = self._slot_params[key] = lay.make_params(flat)
+        lay.bind(params)
+
+    # --- state ------------------------------------------------------------------------------
+    def sync(self) -> None:
+        """Wait for every transfer and host pass (outside steps: before reading host copies)."""
+        if self.cuda:
+            torch.cuda.synchronize(self.device)  # all streams: transfers have landed
+        for i in range(len(self.blocks)):
+            self.transfer.wait_host(i)
+
+    def _weights(self, i: int) -> torch.Tensor:
+        group = self.blocks[i]
+        return group.flat if i in self.resident else self.transfer.to_fp32(group.flat)
+
+    def state_flats(self) -> list[torch.Tensor]:
+        """Every group's fp32 weights in canonical order (streamed blocks from the host)."""
+        self.sync()
+        return [self.embed.flat, *(self._weights(i) for i in range(len(self.blocks))),
+                self.head.flat]
+
+    def load_state_flats(self, flats: list[torch.Tensor]) -> None:
+        self.sync()
+        self.embed.flat.copy_(flats[0])
+        self.head.flat.copy_(flats[-1])
+        for i, flat in enumerate(flats[1:-1]):
+            if i in self.resident:
+                self.blocks[i].flat.copy_(flat)
+            else:
+                self.transfer.store_fp32(self.blocks[i].flat, flat)
+
+    def group_layouts(self) -> list[GroupLayout]:
+        return [g.layout for g in self.groups()]
+
+    def snapshot(self, next_step: int, pending: PendingUpdate | None):
+        """The paper's asynchronous checkpoint: GPU-resident groups are copied down on a side
+        stream; each half's streamed blocks are self-copied on the host by a thread once their
+        offloads have landed, while training goes on. The next step waits only before it
+        overwrites a block whose copy is not done yet. Returns a function for the writer."""
+        from workbench.engine.checkpoint import Snapshot, halves
+
+        groups = self.groups()
+        on_gpu = [k for k in range(len(groups)) if k in (0, len(groups) - 1)
+                  or (k - 1) in self.resident]
+        gpu_bufs, done = device_copies([groups[k].flat for k in on_gpu] +
+                                       ([pending.g.reshape(1)] if pending else []),
+                                       None, self.device)
+        out: list[torch.Tensor | None] = [None] * len(groups)
+        futures = []
+        for part in halves(len(groups)):
+            streamed = [k - 1 for k in part if k not in on_gpu]
+            if streamed:
+                future = self._copier.submit(self._self_copy, streamed, out)
+                futures.append(future)
+                for b in streamed:
+                    self._gates[b] = future
+        layouts = self.group_layouts()
+
+        def make() -> Snapshot:
+            if done is not None:
+                done.synchronize()  # writer thread: the side-stream copies have landed
+            for k, buf in zip(on_gpu, gpu_bufs):
+                out[k] = buf
+            for future in futures:
+                future.result()
+            host_g = gpu_bufs[-1] if pending is not None else None
+            return Snapshot(next_step, out, [lay.name for lay in layouts],
+                            pending_dict(pending, host_g), self.cfg.to_dict(),
+                            [lay.n_decay for lay in layouts])
+
+        return make
+
+    def _self_copy(self, blocks: list[int], out: list) -> None:
+        """Copy thread: host copies of streamed blocks once their last offload has landed, into
+        buffers kept from one snapshot to the next (fresh memory would be page-faulted in on
+        every snapshot, which costs more than the copy; the writer is idle when a snapshot
+        starts, so nothing still reads them)."""
+        for b in blocks:
+            landed = self._offloaded.get(b)
+            if landed is not None:
+                landed.synchronize()  # copy thread only: the step's offload wrote the master
+            self.transfer.wait_host(b)
+            numel = self.blocks[b].layout.numel
+            buf = self._snap_host.get(b)
+            if buf is None or buf.numel() != numel:
+                buf = self._snap_host[b] = torch.empty(numel, dtype=self.transfer.master_dtype)
+            out[b + 1] = self.transfer.read_master(self.blocks[b].flat, buf)
+
+    def gpu_param_bytes(self) -> int:
+        if not self.cuda:
+            return 0
+        resident = sum(self.blocks[i].layout.nbytes for i in self.resident)
+        slots = sum(4 * flat.numel() + sum(t.numel() * t.element_size() for t in extra.values())
+                    for flat, extra in self.slots)
+        scratch = self.scratch.numel() * 4 if self.scratch is not None else 0
+        return self.embed.layout.nbytes + self.head.layout.nbytes + resident + slots + scratch
+
+    def host_param_bytes(self) -> int:
+        """Host bytes holding the streamed blocks: the master plus any mirror / delta."""
+        total = 0
+        for i, block in enumerate(self.blocks):
+            if i not in self.resident:
+                parts = block.flat.values() if isinstance(block.flat, dict) else [block.flat]
+                total += sum(t.numel() * t.element_size() for t in parts)
+        return total
+
+    def close(self) -> None:
+        """Drain transfers and snapshot copies, free GPU and pinned host memory (the model
+        becomes a skeleton: a notebook runs many jobs in one process)."""
+        self.sync()
+        for gate in self._gates.values():
+            gate.result()
+        self._copier.shutdown(wait=True)
+        self.transfer.close()
+        for group in self.groups():
+            release(group.layout)
+        self.blocks, self.slots, self.scratch = [], [], None
+        self._slot_params.clear()
+        self._snap_host.clear()
