@@ -12,6 +12,7 @@ from pathlib import Path
 
 from workbench.config import ConfigError, RunConfig, check_environment, load_config, parse_sets
 from workbench.engine.checkpoint import CheckpointError
+from workbench.telemetry.steady import STEADY_NOTE
 
 DEMO = {"model": "tiny-opt", "data": "embedded", "steps": "40", "batch_size": "16",
         "seq_len": "64", "lr": "2e-3", "eps": "1e-3", "eval_samples": "0"}
@@ -168,15 +169,20 @@ def _maybe_report(run_dirs: list[Path], path: Path) -> Path | None:
     return write_report(run_dirs, path)
 
 
+RATIO_ROWS = ("tokens/s (steady)", "peak GPU mem (MB)")
+
+
 def format_summary(records) -> str:
     """A side-by-side table of runs, with ratios to the first."""
     rows = [("run", lambda r: r.name, None),
-            ("tokens/s", lambda r: r.summary.get("tokens_per_s"), "{:,.0f}"),
-            ("step (s)", lambda r: r.summary.get("step_seconds"), "{:.4f}"),
-            ("peak GPU mem (MB)", lambda r: r.summary.get("peak_gpu_mem_bytes", 0) / 2**20,
+            ("tokens/s (steady)", lambda r: r.summary.get("tokens_per_s"), "{:,.0f}"),
+            ("step (s, steady median)", lambda r: r.summary.get("step_seconds"), "{:.4f}"),
+            ("tokens/s (all steps)", lambda r: r.summary.get("wall_tokens_per_s"), "{:,.0f}"),
+            ("warm-up steps left out", lambda r: r.summary.get("warmup_steps"), "{:,}"),
+            ("peak GPU mem (MB)", lambda r: r.summary.get("peak_gpu_mem_bytes", 0) / 1e6,
              "{:,.1f}"),
-            ("H2D per step (MB)", lambda r: r.summary.get("bytes_h2d", 0) / 2**20, "{:,.2f}"),
-            ("D2H per step (MB)", lambda r: r.summary.get("bytes_d2h", 0) / 2**20, "{:,.2f}"),
+            ("H2D per step (MB)", lambda r: r.summary.get("bytes_h2d", 0) / 1e6, "{:,.2f}"),
+            ("D2H per step (MB)", lambda r: r.summary.get("bytes_d2h", 0) / 1e6, "{:,.2f}"),
             ("final loss", lambda r: r.summary.get("final_loss"), "{:.4f}"),
             ("dev acc start", lambda r: r.summary.get("eval_accuracy_start"), "{:.3f}"),
             ("dev acc end", lambda r: r.summary.get("eval_accuracy"), "{:.3f}"),
@@ -187,15 +193,16 @@ def format_summary(records) -> str:
         for i, r in enumerate(records):
             v = get(r)
             text = "-" if v is None else (fmt.format(v) if fmt else str(v))
-            if i and fmt and v is not None and label in ("tokens/s", "peak GPU mem (MB)"):
+            if i and fmt and v is not None and label in RATIO_ROWS:
                 base = get(records[0])
                 text += f" ({v / base:.2f}x)" if base else ""
             cells.append(text)
         table.append((label, cells))
     width = max(len(label) for label, _ in table)
     cols = [max(len(c[i]) for _, c in table) for i in range(len(records))]
-    return "\n".join(f"{label:<{width}}  " + "  ".join(f"{c:>{w}}" for c, w in zip(cells, cols))
-                     for label, cells in table)
+    lines = [f"{label:<{width}}  " + "  ".join(f"{c:>{w}}" for c, w in zip(cells, cols))
+             for label, cells in table]
+    return "\n".join(lines + [f"note: {STEADY_NOTE} MB = 10^6 bytes."])
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -40,7 +40,7 @@ def prompt_loss(adapter: BlockAdapter, batch: Batch, timer: OpTimer, step: int,
                 stream) -> torch.Tensor:
     """The prompt loss through embed -> blocks -> head, each part timed as a "forward" span."""
     with timer.span("forward", "compute", stream, step, EMBED):
-        hidden, ctx = adapter.embed(batch.input_ids, batch.attention_mask)
+        hidden, ctx = adapter.embed(batch)
     for i, block in enumerate(adapter.blocks):
         with timer.span("forward", "compute", stream, step, i):
             hidden = adapter.run_block(block, hidden, ctx)
@@ -53,7 +53,7 @@ def predict_logits(adapter: BlockAdapter, batch: Batch, device: torch.device,
                    amp: str) -> torch.Tensor:
     """Label-word logits (B, 2) at each prompt's last token with the weights bound now."""
     with autocast(device, amp):
-        hidden, ctx = adapter.embed(batch.input_ids, batch.attention_mask)
+        hidden, ctx = adapter.embed(batch)
         for block in adapter.blocks:
             hidden = adapter.run_block(block, hidden, ctx)
         return adapter.head(hidden, ctx)[:, batch.label_ids].float()

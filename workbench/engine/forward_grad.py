@@ -51,7 +51,7 @@ class ForwardGradEngine(ZOOffloadEngine):
         with fwAD.dual_level(), sdpa_kernel(SDPBackend.MATH), autocast(self.device, cfg.amp):
             with self.timer.span("jvp", "compute", compute, step, EMBED):
                 self._dual_group(self.embed, upd, seed)
-                hidden, ctx = adapter.embed(batch.input_ids, batch.attention_mask)
+                hidden, ctx = adapter.embed(batch)
             state = [hidden]
 
             def jvp_block(i: int, flat: torch.Tensor, extra: dict | None) -> None:

@@ -180,15 +180,15 @@ class ZOOffloadEngine:
                 if self.tied:  # main <- updated w; scratch <- p = w + eps z
                     ops.update_perturb(emb.flat, emb.layout, upd, seed, +eps, out=self.scratch)
                     emb.bind(self.scratch)
-                    h_plus, ctx = adapter.embed(batch.input_ids, batch.attention_mask)
+                    h_plus, ctx = adapter.embed(batch)
                     ops.perturb(self.scratch, emb.layout, seed, -2 * eps, out=emb.flat)
                     emb.bind()
-                    h_minus, _ = adapter.embed(batch.input_ids, batch.attention_mask)
+                    h_minus, _ = adapter.embed(batch)
                 else:
                     self._perturb_group(emb, upd, seed, eps)
-                    h_plus, ctx = adapter.embed(batch.input_ids, batch.attention_mask)
+                    h_plus, ctx = adapter.embed(batch)
                     ops.perturb(emb.flat, emb.layout, seed, -2 * eps)
-                    h_minus, _ = adapter.embed(batch.input_ids, batch.attention_mask)
+                    h_minus, _ = adapter.embed(batch)
                     ops.perturb(emb.flat, emb.layout, seed, +eps)
             hidden = [h_plus, h_minus]
 
@@ -261,7 +261,7 @@ class ZOOffloadEngine:
         """Label-word logits (B, 2) with the current weights, blocks streamed read-only."""
         self.flush()
         with autocast(self.device, self.cfg.amp):
-            hidden, ctx = self.adapter.embed(batch.input_ids, batch.attention_mask)
+            hidden, ctx = self.adapter.embed(batch)
             state = [hidden]
 
             def forward(i: int, flat: torch.Tensor, extra: dict | None) -> None:
