@@ -7,7 +7,7 @@ Suites (combine with commas):
   codecs    zo-offload tokens/s per codec and master (the paper's Table 3)
   telemetry telemetry fully on vs off; NVML PCIe rates vs the engine's bytes / time
   methods   zo-offload vs forward-grad (tokens/s, peak memory)
-  cap       the largest OPT preset that trains under a 24 GB GPU memory cap
+  cap       the largest OPT preset that trains under a 24 GiB GPU memory cap
 Usage: python benchmarks/zo_offload.py --suite main --models opt-125m,opt-1.3b
 """
 from __future__ import annotations
@@ -178,7 +178,7 @@ def run_methods(args) -> list[dict]:
 
 
 def run_cap(args) -> list[dict]:
-    """Largest preset under a 24 GB cap, largest first; host RAM decides the master format."""
+    """Largest preset under a 24 GiB cap, largest first; host RAM decides the master format."""
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(24 * 2**30 / total)
     rows = args.sink.setdefault("cap", [])
@@ -186,7 +186,7 @@ def run_cap(args) -> list[dict]:
         cfg = RunConfig(model=model, method="zo-offload", data="synthetic", device="cuda",
                         batch_size=16, seq_len=128, steps=3, amp="bf16", codec=codec,
                         master=master, lr=1e-7)
-        r = measure(cfg, f"{model} under 24 GB ({codec}/{master})")
+        r = measure(cfg, f"{model} under 24 GiB ({codec}/{master})")
         r.update(model=model, codec=codec, master=master)
         rows.append(r)
         args.flush()

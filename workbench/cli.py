@@ -234,8 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--gpu", help="plan for a GPU of the table (h200, h100, a100-40gb, "
                     "a100-80gb, rtx-4090, 24gb); default: this machine's calibration, else h200")
     sp.add_argument("--json", action="store_true", help="print the plan as JSON")
-    sp.add_argument("--suggest", type=float, metavar="BUDGET_GB",
-                    help="rank zo-offload settings that fit this much GPU memory (GiB)")
+    sp.add_argument("--suggest", type=float, metavar="BUDGET_GIB",
+                    help="rank zo-offload settings that fit this much GPU memory, in GiB "
+                    "(2^30 bytes)")
     sp.set_defaults(fn=cmd_plan)
     sp = sub.add_parser("calibrate", help="measure this machine's rates for the planner")
     sp.add_argument("--quick", action="store_true", help="smaller and fewer measurements")
