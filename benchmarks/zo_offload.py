@@ -18,17 +18,10 @@ import time
 
 import torch
 
-from common import measure, pcie_bandwidth, save, table
+from common import add_bound, measure, pcie_bandwidth, save, table
 
 from workbench.config import RunConfig
 from workbench.engine import codecs as codec_module
-
-
-def add_bound(row: dict, bw: dict, compute_s: float | None) -> None:
-    """The row's lower bound max(compute, bytes each way / PCIe both ways) and its distance."""
-    row["transfer_bound_s"] = max(row["bytes_h2d"], row["bytes_d2h"]) / bw["both_per_direction"]
-    row["lower_bound_s"] = max(compute_s or 0.0, row["transfer_bound_s"])
-    row["vs_bound"] = row["step_seconds"] / row["lower_bound_s"]
 
 
 def run_main(args, bw) -> list[dict]:
@@ -72,15 +65,15 @@ def _randint_stochastic_round(x: torch.Tensor, dtype: torch.dtype, seed: int) ->
 def sr_path(path: str):
     """Which stochastic rounding the SR codec uses: "fused" (the kernel), "torch" (the torch
     path of the same numbers) or "before" (the pre-kernel code). Benchmark-only switch."""
-    fused, rounding = codec_module._sr_kernels, codec_module.stochastic_round
+    fused, rounding = codec_module.sr_kernels, codec_module.stochastic_round
     if path in ("torch", "before"):
-        codec_module._sr_kernels = lambda: None
+        codec_module.sr_kernels = lambda: None
     if path == "before":
         codec_module.stochastic_round = _randint_stochastic_round
     try:
         yield
     finally:
-        codec_module._sr_kernels, codec_module.stochastic_round = fused, rounding
+        codec_module.sr_kernels, codec_module.stochastic_round = fused, rounding
 
 
 def _versus_first(args, suite: str, cols, runs, bw: dict | None = None) -> list[dict]:
