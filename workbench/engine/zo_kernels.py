@@ -135,9 +135,11 @@ def warm(n: int, n_decay: int) -> None:
 
 
 def _load(kernel) -> None:
-    """Load a compiled kernel's module onto the GPU now, as its first launch would."""
-    if kernel is not None:
-        kernel._init_handles()
+    """Load a compiled kernel's module onto the GPU now, as its first launch would (Triton's
+    private loader; where a version lacks it the first launch loads it, milliseconds)."""
+    init = getattr(kernel, "_init_handles", None)
+    if init is not None:
+        init()
 
 
 def launch(x, out, g, n_decay: int, seed: int, prev_seed: int, gid: int, scale: float,
