@@ -49,7 +49,7 @@ def measure(cfg: RunConfig, name: str = "") -> dict:
     nvml = [x.get("gpu mem used (bytes)") for x in rec.samples]
     nvml = [v for v in nvml if v is not None and math.isfinite(v)]
     s["nvml_peak_bytes"] = max(nvml) if nvml else None
-    timed_steps = rec.steps[1:]
+    timed_steps = rec.steps[s.get("warmup_steps", 1):]  # the steady steps (telemetry/steady.py)
     timed = {r["step"] for r in timed_steps}
     comp = [e.seconds for e in rec.events if e.op in ("compute", "jvp") and e.step in timed]
     s["compute_seconds_per_step"] = sum(comp) / max(len(timed), 1) if comp else None
@@ -72,6 +72,13 @@ def measure(cfg: RunConfig, name: str = "") -> dict:
         "method", "model", "batch_size", "seq_len", "amp", "codec", "master", "overlap",
         "reuse_buffers", "fused_update", "resident_blocks", "prefetch_depth", "steps")}
     return s
+
+
+def add_bound(row: dict, bw: dict, compute_s: float | None) -> None:
+    """The row's lower bound max(compute, bytes each way / PCIe both ways) and its distance."""
+    row["transfer_bound_s"] = max(row["bytes_h2d"], row["bytes_d2h"]) / bw["both_per_direction"]
+    row["lower_bound_s"] = max(compute_s or 0.0, row["transfer_bound_s"])
+    row["vs_bound"] = row["step_seconds"] / row["lower_bound_s"]
 
 
 def pcie_bandwidth(nbytes: int = 1 << 30) -> dict:

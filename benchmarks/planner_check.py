@@ -3,7 +3,7 @@
 Reads the calibration and the MeZO / zo-offload rows measured in the same session
 (benchmarks/results/*-NVIDIA-H200-2026-11-22.json), predicts each row with
 ``workbench.planner.plan`` and prints predicted vs measured peak GPU memory (torch allocator)
-and step time, then the plans for opt-66b and opt-175b on a 24 GB GPU.
+and step time, then the plans for opt-66b and opt-175b on a 24 GiB GPU.
 
 One input is patched, and said so in the output: the calibration's fused-kernel timing failed
 on the device (Triton specialised a seed argument equal to 1 into a constant; fixed since), so
@@ -71,16 +71,17 @@ def main() -> None:
                             batch_size=b, seq_len=t)
             p = plan(cfg, gpu="24gb").to_dict()
             big.append({"run": f"{model} zo-offload bf16/sr {b}x{t} on 24gb",
-                        "gpu_gb": p["peak_gpu_mem_bytes"] / 2**30,
-                        "nvml_gb": p["nvml_gpu_mem_bytes"] / 2**30,
-                        "host_gb": p["host_mem_bytes"] / 2**30, "fits": p["fits_gpu"],
+                        "gpu_gib": p["peak_gpu_mem_bytes"] / 2**30,
+                        "nvml_gib": p["nvml_gpu_mem_bytes"] / 2**30,
+                        "host_gib": p["host_mem_bytes"] / 2**30, "fits": p["fits_gpu"],
                         "step_s": p["step_seconds"]})
     cols = [("run", "run", ""), ("mem pred GB", "mem_pred_gb", "{:.2f}"),
             ("mem meas GB", "mem_meas_gb", "{:.2f}"), ("pred/meas", "mem_ratio", "{:.3f}"),
             ("time pred s", "time_pred_s", "{:.4f}"), ("time meas s", "time_meas_s", "{:.4f}"),
             ("pred/meas", "time_ratio", "{:.3f}")]
-    bcols = [("plan", "run", ""), ("torch GiB", "gpu_gb", "{:.1f}"), ("NVML GiB", "nvml_gb", "{:.1f}"),
-             ("host GiB", "host_gb", "{:.1f}"), ("fits GPU", "fits", ""), ("step s", "step_s", "{:.2f}")]
+    bcols = [("plan", "run", ""), ("torch GiB", "gpu_gib", "{:.1f}"),
+             ("NVML GiB", "nvml_gib", "{:.1f}"), ("host GiB", "host_gib", "{:.1f}"),
+             ("fits GPU", "fits", ""), ("step s", "step_s", "{:.2f}")]
     within = sum(abs(r["mem_ratio"] - 1) <= 0.10 for r in out), sum(abs(r["time_ratio"] - 1) <= 0.15 for r in out)
     print(f"perturbation rate derived from the MeZO rows: {rate / 1e9:.0f} G elements/s per pass")
     print(table(out, cols))

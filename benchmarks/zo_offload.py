@@ -7,7 +7,7 @@ Suites (combine with commas):
   codecs    zo-offload tokens/s per codec and master (the paper's Table 3)
   telemetry telemetry fully on vs off; NVML PCIe rates vs the engine's bytes / time
   methods   zo-offload vs forward-grad (tokens/s, peak memory)
-  cap       the largest OPT preset that trains under a 24 GB GPU memory cap
+  cap       the largest OPT preset that trains under a 24 GiB GPU memory cap
 Usage: python benchmarks/zo_offload.py --suite main --models opt-125m,opt-1.3b
 """
 from __future__ import annotations
@@ -18,17 +18,10 @@ import time
 
 import torch
 
-from common import measure, pcie_bandwidth, save, table
+from common import add_bound, measure, pcie_bandwidth, save, table
 
 from workbench.config import RunConfig
 from workbench.engine import codecs as codec_module
-
-
-def add_bound(row: dict, bw: dict, compute_s: float | None) -> None:
-    """The row's lower bound max(compute, bytes each way / PCIe both ways) and its distance."""
-    row["transfer_bound_s"] = max(row["bytes_h2d"], row["bytes_d2h"]) / bw["both_per_direction"]
-    row["lower_bound_s"] = max(compute_s or 0.0, row["transfer_bound_s"])
-    row["vs_bound"] = row["step_seconds"] / row["lower_bound_s"]
 
 
 def run_main(args, bw) -> list[dict]:
@@ -72,15 +65,15 @@ def _randint_stochastic_round(x: torch.Tensor, dtype: torch.dtype, seed: int) ->
 def sr_path(path: str):
     """Which stochastic rounding the SR codec uses: "fused" (the kernel), "torch" (the torch
     path of the same numbers) or "before" (the pre-kernel code). Benchmark-only switch."""
-    fused, rounding = codec_module._sr_kernels, codec_module.stochastic_round
+    fused, rounding = codec_module.sr_kernels, codec_module.stochastic_round
     if path in ("torch", "before"):
-        codec_module._sr_kernels = lambda: None
+        codec_module.sr_kernels = lambda: None
     if path == "before":
         codec_module.stochastic_round = _randint_stochastic_round
     try:
         yield
     finally:
-        codec_module._sr_kernels, codec_module.stochastic_round = fused, rounding
+        codec_module.sr_kernels, codec_module.stochastic_round = fused, rounding
 
 
 def _versus_first(args, suite: str, cols, runs, bw: dict | None = None) -> list[dict]:
@@ -178,7 +171,7 @@ def run_methods(args) -> list[dict]:
 
 
 def run_cap(args) -> list[dict]:
-    """Largest preset under a 24 GB cap, largest first; host RAM decides the master format."""
+    """Largest preset under a 24 GiB cap, largest first; host RAM decides the master format."""
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(24 * 2**30 / total)
     rows = args.sink.setdefault("cap", [])
@@ -186,7 +179,7 @@ def run_cap(args) -> list[dict]:
         cfg = RunConfig(model=model, method="zo-offload", data="synthetic", device="cuda",
                         batch_size=16, seq_len=128, steps=3, amp="bf16", codec=codec,
                         master=master, lr=1e-7)
-        r = measure(cfg, f"{model} under 24 GB ({codec}/{master})")
+        r = measure(cfg, f"{model} under 24 GiB ({codec}/{master})")
         r.update(model=model, codec=codec, master=master)
         rows.append(r)
         args.flush()

@@ -36,7 +36,7 @@ Memory (n = elements of one block, B rows, T = seq_len, D hidden, F ffn, V vocab
     mirror transfer, a 4 B delta per element.
   ``peak_gpu_mem_bytes``: the torch allocator peak (what the run summary reports), with 32 MiB of
     cuBLAS workspace; ``nvml_gpu_mem_bytes`` adds 500 MiB of CUDA context; no fragmentation.
-    gpu_mem_limit_gb caps the NVML-level figure (GB = 2^30 bytes, as GPU memory is sized).
+    gpu_mem_limit_gb caps the NVML-level figure (GB = 10^9 bytes; figures here are in GiB).
   Host: the buffers above that live there; pinned ones of 64 MiB and more at their exact size
     (``engine/pinned.py``), smaller ones rounded up to a power of two as torch's pinned
     allocator does. checkpoint_every > 0: a
@@ -368,8 +368,9 @@ def _plan(cfg: RunConfig, gpu: str | None, calib: dict | None,
     if cuda:
         gpu_avail = int(prof["gpu_mem_total_bytes"] if gpu_avail is None else gpu_avail)
         if cfg.gpu_mem_limit_gb > 0:
-            gpu_avail = min(gpu_avail, int(cfg.gpu_mem_limit_gb * GiB))
-            notes.append(f"gpu_mem_limit_gb={cfg.gpu_mem_limit_gb:g} caps GPU memory (GB = 2^30 B)")
+            gpu_avail = min(gpu_avail, int(cfg.gpu_mem_limit_gb * 1e9))
+            notes.append(f"gpu_mem_limit_gb={cfg.gpu_mem_limit_gb:g} caps GPU memory at "
+                         f"{cfg.gpu_mem_limit_gb * 1e9 / GiB:.2f} GiB (GB = 10^9 B)")
     if host_avail is None:
         host_avail = prof.get("host_mem_available_bytes")
     if host_avail is None:

@@ -14,8 +14,10 @@ from workbench.telemetry.record import RunRecord
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "offload"
+    # 200 Hz: a sampler still running while the record is written shows in every run (at 50 Hz
+    # it lost the last sample about one run in four)
     cfg = RunConfig(model="tiny-opt", method="zo-offload", data="synthetic", steps=4,
-                    batch_size=4, seq_len=16, sample_hz=50.0, eval_samples=0)
+                    batch_size=4, seq_len=16, sample_hz=200.0, eval_samples=0)
     return out, run(cfg, out, progress=False)
 
 

@@ -186,7 +186,7 @@ def test_compare_bars_one_bar_per_run_per_metric():
     np.testing.assert_allclose(tps.y, [1000.0, 2000.0])
     assert "(0.25x)" in mem.text[1] and "(2.00x)" in tps.text[1] and "(1.00x)" in tps.text[0]
     assert fig.layout.yaxis.title.text == "peak GPU memory (GB)"
-    assert fig.layout.yaxis2.title.text == "throughput (tokens/s)"
+    assert fig.layout.yaxis2.title.text == "steady throughput (tokens/s)"
 
 
 def test_compare_bars_labels_are_distinct():

@@ -39,7 +39,8 @@ def test_report_is_self_contained_with_every_run(run_dirs, tmp_path):
     assert "param_digest identical across the runs" in text  # same seed, same engine math
     # one dashboard per run + four comparison figures, each drawn once
     assert text.count("Plotly.newPlot(") == len(recs) + 4
-    for label in ("tokens/s", "step time (s)", "peak GPU memory (MB)", "final loss",
+    for label in ("tokens/s (steady)", "step time (s, steady median)", "tokens/s (all steps)",
+                  "warm-up steps left out", "peak GPU memory (MB)", "final loss",
                   "dev accuracy start", "dev accuracy end", "<h3>config</h3>",
                   "<h3>environment</h3>", "learning rate"):
         assert label in text

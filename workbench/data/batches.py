@@ -20,12 +20,20 @@ LABEL_WORDS = (" terrible", " great")
 
 @dataclass
 class Batch:
-    """Right-padded prompts. Shapes: ids / mask (B, T); labels (B,); label_ids (2,)."""
+    """Right-padded prompts. Shapes: ids / mask (B, T); labels (B,); label_ids (2,).
+    ``padded``: whether any row is shorter than T, known on the host (read from the mask while
+    it is on the CPU, then carried along), so the model never reads the mask back from the GPU
+    to decide which attention kernel to use."""
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     labels: torch.Tensor
     label_ids: torch.Tensor
+    padded: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.padded is None and self.attention_mask.device.type == "cpu":
+            self.padded = bool((self.attention_mask == 0).any())
 
     @property
     def tokens(self) -> int:
@@ -33,9 +41,13 @@ class Batch:
         return int(self.attention_mask.sum())
 
     def to(self, device: torch.device | str) -> "Batch":
-        nb = device != "cpu" and torch.device(device).type == "cuda"
-        return Batch(*(t.to(device, non_blocking=nb) for t in
-                       (self.input_ids, self.attention_mask, self.labels, self.label_ids)))
+        """The batch on ``device``. To a GPU the tensors go through pinned memory, so the copies
+        queue behind the GPU's work instead of the host waiting for it (a copy from pageable
+        memory blocks the host)."""
+        cuda = torch.device(device).type == "cuda"
+        tensors = (self.input_ids, self.attention_mask, self.labels, self.label_ids)
+        return Batch(*(t.pin_memory().to(device, non_blocking=True) if cuda and t.is_cpu
+                       else t.to(device) for t in tensors), padded=self.padded)
 
 
 def label_token_ids(tok: Tokenizer) -> tuple[list[int], list[int]]:

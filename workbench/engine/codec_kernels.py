@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from workbench.engine.zo_kernels import _philox
+from workbench.engine.zo_kernels import _load, _philox
 
 BLOCK = 1024
 
@@ -46,3 +46,11 @@ def stochastic_round_into(x: torch.Tensor, out: torch.Tensor, seed: int, key: in
     q = (n + 3) // 4
     drop = 16 if out.dtype == torch.bfloat16 else 13
     sr_kernel[(triton.cdiv(q, BLOCK),)](x, out, n, q, seed, key, DROP=drop, BLOCK=BLOCK)
+
+
+def warm(n: int, dtype: torch.dtype) -> None:
+    """Compile and load, without launching, the kernel ``stochastic_round_into`` runs for n
+    elements into ``dtype`` (bf16 / fp16); see ``zo_kernels.warm``."""
+    q = (n + 3) // 4
+    drop = 16 if dtype == torch.bfloat16 else 13
+    _load(sr_kernel.warmup(torch.float32, dtype, n, q, 0, 0, DROP=drop, BLOCK=BLOCK, grid=(1,)))

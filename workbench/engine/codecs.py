@@ -64,8 +64,8 @@ class Codec:
         elif self.name in HALF:
             if sr_seed is None:
                 values.copy_(x)
-            elif x.is_cuda and _sr_kernels() is not None:
-                _sr_kernels().stochastic_round_into(x, values, sr_seed, SR_KEY)
+            elif x.is_cuda and sr_kernels() is not None:
+                sr_kernels().stochastic_round_into(x, values, sr_seed, SR_KEY)
             else:
                 values.copy_(stochastic_round(x, HALF[self.name], sr_seed))
         else:
@@ -97,7 +97,7 @@ def _chunked(x: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
     return x.view(-1, CHUNK), pad
 
 
-def _sr_kernels():
+def sr_kernels():
     """The fused SR kernel module, or None when Triton is missing (said once)."""
     return kernels.load("codec_kernels", "master=compressed-sr")
 

@@ -43,7 +43,7 @@ def prompt_loss(adapter: BlockAdapter, objective: Objective, batch: Batch, timer
     """The objective's loss through embed -> blocks -> head, each part timed as a "forward"
     span."""
     with timer.span("forward", "compute", stream, step, EMBED):
-        hidden, ctx = adapter.embed(batch.input_ids, batch.attention_mask)
+        hidden, ctx = adapter.embed(batch)
     for i, block in enumerate(adapter.blocks):
         with timer.span("forward", "compute", stream, step, i):
             hidden = adapter.run_block(block, hidden, ctx)

@@ -49,7 +49,7 @@ class ForwardGradEngine(StreamedEngine):
         with fwAD.dual_level(), sdpa_kernel(SDPBackend.MATH), autocast(self.device, self.cfg.amp):
             with self.timer.span("jvp", "compute", compute, step, EMBED):
                 self._bind_dual(s.embed.layout, s.embed.flat, st)
-                hidden, ctx = adapter.embed(batch.input_ids, batch.attention_mask)
+                hidden, ctx = adapter.embed(batch)
             state = [hidden]
 
             def jvp_block(i: int, flat: torch.Tensor, apply: ApplyUpdate | None) -> None:

@@ -39,9 +39,12 @@ class GroupLayout:
     numel: int
     n_decay: int  # elements [0, n_decay) get weight decay
     gid: int = field(init=False)
+    _signature: tuple = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.gid = group_id(self.name)
+        # built once: the offload engine looks it up for every streamed block of every step
+        self._signature = tuple((e.shape, e.offset) for e in self.entries)
 
     @property
     def nbytes(self) -> int:
@@ -49,7 +52,8 @@ class GroupLayout:
         return 4 * self.numel
 
     def signature(self) -> tuple:
-        return tuple((e.shape, e.offset) for e in self.entries)
+        """Shapes and offsets of the entries: layouts with one signature can share views."""
+        return self._signature
 
     def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
         return [flat[e.offset:e.offset + e.numel].view(e.shape) for e in self.entries]

@@ -53,7 +53,7 @@ class MeZOEngine:
         stream = torch.cuda.current_stream() if self.device.type == "cuda" else None
         with autocast(self.device, self.cfg.amp):
             with self.timer.span("compute", "compute", stream, step, EMBED, detail=sign):
-                hidden, ctx = self.adapter.embed(batch.input_ids, batch.attention_mask)
+                hidden, ctx = self.adapter.embed(batch)
             for i, block in enumerate(self.adapter.blocks):
                 with self.timer.span("compute", "compute", stream, step, i, detail=sign):
                     hidden = self.adapter.run_block(block, hidden, ctx)

@@ -56,7 +56,7 @@ def predict_on_device(adapter: BlockAdapter, objective: Objective, batch: Batch,
                       device: torch.device, amp: str) -> torch.Tensor:
     """``objective.logits`` with every weight already bound on the device (one forward)."""
     with autocast(device, amp):
-        hidden, ctx = adapter.embed(batch.input_ids, batch.attention_mask)
+        hidden, ctx = adapter.embed(batch)
         for block in adapter.blocks:
             hidden = adapter.run_block(block, hidden, ctx)
         return objective.logits(adapter, hidden, ctx, batch)

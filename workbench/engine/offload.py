@@ -84,7 +84,7 @@ class StreamedEngine:
         self.flush()
         adapter = self.adapter
         with autocast(self.device, self.cfg.amp):
-            hidden, ctx = adapter.embed(batch.input_ids, batch.attention_mask)
+            hidden, ctx = adapter.embed(batch)
             state = [hidden]
 
             def forward(i: int, flat: torch.Tensor, apply) -> None:
@@ -136,11 +136,11 @@ class ZOOffloadEngine(StreamedEngine):
                 next(embed_passes)
                 if scratch is not None:
                     emb.bind(scratch)
-                h_plus, ctx = adapter.embed(batch.input_ids, batch.attention_mask)
+                h_plus, ctx = adapter.embed(batch)
                 next(embed_passes)
                 if scratch is not None:
                     emb.bind()
-                h_minus, _ = adapter.embed(batch.input_ids, batch.attention_mask)
+                h_minus, _ = adapter.embed(batch)
                 if scratch is None:
                     next(embed_passes, None)  # restore (tied: after the head's - pass)
             hidden = [h_plus, h_minus]

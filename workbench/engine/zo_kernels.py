@@ -113,6 +113,33 @@ def normals_kernel(out_ptr, n, q, seed, gid, BLOCK: tl.constexpr):
 
 
 BLOCK = 1024
+#: (DO_UPDATE, DO_PERTURB, WRITE_X) of ``launch``'s callers: perturb, update, update + perturb
+#: in place, update + perturb into a separate output
+VARIANTS = ((False, True, False), (True, False, True), (True, True, False), (True, True, True))
+
+
+def warm(n: int, n_decay: int) -> None:
+    """Compile and load, without launching, every variant of both kernels for a group of n
+    elements whose first n_decay decay: the variants differ in the flags and in what Triton
+    specialises on (n, q and n_decay: equal to 1, divisible by 16), so the sizes are the real
+    ones while the tensors are only their dtypes. Setup only: each compile takes seconds the
+    first step would otherwise pay; Triton's disk cache makes later processes only load."""
+    import torch
+
+    f32, q = torch.float32, (n + 3) // 4
+    for do_update, do_perturb, write_x in VARIANTS:
+        _load(zo_kernel.warmup(f32, f32, f32, n, q, n_decay, 0, 0, 0, 0.0, 0.0, 0.0,
+                               DO_UPDATE=do_update, DO_PERTURB=do_perturb, WRITE_X=write_x,
+                               BLOCK=BLOCK, grid=(1,)))
+    _load(normals_kernel.warmup(f32, n, q, 0, 0, BLOCK=BLOCK, grid=(1,)))
+
+
+def _load(kernel) -> None:
+    """Load a compiled kernel's module onto the GPU now, as its first launch would (Triton's
+    private loader; where a version lacks it the first launch loads it, milliseconds)."""
+    init = getattr(kernel, "_init_handles", None)
+    if init is not None:
+        init()
 
 
 def launch(x, out, g, n_decay: int, seed: int, prev_seed: int, gid: int, scale: float,

@@ -4,7 +4,14 @@ A decoder-only Hugging Face causal LM is split into three parts that can run pie
 engine can place each block where it likes. Nothing is rewritten: the embedding part runs the
 model's own code up to the first block (a forward pre-hook on block 0 captures the block inputs:
 hidden states, attention mask, rotary embeddings) and stops there; blocks are called as they are;
-the head applies the model's own final modules. A family is a handful of attribute paths.
+the head applies the model's own final modules. A family is a handful of attribute paths and
+its position-id rule.
+
+No host sync: left to itself, Hugging Face's mask code reads the attention mask back from the
+GPU (``bool(mask.sum() == mask.numel())``) to decide whether SDPA may run unmasked. Here the
+batch says on the host whether it is padded; the adapter builds the block mask with that
+decision already made, hands the model positions and a prepared 4D mask (which its mask code
+returns untouched), and keeps the context for the next pass over the same batch.
 """
 from __future__ import annotations
 
@@ -13,6 +20,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
 
 @dataclass(frozen=True)
@@ -23,6 +31,9 @@ class FamilySpec:
     layers: str  # the ModuleList of transformer blocks
     embed: tuple[str, ...]  # modules whose parameters form the embedding group
     head: tuple[str, ...]  # modules applied after the blocks, in order
+    # position ids as the family's own forward computes them from a 2D mask (B, T):
+    # "cumsum" (OPT: count of real tokens so far, minus one) or "arange" (0..T-1 for every row)
+    positions: str = "arange"
 
 
 FAMILIES: dict[str, FamilySpec] = {
@@ -32,6 +43,7 @@ FAMILIES: dict[str, FamilySpec] = {
         embed=("model.decoder.embed_tokens", "model.decoder.embed_positions",
                "model.decoder.project_in"),
         head=("model.decoder.final_layer_norm", "model.decoder.project_out", "lm_head"),
+        positions="cumsum",
     ),
     # Llama and the families that copy its layout.
     "llama": FamilySpec(base="model", layers="model.layers", embed=("model.embed_tokens",),
@@ -72,6 +84,8 @@ class BlockContext:
 
     kwargs: dict[str, Any]
     last_index: torch.Tensor  # (B,) index of each row's last real token
+    position_ids: torch.Tensor | None = None  # (B or 1, T), handed to the model's forward
+    model_mask: torch.Tensor | None = None  # 4D: what the model's own mask code passes through
 
 
 class BlockAdapter:
@@ -88,13 +102,60 @@ class BlockAdapter:
         self.blocks: list[nn.Module] = list(_get(model, self.spec.layers))
         self.embed_modules = [m for p in self.spec.embed if (m := _get(model, p)) is not None]
         self.head_modules = [m for p in self.spec.head if (m := _get(model, p)) is not None]
+        cfg = model.config
+        types = set(getattr(cfg, "layer_types", None) or ())
+        if len(types) > 1:  # every block reuses block 0's mask: one kind of attention only
+            raise ValueError(f"model: mixed attention layer types {sorted(types)} are not "
+                             "supported (one mask serves every block)")
+        sliding = types == {"sliding_attention"} or cfg.model_type == "mistral"
+        # tokens (keys) a query sees; None: every earlier token
+        self.window: int | None = getattr(cfg, "sliding_window", None) if sliding else None
+        self._last: tuple[Any, BlockContext] | None = None  # the last batch and its context
 
     # --- the three parts -------------------------------------------------------------------
-    def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, BlockContext]:
-        """Token ids (B, T) -> hidden states (B, T, D) entering block 0, and the block context."""
+    def embed(self, batch) -> tuple[torch.Tensor, BlockContext]:
+        """``batch`` (``input_ids`` and ``attention_mask`` (B, T), ``padded``: bool known on the
+        host) -> hidden states (B, T, D) entering block 0, and the block context. The context
+        is built on the first call for a batch and reused by later calls with the same batch
+        object (the + and - passes of a step), so a step builds its mask once and never
+        reads from the GPU. A batch whose ``padded`` is None has it read from its mask: a
+        host sync when that mask is on a GPU."""
+        ids, mask = batch.input_ids, batch.attention_mask
+        if self._last is not None and self._last[0] is batch:
+            ctx = self._last[1]
+            return self._run_base(ids, ctx)[0], ctx
+        padded = batch.padded if batch.padded is not None else bool((mask == 0).any())
+        masked = padded or (self.window is not None and ids.shape[1] >= self.window)
+        if masked:
+            # Hugging Face's own mask, told not to look for the unmasked shortcut (the look is
+            # the sync); only the shape, dtype and device of ``inputs_embeds`` are read
+            build = create_sliding_window_causal_mask if self.window else create_causal_mask
+            model_mask = build(config=self.model.config,
+                               inputs_embeds=ids.new_empty((*ids.shape, 0), dtype=torch.float32),
+                               attention_mask=mask if padded else None, past_key_values=None,
+                               allow_is_causal_skip=False)
+        else:  # the blocks get None (SDPA's causal path); a stand-in gets past the mask code
+            model_mask = mask.new_ones((1, 1, 1, 1), dtype=torch.bool)
+        ctx = BlockContext({}, mask.sum(dim=1) - 1, self._positions(mask), model_mask)
+        hidden, ctx.kwargs = self._run_base(ids, ctx)
+        if not masked:
+            ctx.kwargs["attention_mask"] = None
+        self._last = (batch, ctx)
+        return hidden, ctx
+
+    def _positions(self, mask: torch.Tensor) -> torch.Tensor:
+        if self.spec.positions == "cumsum":  # as OPT's own forward computes them
+            return (torch.cumsum(mask, dim=1) * mask - 1).long()
+        return torch.arange(mask.shape[1], device=mask.device).unsqueeze(0)
+
+    def _run_base(self, input_ids: torch.Tensor,
+                  ctx: BlockContext) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The model's own forward up to block 0: (hidden (B, T, D), block 0's kwargs). A 4D
+        mask and explicit positions leave its mask code nothing to compute or check."""
         hook = self.blocks[0].register_forward_pre_hook(_raise_captured, with_kwargs=True)
         try:
-            self.base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+            self.base(input_ids=input_ids, attention_mask=ctx.model_mask,
+                      position_ids=ctx.position_ids, use_cache=False)
         except _Captured as c:
             # Take the inputs and drop the exception: its traceback holds the forward's frames
             # (and their tensors) in a reference cycle that only the garbage collector breaks.
@@ -105,8 +166,7 @@ class BlockAdapter:
         finally:
             hook.remove()
         hidden = args[0] if args else kwargs.pop("hidden_states")
-        last = attention_mask.sum(dim=1) - 1
-        return hidden, BlockContext(kwargs=kwargs, last_index=last)
+        return hidden, kwargs
 
     def run_block(self, block: nn.Module, hidden: torch.Tensor, ctx: BlockContext) -> torch.Tensor:
         """(B, T, D) -> (B, T, D) through one block with its current weights."""
@@ -124,10 +184,17 @@ class BlockAdapter:
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The whole model piecewise: logits (B, T, V). Used to check the split."""
-        hidden, ctx = self.embed(input_ids, attention_mask)
+        hidden, ctx = self.embed(Inputs(input_ids, attention_mask))
         for block in self.blocks:
             hidden = self.run_block(block, hidden, ctx)
         return self.head(hidden)
+
+
+@dataclass
+class Inputs:
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    padded: bool | None = None
 
 
 def _raise_captured(module: nn.Module, args: tuple, kwargs: dict) -> None:

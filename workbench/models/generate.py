@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from workbench.models.adapter import BlockAdapter
+from workbench.models.adapter import BlockAdapter, Inputs
 from workbench.models.head_loss import Head
 
 #: Token ids (B, T) and attention mask (B, T) -> final hidden states (B, T, D), before the head.
@@ -23,7 +23,7 @@ def adapter_forward(adapter: BlockAdapter) -> Forward:
     """``Forward`` of a model whose blocks are all resident: embed, then every block."""
 
     def forward(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden, ctx = adapter.embed(input_ids, attention_mask)
+        hidden, ctx = adapter.embed(Inputs(input_ids, attention_mask))
         for block in adapter.blocks:
             hidden = adapter.run_block(block, hidden, ctx)
         return hidden

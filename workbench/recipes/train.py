@@ -25,6 +25,7 @@ from workbench.engine.checkpoint import (AsyncCheckpointer, CheckpointError, Ste
 from workbench.engine.events import EvalEvent, EventBus, InfoEvent, StepEvent
 from workbench.engine.groups import digest, norm
 from workbench.engine.timing import Deferred
+from workbench.engine.warmup import warm_kernels
 from workbench.engine.zo_common import step_seed
 from workbench.models.build import build_skeleton
 from workbench.models.tokenizer import load_tokenizer
@@ -32,6 +33,7 @@ from workbench.telemetry.collector import Collector
 from workbench.telemetry.environment import environment
 from workbench.telemetry.record import RunRecord
 from workbench.telemetry.sampler import Sampler
+from workbench.telemetry.steady import throughput
 
 
 class TrainRecipe:
@@ -82,6 +84,9 @@ class TrainRecipe:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # setup only: build time includes the GPU's work
         self.bus.publish(InfoEvent("build_seconds", time.perf_counter() - t))
+        t = time.perf_counter()
+        warm_kernels(self.engine)  # compile time is paid here, not in the first steps
+        self.bus.publish(InfoEvent("warmup_seconds", time.perf_counter() - t))
         if root is not None:
             self.checkpointer = AsyncCheckpointer(root, cfg.keep_last, self.bus, self.engine.timer)
             if cfg.method in ZO_METHODS:
@@ -200,6 +205,7 @@ class TrainRecipe:
             if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
                 self._publish(inflight, block=True, bar=bar)
                 self.evaluate()
+                mark = self._marker()  # the next step's time starts after the eval
         self._publish(inflight, block=True, bar=bar, drain=True)
         if self.checkpointer is not None and cfg.checkpoint_every:
             self.checkpointer.wait()
@@ -269,9 +275,12 @@ class TrainRecipe:
 
     # --- save -------------------------------------------------------------------------------
     def save(self, digest_params: bool = True) -> RunRecord:
-        """Summary, parameter digest and the run directory (if any). Speed benchmarks pass
-        ``digest_params=False``: hashing a 13B model's weights takes half a minute."""
+        """End sampling; summary, parameter digest and the run directory (if any). Speed
+        benchmarks pass ``digest_params=False``: hashing a 13B model's weights takes half a
+        minute."""
         rec, cfg = self.record, self.cfg
+        if self.sampler is not None:
+            self.sampler.stop()  # the samples saved are all the samples there will be
         self.engine.flush()
         self.collector.flush()
         if digest_params:
@@ -332,22 +341,19 @@ def _memory(device: torch.device) -> tuple[int, int, int]:
 
 def _summary(rec: RunRecord, engine, device: torch.device) -> dict[str, Any]:
     steps = rec.steps
-    timed = steps[1:] if len(steps) >= 3 else steps  # the first step carries compile / warm-up
-    seconds = sum(s["seconds"] for s in timed)
-    tokens = sum(s["tokens"] for s in timed)
     tail = steps[-max(1, len(steps) // 10):] if steps else []
     losses = [s["loss"] for s in tail if s["loss"] is not None]
     n = max(len(steps), 1)
     out: dict[str, Any] = {
         "steps": len(steps),
-        "tokens_per_s": tokens / seconds if seconds > 0 else math.nan,
-        "step_seconds": seconds / max(len(timed), 1),
+        **throughput(steps),  # tokens_per_s, step_seconds: steady steps (telemetry/steady.py)
         "peak_gpu_mem_bytes": _memory(device)[2],
         "gpu_param_bytes": engine.gpu_param_bytes(),
         "final_loss": sum(losses) / len(losses) if losses else math.nan,
         "bytes_h2d": sum(s.get("bytes_h2d", 0) for s in steps) // n,
         "bytes_d2h": sum(s.get("bytes_d2h", 0) for s in steps) // n,
         "build_seconds": rec.info.get("build_seconds"),
+        "warmup_seconds": rec.info.get("warmup_seconds"),
     }
     if rec.evals:
         out["eval_accuracy"] = rec.evals[-1]["accuracy"]

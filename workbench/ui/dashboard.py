@@ -21,6 +21,7 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from workbench.telemetry.record import RunRecord
+from workbench.telemetry.steady import throughput
 from workbench.ui.figures import dashboard_figure, dashboard_panels, dashboard_title, fill
 
 log = logging.getLogger(__name__)
@@ -147,7 +148,7 @@ def _props(trace: Any, keep_type: bool = False) -> dict[str, Any]:
 
 
 def _status_html(rec: RunRecord) -> str:
-    """One line: state, steps done of planned, latest loss and throughput."""
+    """One line: state, steps done of planned, latest loss and steady throughput."""
     parts = [f"<b>{html.escape(rec.name)}</b>", html.escape(rec.status)]
     planned = rec.config.get("steps")
     parts.append(f"step {len(rec.steps)}" + (f" of {planned}" if planned else ""))
@@ -155,8 +156,11 @@ def _status_html(rec: RunRecord) -> str:
         last = rec.steps[-1]
         if last.get("loss") is not None:
             parts.append(f"loss {last['loss']:.4f}")
-        if last.get("seconds"):
-            parts.append(f"{last['tokens'] / last['seconds']:,.0f} tokens/s")
+        speed = throughput(rec.steps)
+        if math.isfinite(speed["tokens_per_s"]):
+            parts.append(f"steady {speed['tokens_per_s']:,.0f} tokens/s, median step "
+                         f"{speed['step_seconds']:.4f} s ({speed['warmup_steps']} warm-up "
+                         f"step{'s' if speed['warmup_steps'] != 1 else ''} left out)")
     if rec.evals:
         parts.append(f"dev accuracy {rec.evals[-1]['accuracy'] * 100:.1f} %")
     return " · ".join(parts)

@@ -26,6 +26,7 @@ from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from workbench.telemetry.record import RunRecord
+from workbench.telemetry.steady import throughput
 from workbench.telemetry.trace import block_label
 
 MAX_POINTS = 2000
@@ -45,14 +46,14 @@ def summary_metrics(rec: RunRecord) -> dict[str, Any]:
     from its steps (a live run has no summary yet).
 
     Returns:
-        ``tokens_per_s``, ``step_seconds`` (s), ``peak_gpu_mem_bytes``, ``bytes_h2d`` and
-        ``bytes_d2h`` (bytes per step), ``final_loss``, ``eval_accuracy_start`` and
-        ``eval_accuracy`` (fractions), ``steps``, ``status``, ``param_digest``; NaN where unknown.
+        ``tokens_per_s`` and ``step_seconds`` (s, median) over steady steps,
+        ``wall_tokens_per_s`` over all steps, ``warmup_steps`` (``telemetry.steady``),
+        ``peak_gpu_mem_bytes``, ``bytes_h2d`` and ``bytes_d2h`` (bytes per step),
+        ``final_loss``, ``eval_accuracy_start`` and ``eval_accuracy`` (fractions), ``steps``,
+        ``status``, ``param_digest``; NaN where unknown.
     """
     s, steps = rec.summary, rec.steps
-    timed = steps[1:] if len(steps) >= 3 else steps  # the first step carries warm-up
-    secs = sum(_num(r.get("seconds"), 0.0) for r in timed)
-    toks = sum(_num(r.get("tokens"), 0.0) for r in timed)
+    speed = throughput(steps)
     tail = [_num(r.get("loss")) for r in steps[-max(1, len(steps) // 10):]]
     tail = [x for x in tail if math.isfinite(x)]
     n = max(len(steps), 1)
@@ -63,8 +64,7 @@ def summary_metrics(rec: RunRecord) -> dict[str, Any]:
         peak = max((v for v in _col(rec.samples, "gpu mem used (bytes)") if math.isfinite(v)),
                    default=math.nan)
     out = {
-        "tokens_per_s": s.get("tokens_per_s", toks / secs if secs > 0 else math.nan),
-        "step_seconds": s.get("step_seconds", secs / len(timed) if timed else math.nan),
+        **{k: s.get(k, v) for k, v in speed.items() if k != "steady_steps"},
         "peak_gpu_mem_bytes": peak,
         "bytes_h2d": s.get("bytes_h2d", sum(_num(r.get("bytes_h2d"), 0.0) for r in steps) / n),
         "bytes_d2h": s.get("bytes_d2h", sum(_num(r.get("bytes_d2h"), 0.0) for r in steps) / n),
@@ -75,7 +75,7 @@ def summary_metrics(rec: RunRecord) -> dict[str, Any]:
         "status": rec.status,
         "param_digest": rec.param_digest,
     }
-    return {k: _num(v) if k not in ("status", "param_digest", "steps") else v
+    return {k: _num(v) if k not in ("status", "param_digest", "steps", "warmup_steps") else v
             for k, v in out.items()}
 
 
@@ -138,12 +138,12 @@ def dashboard_title(rec: RunRecord) -> str:
 
 # --- two runs or more -------------------------------------------------------------------------
 def compare_bars(recs: Sequence[RunRecord]) -> go.Figure:
-    """Peak GPU memory (GB) and throughput (tokens/s), one bar per run, labelled with the ratio
-    to the first run."""
+    """Peak GPU memory (GB) and steady throughput (tokens/s, warm-up steps left out), one bar
+    per run, labelled with the ratio to the first run."""
     labels, metrics = run_labels(recs), [summary_metrics(r) for r in recs]
     panels = []
     for key, title, scale, unit in (("peak_gpu_mem_bytes", "peak GPU memory", GB, "GB"),
-                                    ("tokens_per_s", "throughput", 1.0, "tokens/s")):
+                                    ("tokens_per_s", "steady throughput", 1.0, "tokens/s")):
         values = [m[key] / scale for m in metrics]
         p = Panel(title, "run", f"{title} ({unit})")
         base = values[0] if values else math.nan

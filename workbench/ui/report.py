@@ -21,6 +21,7 @@ from plotly.offline import get_plotlyjs
 
 from workbench.config import knob_info
 from workbench.telemetry.record import RunRecord
+from workbench.telemetry.steady import STEADY_NOTE
 from workbench.ui import figures
 from workbench.ui.figures import MB, run_labels, summary_metrics
 
@@ -28,8 +29,10 @@ from workbench.ui.figures import MB, run_labels, summary_metrics
 SUMMARY_ROWS: list[tuple[str, Callable[[dict[str, Any]], Any], str | None]] = [
     ("status", lambda m: m["status"], None),
     ("steps", lambda m: m["steps"], "{:,}"),
-    ("tokens/s", lambda m: m["tokens_per_s"], "{:,.0f}"),
-    ("step time (s)", lambda m: m["step_seconds"], "{:.4f}"),
+    ("tokens/s (steady)", lambda m: m["tokens_per_s"], "{:,.0f}"),
+    ("step time (s, steady median)", lambda m: m["step_seconds"], "{:.4f}"),
+    ("tokens/s (all steps)", lambda m: m["wall_tokens_per_s"], "{:,.0f}"),
+    ("warm-up steps left out", lambda m: m["warmup_steps"], "{:,}"),
     ("peak GPU memory (MB)", lambda m: m["peak_gpu_mem_bytes"] / MB, "{:,.1f}"),
     ("H2D per step (MB)", lambda m: m["bytes_h2d"] / MB, "{:,.2f}"),
     ("D2H per step (MB)", lambda m: m["bytes_d2h"] / MB, "{:,.2f}"),
@@ -38,7 +41,7 @@ SUMMARY_ROWS: list[tuple[str, Callable[[dict[str, Any]], Any], str | None]] = [
     ("dev accuracy end", lambda m: m["eval_accuracy"], "{:.3f}"),
     ("param_digest", lambda m: m["param_digest"] or None, None),
 ]
-RATIO_ROWS = ("tokens/s", "peak GPU memory (MB)")
+RATIO_ROWS = ("tokens/s (steady)", "peak GPU memory (MB)")
 #: Hex digits of ``param_digest`` shown when runs sit side by side (the full 64 made every column
 #: ~500 px wide, pushing a table of 3+ runs off the notebook); run sections show it whole.
 DIGEST_CHARS = 16
@@ -82,8 +85,9 @@ def write_report(runs: Sequence[str | Path | RunRecord], path: str | Path,
     labels = run_labels(recs)
     parts = [f"<h1>{html.escape(title)}</h1>",
              f"<p class=note>{len(recs)} run(s), written "
-             f"{_dt.datetime.now().isoformat(timespec='seconds')}. Memory in MB = 10<sup>6</sup>"
-             " bytes, GB = 10<sup>9</sup> bytes; times in seconds since each run's start.</p>"]
+             f"{_dt.datetime.now().isoformat(timespec='seconds')}. {html.escape(STEADY_NOTE)} "
+             "Memory in MB = 10<sup>6</sup> bytes, GB = 10<sup>9</sup> bytes (GiB = "
+             "2<sup>30</sup> bytes where named); times in seconds since each run's start.</p>"]
     toc = [f"<li><a href='#run-{i}'>{html.escape(label)}</a></li>"
            for i, label in enumerate(labels)]
     if len(recs) > 1:
