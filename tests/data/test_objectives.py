@@ -102,7 +102,7 @@ def test_lm_loss_is_hf_loss_on_every_token_of_packed_rows(model):
 def test_sst2_defaults_are_todays_batches_and_loss_bit_for_bit(data_dir, tiny_model):
     from workbench.data.batches import PromptDataset
     from workbench.data.sources import load_split
-    from workbench.engine.zo_common import label_loss
+    from workbench.engine.objective import label_loss
     from workbench.models.tokenizer import load_tokenizer
 
     tok = load_tokenizer("opt-125m", data_dir)
@@ -119,7 +119,7 @@ def test_sst2_defaults_are_todays_batches_and_loss_bit_for_bit(data_dir, tiny_mo
     adapter = BlockAdapter(model)
     with torch.no_grad():
         for a, _ in batches[:3]:
-            hidden, ctx = adapter.embed(a.input_ids, a.attention_mask)
+            hidden, ctx = adapter.embed(a)
             for block in adapter.blocks:
                 hidden = adapter.run_block(block, hidden, ctx)
             today = label_loss(adapter.head(hidden, ctx), a)

@@ -17,7 +17,7 @@ Engine integration (issue 18, phase B: the engines call only these; nothing here
 - Decoding alone: ``models/generate.py::greedy_decode(forward, head, prompts, max_new_tokens,
   eos_id, pad_id, device)``: one ``forward`` over the whole batch per new token (no KV cache).
 - Batches: classify gives ``Batch`` (every label word one token: logits at the last position,
-  bit-identical to ``engine/zo_common.py::label_loss``) or ``ChoiceBatch``; completion and lm give
+  bit-identical to ``engine/objective.py::label_loss``) or ``ChoiceBatch``; completion and lm give
   ``TokenBatch``. All have ``.to(device)`` and ``.tokens``. Data parallel must split a
   ``TokenBatch`` by rows and rebase ``positions`` / ``rows`` (and mean token losses over all ranks'
   tokens, not per rank, to equal the single-process loss).
