@@ -50,6 +50,12 @@ class DistContext:
         dist.all_reduce(out, op=dist.ReduceOp.SUM)
         return out / self.world
 
+    def sum(self, values: list[float], device: torch.device) -> list[float]:
+        """Each value summed over ranks (outside steps: eval counts)."""
+        out = torch.tensor(values, dtype=torch.float64, device=device)
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        return out.tolist()  # a sync, once per eval: the host needs the totals
+
     def gather(self, obj):
         """Every rank's ``obj`` (outside steps: digests, per-rank timings)."""
         out = [None] * self.world

@@ -412,7 +412,10 @@ def check_fits(cfg: RunConfig, calibration: dict | None = None, gpu: str | None 
     here only, for device=cuda with CUDA present)."""
     import psutil
 
-    host_avail = None if calibration else psutil.virtual_memory().available
+    # This process is already part of what the plan counts (HOST_PROCESS_BYTES): what it holds
+    # is available to the run as much as what is free.
+    host_avail = None if calibration else (psutil.virtual_memory().available
+                                           + psutil.Process().memory_info().rss)
     if calibration is None and gpu is None:
         from workbench.calibration import load_calibration
 

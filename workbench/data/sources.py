@@ -1,13 +1,13 @@
 """Labelled sentiment examples: the embedded set, SST-2 from a folder, or GLUE SST-2 online."""
 from __future__ import annotations
 
-import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-from workbench.config import REPO_ROOT
+from workbench.config import REPO_ROOT, ConfigError
 
 EMBEDDED_DIR = REPO_ROOT / "assets" / "sentiment"
+MAX_LINE = 100_000  # characters: a longer "sentence" is a broken file, not an example
 
 
 @dataclass(frozen=True)
@@ -17,12 +17,66 @@ class Example:
 
 
 def read_tsv(path: Path) -> list[Example]:
-    """GLUE-style ``sentence<TAB>label`` with a header (sentences may contain quotes)."""
-    with open(path, newline="", encoding="utf-8") as fh:
-        rows = list(csv.reader(fh, delimiter="\t", quoting=csv.QUOTE_NONE))
-    header, body = rows[0], rows[1:]
-    s, y = header.index("sentence"), header.index("label")
-    return [Example(r[s], int(r[y])) for r in body if len(r) > max(s, y)]
+    """GLUE-style ``sentence<TAB>label`` with a header (sentences may contain quotes).
+
+    Raises:
+        ConfigError: one line naming the file, the first bad line and what is wrong there
+            (not UTF-8, binary, a missing or extra field, a label other than 0 / 1, no
+            examples), with the count of further bad lines.
+    """
+    bad: list[str] = []
+    examples: list[Example] = []
+    header: list[str] | None = None
+    try:
+        with open(path, encoding="utf-8", newline="") as fh:
+            for n, line in enumerate(fh, 1):
+                line = line.rstrip("\r\n")
+                if "\x00" in line:
+                    raise ConfigError([f"data: {path} line {n} holds NUL bytes: not a text file"])
+                if len(line) > MAX_LINE:
+                    bad.append(f"line {n} is {len(line):,} characters long (at most {MAX_LINE:,})")
+                    continue
+                fields = line.split("\t")
+                if header is None:
+                    header = fields
+                    if "sentence" not in header or "label" not in header:
+                        raise ConfigError([f"data: {path} line 1: the header must name the "
+                                           f"columns sentence and label, tab-separated (found: "
+                                           f"{line[:80]!r})"])
+                    s, y = header.index("sentence"), header.index("label")
+                    continue
+                if not line.strip():
+                    continue  # blank lines (a trailing newline) hold no example
+                if len(fields) != len(header):
+                    bad.append(f"line {n} has {len(fields)} tab-separated field(s), the header "
+                               f"{len(header)}")
+                elif fields[y].strip() not in ("0", "1"):
+                    bad.append(f"line {n}: label {fields[y][:20]!r} is not 0 or 1")
+                else:
+                    examples.append(Example(fields[s], int(fields[y])))
+    except UnicodeDecodeError as e:
+        raise ConfigError([f"data: {path} is not UTF-8 text (byte {e.start}): not a "
+                           "sentence<TAB>label file"]) from None
+    except IsADirectoryError:
+        raise ConfigError([f"data: {path} is a folder, not a file"]) from None
+    if bad:
+        more = f" (and {len(bad) - 1} more bad lines)" if len(bad) > 1 else ""
+        raise ConfigError([f"data: {path} {bad[0]}{more}"])
+    if header is None:
+        raise ConfigError([f"data: {path} is empty: expected a header 'sentence<TAB>label' and "
+                           "examples"])
+    if not examples:
+        raise ConfigError([f"data: {path} has a header but no examples"])
+    return examples
+
+
+def has_split(data: str, split: str, data_dir: Path) -> bool:
+    """Whether ``data`` has a ``split`` file here (sst2 without local files: GLUE online)."""
+    if data == "synthetic":
+        return False
+    if data not in ("embedded", "sst2"):
+        return (Path(data).expanduser() / f"{split}.tsv").is_file()
+    return True
 
 
 def load_split(data: str, split: str, data_dir: Path) -> list[Example]:

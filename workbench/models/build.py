@@ -15,6 +15,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
+from workbench.config import ConfigError
 from workbench.presets import PRESETS, Preset
 
 
@@ -55,14 +56,40 @@ def build_skeleton(model: str, data_dir: Path | None = None) -> tuple[nn.Module,
         source: WeightSource = RandomInit()
     else:
         folder = Path(model).expanduser() if preset is None else _pretrained_folder(preset)
-        config = AutoConfig.from_pretrained(folder)
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
         source = PretrainedWeights(folder)
     config._attn_implementation = "sdpa"
     with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        skeleton = AutoModelForCausalLM.from_config(config, dtype=torch.float32,
+                                                    trust_remote_code=False)
     _rebuild_meta_buffers(skeleton)
     skeleton.eval()
     return skeleton, source
+
+
+def check_model_folder(model: str) -> None:
+    """A local model folder loads without running its own code and is an architecture the
+    block adapter knows (cheap: the config only).
+
+    Raises:
+        ConfigError: one line naming the folder and what is wrong.
+    """
+    from transformers import AutoConfig
+
+    from workbench.models.adapter import MODEL_TYPES
+
+    if model in PRESETS:
+        return
+    folder = Path(model).expanduser()
+    try:
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0][:200]
+        raise ConfigError([f"model: {folder} is not a model folder the workbench can load "
+                           f"without custom code ({first})"]) from None
+    if getattr(config, "model_type", None) not in MODEL_TYPES:
+        raise ConfigError([f"model: {folder} is a {config.model_type!r} model; supported: "
+                           f"{', '.join(MODEL_TYPES)}"])
 
 
 def _rebuild_meta_buffers(model: nn.Module) -> None:

@@ -54,7 +54,8 @@ def load_tokenizer(model: str, data_dir: Path) -> Tokenizer:
 
     preset = PRESETS.get(model)
     if preset is None:
-        return HFTokenizer(AutoTokenizer.from_pretrained(Path(model).expanduser()))
+        return HFTokenizer(AutoTokenizer.from_pretrained(Path(model).expanduser(),
+                                                         trust_remote_code=False))
     if preset.tokenizer == "byte":
         return ByteTokenizer()
     if preset.tokenizer == "opt":
