@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from workbench.config import REPO_ROOT, ConfigError
+from workbench.config import REPO_ROOT, ConfigError, RunConfig
 
 EMBEDDED_DIR = REPO_ROOT / "assets" / "sentiment"
 MAX_LINE = 100_000  # characters: a longer "sentence" is a broken file, not an example
@@ -70,13 +70,22 @@ def read_tsv(path: Path) -> list[Example]:
     return examples
 
 
-def has_split(data: str, split: str, data_dir: Path) -> bool:
-    """Whether ``data`` has a ``split`` file here (sst2 without local files: GLUE online)."""
-    if data == "synthetic":
-        return False
-    if data not in ("embedded", "sst2"):
-        return (Path(data).expanduser() / f"{split}.tsv").is_file()
-    return True
+def load_examples(cfg: RunConfig) -> tuple[list[Example], list[Example] | None]:
+    """(train, dev) examples of ``cfg.data``, ``train_samples`` / ``eval_samples`` of them; dev
+    is None for a folder without dev.tsv. Read and checked before any model is built.
+
+    Raises:
+        ConfigError: a malformed file (``read_tsv``).
+    """
+    data, where = cfg.data, cfg.resolved_data_dir
+    train = load_split(data, "train", where)
+    has_dev = data in ("embedded", "sst2") or (Path(data).expanduser() / "dev.tsv").is_file()
+    dev = load_split(data, "dev", where) if has_dev else None
+    if cfg.train_samples:
+        train = train[:cfg.train_samples]
+    if cfg.eval_samples and dev is not None:
+        dev = dev[:cfg.eval_samples]
+    return train, dev
 
 
 def load_split(data: str, split: str, data_dir: Path) -> list[Example]:

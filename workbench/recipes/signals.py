@@ -31,7 +31,8 @@ def exit_status(signum: int) -> int:
 @contextmanager
 def graceful_stop(recipe) -> Iterator[dict]:
     """While the step loop runs, the first SIGINT / SIGTERM asks ``recipe`` to stop after the
-    current step; otherwise (or a second time) it raises ``Interrupted``. Yields a dict whose
+    current step (under torchrun: after a step all ranks agree on); otherwise (or a second time,
+    in one process) it raises ``Interrupted``. Yields a dict whose
     ``signum`` is the signal that stopped the run (None if none did)."""
     got: dict = {"signum": None}
 
@@ -41,6 +42,9 @@ def graceful_stop(recipe) -> Iterator[dict]:
             recipe.stop_reason = signal.Signals(signum).name
             recipe.stop_event.set()
             return
+        if recipe.training and recipe.dist is not None:
+            return  # torchrun's agent sends SIGTERM right after the terminal's SIGINT: a stop
+            # all ranks agreed on is under way, and a rank leaving now would strand the others
         raise Interrupted(signum)
 
     if threading.current_thread() is not threading.main_thread():

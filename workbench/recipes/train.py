@@ -6,7 +6,6 @@ are published once they have landed.
 """
 from __future__ import annotations
 
-import json
 import math
 import sys
 import threading
@@ -20,28 +19,29 @@ from typing import Any
 import torch
 
 from workbench import distributed
-from workbench.config import ZO_METHODS, ConfigError, RunConfig, check_environment, check_resume
+from workbench.config import ZO_METHODS, ConfigError, RunConfig, check_environment
 from workbench.data.batches import PromptDataset, SyntheticData
-from workbench.data.sources import has_split, load_split
+from workbench.data.sources import load_examples
 from workbench.engine import build_engine
-from workbench.engine.checkpoint import (AsyncCheckpointer, CheckpointError, StepLog,
-                                         checkpoint_step, complete_checkpoints, read_checkpoint)
+from workbench.engine.checkpoint import AsyncCheckpointer, StepLog
 from workbench.engine.events import EvalEvent, EventBus, InfoEvent, StepEvent
 from workbench.engine.groups import digest, norm
 from workbench.engine.timing import Deferred
-from workbench.engine.zo_common import step_seed
 from workbench.models.build import build_skeleton, check_model_folder
 from workbench.models.tokenizer import load_tokenizer
 from workbench.planner import check_fits
-from workbench.recipes.limits import cap_gpu_memory, out_of_memory_line
-from workbench.recipes.rundir import WRITE_EVERY_S, RunDir, RunWarning, newest_covered
+from workbench.recipes.guard import RunGuard
+from workbench.recipes.limits import cap_gpu_memory
+from workbench.recipes.outcome import artefact_failed, error_line, os_error, outcome_line
+from workbench.recipes.resume import load_resume_checkpoint, plan_resume
+from workbench.recipes.rundir import WRITE_EVERY_S, RunDir, RunWarning
 from workbench.telemetry.collector import Collector
 from workbench.telemetry.environment import environment
 from workbench.telemetry.record import RunRecord
 from workbench.telemetry.sampler import Sampler
 
 
-MAX_WRITE_FAILURES = 3  # checkpoint writes failing in a row before the run stops as failed
+RUN_AHEAD = 2  # steps the loop may run ahead of the published ones
 
 
 class TrainRecipe:
@@ -71,12 +71,13 @@ class TrainRecipe:
         self.engine: Any = None
         self.sampler: Sampler | None = None
         self.checkpointer: AsyncCheckpointer | None = None
-        self.steplog: StepLog | None = None
         self.rundir: RunDir | None = None
         self.step = 0
         self.dist = None  # set under torchrun (data parallel)
-        self.diverged_at: int | None = None
-        self.failure = ""  # set when the run must end as failed (checkpoint writes)
+        self.checkpoint_root: Path | None = None
+        self.vote: distributed.StopVote | None = None  # under torchrun
+        self.stop_at = math.inf  # under torchrun: the step count every rank stops at
+        self.guard: RunGuard | None = None  # divergence and failing checkpoint writes
         self._prepared = False
         self._resume_from: list[str] = []  # checkpoint names to try, newest first
 
@@ -103,9 +104,11 @@ class TrainRecipe:
             else:
                 self.rundir.check_new(self.overwrite)
         if resume:
-            self._plan_resume(previous)
+            self._resume_from = plan_resume(cfg, self.checkpoint_root, previous, self.dist)
         check_model_folder(cfg.model)
-        self.examples = self._examples()
+        if cfg.data != "synthetic":  # read and checked before the model is built
+            self.tokenizer = load_tokenizer(cfg.model, cfg.resolved_data_dir)
+            self.examples = load_examples(cfg)
         if not self.force:
             check_fits(cfg)
         if self.rundir is not None:
@@ -135,15 +138,18 @@ class TrainRecipe:
         t = time.perf_counter()
         self.engine = build_engine(model, source, cfg, self.device, self.bus)
         if self.dist is not None:
-            self.engine.reduce = self.dist.mean
+            self.vote = distributed.StopVote(self.dist, self.device)
+            self.engine.reduce = self.vote.reduce
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # setup only: build time includes the GPU's work
         self.bus.publish(InfoEvent("build_seconds", time.perf_counter() - t))
         root = self.checkpoint_root if self.dist is None or self.dist.main else None
+        steplog = None
         if root is not None:
             self.checkpointer = AsyncCheckpointer(root, cfg.keep_last, self.bus, self.engine.timer)
             if cfg.method in ZO_METHODS:
-                self.steplog = StepLog(root)
+                steplog = StepLog(root)
+        self.guard = RunGuard(self.checkpointer, steplog, self.bus, self.stop_event, cfg.seed)
         if resume:
             self._resume()
         self.sampler = Sampler(hz=cfg.sample_hz, t0=self.engine.timer.t0,
@@ -165,94 +171,20 @@ class TrainRecipe:
                                "checkpoint_dir or give the run an output directory"])
         return None
 
-    def _plan_resume(self, previous: RunRecord | None) -> None:
-        """Resume rules, checked before anything is built: fixed knobs unchanged, ``steps`` not
-        below the newest checkpoint; the checkpoints to try, newest first, whose earlier steps
-        are all in the history (so the resumed history has no gap)."""
-        root = self.checkpoint_root
-        found, covered = newest_covered(root, previous.steps) if previous else (
-            complete_checkpoints(root) if root is not None else [], None)
-        if previous is None:
-            covered = found[-1] if found else None
-            if covered is None:
-                raise CheckpointError(f"resume: no complete checkpoint under {root}")
-            reference = json.loads((covered / "manifest.json").read_text()).get("config", {})
-        else:
-            reference = previous.config
-        problems = check_resume(reference, self.cfg)
-        newest = max((checkpoint_step(p) for p in found), default=0)
-        if self.cfg.steps < newest:
-            problems.append(f"steps: {self.cfg.steps} is below the newest checkpoint of this run "
-                            f"(step {newest}); give steps={newest} or more")
-        if problems:
-            raise ConfigError(problems)
-        if covered is not None and covered != found[-1]:
-            warnings.warn(f"resume: {found[-1].name} is newer than the recorded history (a kill "
-                          f"while its steps were in flight); resuming from {covered.name}",
-                          RunWarning)
-        names = [p.name for p in found if covered is not None
-                 and checkpoint_step(p) <= checkpoint_step(covered)][::-1]
-        if self.dist is not None:  # every rank resumes from the checkpoint rank 0 chose
-            names = self.dist.gather(names)[0]
-        self._resume_from = names
-
     def _resume(self) -> None:
-        """Load the newest usable checkpoint (a corrupted one is reported and an older one
-        tried) and continue from its step; with none yet, start again from step 0."""
-        layouts = self.engine.group_layouts()
-        snap, errors = None, []
-        for name in self._resume_from:
-            try:
-                snap = read_checkpoint(self.checkpoint_root / name, [l.name for l in layouts],
-                                       [l.numel for l in layouts])
-                break
-            except CheckpointError as e:
-                errors.append(str(e))
-                warnings.warn(f"{e}; trying an older checkpoint", RunWarning)
-        if snap is None and errors:
-            raise CheckpointError(f"resume: no usable checkpoint in {self.checkpoint_root} "
-                                  f"({errors[-1]}); start over with --overwrite")
-        if snap is None:
-            warnings.warn(f"resume: no complete checkpoint yet in {self.checkpoint_root}; "
-                          "starting again from step 0", RunWarning)
-            start, name = 0, None
-        else:
-            start, name = snap.step, f"step-{snap.step:08d}"
-            for key in ("model", "method"):
-                if snap.config.get(key) != getattr(self.cfg, key):
-                    raise CheckpointError(f"resume: checkpoint {name} is for {key}="
-                                          f"{snap.config.get(key)!r}, this run has "
-                                          f"{getattr(self.cfg, key)!r}")
-            self.engine.load_state_flats(snap.flats)
-            self.engine.set_pending(snap.pending)
-        self.step = start
-        with self.record.lock:  # the history before the checkpoint, no step twice
+        """Continue from the newest usable checkpoint: its weights, its step, the history
+        before it (no step twice)."""
+        snap = load_resume_checkpoint(self.engine, self.cfg, self.checkpoint_root,
+                                      self._resume_from)
+        self.step = start = snap.step if snap is not None else 0
+        with self.record.lock:
             self.record.steps = [r for r in self.record.steps if r["step"] < start]
             self.record.evals = [e for e in self.record.evals if e["step"] <= start]
             self.record.step_ops = [r for r in self.record.step_ops if r["step"] < start]
         if self.rundir is not None:
             self.rundir.start_history(self.record.steps, self.record.evals)
             self.rundir.write(self.record)
-        self.bus.publish(InfoEvent("resumed_from", name))
-
-    def _examples(self):
-        """(train, dev) examples, read and checked before the model is built (None: none)."""
-        cfg = self.cfg
-        if cfg.data == "synthetic":
-            return None, None
-        try:
-            self.tokenizer = load_tokenizer(cfg.model, cfg.resolved_data_dir)
-        except (OSError, ValueError) as e:
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-            raise ConfigError([f"model: no usable tokenizer for {cfg.model} ({first})"]) from None
-        train = load_split(cfg.data, "train", cfg.resolved_data_dir)
-        dev = (load_split(cfg.data, "dev", cfg.resolved_data_dir)
-               if has_split(cfg.data, "dev", cfg.resolved_data_dir) else None)
-        if cfg.train_samples:
-            train = train[:cfg.train_samples]
-        if cfg.eval_samples and dev is not None:
-            dev = dev[:cfg.eval_samples]
-        return train, dev
+        self.bus.publish(InfoEvent("resumed_from", f"step-{start:08d}" if snap else None))
 
     def _data(self, vocab: int):
         """(train, dev) data; ``vocab`` sizes synthetic token ids."""
@@ -289,7 +221,7 @@ class TrainRecipe:
         mark = self._marker()
         bar = _progress(cfg.steps, self.step) if self.progress else None
         self.training = True
-        while self.step < cfg.steps and not self.stop_event.is_set():
+        while self.step < min(cfg.steps, self.stop_at) and not self._stopping():
             t = self.step
             batch = self.train_data.batch_for_step(t, cfg.batch_size, cfg.seed)
             tokens = batch.tokens  # the global batch's, on every rank
@@ -303,6 +235,8 @@ class TrainRecipe:
             moved = (engine.bytes_h2d - moved[0], engine.bytes_d2h - moved[1])
             scalars = [out.loss, *(x if x is not None else nan for x in
                                    (out.projected_grad, out.loss_plus, out.loss_minus))]
+            if self.vote is not None:
+                scalars.append(self.vote.agreed)  # any rank's stop request, all-reduced
             inflight.append((t, Deferred(*scalars), tokens, lr, wd, mark, end, moved,
                              out.projected_grad is not None))
             mark = end
@@ -310,47 +244,50 @@ class TrainRecipe:
             if (self.dist is not None and cfg.digest_check_every
                     and self.step % cfg.digest_check_every == 0):
                 distributed.check_in_sync(self.dist, engine.state_flats(), self.step)
-            self._check_writes()
+            self.guard.writes()
+            if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
+                self._publish(inflight, block=True, bar=bar, drain=True)
+                if self.guard.diverged_at is None:
+                    self.evaluate()  # before the checkpoint: it holds the state after the eval
             if (self.checkpointer is not None and cfg.checkpoint_every
-                    and self.step % cfg.checkpoint_every == 0 and self.step < cfg.steps):
+                    and self.step % cfg.checkpoint_every == 0 and self.step < cfg.steps
+                    and self.guard.diverged_at is None):
                 self._checkpoint()
                 self._write_record(every_s=1.0)
             # Bound run-ahead to two steps: the host waits here, between steps, if it must.
-            self._publish(inflight, block=len(inflight) > 2, bar=bar)
-            if (cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps
-                    and self.diverged_at is None):
-                self._publish(inflight, block=True, bar=bar)
-                self.evaluate()
+            self._publish(inflight, block=len(inflight) > RUN_AHEAD, bar=bar)
             self._write_record(every_s=WRITE_EVERY_S)
         self.training = False
-        if self.diverged_at is None:
+        if self.guard.diverged_at is None:
             self._publish(inflight, block=True, bar=bar, drain=True)
-        if (self.checkpointer is not None and cfg.checkpoint_every and self.diverged_at is None
-                and not self.failure):
+        if self.checkpointer is not None and cfg.checkpoint_every and self.guard.healthy:
             self.checkpointer.wait()
             self.checkpointer.verified = self.step  # every step so far was published finite
             # The final state, its update still pending, so a longer run continues exactly as a
             # straight one (applying it now would add a rounding under master=compressed-sr).
             self._checkpoint()
             self.checkpointer.wait()
-            self._check_writes()
+            self.guard.writes()
         engine.flush()
         if bar is not None:
             bar.close()
         stopped = self.step < cfg.steps
-        if (self.dev_data is not None and self.diverged_at is None and not self.failure
-                and not (stopped and self.stop_reason) and not self._evaluated()):
-            self.evaluate()
-        if self.failure:
-            rec.status, rec.error = "failed", self.failure
-        elif self.diverged_at is not None:
-            rec.status = "diverged"
-        elif stopped:
-            rec.status = "stopped"
+        early = stopped and (self.stop_reason or self.guard.failure or self.dist is not None)
+        if (self.dev_data is not None and self.guard.diverged_at is None and not early
+                and not self._evaluated()):
+            self.evaluate()  # also after a panel's Stop; not after a signal or a failure
+        rec.status, rec.error = self.guard.outcome(stopped)
+        if rec.status == "stopped":
             rec.info["stopped"] = f"by {self.stop_reason or 'request'} after step {self.step}"
-        else:
-            rec.status = "done"
         return rec
+
+    def _stopping(self) -> bool:
+        """A stop request ends the loop now; under torchrun it is a request only, voted on with
+        each step's all-reduce, and every rank stops after the same step (``stop_at``)."""
+        if self.vote is None:
+            return self.stop_event.is_set()
+        self.vote.request = self.stop_event.is_set()
+        return False
 
     def _evaluated(self) -> bool:
         """An eval at this step is recorded already (a resumed run does not repeat it)."""
@@ -364,21 +301,6 @@ class TrainRecipe:
             return
         self.checkpointer.submit(self.engine.snapshot(self.step))
 
-    def _check_writes(self) -> None:
-        """Report failed checkpoint writes as they happen; after MAX_WRITE_FAILURES in a row
-        the run stops as failed."""
-        ck = self.checkpointer
-        while ck is not None and (error := ck.failure()) is not None:
-            line = _os_error(error)
-            warnings.warn(f"checkpoint_dir: a checkpoint write failed ({line}); training goes on",
-                          RunWarning)
-            self.bus.publish(InfoEvent("checkpoint_error", line))
-            if ck.failures >= MAX_WRITE_FAILURES and not self.failure:
-                self.failure = (f"checkpoint_dir: {ck.failures} checkpoint writes failed in a "
-                                f"row (last: {line}); free space in {ck.root} or point "
-                                "checkpoint_dir elsewhere, then --resume")
-                self.stop_event.set()
-
     def _write_record(self, every_s: float) -> None:
         """run.json as it stands (status running), atomically; a failure is reported, not
         fatal: the last good run.json stays."""
@@ -387,23 +309,8 @@ class TrainRecipe:
         try:
             self.rundir.write(self.record, every_s=every_s)
         except OSError as e:
-            warnings.warn(f"run.json not updated ({_os_error(e)}); the previous one stays",
+            warnings.warn(f"run.json not updated ({os_error(e)}); the previous one stays",
                           RunWarning)
-
-    def _diverge(self, t: int, loss: float, g: float | None) -> None:
-        """Stop at step ``t``: drop checkpoints taken after it (they hold its result)."""
-        self.diverged_at = t
-        self.stop_event.set()
-        kept = []
-        if self.checkpointer is not None:
-            self.checkpointer.discard_after(t)
-            kept = complete_checkpoints(self.checkpointer.root)
-        what = ", ".join(f"{k} = {v}" for k, v in (("loss", loss), ("projected_grad", g))
-                         if v is not None and not math.isfinite(v))
-        where = (f"the last good checkpoint is {kept[-1].name}" if kept else
-                 "no checkpoint was taken before it")
-        self.record.error = (f"diverged at step {t} ({what}); {where}; try a lower lr (a resume "
-                             "may change it)")
 
     def _marker(self):
         if self.device.type != "cuda":
@@ -415,7 +322,11 @@ class TrainRecipe:
     def _publish(self, inflight: deque, block: bool, bar, drain: bool = False) -> None:
         while inflight and (drain or block or inflight[0][1].ready()):
             t, deferred, tokens, lr, wd, begin, end, moved, has_g = inflight.popleft()
-            loss, g, loss_plus, loss_minus = deferred.get()
+            loss, g, loss_plus, loss_minus, *vote = deferred.get()
+            if vote and vote[0] > 0:  # a rank asked to stop: all stop after the same step, the
+                self.stop_at = min(self.stop_at, t + RUN_AHEAD + 1)  # last any may have run
+            if self.guard.diverged_at is not None:
+                continue  # steps after a divergence are not part of the run
             self.engine.timer.poll()  # the step's spans are complete: publish them before it
             if isinstance(end, float):
                 seconds, end_t = end - begin, end - self.engine.timer.t0
@@ -424,31 +335,15 @@ class TrainRecipe:
                 seconds = begin.elapsed_time(end) / 1e3
                 end_t = self.engine.timer.now()
             mem = _memory(self.device)
-            finite = math.isfinite(loss) and (not has_g or math.isfinite(g))
-            if self.steplog is not None and finite:
-                self._log_step(t, g, lr, wd)
+            finite = self.guard.published(t, loss, g, has_g, lr, wd)
             self.bus.publish(StepEvent(t, loss, g, seconds, tokens,
                                        loss_plus, loss_minus, lr, *mem, *moved, end=end_t))
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss:.4f}", g=f"{g:.3g}")
-            if not finite:
-                self._diverge(t, loss, g if has_g else None)
-                inflight.clear()  # steps after the divergence are not part of the run
-                return
-            if self.checkpointer is not None:
-                self.checkpointer.verified = t + 1  # checkpoints up to here hold good states
+            if not finite and self.vote is not None:
+                self.stop_at = min(self.stop_at, t + RUN_AHEAD + 1)
             block = False
-
-    def _log_step(self, t: int, g: float, lr: float, wd: float) -> None:
-        """One line of the step log; a failed write turns the log off with a warning (steps
-        after it cannot be replayed between snapshots, the snapshots themselves still can)."""
-        try:
-            self.steplog.append(t, step_seed(self.cfg.seed, t), g, lr, wd)
-        except OSError as e:
-            warnings.warn(f"{self.steplog.path} not written ({_os_error(e)}); the step log is "
-                          "off for the rest of this run", RunWarning)
-            self.steplog = None
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -505,11 +400,11 @@ class TrainRecipe:
 
             # run.json first, with the final status; a larger artefact that fails after it
             # is reported and costs nothing else.
-            rec.save(self.out_dir, on_error=_artefact_failed)
+            rec.save(self.out_dir, on_error=artefact_failed)
             try:
                 write_trace(rec, self.out_dir / "trace.json")
             except OSError as e:
-                _artefact_failed("trace.json", e)
+                artefact_failed("trace.json", e)
             if self.rundir is not None:
                 self.rundir.finish()
         return rec
@@ -562,18 +457,7 @@ class TrainRecipe:
 
     def outcome(self) -> str:
         """One line saying how the run ended (the CLI prints it, the panel shows it)."""
-        rec, where = self.record, f"run directory {self.out_dir}" if self.out_dir else ""
-        if rec.status in ("failed", "diverged"):  # a diverged run's error says so itself
-            return (f"{'failed: ' if rec.status == 'failed' else ''}{rec.error}"
-                    + (f"; {where}" if where else ""))
-        if rec.status == "stopped":
-            ck = self.checkpointer
-            kept = complete_checkpoints(ck.root) if ck is not None else []
-            resume = (f"checkpoint {kept[-1].name} kept; continue with: python -m workbench run "
-                      f"--resume {self.out_dir}" if kept and self.out_dir else
-                      "no checkpoint (checkpoint_every=0): a resume starts from step 0")
-            return f"stopped {rec.info.get('stopped', '')}; {resume}"
-        return f"{rec.status}: {len(rec.steps)} steps" + (f", {where}" if where else "")
+        return outcome_line(self.record, self.out_dir, self.checkpoint_root)
 
 
 def run(cfg: RunConfig, out_dir: str | Path | None = None, bus: EventBus | None = None,
@@ -589,26 +473,6 @@ def run(cfg: RunConfig, out_dir: str | Path | None = None, bus: EventBus | None 
         ConfigError: bad settings, data, model folder, directory or fit; nothing was written.
     """
     return TrainRecipe(cfg, out_dir, bus, progress, overwrite=overwrite, force=force).run(resume)
-
-
-def error_line(cfg: RunConfig, error: BaseException, step: int) -> str:
-    """One line for the record and the terminal."""
-    if isinstance(error, torch.OutOfMemoryError):
-        return out_of_memory_line(cfg, error)
-    if isinstance(error, ConfigError):
-        return "; ".join(error.problems)
-    first = (str(error).strip().splitlines() or [""])[0][:300]
-    return f"{type(error).__name__} at step {step}: {first}"
-
-
-def _os_error(e: BaseException) -> str:
-    if isinstance(e, OSError) and e.strerror:
-        return f"{e.strerror}" + (f": {e.filename}" if e.filename else "")
-    return f"{type(e).__name__}: {e}"
-
-
-def _artefact_failed(name: str, error: OSError) -> None:
-    warnings.warn(f"{name} not written ({_os_error(error)}); run.json is complete", RunWarning)
 
 
 def _memory(device: torch.device) -> tuple[int, int, int]:
