@@ -13,8 +13,6 @@ import warnings
 from pathlib import Path
 
 from workbench.config import ConfigError, RunConfig, check_environment, load_config, parse_sets
-from workbench.engine.checkpoint import CheckpointError
-from workbench.telemetry.record import RecordError
 
 DEMO = {"model": "tiny-opt", "data": "embedded", "steps": "40", "batch_size": "16",
         "seq_len": "64", "lr": "2e-3", "eps": "1e-3", "eval_samples": "0"}
@@ -27,9 +25,6 @@ def _config(args: argparse.Namespace, defaults: dict[str, str] | None = None) ->
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from workbench.recipes.signals import Interrupted, exit_status, graceful_stop
-    from workbench.recipes.train import TrainRecipe
-
     if args.resume:
         # Continue a run: its own resolved config, then --config / --set on top.
         from workbench.telemetry.record import RunRecord
@@ -51,6 +46,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise ConfigError(["--out: a run directory is required (or --resume RUN_DIR)"])
         cfg, out = _config(args), args.out
     check_environment(cfg)
+    from workbench.recipes.signals import Interrupted, exit_status, graceful_stop
+    from workbench.recipes.train import TrainRecipe
+
     rank = int(os.environ.get("RANK", "0"))  # under torchrun only rank 0 reports
     recipe = TrainRecipe(cfg, out, progress=not args.quiet and rank == 0,
                          overwrite=args.overwrite, force=args.force)
@@ -62,7 +60,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print(f"stopped by {e} at step {recipe.step}", file=sys.stderr)
             return exit_status(e.signum)
         except Exception as e:
-            if isinstance(e, (ConfigError, CheckpointError, RecordError, FileNotFoundError)):
+            if isinstance(e, (ConfigError, FileNotFoundError)) or _bad_input(e):
                 raise  # bad input: one line, exit status 2 (main)
             if recipe.rundir is None or not recipe.record.error:
                 raise
@@ -73,8 +71,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if rank == 0 and rec.status == "done":
         print(format_summary([rec]))
         print(f"run directory: {Path(out).resolve()}")
-    elif rank == 0:
-        print(("error: " if rec.status != "stopped" else "") + recipe.outcome(), file=sys.stderr)
+    elif rank == 0 and rec.status == "stopped":
+        print(recipe.outcome(), file=sys.stderr)
+    elif rank == 0:  # failed or diverged: the record's one line says what and where
+        print(f"error: {rec.error}", file=sys.stderr)
     if rec.status == "stopped":
         return exit_status(got["signum"] or signal.SIGINT)
     return 0 if rec.status == "done" else 1
@@ -119,11 +119,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from workbench.ui.report import write_report  # plotly only when a report is asked for
-
     if Path(args.out).is_dir():
         raise ConfigError([f"-o: {args.out} is a folder; give a file name such as "
                            f"{Path(args.out) / 'report.html'}"])
+    from workbench.ui.report import write_report  # plotly only when a report is asked for
+
     print(write_report(args.run_dirs, args.out).resolve())
     return 0
 
@@ -300,9 +300,20 @@ def main(argv: list[str] | None = None) -> int:
         for problem in e.problems:
             print(f"error: {problem}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, CheckpointError, RecordError) as e:
+    except (FileNotFoundError, ValueError) as e:
+        if not isinstance(e, FileNotFoundError) and not _bad_input(e):
+            raise
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def _bad_input(error: BaseException) -> bool:
+    """A checkpoint or a run record that cannot be used. Their modules import torch, which a
+    refused setting should not wait for: an error of theirs means they are loaded already."""
+    kinds = (("workbench.engine.checkpoint", "CheckpointError"),
+             ("workbench.telemetry.record", "RecordError"))
+    return any(m in sys.modules and isinstance(error, getattr(sys.modules[m], name))
+               for m, name in kinds)
 
 
 if __name__ == "__main__":

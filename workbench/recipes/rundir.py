@@ -74,6 +74,7 @@ class RunDir:
         p = self.path
         if p.exists() and not p.is_dir():
             raise RunDirError(f"--out: {p} is a file, not a folder")
+        self._refuse_if_in_use()
         if p.is_dir() and holds_run(p):
             if not overwrite:
                 raise RunDirError(f"--out: {p} already holds a run ({self._describe()}); continue "
@@ -88,6 +89,7 @@ class RunDir:
 
     def check_resume(self) -> RunRecord:
         """The record of the run to continue (run.json, history folded in)."""
+        self._refuse_if_in_use()
         if not (self.path / "run.json").is_file():
             raise RunDirError(f"--resume: {self.path} is not a run directory (no run.json)")
         try:
@@ -99,6 +101,24 @@ class RunDir:
         previous.steps = steps or previous.steps
         previous.evals = evals or previous.evals
         return previous
+
+    def _refuse_if_in_use(self) -> None:
+        """A live process holds the lock: say so (its pid) rather than anything else."""
+        try:
+            fd = os.open(self.path / LOCK, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # free unless a run holds it
+        except BlockingIOError:
+            raise self._in_use(fd) from None
+        finally:
+            os.close(fd)
+
+    def _in_use(self, fd: int) -> RunDirError:
+        pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        return RunDirError(f"--out: {self.path} is being written by another run (pid {pid}, "
+                           f"{LOCK}); wait for it to end or stop it")
 
     def _describe(self) -> str:
         try:
@@ -148,10 +168,9 @@ class RunDir:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                error = self._in_use(fd)
                 os.close(fd)
-                raise RunDirError(f"--out: {self.path} is being written by another run (pid "
-                                  f"{pid}, {LOCK}); wait for it to end or stop it") from None
+                raise error from None
             try:  # the file we locked must still be the one at ``path`` (not just released)
                 same = os.stat(path).st_ino == os.fstat(fd).st_ino
             except FileNotFoundError:

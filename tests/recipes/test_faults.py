@@ -1,0 +1,386 @@
+"""Fault injection through the real CLI, in subprocesses: kill -9 at seeded random moments,
+Ctrl-C and SIGTERM, a full disk, two runs on one directory, a reused directory, corrupted
+checkpoints and records, malformed data and settings, a diverging loss, a run that cannot fit.
+
+Each asserts the exit status, one line on stderr (warnings aside) and no traceback, and, where
+the run can go on, that its final param_digest equals a straight run's.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+ENV = dict(os.environ, OMP_NUM_THREADS="1",  # every run alike, and a loaded machine stays calm
+           PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+RUN = ["model=tiny-opt", "method=mezo", "data=synthetic", "batch_size=4", "seq_len=16",
+       "lr=2e-3", "steps=40", "checkpoint_every=2", "keep_last=2", "sample_hz=0"]
+STEPS = 40
+
+
+def sets(*items: str) -> list[str]:
+    return [x for kv in items for x in ("--set", kv)]
+
+
+def cli(*args: str, prefix: list[str] | None = None, timeout: float = 300):
+    cmd = (prefix or [sys.executable, "-m", "workbench"]) + [*args] + (
+        ["--quiet"] if args[0] == "run" else [])
+    return subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=timeout)
+
+
+def start(*args: str, log: Path, prefix: list[str] | None = None) -> subprocess.Popen:
+    cmd = (prefix or [sys.executable, "-m", "workbench"]) + [*args, "--quiet"]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=ENV,
+                            text=True)
+
+
+def one_line(stderr: str, prefix: str = "error:") -> str:
+    """The single line starting with ``prefix``; anything else may only be a warning."""
+    assert "Traceback" not in stderr, stderr
+    lines = [l for l in stderr.splitlines() if l.strip()]
+    main = [l for l in lines if not l.startswith("warning:")]
+    assert len(main) == 1 and main[0].startswith(prefix), stderr
+    return main[0]
+
+
+def record(run_dir: Path) -> dict:
+    """run.json, parsed strictly: NaN or Infinity would fail (JSON has neither)."""
+    def bad(token):
+        raise AssertionError(f"run.json holds {token}")
+    return json.loads((run_dir / "run.json").read_text(), parse_constant=bad)
+
+
+def history_steps(run_dir: Path) -> int:
+    try:
+        return (run_dir / "history.jsonl").read_text().count('{"step"')
+    except FileNotFoundError:
+        return 0
+
+
+def wait_for(predicate, proc: subprocess.Popen | None = None, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert proc is None or proc.poll() is None, f"the run ended early ({proc.returncode})"
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def assert_clean(run_dir: Path, root: Path | None = None) -> None:
+    """A finished run leaves no lock, no journal, no temp file and no partial checkpoint."""
+    root = root or run_dir / "checkpoints"
+    left = [p.name for p in run_dir.iterdir() if p.suffix == ".tmp" or p.name in
+            ("run.lock", "history.jsonl")] + [p.name for p in root.glob("*.partial")]
+    assert not left, left
+
+
+def assert_same_as_straight(run_dir: Path, straight: dict) -> None:
+    rec = record(run_dir)
+    assert rec["status"] == "done"
+    assert [s["step"] for s in rec["steps"]] == list(range(STEPS))  # no gap, no step twice
+    assert rec["param_digest"] == straight["param_digest"]
+    assert_clean(run_dir)
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("straight") / "run"
+    r = cli("run", *sets(*RUN), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    return {"dir": out, **record(out)}
+
+
+# --- kill -9, Ctrl-C, SIGTERM ---------------------------------------------------------------
+def test_sigkill_at_five_random_moments_then_resume_equals_a_straight_run(straight, tmp_path):
+    rng = random.Random(15)
+    # The moments: right after the lock is taken (before any step), then at random steps.
+    targets = [0] + sorted(rng.sample(range(3, STEPS - 6), 4))
+    out, stderr = tmp_path / "run", []
+    for i, target in enumerate(targets):
+        args = ["run", *sets(*RUN), "--out", str(out)] if i == 0 else ["run", "--resume", str(out)]
+        proc = start(*args, log=tmp_path / f"{i}.log")
+        wait_for(lambda: (out / "run.json").is_file() and (out / "run.lock").is_file()
+                 and (out / "run.lock").read_text().strip() == str(proc.pid), proc)
+        assert record(out)["status"] == "running"  # run.json from the first second
+        wait_for(lambda: history_steps(out) >= target, proc)
+        time.sleep(rng.uniform(0, 0.05))
+        assert proc.poll() is None, "the run finished before it could be killed"
+        proc.kill()
+        assert proc.wait() == -signal.SIGKILL
+        stderr.append((tmp_path / f"{i}.log").read_text())
+    r = cli("run", "--resume", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "taking over the lock of pid" in "".join(stderr[1:]) + r.stderr
+    assert_same_as_straight(out, straight)
+
+
+def test_sigint_then_sigterm_stop_cleanly_and_resume_exactly(straight, tmp_path):
+    out = tmp_path / "run"
+    proc = start("run", *sets(*RUN), "--out", str(out), log=tmp_path / "int.log")
+    for sig, status, args in ((signal.SIGINT, 130, None),
+                              (signal.SIGTERM, 143, ["run", "--resume", str(out)])):
+        if args:
+            proc = start(*args, log=tmp_path / "term.log")
+        before = history_steps(out)
+        wait_for(lambda: history_steps(out) >= before + 5, proc)
+        proc.send_signal(sig)
+        assert proc.wait(timeout=120) == status
+        log = tmp_path / ("int.log" if sig == signal.SIGINT else "term.log")
+        line = one_line(log.read_text(), prefix=f"stopped by {sig.name} after step")
+        rec = record(out)
+        step = len(rec["steps"])
+        assert rec["status"] == "stopped" and [s["step"] for s in rec["steps"]] == list(range(step))
+        assert f"checkpoint step-{step:08d} kept" in line  # taken at the stop
+        assert (out / "checkpoints" / f"step-{step:08d}" / "manifest.json").is_file()
+        assert_clean(out)
+    r = cli("run", "--resume", str(out))
+    assert r.returncode == 0, r.stderr
+    assert_same_as_straight(out, straight)
+
+
+# --- disks --------------------------------------------------------------------------------
+@contextlib.contextmanager
+def full_disk(tmp_path: Path):
+    """(checkpoint_dir, CLI prefix, fill, free): a 4 MiB tmpfs filled up to ~100 KiB when this
+    process may mount one (root), else the CLI with shard writes failing ENOSPC while a flag
+    file exists (``enospc_cli.py``)."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    mounted = os.geteuid() == 0 and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)],
+        capture_output=True).returncode == 0
+    try:
+        if mounted:
+            filler = mnt / "filler"
+
+            def fill():
+                filler.write_bytes(b"\0" * (shutil.disk_usage(mnt).free - 100 * 1024))
+            yield mnt, None, fill, lambda: filler.unlink()
+        else:
+            flag = tmp_path / "disk-full"
+            yield mnt, [sys.executable, str(Path(__file__).with_name("enospc_cli.py")),
+                        str(flag)], flag.touch, flag.unlink
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
+def test_full_disk_checkpoint_writes_fail_and_after_three_the_run_fails(tmp_path):
+    with full_disk(tmp_path) as (root, prefix, fill, free):
+        fill()
+        out = tmp_path / "run"
+        r = cli("run", *sets(*RUN, f"checkpoint_dir={root / 'ck'}"), "--out", str(out),
+                prefix=prefix)
+        assert r.returncode == 1
+        line = one_line(r.stderr)
+        assert line.startswith("error: checkpoint_dir: 3 checkpoint writes failed in a row")
+        assert "No space left on device" in line
+        assert r.stderr.count("warning: checkpoint_dir: a checkpoint write failed") == 3
+        rec = record(out)  # written before and after the failures, never lost
+        assert rec["status"] == "failed" and rec["error"].startswith("checkpoint_dir: 3")
+        assert 6 <= len(rec["steps"]) < STEPS
+        assert not list((root / "ck").glob("step-*"))  # no partial checkpoint left behind
+        assert_clean(out, root / "ck")
+
+
+def test_full_disk_for_a_while_training_goes_on(straight, tmp_path):
+    with full_disk(tmp_path) as (root, prefix, fill, free):
+        fill()
+        out = tmp_path / "run"
+        # Checkpoints every 8 steps (they do not change the trajectory): time to free space.
+        cmd = (prefix or [sys.executable, "-m", "workbench"]) + [
+            "run", *sets(*RUN, f"checkpoint_dir={root / 'ck'}", "checkpoint_every=8"),
+            "--out", str(out), "--quiet"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True, env=ENV)
+        lines: list[str] = []
+
+        def read():
+            for line in proc.stderr:
+                lines.append(line)
+                if "a checkpoint write failed" in line and len(lines) == 1:
+                    free()  # space comes back after the first failure
+        reader = threading.Thread(target=read)
+        reader.start()
+        assert proc.wait(timeout=300) == 0, "".join(lines)
+        reader.join()
+        assert "Traceback" not in "".join(lines)
+        assert sum("a checkpoint write failed" in l for l in lines) == 1
+        rec = record(out)
+        assert rec["status"] == "done" and rec["param_digest"] == straight["param_digest"]
+        assert [p.name for p in sorted((root / "ck").glob("step-*"))] == [
+            "step-00000032", "step-00000040"]
+        assert_clean(out, root / "ck")
+
+
+# --- directories ----------------------------------------------------------------------------
+def test_two_runs_on_one_directory_the_second_is_refused(straight, tmp_path):
+    out = tmp_path / "run"
+    first = start("run", *sets(*RUN), "--out", str(out), log=tmp_path / "first.log")
+    wait_for(lambda: history_steps(out) >= 1, first)
+    r = cli("run", *sets(*RUN), "--out", str(out))
+    assert r.returncode == 2
+    assert f"is being written by another run (pid {first.pid}" in one_line(r.stderr)
+    assert first.wait(timeout=300) == 0
+    assert_same_as_straight(out, straight)  # the first run's result is whole
+
+
+def test_a_reused_directory_is_refused_and_overwrite_replaces_it(straight, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(straight["dir"], out)
+    (out / "checkpoints" / "step-00000099").mkdir()  # must not survive --overwrite
+    (out / "notes.txt").write_text("mine")  # not the run's: never deleted
+    before = (out / "run.json").read_bytes()
+    r = cli("run", *sets(*RUN), "--out", str(out))
+    assert r.returncode == 2
+    line = one_line(r.stderr)
+    assert "already holds a run" in line and "--resume" in line and "--overwrite" in line
+    assert (out / "run.json").read_bytes() == before
+    r = cli("run", *sets(*RUN), "--out", str(out), "--overwrite")
+    assert r.returncode == 0, r.stderr
+    assert not (out / "checkpoints" / "step-00000099").exists()
+    assert (out / "notes.txt").read_text() == "mine"
+    assert_same_as_straight(out, straight)
+
+
+def test_corrupted_checkpoint_falls_back_and_a_damaged_record_is_one_line(straight, tmp_path):
+    out = tmp_path / "run"
+    r = cli("run", *sets(*RUN, "steps=20"), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    shard = out / "checkpoints" / "step-00000020" / "p2.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-5] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    damaged = tmp_path / "damaged"  # a copy with run.json and events.json.gz cut short
+    shutil.copytree(out, damaged)
+    for name in ("run.json", "events.json.gz"):
+        blob = (damaged / name).read_bytes()
+        (damaged / name).write_bytes(blob[:len(blob) // 2])
+    html = tmp_path / "r.html"
+    refusals = [("run", "--resume", str(damaged)), ("compare", str(damaged)),
+                ("report", str(damaged), "-o", str(html))]
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(lambda a: cli(*a), refusals))
+    for args, r in zip(refusals, results):
+        assert r.returncode == 2, (args, r.stderr)
+        assert "run.json cannot be read: truncated or damaged" in one_line(r.stderr)
+    r = cli("run", "--resume", str(out), *sets(f"steps={STEPS}"))
+    assert r.returncode == 0, r.stderr
+    assert "step-00000020" in r.stderr and "corrupted" in r.stderr  # said, then step-18 used
+    assert_same_as_straight(out, straight)
+
+
+# --- bad input: one line, exit 2, nothing written ---------------------------------------------
+def _write_bad_inputs(d: Path) -> dict[str, tuple[list[str], str]]:
+    """name -> (CLI arguments, what the one line must say)."""
+    files = {
+        "columns": "text\ty\nhi\t1\n", "label-text": "sentence\tlabel\nfine\tx\n",
+        "label-range": "sentence\tlabel\nfine\t7\n", "empty": "",
+        "header-only": "sentence\tlabel\n", "missing-field": "sentence\tlabel\nok\t1\nlonely\n",
+    }
+    for name, text in files.items():
+        (d / name).mkdir()
+        (d / name / "train.tsv").write_text(text)
+    (d / "binary").mkdir()
+    (d / "binary" / "train.tsv").write_bytes(bytes(range(256)) * 8)
+    (d / "long-line").mkdir()
+    with open(d / "long-line" / "train.tsv", "w") as fh:
+        fh.write("sentence\tlabel\n" + "a" * 50_000_000 + "\t1\n")
+    (d / "config.bin").write_bytes(bytes(range(128, 256)) * 4)
+    (d / "extra.toml").write_text("[run]\nsteps = 3\n[optim]\nlr = 1e-3\n")
+    (d / "outside.toml").write_text("steps = 3\n[run]\nlr = 1e-3\n")
+    (d / "a-file").write_text("x")
+    (d / "others").mkdir()
+    (d / "others" / "keep.txt").write_text("x")
+    for name, conf in (("no-model", None), ("non-model", {"hello": 1}),
+                       ("custom-code", {"model_type": "opt", "auto_map": {"AutoConfig": "m.C"}}),
+                       ("unknown-arch", {"model_type": "my-own-net"})):
+        (d / name).mkdir()
+        if conf is not None:
+            (d / name / "config.json").write_text(json.dumps(conf))
+            (d / name / "model.safetensors").write_bytes(b"")
+    out = ["--out", str(d / "out")]
+    run = lambda *s: ["run", *sets(*RUN, *s), *out]  # noqa: E731
+    cases = {f"data {k}": (run(f"data={d / k}"), f"data: {d / k / 'train.tsv'}")
+             for k in (*files, "binary", "long-line")}
+    cases["data columns"] = (cases["data columns"][0], "line 1: the header must name")
+    cases["data label-text"] = (cases["data label-text"][0], "line 2: label 'x' is not 0 or 1")
+    cases["data label-range"] = (cases["data label-range"][0], "line 2: label '7' is not 0 or 1")
+    cases["data missing-field"] = (cases["data missing-field"][0], "line 3 has 1 tab-separated")
+    cases["data long-line"] = (cases["data long-line"][0], "line 2 is 50,000,002 characters")
+    cases.update({
+        "config binary": (["run", "--config", str(d / "config.bin"), *out], "not a text file"),
+        "config folder": (["run", "--config", str(d), *out], "is a folder, not a TOML file"),
+        "config table": (["run", "--config", str(d / "extra.toml"), *out], "table [optim]"),
+        "config key": (["run", "--config", str(d / "outside.toml"), *out], "'steps' is outside"),
+        "out is a file": (["run", *sets(*RUN), "--out", str(d / "a-file")], "is a file"),
+        "out has files": (["run", *sets(*RUN), "--out", str(d / "others")], "other files"),
+        "seq_len": (run("seq_len=600"), "seq_len: 600 exceeds the 512 positions of tiny-opt"),
+        "model empty": (run(f"model={d / 'no-model'}"), "has no config.json"),
+        "model non-model": (run(f"model={d / 'non-model'}"), "not a model folder"),
+        "model custom code": (run(f"model={d / 'custom-code'}"), "trust_remote_code=False"),
+        "model unknown": (run(f"model={d / 'unknown-arch'}"), "not a model folder"),
+        "nan": (run("lr=nan"), "lr: nan is not a finite number"),
+        "inf": (run("eps=inf"), "eps: inf is not a finite number"),
+        "not for mezo": (run("codec=bf16"), "codec: 'bf16' does not apply to method=mezo"),
+        "not for zo": (["run", *sets(*RUN, "method=zo-offload", "subgroup_size=4096"), *out],
+                       "subgroup_size: 4096 does not apply to method=zo-offload"),
+        "eval without dev": (run("eval_every=5"), "eval_every: data=synthetic has no dev"),
+        "too big": (["run", *sets("model=opt-175b", "method=zo-offload"), *out],
+                    "host memory: zo-offload on opt-175b needs"),
+    })
+    return cases
+
+
+def test_every_bad_input_is_one_line_and_exit_2(straight, tmp_path):
+    cases = _write_bad_inputs(tmp_path)
+    ran = straight["dir"]
+    cases.update({
+        "report -o folder": (["report", str(ran), "-o", str(tmp_path)], "-o: "),
+        "resume fixed knob": (["run", "--resume", str(ran), *sets("seed=1")],
+                              "seed: fixed for a resumed run (it was 0, now 1)"),
+        "resume below checkpoint": (["run", "--resume", str(ran), *sets("steps=10")],
+                                    "steps: 10 is below the newest checkpoint"),
+        "resume elsewhere": (["run", "--resume", str(ran), "--out", str(tmp_path / "b")],
+                             "--out: a resumed run continues in its own directory"),
+        "resume no run": (["run", "--resume", str(tmp_path / "others")], "no run.json"),
+    })
+    before = (ran / "run.json").read_bytes()
+    with ThreadPoolExecutor(4) as pool:
+        results = dict(zip(cases, pool.map(lambda c: cli(*c[0]), cases.values())))
+    problems = []
+    for name, r in results.items():
+        try:
+            assert r.returncode == 2, f"exit {r.returncode}"
+            assert cases[name][1] in one_line(r.stderr)
+        except AssertionError as e:
+            problems.append(f"{name}: {e} | {r.stderr.strip()[-400:]}")
+    assert not problems, "\n".join(problems)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "b").exists()
+    assert (ran / "run.json").read_bytes() == before  # a refused resume changes nothing
+
+
+# --- divergence -----------------------------------------------------------------------------
+def test_nan_divergence_stops_keeps_the_last_good_checkpoint_and_a_valid_record(tmp_path):
+    out = tmp_path / "run"
+    r = cli("run", *sets(*RUN, "lr=10"), "--out", str(out))  # lr=10 blows up at step 3
+    assert r.returncode == 1
+    line = one_line(r.stderr)
+    assert line.startswith("error: diverged at step 3 (loss = nan")
+    assert "the last good checkpoint is step-00000002" in line
+    rec = record(out)
+    assert rec["status"] == "diverged" and rec["error"].startswith("diverged at step 3")
+    assert [s["step"] for s in rec["steps"]] == [0, 1, 2, 3] and rec["steps"][3]["loss"] is None
+    assert [p.name for p in (out / "checkpoints").glob("step-*")] == ["step-00000002"]
+    assert_clean(out)
