@@ -150,11 +150,14 @@ def test_sigint_then_sigterm_stop_cleanly_and_resume_exactly(straight, tmp_path)
 
 
 # --- disks --------------------------------------------------------------------------------
+FAULT_CLI = [sys.executable, str(Path(__file__).with_name("fault_cli.py"))]
+
+
 @contextlib.contextmanager
-def full_disk(tmp_path: Path):
-    """(checkpoint_dir, CLI prefix, fill, free): a 4 MiB tmpfs filled up to ~100 KiB when this
-    process may mount one (root), else the CLI with shard writes failing ENOSPC while a flag
-    file exists (``enospc_cli.py``)."""
+def failing_disk(tmp_path: Path, kind: str = "full"):
+    """(checkpoint_dir, CLI prefix, fail, heal): a 4 MiB tmpfs, filled up to ~100 KiB or made
+    read-only, when this process may mount one (root); else the CLI with shard writes failing
+    ENOSPC / EROFS while a flag file exists (``fault_cli.py``)."""
     mnt = tmp_path / "disk"
     mnt.mkdir()
     mounted = os.geteuid() == 0 and subprocess.run(
@@ -162,45 +165,58 @@ def full_disk(tmp_path: Path):
         capture_output=True).returncode == 0
     try:
         if mounted:
+            (mnt / "ck").mkdir()
             filler = mnt / "filler"
 
-            def fill():
-                filler.write_bytes(b"\0" * (shutil.disk_usage(mnt).free - 100 * 1024))
-            yield mnt, None, fill, lambda: filler.unlink()
+            def fail():
+                if kind == "full":
+                    filler.write_bytes(b"\0" * (shutil.disk_usage(mnt).free - 100 * 1024))
+                else:
+                    subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+
+            def heal():
+                if kind == "full":
+                    filler.unlink()
+                else:
+                    subprocess.run(["mount", "-o", "remount,rw", str(mnt)], check=True)
+            yield mnt / "ck", None, fail, heal
         else:
-            flag = tmp_path / "disk-full"
-            yield mnt, [sys.executable, str(Path(__file__).with_name("enospc_cli.py")),
-                        str(flag)], flag.touch, flag.unlink
+            flag = tmp_path / "disk-fails"
+            yield (mnt / "ck", [*FAULT_CLI, "disk", str(flag)],
+                   lambda: flag.write_text("read-only" if kind == "read-only" else "full"),
+                   flag.unlink)
     finally:
         if mounted:
             subprocess.run(["umount", "-l", str(mnt)], check=True)
 
 
-def test_full_disk_checkpoint_writes_fail_and_after_three_the_run_fails(tmp_path):
-    with full_disk(tmp_path) as (root, prefix, fill, free):
-        fill()
+@pytest.mark.parametrize("kind, says", [("full", "No space left on device"),
+                                        ("read-only", "Read-only file system")])
+def test_failing_checkpoint_writes_are_reported_and_after_three_the_run_fails(tmp_path, kind,
+                                                                              says):
+    with failing_disk(tmp_path, kind) as (root, prefix, fail, heal):
+        fail()
         out = tmp_path / "run"
-        r = cli("run", *sets(*RUN, f"checkpoint_dir={root / 'ck'}"), "--out", str(out),
-                prefix=prefix)
+        r = cli("run", *sets(*RUN, f"checkpoint_dir={root}"), "--out", str(out), prefix=prefix)
         assert r.returncode == 1
         line = one_line(r.stderr)
         assert line.startswith("error: checkpoint_dir: 3 checkpoint writes failed in a row")
-        assert "No space left on device" in line
+        assert says in line
         assert r.stderr.count("warning: checkpoint_dir: a checkpoint write failed") == 3
         rec = record(out)  # written before and after the failures, never lost
         assert rec["status"] == "failed" and rec["error"].startswith("checkpoint_dir: 3")
         assert 6 <= len(rec["steps"]) < STEPS
-        assert not list((root / "ck").glob("step-*"))  # no partial checkpoint left behind
-        assert_clean(out, root / "ck")
+        assert not list(root.glob("step-*"))  # no partial checkpoint left behind
+        assert_clean(out, root)
 
 
 def test_full_disk_for_a_while_training_goes_on(straight, tmp_path):
-    with full_disk(tmp_path) as (root, prefix, fill, free):
-        fill()
+    with failing_disk(tmp_path) as (root, prefix, fail, heal):
+        fail()
         out = tmp_path / "run"
         # Checkpoints every 8 steps (they do not change the trajectory): time to free space.
         cmd = (prefix or [sys.executable, "-m", "workbench"]) + [
-            "run", *sets(*RUN, f"checkpoint_dir={root / 'ck'}", "checkpoint_every=8"),
+            "run", *sets(*RUN, f"checkpoint_dir={root}", "checkpoint_every=8"),
             "--out", str(out), "--quiet"]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 text=True, env=ENV)
@@ -210,7 +226,7 @@ def test_full_disk_for_a_while_training_goes_on(straight, tmp_path):
             for line in proc.stderr:
                 lines.append(line)
                 if "a checkpoint write failed" in line and len(lines) == 1:
-                    free()  # space comes back after the first failure
+                    heal()  # space comes back after the first failure
         reader = threading.Thread(target=read)
         reader.start()
         assert proc.wait(timeout=300) == 0, "".join(lines)
@@ -219,9 +235,20 @@ def test_full_disk_for_a_while_training_goes_on(straight, tmp_path):
         assert sum("a checkpoint write failed" in l for l in lines) == 1
         rec = record(out)
         assert rec["status"] == "done" and rec["param_digest"] == straight["param_digest"]
-        assert [p.name for p in sorted((root / "ck").glob("step-*"))] == [
+        assert [p.name for p in sorted(root.glob("step-*"))] == [
             "step-00000032", "step-00000040"]
-        assert_clean(out, root / "ck")
+        assert_clean(out, root)
+
+
+def test_a_run_that_cannot_fit_is_refused_and_force_starts_it(tmp_path):
+    out = tmp_path / "run"
+    r = cli("run", *sets(*RUN), "--out", str(out), prefix=[*FAULT_CLI, "lowmem"])
+    assert r.returncode == 2
+    assert "host memory: mezo on tiny-opt needs" in one_line(r.stderr) and not out.exists()
+    r = cli("run", *sets(*RUN, "steps=2"), "--out", str(out), "--force",
+            prefix=[*FAULT_CLI, "lowmem"])
+    assert r.returncode == 0, r.stderr
+    assert record(out)["status"] == "done"
 
 
 # --- directories ----------------------------------------------------------------------------
@@ -264,17 +291,23 @@ def test_corrupted_checkpoint_falls_back_and_a_damaged_record_is_one_line(straig
     shard.write_bytes(bytes(data))
     damaged = tmp_path / "damaged"  # a copy with run.json and events.json.gz cut short
     shutil.copytree(out, damaged)
+    hopeless = tmp_path / "hopeless"  # a copy with every checkpoint corrupted
+    shutil.copytree(out, hopeless)
+    for ck in (hopeless / "checkpoints").glob("step-*"):
+        (ck / "p1.safetensors").write_bytes(b"garbage")
     for name in ("run.json", "events.json.gz"):
         blob = (damaged / name).read_bytes()
         (damaged / name).write_bytes(blob[:len(blob) // 2])
     html = tmp_path / "r.html"
     refusals = [("run", "--resume", str(damaged)), ("compare", str(damaged)),
                 ("report", str(damaged), "-o", str(html))]
-    with ThreadPoolExecutor(3) as pool:
-        results = list(pool.map(lambda a: cli(*a), refusals))
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda a: cli(*a), refusals + [("run", "--resume", str(hopeless))]))
     for args, r in zip(refusals, results):
         assert r.returncode == 2, (args, r.stderr)
         assert "run.json cannot be read: truncated or damaged" in one_line(r.stderr)
+    assert results[-1].returncode == 2
+    assert "error: resume: no usable checkpoint in" in one_line(results[-1].stderr)
     r = cli("run", "--resume", str(out), *sets(f"steps={STEPS}"))
     assert r.returncode == 0, r.stderr
     assert "step-00000020" in r.stderr and "corrupted" in r.stderr  # said, then step-18 used
@@ -384,3 +417,27 @@ def test_nan_divergence_stops_keeps_the_last_good_checkpoint_and_a_valid_record(
     assert [s["step"] for s in rec["steps"]] == [0, 1, 2, 3] and rec["steps"][3]["loss"] is None
     assert [p.name for p in (out / "checkpoints").glob("step-*")] == ["step-00000002"]
     assert_clean(out)
+
+
+# --- GPU memory cap (run on the GPU machine: python -m pytest -m gpu tests/recipes) ----------
+@pytest.mark.gpu
+def test_gpu_mem_limit_refuses_and_caps_the_run_at_run_time(tmp_path):
+    args = sets("model=opt-125m", "method=mezo", "device=cuda", "data=synthetic",
+                "batch_size=8", "seq_len=128", "steps=3", "sample_hz=0", "gpu_mem_limit_gb=0.75")
+    r = cli("run", *args, "--out", str(tmp_path / "refused"))
+    assert r.returncode == 2
+    line = one_line(r.stderr)
+    assert "gpu memory: mezo on opt-125m needs" in line and "gpu_mem_limit_gb=0.75 caps" in line
+    assert not (tmp_path / "refused").exists()
+    r = cli("run", *args, "--out", str(tmp_path / "forced"), "--force")  # the cap holds
+    assert r.returncode == 1
+    line = one_line(r.stderr)
+    assert line.startswith("error: gpu_mem_limit_gb: the run needed more GPU memory than its "
+                           "0.75 GB cap")
+    rec = record(tmp_path / "forced")
+    assert rec["status"] == "failed" and rec["error"].startswith("gpu_mem_limit_gb:")
+    r = cli("run", *sets("model=opt-125m", "method=mezo", "device=cuda", "data=synthetic",
+                         "batch_size=8", "seq_len=128", "steps=3", "sample_hz=0",
+                         "gpu_mem_limit_gb=4"), "--out", str(tmp_path / "fits"))
+    assert r.returncode == 0, r.stderr
+    assert record(tmp_path / "fits")["summary"]["peak_gpu_mem_bytes"] < 4 * 2 ** 30

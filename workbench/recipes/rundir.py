@@ -6,8 +6,9 @@ Beside the record's own files (``telemetry.record``) a run directory holds:
                    ``flock`` for the run's life, so the lock of a process that died (kill -9)
                    is free and is taken over, with a warning.
     run.json       ``status: running`` from the start; rewritten atomically (temp file, fsync,
-                   rename) at every checkpoint, at least every ``WRITE_EVERY_S`` and at the end,
-                   when its status is one of done, stopped, failed, diverged.
+                   rename) at checkpoints (at most once a second: a checkpoint every step must
+                   not rewrite a long history every step), at least every ``WRITE_EVERY_S`` and
+                   at the end, when its status is one of done, stopped, failed, diverged.
     history.jsonl  one line per published step and eval, flushed as each is published: after a
                    kill -9 the history reaches the last finished step, not the last run.json.
                    Folded into run.json at the end and removed.

@@ -78,8 +78,10 @@ class TrainRecipe:
         self.vote: distributed.StopVote | None = None  # under torchrun
         self.stop_at = math.inf  # under torchrun: the step count every rank stops at
         self.guard: RunGuard | None = None  # divergence and failing checkpoint writes
+        self.tokenizer = self.examples = None  # read in ``prepare`` (prompt data only)
         self._prepared = False
         self._resume_from: list[str] = []  # checkpoint names to try, newest first
+        self._unsubscribe_rundir = lambda: None
 
     # --- setup ------------------------------------------------------------------------------
     def prepare(self, resume: bool = False) -> "TrainRecipe":
@@ -113,7 +115,7 @@ class TrainRecipe:
             check_fits(cfg)
         if self.rundir is not None:
             self.rundir.claim(overwrite=self.overwrite and not resume)
-            self.bus.subscribe(self.rundir)
+            self._unsubscribe_rundir = self.bus.subscribe(self.rundir)  # history.jsonl
             if previous is not None:  # kept whole until a checkpoint is loaded
                 with self.record.lock:
                     self.record.steps, self.record.evals = previous.steps, previous.evals
@@ -441,6 +443,7 @@ class TrainRecipe:
         finally:
             if self.rundir is not None:
                 self.rundir.release()
+            self._unsubscribe_rundir()
             self._unsubscribe()
 
     def run(self, resume: bool = False) -> RunRecord:
