@@ -55,9 +55,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     with graceful_stop(recipe) as got:
         try:
             rec = recipe.run(resume=bool(args.resume))
-        except Interrupted as e:
+        except Interrupted as e:  # in setup or saving, or a second signal: no clean stop
             if rank == 0:
-                print(f"stopped by {e} at step {recipe.step}", file=sys.stderr)
+                print(recipe.outcome() if recipe.rundir is not None and recipe.rundir.was_claimed
+                      else f"stopped by {e} before the run started", file=sys.stderr)
             return exit_status(e.signum)
         except Exception as e:
             if isinstance(e, (ConfigError, FileNotFoundError)) or _bad_input(e):

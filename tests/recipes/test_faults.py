@@ -130,9 +130,9 @@ def test_sigint_then_sigterm_stop_cleanly_and_resume_exactly(straight, tmp_path)
     proc = start("run", *sets(*RUN), "--out", str(out), log=tmp_path / "int.log")
     for sig, status, args in ((signal.SIGINT, 130, None),
                               (signal.SIGTERM, 143, ["run", "--resume", str(out)])):
+        before = len(record(out)["steps"]) if args else 0
         if args:
             proc = start(*args, log=tmp_path / "term.log")
-        before = history_steps(out)
         wait_for(lambda: history_steps(out) >= before + 5, proc)
         proc.send_signal(sig)
         assert proc.wait(timeout=120) == status

@@ -66,6 +66,7 @@ class RunDir:
     def __init__(self, path: Path, checkpoint_root: Path | None):
         self.path, self.checkpoint_root = Path(path), checkpoint_root
         self._fd: int | None = None
+        self.was_claimed = False  # stays True after the release: this run wrote here
         self._journal = None
         self._last_write = 0.0
 
@@ -185,7 +186,7 @@ class RunDir:
                               "running", RunWarning)
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-            self._fd = fd
+            self._fd, self.was_claimed = fd, True
             return
 
     def release(self) -> None:
