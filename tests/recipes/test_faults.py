@@ -221,18 +221,20 @@ def test_full_disk_for_a_while_training_goes_on(straight, tmp_path):
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 text=True, env=ENV)
         lines: list[str] = []
+        healed: list = []
 
         def read():
             for line in proc.stderr:
                 lines.append(line)
-                if "a checkpoint write failed" in line and len(lines) == 1:
-                    heal()  # space comes back after the first failure
+                if "a checkpoint write failed" in line and not healed:
+                    healed.append(heal())  # space comes back after the first failure
         reader = threading.Thread(target=read)
         reader.start()
         assert proc.wait(timeout=300) == 0, "".join(lines)
         reader.join()
         assert "Traceback" not in "".join(lines)
-        assert sum("a checkpoint write failed" in l for l in lines) == 1
+        # Space comes back 8 steps before the next checkpoint; a slow reader may miss one more.
+        assert 1 <= sum("a checkpoint write failed" in l for l in lines) <= 2
         rec = record(out)
         assert rec["status"] == "done" and rec["param_digest"] == straight["param_digest"]
         assert [p.name for p in sorted(root.glob("step-*"))] == [

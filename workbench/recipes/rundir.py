@@ -49,7 +49,8 @@ class RunWarning(UserWarning):
 
 
 def holds_run(path: Path) -> bool:
-    return any((path / name).exists() for name in RUN_FILES[:2] + ("checkpoints", LOCK))
+    return any((path / name).exists() for name in ("run.json", "history.jsonl", "checkpoints",
+                                                   LOCK))
 
 
 def holds_checkpoints(root: Path) -> bool:
@@ -134,12 +135,17 @@ class RunDir:
     def claimed(self) -> bool:
         return self._fd is not None
 
-    def claim(self, overwrite: bool = False) -> None:
-        """Take the lock (refusing a directory another process writes); with ``overwrite``,
+    def claim(self, overwrite: bool = False, new: bool = True) -> None:
+        """Take the lock (refusing a directory another process writes); for a ``new`` run,
+        check again under the lock that no run finished here meanwhile; with ``overwrite``,
         remove the old run's files; clear temp files a killed run left behind."""
         self.path.mkdir(parents=True, exist_ok=True)
         self._lock()
         try:
+            if new and not overwrite and any((self.path / n).exists() for n in
+                                             ("run.json", "history.jsonl", "checkpoints")):
+                raise RunDirError(f"--out: {self.path} already holds a run (it finished while "
+                                  "this one started); --resume or --overwrite it")
             if overwrite:
                 for name in RUN_FILES:
                     _remove(self.path / name)

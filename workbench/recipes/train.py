@@ -114,7 +114,7 @@ class TrainRecipe:
         if not self.force:
             check_fits(cfg)
         if self.rundir is not None:
-            self.rundir.claim(overwrite=self.overwrite and not resume)
+            self.rundir.claim(overwrite=self.overwrite and not resume, new=not resume)
             self._unsubscribe_rundir = self.bus.subscribe(self.rundir)  # history.jsonl
             if previous is not None:  # kept whole until a checkpoint is loaded
                 with self.record.lock:
