@@ -92,7 +92,7 @@ class RunDir:
 
     def check_resume(self) -> RunRecord:
         """The record of the run to continue (run.json, history folded in)."""
-        self._refuse_if_in_use()
+        self._refuse_if_in_use("--resume")
         if not (self.path / "run.json").is_file():
             raise RunDirError(f"--resume: {self.path} is not a run directory (no run.json)")
         try:
@@ -105,7 +105,7 @@ class RunDir:
         previous.evals = evals or previous.evals
         return previous
 
-    def _refuse_if_in_use(self) -> None:
+    def _refuse_if_in_use(self, option: str = "--out") -> None:
         """A live process holds the lock: say so (its pid) rather than anything else."""
         try:
             fd = os.open(self.path / LOCK, os.O_RDONLY)
@@ -114,13 +114,13 @@ class RunDir:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # free unless a run holds it
         except BlockingIOError:
-            raise self._in_use(fd) from None
+            raise self._in_use(fd, option) from None
         finally:
             os.close(fd)
 
-    def _in_use(self, fd: int) -> RunDirError:
+    def _in_use(self, fd: int, option: str = "--out") -> RunDirError:
         pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-        return RunDirError(f"--out: {self.path} is being written by another run (pid {pid}, "
+        return RunDirError(f"{option}: {self.path} is being written by another run (pid {pid}, "
                            f"{LOCK}); wait for it to end or stop it")
 
     def _describe(self) -> str:

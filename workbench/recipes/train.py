@@ -2,7 +2,10 @@
 
 It composes the pieces (data, model skeleton, engine, telemetry) and owns the loop. The loop
 never waits for the GPU: each step's losses travel to the host through ``Deferred`` copies and
-are published once they have landed.
+are published once they have landed. Longer than our usual module: the loop and the run's
+lifecycle around it (checks before anything is built, how it ends, what is recorded) read best
+in one place; each concept it uses lives beside it (``rundir``, ``resume``, ``guard``,
+``outcome``, ``limits``, ``signals``).
 """
 from __future__ import annotations
 
