@@ -24,3 +24,28 @@ def data_dir():
     if not (path / "sst2" / "train.tsv").is_file():
         pytest.skip(f"shared data not found at {path} (set WORKBENCH_DATA_DIR)")
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """A factory: ``tiny_model(preset, **overrides)`` -> a resident Hugging Face model of a tiny
+    preset with seeded random weights (cached per arguments; treat it as read-only)."""
+    from dataclasses import replace
+
+    from transformers import AutoModelForCausalLM
+
+    from workbench.models.build import hf_config
+    from workbench.presets import PRESETS
+
+    cache = {}
+
+    def make(name: str, **overrides):
+        key = (name, tuple(sorted(overrides.items())))
+        if key not in cache:
+            torch.manual_seed(0)
+            config = hf_config(replace(PRESETS[name], **overrides))
+            config._attn_implementation = "sdpa"
+            cache[key] = AutoModelForCausalLM.from_config(config).eval()
+        return cache[key]
+
+    return make

@@ -144,3 +144,21 @@ def test_resume_rules_name_each_fixed_knob():
     problems = check_resume(start, RunConfig(seed=1, batch_size=4))
     assert [p.split(":")[0] for p in problems] == ["batch_size", "seed"]
     assert "fixed for a resumed run (it was 0, now 1)" in problems[1]
+
+
+def test_task_settings_are_checked_together(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        RunConfig(label_words=" good", template="{sentence} was", objective="lm",
+                  data=str(tmp_path / "train.txt"), label_field="y")
+    problems = err.value.problems
+    assert {p.split(":")[0] for p in problems} == {"label_words", "template", "data", "label_field"}
+    assert "label_field: does not apply to objective=lm (it applies to classify)" in problems
+    assert any("k >= 2" in p for p in problems)
+    for ok in ({"label_words": " bad, fine, good"}, {"objective": "completion", "data": "embedded",
+               "prompt_field": "q", "completion_field": "a"}, {"data": "hf:glue:sst2"},
+               {"template": "Review: {text}\nSentiment:"}):
+        RunConfig(**ok)
+    with pytest.raises(ConfigError, match="label_words: ' a, a' repeats a word"):
+        RunConfig(label_words=" a, a")
+    with pytest.raises(ConfigError, match="data: sst2 is a classify data set"):
+        RunConfig(data="sst2", objective="lm")

@@ -10,6 +10,8 @@ import dataclasses
 import json
 import math
 import os
+import re
+import string
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -26,6 +28,7 @@ Amp = Literal["off", "bf16", "fp16"]
 Rng = Literal["philox", "torch"]
 Codec = Literal["fp32", "bf16", "fp16", "fp8-e4m3", "fp8-e5m2"]
 Master = Literal["fp32", "compressed-sr"]
+Objective = Literal["classify", "completion", "lm"]
 
 #: Methods that stream transformer blocks host <-> GPU.
 STREAMING_METHODS = ("zo-offload", "forward-grad")
@@ -48,7 +51,7 @@ METHOD_KNOBS: dict[str, tuple[str, ...]] = {
 RESUMABLE = ("steps", "lr", "weight_decay", "eval_every", "eval_samples", "device", "data_dir",
              "overlap", "reuse_buffers", "fused_update", "resident_blocks", "prefetch_depth",
              "telemetry", "sample_hz", "keep_steps", "checkpoint_every", "keep_last",
-             "digest_check_every", "gpu_mem_limit_gb")
+             "digest_check_every", "gpu_mem_limit_gb", "max_new_tokens")
 
 
 def default_data_dir() -> str:
@@ -80,12 +83,26 @@ class RunConfig:
 
     # what to train
     method: Method = _knob("mezo", "training method")
-    model: str = _knob("tiny-opt", "model preset name or a local Hugging Face folder")
-    data: str = _knob("embedded", "embedded | sst2 | synthetic | a folder with train.tsv/dev.tsv")
+    model: str = _knob("tiny-opt", "model preset, a local Hugging Face folder or a hub id org/name")
+    data: str = _knob("embedded", "embedded | sst2 | synthetic | hf:NAME[:CONFIG] | a .jsonl/.csv/"
+                      ".tsv/.parquet file | a folder of train.*/dev.* files or from save_to_disk")
     data_dir: str = _knob("", "folder holding sst2/ and opt-tokenizer/ (empty: $WORKBENCH_DATA_DIR "
                           "or ../shared/data)")
     train_samples: int = _knob(0, "training examples used (0 = all)", lo=0, hi=10_000_000)
     eval_samples: int = _knob(500, "dev examples evaluated (0 = all)", lo=0, hi=10_000_000)
+    # the task (issue 18): objective, prompt format and field names ("" = found by name)
+    objective: Objective = _knob("classify", "classify: label words after a template; completion: "
+                                 "prompt -> completion; lm: plain text", group="task")
+    template: str = _knob("{text} It was", "classify prompt; {text} is the example's text",
+                          group="task")
+    label_words: str = _knob(" terrible, great", "classify: comma-separated words of labels 0, 1..",
+                             group="task")
+    text_field: str = _knob("", "field with the text (classify, lm)", group="task")
+    label_field: str = _knob("", "field with the integer label (classify)", group="task")
+    prompt_field: str = _knob("", "field with the prompt (completion)", group="task")
+    completion_field: str = _knob("", "field with the completion (completion)", group="task")
+    max_new_tokens: int = _knob(16, "completion eval: greedy tokens generated per example", lo=1,
+                                hi=4096, unit="tokens", group="task")
     # schedule
     steps: int = _knob(20, "training steps", lo=1, hi=10_000_000, unit="steps")
     batch_size: int = _knob(8, "examples per step", lo=1, hi=4096, unit="examples")
@@ -176,7 +193,8 @@ def knob_info(name: str) -> dict[str, Any]:
 
 
 _TYPES = {"Method": Method, "Device": Device, "Amp": Amp, "Rng": Rng, "Codec": Codec,
-          "Master": Master, "int": int, "float": float, "str": str, "bool": bool}
+          "Master": Master, "Objective": Objective, "int": int, "float": float, "str": str,
+          "bool": bool}
 
 
 def _resolve(t: Any) -> Any:
@@ -213,25 +231,22 @@ def _check_values(cfg: RunConfig) -> list[str]:
         if lo is not None and value < lo or hi is not None and value > hi:
             unit = f" {f.metadata['unit']}" if f.metadata.get("unit") else ""
             problems.append(f"{f.name}: {value!r} is outside [{lo:g}, {hi:g}]{unit}")
-    if cfg.model not in PRESETS and not Path(cfg.model).expanduser().is_dir():
-        problems.append(f"model: {cfg.model!r} is neither a preset ({', '.join(PRESETS)}) nor a "
-                        "local folder")
+    if (cfg.model not in PRESETS and not Path(cfg.model).expanduser().is_dir()
+            and not HUB_ID.fullmatch(cfg.model)):
+        problems.append(f"model: {cfg.model!r} is neither a preset ({', '.join(PRESETS)}), a "
+                        "local folder nor a hub id org/name")
     elif cfg.model in PRESETS and cfg.seq_len > PRESETS[cfg.model].max_positions:
         problems.append(f"seq_len: {cfg.seq_len} exceeds the {PRESETS[cfg.model].max_positions} "
                         f"positions of {cfg.model}")
-    elif cfg.model not in PRESETS:
+    elif Path(cfg.model).expanduser().is_dir():
         problems += _model_folder_problems(cfg)
-    builtin = ("embedded", "sst2", "synthetic")
-    if cfg.data not in builtin and not (Path(cfg.data).expanduser() / "train.tsv").is_file():
-        problems.append(f"data: {cfg.data!r} is not one of {', '.join(builtin)} nor a folder "
-                        "with train.tsv")
-    elif cfg.eval_every and (cfg.data == "synthetic" or cfg.data not in builtin
-                             and not (Path(cfg.data).expanduser() / "dev.tsv").is_file()):
-        problems.append(f"eval_every: data={cfg.data} has no dev split to evaluate on; set "
-                        "eval_every=0 or use data with a dev.tsv")
+    problems += _check_task(cfg)
+    if cfg.eval_every and cfg.data == "synthetic":  # every other source has a dev split
+        problems.append("eval_every: data=synthetic has no dev split to evaluate on; set "
+                        "eval_every=0 or use a data set")
     for name, methods in METHOD_KNOBS.items():
         value = getattr(cfg, name)
-        if cfg.method not in methods and value != RunConfig.__dataclass_fields__[name].default:
+        if cfg.method not in methods and value != _default(name):
             problems.append(f"{name}: {value!r} does not apply to method={cfg.method} (only to "
                             f"{', '.join(methods)}); leave it at its default")
     if cfg.eps == 0 and cfg.method in ("mezo", "zo-offload"):
@@ -254,6 +269,52 @@ def _check_values(cfg: RunConfig) -> list[str]:
         problems.append(f"resident_blocks: {cfg.resident_blocks} exceeds the {preset.num_layers} "
                         f"blocks of {cfg.model}")
     return problems
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # org/name; paths start with / . or ~
+DATA_SUFFIXES = (".jsonl", ".csv", ".tsv", ".parquet")
+TASK_FIELDS = {"classify": ("text_field", "label_field", "template", "label_words"),
+               "completion": ("prompt_field", "completion_field"), "lm": ("text_field",)}
+
+
+def _check_task(cfg: RunConfig) -> list[str]:
+    """The data source's shape (files are read later) and the objective's settings."""
+    problems, data = [], cfg.data
+    path = Path(data).expanduser()
+    if data in ("embedded", "sst2", "synthetic") or data.startswith("hf:") and len(data) > 3:
+        pass
+    elif path.is_file():
+        if path.suffix.lower() not in DATA_SUFFIXES:
+            problems.append(f"data: {data!r} is not a {'/'.join(DATA_SUFFIXES)} file")
+    elif not path.is_dir():
+        problems.append(f"data: {data!r} is not embedded, sst2, synthetic, hf:NAME[:CONFIG], a "
+                        "file or a folder")
+    if data == "sst2" and cfg.objective != "classify":
+        problems.append(f"data: sst2 is a classify data set; objective={cfg.objective} needs "
+                        "another source")
+    words = cfg.label_words.split(",")
+    if len(words) < 2 or any(not w.strip() for w in words):
+        problems.append(f"label_words: {cfg.label_words!r} needs k >= 2 non-empty words, comma-"
+                        "separated (the leading space is part of the word)")
+    elif len(set(words)) < len(words):
+        problems.append(f"label_words: {cfg.label_words!r} repeats a word")
+    try:
+        names = {n for _, n, _, _ in string.Formatter().parse(cfg.template) if n is not None}
+    except ValueError as e:
+        names = {f"<{e}>"}
+    if names != {"text"}:
+        problems.append(f"template: {cfg.template!r} must contain {{text}} and no other "
+                        "{placeholder} (write {{ }} for a literal brace)")
+    for name in ("text_field", "label_field", "prompt_field", "completion_field", "template",
+                 "label_words"):
+        if name not in TASK_FIELDS[cfg.objective] and getattr(cfg, name) != _default(name):
+            problems.append(f"{name}: does not apply to objective={cfg.objective} (it applies to "
+                            f"{', '.join(o for o, f in TASK_FIELDS.items() if name in f)})")
+    return problems
+
+
+def _default(name: str) -> Any:
+    return {f.name: f.default for f in fields(RunConfig)}[name]
 
 
 def _model_folder_problems(cfg: RunConfig) -> list[str]:

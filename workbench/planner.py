@@ -116,17 +116,23 @@ class Plan:
 
 
 def preset_of(model: str) -> Preset:
-    """The preset, or a Preset read from a local Hugging Face folder's config.json."""
+    """The preset, or a Preset read from the config.json of a local folder or a hub id."""
     if model in PRESETS:
         return PRESETS[model]
-    c = json.loads((Path(model).expanduser() / "config.json").read_text())
+    from workbench.models.hub import config_path
+
+    c = json.loads(config_path(model).read_text())
     opt = c.get("model_type") == "opt"
     hf = {k: c[k] for k in ("num_key_value_heads", "word_embed_proj_dim", "do_layer_norm_before")
           if k in c}
     hf["tie_word_embeddings"] = c.get("tie_word_embeddings", opt)
-    return Preset("opt" if opt else "llama", c["hidden_size"], c["num_hidden_layers"],
-                  c["num_attention_heads"], c.get("ffn_dim") or c["intermediate_size"],
-                  c["vocab_size"], c.get("max_position_embeddings", 2048), "local", hf=hf)
+    try:
+        return Preset("opt" if opt else "llama", c["hidden_size"], c["num_hidden_layers"],
+                      c["num_attention_heads"], c.get("ffn_dim") or c["intermediate_size"],
+                      c["vocab_size"], c.get("max_position_embeddings", 2048), "local", hf=hf)
+    except KeyError as e:
+        raise ConfigError([f"model: {model}: config.json has no {e.args[0]!r}, which the "
+                           "planner needs"]) from None
 
 
 def block_flops(p: Preset, rows: int, t: int, causal: bool = True) -> float:

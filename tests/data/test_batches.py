@@ -10,7 +10,7 @@ def test_sst2_loader_reads_shared_data(data_dir):
     dev = load_split("sst2", "dev", data_dir)
     assert len(train) == 67349 and len(dev) == 872
     assert {e.label for e in dev} == {0, 1}
-    assert all(e.sentence for e in dev)
+    assert all(e.text for e in dev)
 
 
 def test_prompt_format_with_opt_tokenizer(data_dir):

@@ -320,8 +320,8 @@ def test_corrupted_checkpoint_falls_back_and_a_damaged_record_is_one_line(straig
 def _write_bad_inputs(d: Path) -> dict[str, tuple[list[str], str]]:
     """name -> (CLI arguments, what the one line must say)."""
     files = {
-        "columns": "text\ty\nhi\t1\n", "label-text": "sentence\tlabel\nfine\tx\n",
-        "label-range": "sentence\tlabel\nfine\t7\n", "empty": "",
+        "columns": "text\ty\nhi\t1\nho\t0\n", "label-text": "sentence\tlabel\nfine\tx\nok\t1\n",
+        "label-range": "sentence\tlabel\nfine\t7\nok\t1\n", "empty": "",
         "header-only": "sentence\tlabel\n", "missing-field": "sentence\tlabel\nok\t1\nlonely\n",
     }
     for name, text in files.items():
@@ -347,13 +347,14 @@ def _write_bad_inputs(d: Path) -> dict[str, tuple[list[str], str]]:
             (d / name / "model.safetensors").write_bytes(b"")
     out = ["--out", str(d / "out")]
     run = lambda *s: ["run", *sets(*RUN, *s), *out]  # noqa: E731
-    cases = {f"data {k}": (run(f"data={d / k}"), f"data: {d / k / 'train.tsv'}")
-             for k in (*files, "binary", "long-line")}
-    cases["data columns"] = (cases["data columns"][0], "line 1: the header must name")
-    cases["data label-text"] = (cases["data label-text"][0], "line 2: label 'x' is not 0 or 1")
-    cases["data label-range"] = (cases["data label-range"][0], "line 2: label '7' is not 0 or 1")
-    cases["data missing-field"] = (cases["data missing-field"][0], "line 3 has 1 tab-separated")
-    cases["data long-line"] = (cases["data long-line"][0], "line 2 is 50,000,002 characters")
+    said = {"columns": ": no label field among text, y",
+            "label-text": " line 2: field 'label' is 'x', not a whole number",
+            "label-range": " line 2: field 'label' is 7, outside 0..1", "empty": ": the file is empty",
+            "header-only": ": a header (sentence, label) but no examples",
+            "missing-field": " line 3: 1 fields, the header has 2",
+            "binary": " line 2: not UTF-8 text", "long-line": " line 2: field larger than field limit"}
+    cases = {f"data {k}": (run(f"data={d / k}"), f"data: {d / k / 'train.tsv'}{said[k]}")
+             for k in said}
     cases.update({
         "config binary": (["run", "--config", str(d / "config.bin"), *out], "not a text file"),
         "config folder": (["run", "--config", str(d), *out], "is a folder, not a TOML file"),
@@ -363,15 +364,17 @@ def _write_bad_inputs(d: Path) -> dict[str, tuple[list[str], str]]:
         "out has files": (["run", *sets(*RUN), "--out", str(d / "others")], "other files"),
         "seq_len": (run("seq_len=600"), "seq_len: 600 exceeds the 512 positions of tiny-opt"),
         "model empty": (run(f"model={d / 'no-model'}"), "has no config.json"),
-        "model non-model": (run(f"model={d / 'non-model'}"), "not a model folder"),
+        "model non-model": (run(f"model={d / 'non-model'}"), "Unrecognized model"),
         "model custom code": (run(f"model={d / 'custom-code'}"), "trust_remote_code=False"),
-        "model unknown": (run(f"model={d / 'unknown-arch'}"), "not a model folder"),
+        "model unknown": (run(f"model={d / 'unknown-arch'}"), "my-own-net"),
         "nan": (run("lr=nan"), "lr: nan is not a finite number"),
         "inf": (run("eps=inf"), "eps: inf is not a finite number"),
         "not for mezo": (run("codec=bf16"), "codec: 'bf16' does not apply to method=mezo"),
         "not for zo": (["run", *sets(*RUN, "method=zo-offload", "subgroup_size=4096"), *out],
                        "subgroup_size: 4096 does not apply to method=zo-offload"),
         "eval without dev": (run("eval_every=5"), "eval_every: data=synthetic has no dev"),
+        "objective not trained yet": (run("data=embedded", "objective=lm"),
+                                      "objective: not trained yet"),
         "too big": (["run", *sets("model=opt-175b", "method=zo-offload"), *out],
                     "host memory: zo-offload on opt-175b needs"),
     })

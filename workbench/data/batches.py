@@ -53,7 +53,36 @@ def label_token_ids(tok: Tokenizer) -> tuple[list[int], list[int]]:
     return a[:k], [a[k], b[k]]
 
 
-class PromptDataset:
+class StepData:
+    """Deterministic batches over ``len(self)`` items that ``collate`` turns into a batch."""
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def collate(self, idx: list[int]):
+        raise NotImplementedError
+
+    def batch_for_step(self, step: int, batch_size: int, seed: int):
+        """Items ``[step*B, (step+1)*B)`` of the epoch-wise shuffled order."""
+        return self.collate(step_indices(len(self), step, batch_size, seed))
+
+    def eval_batches(self, batch_size: int):
+        """Every item once, in order."""
+        for start in range(0, len(self), batch_size):
+            yield self.collate(list(range(start, min(start + batch_size, len(self)))))
+
+
+def step_indices(n: int, step: int, batch_size: int, seed: int) -> list[int]:
+    """Indices of positions ``[step*B, (step+1)*B)`` in the concatenation of per-epoch
+    permutations of ``range(n)`` (epoch e shuffled by (seed, e)): a pure function of its args."""
+    idx = []
+    for pos in range(step * batch_size, (step + 1) * batch_size):
+        epoch, k = divmod(pos, n)
+        idx.append(int(_permutation(n, seed, epoch)[k]))
+    return idx
+
+
+class PromptDataset(StepData):
     """Tokenised prompts of one split, truncated from the left of the sentence to ``seq_len``."""
 
     def __init__(self, examples: list[Example], tok: Tokenizer, seq_len: int):
@@ -61,38 +90,32 @@ class PromptDataset:
         self.pad_id = tok.pad_id
         self.ids: list[list[int]] = []
         for ex in examples:
-            ids = tok.encode(TEMPLATE.format(sentence=ex.sentence)) + prefix
-            if len(ids) > seq_len:  # keep the leading special token and the prompt's end
-                ids = ids[:1] + ids[len(ids) - seq_len + 1:]
-            self.ids.append(ids)
+            self.ids.append(fit(tok.encode(TEMPLATE.format(sentence=ex.text)) + prefix, seq_len))
         self.labels = [ex.label for ex in examples]
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def collate(self, idx: list[int]) -> Batch:
-        width = max(len(self.ids[i]) for i in idx)
-        ids = torch.full((len(idx), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(idx), width), dtype=torch.long)
-        for row, i in enumerate(idx):
-            seq = self.ids[i]
-            ids[row, :len(seq)] = torch.tensor(seq)
-            mask[row, :len(seq)] = 1
+        ids, mask = pad([self.ids[i] for i in idx], self.pad_id)
         return Batch(ids, mask, torch.tensor([self.labels[i] for i in idx]),
                      torch.tensor(self.label_ids))
 
-    def batch_for_step(self, step: int, batch_size: int, seed: int) -> Batch:
-        """Examples ``[step*B, (step+1)*B)`` of the epoch-wise shuffled order."""
-        n = len(self)
-        idx = []
-        for pos in range(step * batch_size, (step + 1) * batch_size):
-            epoch, k = divmod(pos, n)
-            idx.append(int(_permutation(n, seed, epoch)[k]))
-        return self.collate(idx)
 
-    def eval_batches(self, batch_size: int):
-        for start in range(0, len(self), batch_size):
-            yield self.collate(list(range(start, min(start + batch_size, len(self)))))
+def pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids and their attention mask, both (len(seqs), longest) int64."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for row, seq in enumerate(seqs):
+        ids[row, :len(seq)] = torch.tensor(seq, dtype=torch.long)
+        mask[row, :len(seq)] = 1
+    return ids, mask
+
+
+def fit(ids: list[int], room: int) -> list[int]:
+    """``ids`` cut to ``room`` tokens from the left, keeping the leading special token."""
+    return ids if len(ids) <= room else ids[:1] + ids[len(ids) - room + 1:]
 
 
 _PERM_CACHE: dict[tuple[int, int, int], torch.Tensor] = {}

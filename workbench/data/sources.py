@@ -1,114 +1,124 @@
-"""Labelled sentiment examples: the embedded set, SST-2 from a folder, or GLUE SST-2 online."""
+"""Where examples come from: the ``data`` setting -> the rows of the train and dev splits.
+
+``data`` is one of
+- ``embedded``: the objective's small set in ``assets/`` (always there);
+- ``sst2``: ``data_dir/sst2/{train,dev}.tsv``, else GLUE SST-2 through ``datasets``;
+- ``hf:NAME[:CONFIG]``: ``datasets.load_dataset(NAME, CONFIG)`` (see ``data/hub.py``);
+- a ``.jsonl``, ``.csv``, ``.tsv`` or ``.parquet`` file;
+- a folder written by ``save_to_disk``, or holding ``train.*`` and ``dev.*`` / ``validation.*``
+  files in one of those formats.
+The dev split is ``dev``, else ``validation``, ``valid``, ``val`` or ``test``; a source with none (a
+single file, a folder with only ``train.*``) gives every tenth example (rows 10, 20, ...) to dev.
+``synthetic`` has no rows (``data/batches.py`` makes its batches).
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
-from workbench.config import REPO_ROOT, ConfigError, RunConfig
+from workbench.config import REPO_ROOT, RunConfig
+from workbench.data.fields import Example, classify_examples
+from workbench.data.files import SUFFIXES, DataError, Rows, read_file
 
-EMBEDDED_DIR = REPO_ROOT / "assets" / "sentiment"
-MAX_LINE = 100_000  # characters: a longer "sentence" is a broken file, not an example
+ASSETS = REPO_ROOT / "assets"
+EMBEDDED = {"classify": ASSETS / "sentiment", "completion": ASSETS / "completion",
+            "lm": ASSETS / "plain-text"}
+EMBEDDED_DIR = EMBEDDED["classify"]
+DEV_NAMES = ("dev", "validation", "valid", "val", "test")
+HOLD_OUT = 10  # without a dev split, every HOLD_OUT-th example is held out for dev
 
-
-@dataclass(frozen=True)
-class Example:
-    sentence: str
-    label: int  # 1 = positive
-
-
-def read_tsv(path: Path) -> list[Example]:
-    """GLUE-style ``sentence<TAB>label`` with a header (sentences may contain quotes).
-
-    Raises:
-        ConfigError: one line naming the file, the first bad line and what is wrong there
-            (not UTF-8, binary, a missing or extra field, a label other than 0 / 1, no
-            examples), with the count of further bad lines.
-    """
-    bad: list[str] = []
-    examples: list[Example] = []
-    header: list[str] | None = None
-    try:
-        with open(path, encoding="utf-8", newline="") as fh:
-            for n, line in enumerate(fh, 1):
-                line = line.rstrip("\r\n")
-                if "\x00" in line:
-                    raise ConfigError([f"data: {path} line {n} holds NUL bytes: not a text file"])
-                if len(line) > MAX_LINE:
-                    bad.append(f"line {n} is {len(line):,} characters long (at most {MAX_LINE:,})")
-                    continue
-                fields = line.split("\t")
-                if header is None:
-                    header = fields
-                    if "sentence" not in header or "label" not in header:
-                        raise ConfigError([f"data: {path} line 1: the header must name the "
-                                           f"columns sentence and label, tab-separated (found: "
-                                           f"{line[:80]!r})"])
-                    s, y = header.index("sentence"), header.index("label")
-                    continue
-                if not line.strip():
-                    continue  # blank lines (a trailing newline) hold no example
-                if len(fields) != len(header):
-                    bad.append(f"line {n} has {len(fields)} tab-separated field(s), the header "
-                               f"{len(header)}")
-                elif fields[y].strip() not in ("0", "1"):
-                    bad.append(f"line {n}: label {fields[y][:20]!r} is not 0 or 1")
-                else:
-                    examples.append(Example(fields[s], int(fields[y])))
-    except UnicodeDecodeError as e:
-        raise ConfigError([f"data: {path} is not UTF-8 text (byte {e.start}): not a "
-                           "sentence<TAB>label file"]) from None
-    except IsADirectoryError:
-        raise ConfigError([f"data: {path} is a folder, not a file"]) from None
-    if bad:
-        more = f" (and {len(bad) - 1} more bad lines)" if len(bad) > 1 else ""
-        raise ConfigError([f"data: {path} {bad[0]}{more}"])
-    if header is None:
-        raise ConfigError([f"data: {path} is empty: expected a header 'sentence<TAB>label' and "
-                           "examples"])
-    if not examples:
-        raise ConfigError([f"data: {path} has a header but no examples"])
-    return examples
+__all__ = ["Example", "DataError", "load_examples", "load_rows", "load_split", "read_tsv"]
 
 
-def load_examples(cfg: RunConfig) -> tuple[list[Example], list[Example] | None]:
-    """(train, dev) examples of ``cfg.data``, ``train_samples`` / ``eval_samples`` of them; dev
-    is None for a folder without dev.tsv. Read and checked before any model is built.
-
-    Raises:
-        ConfigError: a malformed file (``read_tsv``).
-    """
-    data, where = cfg.data, cfg.resolved_data_dir
-    train = load_split(data, "train", where)
-    has_dev = data in ("embedded", "sst2") or (Path(data).expanduser() / "dev.tsv").is_file()
-    dev = load_split(data, "dev", where) if has_dev else None
-    if cfg.train_samples:
-        train = train[:cfg.train_samples]
-    if cfg.eval_samples and dev is not None:
-        dev = dev[:cfg.eval_samples]
-    return train, dev
-
-
-def load_split(data: str, split: str, data_dir: Path) -> list[Example]:
-    """Examples of ``split`` ("train" or "dev") from ``data``.
-
-    ``embedded``: the small set in ``assets/`` (always there). ``sst2``: ``data_dir/sst2``, else
-    GLUE SST-2 through ``datasets`` when online. A folder: its ``train.tsv`` / ``dev.tsv``.
-    """
+def load_rows(data: str, data_dir: Path | None, objective: str = "classify") -> tuple[Rows, Rows]:
+    """(train, dev) rows of a ``data`` setting; raises ``DataError`` (one line) if unusable."""
+    if data == "synthetic":
+        raise DataError("synthetic data has no rows; data/batches.py makes its batches")
     if data == "embedded":
-        return read_tsv(EMBEDDED_DIR / f"{split}.tsv")
+        return _folder(EMBEDDED[objective])
     if data == "sst2":
-        local = data_dir / "sst2" / f"{split}.tsv"
-        if local.is_file():
-            return read_tsv(local)
-        return _glue_sst2(split)
-    return read_tsv(Path(data).expanduser() / f"{split}.tsv")
+        local = Path(data_dir or ".") / "sst2"
+        if (local / "train.tsv").is_file():
+            return _folder(local)
+        return _pick(_hub("hf:nyu-mll/glue:sst2"), "hf:nyu-mll/glue:sst2")
+    if data.startswith("hf:"):
+        return _pick(_hub(data), data)
+    path = Path(data).expanduser()
+    if path.is_file():
+        return _pick({"train": read_file(path)}, str(path))
+    if path.is_dir():
+        return _folder(path)
+    raise DataError(f"{data!r} is not embedded, sst2, synthetic, hf:NAME[:CONFIG], a file or a "
+                    "folder")
 
 
-def _glue_sst2(split: str) -> list[Example]:
-    try:
-        from datasets import load_dataset
-    except ImportError:
-        raise FileNotFoundError("data: sst2 is not in data_dir and the `datasets` package is "
-                                "missing; set data_dir or install zo-workbench[data]") from None
-    ds = load_dataset("glue", "sst2", split="validation" if split == "dev" else "train")
-    return [Example(r["sentence"], int(r["label"])) for r in ds]
+def _hub(spec: str) -> dict[str, Rows]:
+    from workbench.data.hub import load_hub
+
+    return load_hub(spec)
+
+
+def _folder(folder: Path) -> tuple[Rows, Rows]:
+    from workbench.data.hub import is_saved_dataset, load_saved
+
+    if is_saved_dataset(folder):
+        return _pick(load_saved(folder), str(folder))
+    splits = {}
+    for name in ("train", *DEV_NAMES):
+        found = [p for p in sorted(folder.glob(f"{name}.*")) if p.suffix.lower() in SUFFIXES]
+        if len(found) > 1:
+            raise DataError(f"{folder}: several {name} files ({', '.join(p.name for p in found)}); "
+                            "keep one")
+        if found:
+            splits[name] = found[0]
+    if "train" not in splits:
+        raise DataError(f"{folder}: no train file (train{{{','.join(SUFFIXES)}}}) and not a "
+                        "save_to_disk folder")
+    dev = next((n for n in DEV_NAMES if n in splits), None)
+    read = {"train": read_file(splits["train"])}
+    if dev is not None:
+        read[dev] = read_file(splits[dev])
+    return _pick(read, str(folder))
+
+
+def _pick(splits: dict[str, Rows], origin: str) -> tuple[Rows, Rows]:
+    """(train, dev) from named splits; without a dev split, dev is every HOLD_OUT-th row."""
+    if "train" not in splits:
+        raise DataError(f"{origin}: no train split (splits: {', '.join(splits) or 'none'})")
+    train = splits["train"]
+    dev = next((splits[n] for n in DEV_NAMES if n in splits), None)
+    if dev is not None:
+        return train, dev
+    n = len(train.rows)
+    if n < 2:
+        raise DataError(f"{origin}: {n} example(s); a source without a dev split needs at least 2 "
+                        f"(every {HOLD_OUT}th goes to dev)")
+    held = [i for i in range(n) if i % HOLD_OUT == HOLD_OUT - 1] or [n - 1]
+    kept = sorted(set(range(n)) - set(held))
+    return train.subset(kept), train.subset(held)
+
+
+# --- the sentiment API the recipe used before objectives (kept: callers and tests use it) ------
+def read_tsv(path: Path) -> list[Example]:
+    """GLUE-style ``sentence<TAB>label`` with a header (sentences may contain quotes)."""
+    return classify_examples(read_file(Path(path)), 2)
+
+
+def load_examples(cfg: RunConfig) -> tuple[list[Example], list[Example]]:
+    """(train, dev) two-label examples of ``cfg.data``: ``train_samples`` / ``eval_samples`` of
+    them, fields as the settings name them; read once, before any model is built.
+
+    Raises:
+        DataError: one line naming the file, the line and what is wrong there.
+    """
+    train, dev = load_rows(cfg.data, cfg.resolved_data_dir)
+    fields = {"text_field": cfg.text_field, "label_field": cfg.label_field}
+    train, dev = classify_examples(train, 2, **fields), classify_examples(dev, 2, **fields)
+    return (train[:cfg.train_samples] if cfg.train_samples else train,
+            dev[:cfg.eval_samples] if cfg.eval_samples else dev)
+
+
+def load_split(data: str, split: str, data_dir: Path | None, text_field: str = "",
+               label_field: str = "") -> list[Example]:
+    """Two-label examples of ``split`` ("train" or "dev") from ``data``."""
+    train, dev = load_rows(data, data_dir)
+    return classify_examples(train if split == "train" else dev, 2, text_field, label_field)

@@ -45,18 +45,21 @@ def build_skeleton(model: str, data_dir: Path | None = None) -> tuple[nn.Module,
     """A ``*ForCausalLM`` on the meta device and where its weights come from.
 
     Args:
-        model: a preset name or a local Hugging Face folder.
+        model: a preset name, a local Hugging Face folder or a hub id (``models/hub.py``).
         data_dir: unused today; reserved for presets whose files sit beside the data.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
+
+    from workbench.models.hub import check_weights, load_config, model_folder
 
     preset = PRESETS.get(model)
     if preset is not None and preset.pretrained is None:
         config = hf_config(preset)
         source: WeightSource = RandomInit()
     else:
-        folder = Path(model).expanduser() if preset is None else _pretrained_folder(preset)
-        config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
+        folder = model_folder(model) if preset is None else _pretrained_folder(preset)
+        check_weights(model, folder)
+        config = load_config(model, folder)
         source = PretrainedWeights(folder)
     config._attn_implementation = "sdpa"
     with torch.device("meta"):
@@ -68,27 +71,23 @@ def build_skeleton(model: str, data_dir: Path | None = None) -> tuple[nn.Module,
 
 
 def check_model_folder(model: str) -> None:
-    """A local model folder loads without running its own code and is an architecture the
-    block adapter knows (cheap: the config only).
+    """A local folder or hub id names a model the workbench can build: safetensors weights, a
+    config that loads without running the folder's code, an architecture the block adapter knows
+    (cheap: no weights are read). Presets pass.
 
     Raises:
-        ConfigError: one line naming the folder and what is wrong.
+        ConfigError: one line naming the model and what is wrong.
     """
-    from transformers import AutoConfig
-
     from workbench.models.adapter import MODEL_TYPES
+    from workbench.models.hub import check_weights, load_config, model_folder
 
     if model in PRESETS:
         return
-    folder = Path(model).expanduser()
-    try:
-        config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0][:200]
-        raise ConfigError([f"model: {folder} is not a model folder the workbench can load "
-                           f"without custom code ({first})"]) from None
+    folder = model_folder(model)
+    check_weights(model, folder)
+    config = load_config(model, folder)
     if getattr(config, "model_type", None) not in MODEL_TYPES:
-        raise ConfigError([f"model: {folder} is a {config.model_type!r} model; supported: "
+        raise ConfigError([f"model: {model} is a {config.model_type!r} model; supported: "
                            f"{', '.join(MODEL_TYPES)}"])
 
 

@@ -10,12 +10,16 @@ from workbench.presets import PRESETS
 
 class Tokenizer(Protocol):
     pad_id: int
+    eos_id: int  # ends a completion and separates packed texts
 
     def encode(self, text: str) -> list[int]:
         """Ids with the model's leading special token, if it uses one."""
 
     def encode_plain(self, text: str) -> list[int]:
         """Ids with no special tokens (for label words)."""
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of ``ids``, special tokens left out."""
 
 
 class ByteTokenizer:
@@ -24,7 +28,7 @@ class ByteTokenizer:
     The tiny presets use it so the demo needs no tokenizer files at all.
     """
 
-    pad_id, bos_id = 0, 1
+    pad_id, bos_id, eos_id = 0, 1, 2
     vocab_size = 260
 
     def encode(self, text: str) -> list[int]:
@@ -32,6 +36,9 @@ class ByteTokenizer:
 
     def encode_plain(self, text: str) -> list[int]:
         return [b + 4 for b in text.encode("utf-8")]
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i - 4 for i in ids if 4 <= i < 260).decode("utf-8", errors="replace")
 
 
 class HFTokenizer:
@@ -41,12 +48,16 @@ class HFTokenizer:
         self.tok = tok
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         self.pad_id = int(pad if pad is not None else 0)
+        self.eos_id = int(tok.eos_token_id if tok.eos_token_id is not None else self.pad_id)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tok(text)["input_ids"])
 
     def encode_plain(self, text: str) -> list[int]:
         return list(self.tok(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=True)
 
 
 def load_tokenizer(model: str, data_dir: Path) -> Tokenizer:
@@ -68,7 +79,9 @@ def _load(model: str, data_dir: Path) -> Tokenizer:
 
     preset = PRESETS.get(model)
     if preset is None:
-        return HFTokenizer(AutoTokenizer.from_pretrained(Path(model).expanduser(),
+        from workbench.models.hub import model_folder
+
+        return HFTokenizer(AutoTokenizer.from_pretrained(model_folder(model),
                                                          trust_remote_code=False))
     if preset.tokenizer == "byte":
         return ByteTokenizer()

@@ -96,6 +96,11 @@ class TrainRecipe:
             return self
         cfg = self.cfg
         check_environment(cfg)
+        pending = [k for k in ("objective", "template", "label_words")
+                   if getattr(cfg, k) != RunConfig.__dataclass_fields__[k].default]
+        if pending:  # the engines train today's two-word loss until issue 18 phase B wires these
+            raise ConfigError([f"{k}: not trained yet (the engines use objective=classify with the "
+                               "default template and label_words)" for k in pending])
         self.dist = distributed.from_env(cfg)
         main = self.dist is None or self.dist.main
         self.checkpoint_root = self._checkpoint_root()
@@ -198,7 +203,7 @@ class TrainRecipe:
             return SyntheticData(vocab, cfg.seq_len), None
         train, dev = self.examples
         return (PromptDataset(train, self.tokenizer, cfg.seq_len),
-                PromptDataset(dev, self.tokenizer, cfg.seq_len) if dev else None)
+                PromptDataset(dev, self.tokenizer, cfg.seq_len))
 
     def _on_sample(self, sample: dict[str, float]) -> None:
         with self.record.lock:

@@ -1,0 +1,101 @@
+"""Typed examples from rows: which field holds the text, label, prompt or completion, and checks.
+
+Field names are settings (``text_field``, ``label_field``, ``prompt_field``, ``completion_field``);
+left empty, the first column whose name is in the defaults below is used. Every bad value is
+refused in one line naming the file, the line (or row) and the field.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from workbench.data.files import DataError, Rows
+
+DEFAULT_FIELDS = {
+    "text_field": ("text", "sentence", "content", "document", "review", "passage"),
+    "label_field": ("label", "labels", "class", "target"),
+    "prompt_field": ("prompt", "question", "instruction", "input", "source", "query"),
+    "completion_field": ("completion", "answer", "output", "response", "target", "reply"),
+}
+
+
+@dataclass(frozen=True)
+class Example:
+    """A classify example: ``text`` fills the template; ``label`` indexes ``label_words``."""
+
+    text: str
+    label: int
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A completion example: the loss covers ``completion``'s tokens only."""
+
+    prompt: str
+    completion: str
+
+
+def field_name(rows: Rows, setting: str, value: str) -> str:
+    """The column a field setting names, or the first default name among the columns."""
+    if value:
+        if value not in rows.columns:
+            raise DataError(f"{rows.origin}: no field {value!r} (set by {setting}); the fields are "
+                            f"{', '.join(map(str, rows.columns))}")
+        return value
+    lower = {str(c).lower(): c for c in rows.columns}
+    for name in DEFAULT_FIELDS[setting]:
+        if name in lower:
+            return lower[name]
+    raise DataError(f"{rows.origin}: no {setting.removesuffix('_field')} field among "
+                    f"{', '.join(map(str, rows.columns))} (looked for "
+                    f"{', '.join(DEFAULT_FIELDS[setting])}); set {setting}=NAME")
+
+
+def _value(rows: Rows, i: int, name: str) -> Any:
+    row = rows.rows[i]
+    if name not in row or row[name] is None:
+        raise DataError(f"{rows.where(i)}: field {name!r} is missing")
+    return row[name]
+
+
+def _text(rows: Rows, i: int, name: str) -> str:
+    value = _value(rows, i, name)
+    if not isinstance(value, str):
+        raise DataError(f"{rows.where(i)}: field {name!r} is {value!r}, not text")
+    return value
+
+
+def _label(rows: Rows, i: int, name: str, k: int) -> int:
+    value = _value(rows, i, name)
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        value = int(value.strip())
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise DataError(f"{rows.where(i)}: field {name!r} is {value!r}, not a whole number")
+    if not 0 <= value < k:
+        raise DataError(f"{rows.where(i)}: field {name!r} is {value}, outside 0..{k - 1} "
+                        f"(label_words has {k} words)")
+    return value
+
+
+def classify_examples(rows: Rows, k: int, text_field: str = "",
+                      label_field: str = "") -> list[Example]:
+    """(text, label) examples with labels checked to lie in ``0..k-1``."""
+    text = field_name(rows, "text_field", text_field)
+    label = field_name(rows, "label_field", label_field)
+    return [Example(_text(rows, i, text), _label(rows, i, label, k)) for i in range(len(rows.rows))]
+
+
+def completion_examples(rows: Rows, prompt_field: str = "",
+                        completion_field: str = "") -> list[Pair]:
+    prompt = field_name(rows, "prompt_field", prompt_field)
+    completion = field_name(rows, "completion_field", completion_field)
+    if prompt == completion:
+        raise DataError(f"{rows.origin}: prompt_field and completion_field are both {prompt!r}")
+    return [Pair(_text(rows, i, prompt), _text(rows, i, completion))
+            for i in range(len(rows.rows))]
+
+
+def text_examples(rows: Rows, text_field: str = "") -> list[str]:
+    """Plain texts (the ``lm`` objective)."""
+    text = field_name(rows, "text_field", text_field)
+    return [_text(rows, i, text) for i in range(len(rows.rows))]

@@ -1,0 +1,131 @@
+"""Token-level batches: prompt -> completion pairs and packed plain text (causal-LM losses).
+
+A ``TokenBatch`` names the positions whose next token is scored, as flat indices into R x T, so
+a loss can gather just those hidden states (no boolean mask, hence no host sync on a GPU) and run
+the head on them in chunks. Position t of row r predicts the token at t + 1: for a completion
+these are the completion's tokens (and the EOS after it); for packed text, every token but the
+first of each row.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from workbench.data.batches import StepData, fit, pad
+from workbench.data.fields import Pair
+from workbench.models.tokenizer import Tokenizer
+
+
+@dataclass
+class TokenBatch:
+    """Right-padded rows and their scored positions.
+
+    Shapes: ``input_ids`` / ``attention_mask`` (R, T) int64; ``positions`` (N,) flat index
+    r * T + t of each position that predicts a token; ``target_ids`` (N,) that token;
+    ``rows`` (N,) the row r of each.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    positions: torch.Tensor
+    target_ids: torch.Tensor
+    rows: torch.Tensor
+
+    @property
+    def tokens(self) -> int:
+        """Real (non-pad) tokens in the batch (call before moving it to a GPU)."""
+        return int(self.attention_mask.sum())
+
+    @property
+    def scored(self) -> int:
+        """Tokens the loss covers."""
+        return int(self.target_ids.numel())
+
+    def to(self, device: torch.device | str):
+        nb = device != "cpu" and torch.device(device).type == "cuda"
+        moved = {f.name: getattr(self, f.name) for f in fields(self)}
+        moved = {k: v.to(device, non_blocking=nb) if isinstance(v, torch.Tensor) else v
+                 for k, v in moved.items()}
+        return type(self)(**moved)
+
+
+def token_batch(seqs: list[list[int]], starts: list[int], pad_id: int) -> dict[str, torch.Tensor]:
+    """Fields of a TokenBatch whose row r scores ``seqs[r][starts[r]:]`` (``starts[r] >= 1``)."""
+    ids, mask = pad(seqs, pad_id)
+    width = ids.shape[1]
+    positions, targets, rows = [], [], []
+    for r, (seq, start) in enumerate(zip(seqs, starts)):
+        positions += range(r * width + start - 1, r * width + len(seq) - 1)
+        targets += seq[start:]
+        rows += [r] * (len(seq) - start)
+    return dict(input_ids=ids, attention_mask=mask,
+                positions=torch.tensor(positions, dtype=torch.long),
+                target_ids=torch.tensor(targets, dtype=torch.long),
+                rows=torch.tensor(rows, dtype=torch.long))
+
+
+class CompletionData(StepData):
+    """Prompt -> completion pairs: ``encode(prompt) + encode_plain(completion) + [eos]``.
+
+    Too long for ``seq_len``: the completion keeps at most ``seq_len - 2`` tokens (cut at its
+    end) and the prompt is cut from the left, keeping its leading special token.
+    """
+
+    def __init__(self, pairs: list[Pair], tok: Tokenizer, seq_len: int):
+        self.pad_id, self.eos_id = tok.pad_id, tok.eos_id
+        self.seqs: list[list[int]] = []
+        self.starts: list[int] = []
+        self.prompts: list[list[int]] = []  # for greedy decoding: the prompt alone
+        self.references = [p.completion for p in pairs]
+        for p in pairs:
+            completion = (tok.encode_plain(p.completion) + [tok.eos_id])[:seq_len - 2]
+            prompt = fit(tok.encode(p.prompt), seq_len - len(completion))
+            self.seqs.append(prompt + completion)
+            self.starts.append(len(prompt))
+            self.prompts.append(fit(tok.encode(p.prompt), seq_len))
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    def collate(self, idx: list[int]) -> TokenBatch:
+        return TokenBatch(**token_batch([self.seqs[i] for i in idx],
+                                        [self.starts[i] for i in idx], self.pad_id))
+
+
+class PackedText(StepData):
+    """Plain texts, each ``encode_plain(text) + [eos]``, concatenated and cut into rows of
+    ``seq_len`` tokens; a last shorter row is kept if it has at least two tokens."""
+
+    def __init__(self, texts: list[str], tok: Tokenizer, seq_len: int):
+        self.pad_id = tok.pad_id
+        stream: list[int] = []
+        for text in texts:
+            stream += tok.encode_plain(text) + [tok.eos_id]
+        self.seqs = [stream[i:i + seq_len] for i in range(0, len(stream), seq_len)]
+        if self.seqs and len(self.seqs[-1]) < 2:
+            self.seqs.pop()
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    def collate(self, idx: list[int]) -> TokenBatch:
+        return TokenBatch(**token_batch([self.seqs[i] for i in idx], [1] * len(idx), self.pad_id))
+
+
+class SyntheticTokens:
+    """Random full-length rows (B, seq_len); ``lm`` scores every position, ``completion`` the
+    second half. For speed and memory runs: no dev split."""
+
+    def __init__(self, vocab: int, seq_len: int, objective: str):
+        self.vocab, self.seq_len = vocab, seq_len
+        self.start = 1 if objective == "lm" else seq_len // 2
+
+    def batch_for_step(self, step: int, batch_size: int, seed: int) -> TokenBatch:
+        gen = torch.Generator().manual_seed(seed * 104729 + step)
+        ids = torch.randint(4, self.vocab, (batch_size, self.seq_len), generator=gen)
+        rows = ids.tolist()
+        return TokenBatch(**token_batch(rows, [self.start] * batch_size, 0))
+
+    def __len__(self) -> int:
+        return 0
