@@ -64,6 +64,19 @@ def test_invalid_input_shows_problems_and_starts_nothing(tmp_path, name, value):
     assert not any(tmp_path.iterdir())
 
 
+def test_a_run_that_cannot_fit_is_refused_in_the_panel(tmp_path):
+    p = KnobPanel(method="zo-offload", model="opt-175b", data="synthetic", out_dir=tmp_path)
+    assert p.run() is None and p.thread is None
+    assert "error: host memory: zo-offload on opt-175b needs" in p.problems.value
+    assert not any(tmp_path.iterdir())
+
+
+def test_knobs_of_a_hidden_group_do_not_reach_another_method():
+    p = KnobPanel(method="zo-offload", codec="bf16")
+    p.controls["method"].value = "mezo"  # the offload group is hidden now
+    assert p.config().codec == "fp32" and p.problems.value == ""
+
+
 def test_planner_hook(monkeypatch):
     fake = types.ModuleType("workbench.planner")
     fake.plan = lambda cfg: {"peak_gpu_mem_bytes": 2e9 * cfg.batch_size, "step_seconds": 0.25}
@@ -115,6 +128,15 @@ def test_stop_and_knob_locking_during_a_long_run(tmp_path):
     assert len(rec.steps) < 500
     assert not p.controls["steps"].disabled and not p.controls["method"].disabled
     assert RunRecord.load(p.last_run_dir).status == "stopped"
+
+
+def test_a_diverging_run_says_at_which_step(tmp_path):
+    p = KnobPanel(method="mezo", out_dir=tmp_path, steps=30, lr=10.0, data="synthetic",
+                  checkpoint_every=2, **TINY)
+    p.run().join(timeout=60)
+    assert p.recipe.record.status == "diverged" and p.error is None
+    assert "diverged at step 3 (loss = nan" in p.message.value
+    assert RunRecord.load(p.last_run_dir).status == "diverged"
 
 
 def test_live_lr_change_applies_from_the_next_step(tmp_path):

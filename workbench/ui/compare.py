@@ -56,6 +56,6 @@ def mezo_vs_offload(cfg: RunConfig | None = None, out_dir: str | Path = "runs/co
         cfg = RunConfig(device="cuda" if torch.cuda.is_available() else "cpu")
     cfg = load_config(None, overrides, base=cfg)
     out = Path(out_dir)
-    recs = [run(cfg.replace(method=m), out / m, progress=progress)
-            for m in ("mezo", "zo-offload")]
+    recs = [run(cfg.replace(method=m), out / m, progress=progress, overwrite=True)  # its own
+            for m in ("mezo", "zo-offload")]  # folders: a second comparison replaces the first
     return compare(*recs)

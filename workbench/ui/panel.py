@@ -147,7 +147,10 @@ class KnobPanel:
         Raises:
             ConfigError: every invalid setting, as the CLI would report it.
         """
-        return RunConfig(**{name: ctl.value for name, ctl in self.controls.items()})
+        shown = set(groups_for(self.controls["method"].value))
+        return RunConfig(**{name: ctl.value if knob_info(name)["group"] in shown  # hidden knobs
+                            else knob_info(name)["default"]  # do not apply: their defaults
+                            for name, ctl in self.controls.items()})
 
     def _show_groups(self, method: str) -> None:
         self.knobs.children = [self._sections[g] for g in groups_for(method)
@@ -186,22 +189,25 @@ class KnobPanel:
     def running(self) -> bool:
         return self.thread is not None and self.thread.is_alive()
 
-    def run(self) -> threading.Thread | None:
+    def run(self, force: bool = False) -> threading.Thread | None:
         """Start a run of ``config()`` on a daemon thread; None (and the problems shown) when the
-        settings are invalid or a run is already going."""
+        settings are invalid, the planner says the run cannot fit (``force`` starts it anyway)
+        or a run is already going."""
         if self.running:
             self._say("a run is already going: Stop it first")
             return None
         try:
             cfg = self.config()
             check_environment(cfg)
+            recipe = TrainRecipe(cfg, self._new_run_dir(cfg.method), progress=False, force=force)
+            recipe.prepare()  # the checks that need no model, the fit included
         except ConfigError as e:
             self._show_problems(e.problems)
             return None
         self._show_problems([])
         self.error = None
-        run_dir = self._new_run_dir(cfg.method)
-        self.recipe = recipe = TrainRecipe(cfg, run_dir, progress=False)
+        run_dir = recipe.out_dir
+        self.recipe = recipe
         self.dashboard = Dashboard(recipe.record, min_interval_s=min(self.refresh_s, 0.5))
         self.view.children = [self.dashboard.widget]
         self._set_running(True)
@@ -219,13 +225,12 @@ class KnobPanel:
             recipe.train()
             recipe.save()
             self.last_run_dir = recipe.out_dir
-            text = (f"{recipe.record.status}: {len(recipe.record.steps)} steps, "
-                    f"run directory {recipe.out_dir}")
+            text = recipe.outcome()  # e.g. "diverged at step N (loss = nan); ..."
         except BaseException as e:  # shown in the panel: a notebook thread has no traceback
-            recipe.record.status = "failed"
+            recipe.fail(e)
             self.error = e
             log.exception("run failed")
-            text = f"failed: {type(e).__name__}: {e}"
+            text = f"failed: {recipe.record.error or type(e).__name__}"
         finally:
             recipe.cleanup()
             dashboard.stop_auto_refresh()

@@ -1,0 +1,18 @@
+"""``gpu_mem_limit_gb`` as a hard cap at run time. (The refusal before anything is allocated is
+``planner.check_fits``; an overrun is told in one line by ``outcome.out_of_memory_line``.)"""
+from __future__ import annotations
+
+import torch
+
+from workbench.config import RunConfig
+from workbench.planner import CONTEXT_BYTES, GiB
+
+
+def cap_gpu_memory(cfg: RunConfig, device: torch.device) -> None:
+    """Cap torch's allocator at the limit less the CUDA context, which the planner counts inside
+    the limit: going over raises torch.OutOfMemoryError instead of taking more of the GPU."""
+    if device.type != "cuda" or cfg.gpu_mem_limit_gb <= 0:
+        return
+    total = torch.cuda.get_device_properties(device).total_memory
+    fraction = (cfg.gpu_mem_limit_gb * GiB - CONTEXT_BYTES) / total
+    torch.cuda.set_per_process_memory_fraction(min(max(fraction, 1e-6), 1.0), device)
