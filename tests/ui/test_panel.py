@@ -43,10 +43,13 @@ def test_controls_follow_the_config():
     assert isinstance(c["lr"], widgets.FloatText) and c["steps"].value == 7
     assert c["lr"].description == "lr" and "learning rate" in c["lr"].tooltip
     assert "[0, 10]" in c["lr"].tooltip
-    shown = lambda: {box.children[0].value for box in p.knobs.children}  # noqa: E731
-    assert "<b>offload</b>" not in shown() and "<b>run</b>" in shown()
+    shown = lambda: list(p.knobs.titles)  # noqa: E731  (one tab per group)
+    assert "offload" not in shown() and shown()[:2] == ["run", "optim"]
+    assert c["lr"] in p.knobs.children[1].children
+    p.knobs.selected_index = 1
     c["method"].value = "zo-offload"
-    assert "<b>offload</b>" in shown()
+    assert "offload" in shown() and p.knobs.titles[p.knobs.selected_index] == "optim"
+    assert c["overlap"] in p.knobs.children[shown().index("offload")].children
     assert p.config() == RunConfig(method="zo-offload", steps=7)
     with pytest.raises(ConfigError):
         KnobPanel(method="mezo", no_such_knob=1)
@@ -160,7 +163,7 @@ def test_dashboard_refresh_updates_the_same_widget():
     assert list(_trace(fig, "loss").y) == pytest.approx([1.0, 0.9, 0.8, 0.5])
     assert d.refreshes == 2
     # the live widget shows exactly what the report's figure shows for the same record
-    ref = dashboard_figure(rec.snapshot())
+    ref = dashboard_figure(rec.snapshot(), live=True)
     assert [t.name for t in fig.data] == [t.name for t in ref.data]
     for live, want in zip(fig.data, ref.data):
         assert (live.xaxis, live.yaxis) == (want.xaxis, want.yaxis)

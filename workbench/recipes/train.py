@@ -267,6 +267,8 @@ class TrainRecipe:
         """Summary, parameter digest and the run directory (if any). Speed benchmarks pass
         ``digest_params=False``: hashing a 13B model's weights takes half a minute."""
         rec, cfg = self.record, self.cfg
+        if self.sampler is not None:
+            self.sampler.stop()  # the saved record is the final one: no sample after it
         self.engine.flush()
         self.collector.flush()
         if digest_params:

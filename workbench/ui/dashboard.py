@@ -1,12 +1,14 @@
 """Live view of one run: a plotly ``FigureWidget`` redrawn from snapshots of its ``RunRecord``.
 
-The widget holds display state only. Each refresh takes ``record.snapshot()``, builds the
-panels of the figure the report shows (``figures.dashboard_panels``, the builders behind
-``figures.dashboard_figure``) and copies their trace data into the existing widget inside one
-``batch_update``, so the browser gets one message per refresh and the user's zoom survives.
-The subplot grid is laid out once: rebuilding it costs ~10x more than the data, and a refresh
-runs on the interpreter the training loop needs. Refreshes are throttled (default at most 2
-per second): the training loop never waits for the view.
+The widget holds display state only (the loss smoothing, the throttle). Each refresh takes
+``record.snapshot()``, builds the panels of the figure the report shows
+(``figures.dashboard_panels``, the builders behind ``figures.dashboard_figure``) and copies
+their trace data into the existing widget inside one ``batch_update``, so the browser gets one
+message per refresh and the user's zoom survives. The subplot grid is laid out once: rebuilding
+it costs ~10x more than the data, and a refresh runs on the interpreter the training loop needs.
+Refreshes are throttled (default at most 2 per second): the training loop never waits for the
+view. The header says the run's state, why its step takes what it takes (``verdict``) and the
+planner's best next knob (``advice``), from the same record.
 """
 from __future__ import annotations
 
@@ -20,8 +22,10 @@ from typing import Any
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
+from workbench.telemetry.advice import Advice, next_knob
 from workbench.telemetry.record import RunRecord
-from workbench.ui.figures import dashboard_figure, dashboard_panels, dashboard_title, fill
+from workbench.telemetry.verdict import Verdict, verdict
+from workbench.ui.figures import SMOOTHING, dashboard_figure, dashboard_panels, fill
 
 log = logging.getLogger(__name__)
 
@@ -34,25 +38,43 @@ class Dashboard:
         record: the run to show (live: the recipe's record; saved: ``RunRecord.load(dir)``).
         last_steps: steps shown in the stream timeline.
         min_interval_s: least time between two refreshes (s); calls in between are skipped.
+        smoothing: the loss EMA weight at first (0 = raw; the header's slider changes it).
 
     Attributes:
         widget: the ipywidgets container to display.
         figure: the ``go.FigureWidget`` inside it.
+        status: the header (state, verdict, next knob); smoothing: its slider.
         refreshes: how many refreshes have redrawn the figure.
+        verdict / advice: what the header shows (None until there is something to say).
     """
 
-    def __init__(self, record: RunRecord, last_steps: int = 3, min_interval_s: float = 0.5):
+    def __init__(self, record: RunRecord, last_steps: int = 3, min_interval_s: float = 0.5,
+                 smoothing: float = SMOOTHING):
         self.record, self.last_steps = record, last_steps
         self.min_interval_s = max(float(min_interval_s), 0.0)
         snap = record.snapshot()
-        panels = dashboard_panels(snap, last_steps)
-        self.figure = go.FigureWidget(dashboard_figure(snap, last_steps, panels))
-        self.status = widgets.HTML(_status_html(snap))
-        self.widget = widgets.VBox([self.status, self.figure])
+        self.verdict: Verdict | None = None
+        self.advice: Advice | None = None
+        self._verdict_steps = -1
+        self._advice_key: Any = None
+        self.smoothing = widgets.FloatSlider(
+            value=smoothing, min=0.0, max=0.99, step=0.01, description="loss smoothing",
+            continuous_update=False, readout_format=".2f", style={"description_width": "100px"},
+            tooltip="EMA weight of the smoothed loss line (0 = raw only)",
+            layout=widgets.Layout(width="300px", flex="0 0 auto"))
+        panels = dashboard_panels(snap, last_steps, smoothing, live=True)
+        self.figure = go.FigureWidget(dashboard_figure(snap, last_steps, panels, live=True))
+        self.status = widgets.HTML(self._header(snap),
+                                   layout=widgets.Layout(flex="1 1 auto", min_width="0"))
+        self.widget = widgets.VBox(
+            [widgets.HBox([self.status, self.smoothing],
+                          layout=widgets.Layout(width="100%", align_items="flex-start")),
+             self.figure], layout=widgets.Layout(width="100%", min_width="0"))
         self.refreshes = 0
         # compose() puts the subplot titles first; notes follow and are redrawn on refresh.
         n_panels = sum(len(row) for row in panels)
         self._titles = tuple(self.figure.layout.annotations[:n_panels])
+        self._grid = _grid_key(panels)
         self._layout: dict[str, Any] = {}
         self._notes: list[str] | None = None
         self._last = -math.inf
@@ -60,6 +82,7 @@ class Dashboard:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failed_once = False
+        self.smoothing.observe(lambda _: self.refresh(force=True), names="value")
 
     def refresh(self, force: bool = False) -> bool:
         """Redraw from a fresh snapshot; returns False when skipped by the throttle."""
@@ -69,12 +92,34 @@ class Dashboard:
                 return False
             self._last = now
             snap = self.record.snapshot()
-            traces, layout, notes = fill(self.figure, dashboard_panels(snap, self.last_steps))
-            layout["title"] = {"text": dashboard_title(snap)}
-            self._apply(traces, layout, notes)
-            self.status.value = _status_html(snap)
+            panels = dashboard_panels(snap, self.last_steps, self.smoothing.value, live=True)
+            if _grid_key(panels) != self._grid:  # e.g. a record swapped for another device's
+                self._rebuild(snap, panels)
+            else:
+                self._apply(*fill(self.figure, panels, bars=True))
+            self.status.value = self._header(snap)
             self.refreshes += 1
             return True
+
+    def _rebuild(self, snap: RunRecord, panels: list) -> None:
+        """A new grid: a new figure in the same container."""
+        self.figure = go.FigureWidget(dashboard_figure(snap, self.last_steps, panels, live=True))
+        self._titles = tuple(self.figure.layout.annotations[:sum(len(r) for r in panels)])
+        self._grid, self._layout, self._notes = _grid_key(panels), {}, None
+        self.widget.children = (self.widget.children[0], self.figure)
+
+    def _header(self, snap: RunRecord) -> str:
+        """Status line, then the verdict and the next knob (recomputed when a step was added;
+        the advice once per config and GPU, as it depends on nothing else)."""
+        if len(snap.steps) != self._verdict_steps:
+            self._verdict_steps = len(snap.steps)
+            v = verdict(snap)
+            self.verdict = v if v.kind != "unknown" or snap.steps else None
+        key = (tuple(sorted((k, str(v)) for k, v in snap.config.items())),
+               snap.environment.get("gpu name"), bool(snap.environment))
+        if snap.environment and key != self._advice_key:  # the environment arrives at setup
+            self._advice_key, self.advice = key, next_knob(snap)
+        return _status_html(snap, self.verdict, self.advice)
 
     def _apply(self, traces: list[Any], layout: dict[str, Any], notes: list[Any]) -> None:
         fig = self.figure
@@ -146,8 +191,13 @@ def _props(trace: Any, keep_type: bool = False) -> dict[str, Any]:
     return d
 
 
-def _status_html(rec: RunRecord) -> str:
-    """One line: state, steps done of planned, latest loss and throughput."""
+def _grid_key(panels: list) -> tuple:
+    return tuple(tuple(p.title for p in row) for row in panels)
+
+
+def _status_html(rec: RunRecord, v: Verdict | None = None, advice: Advice | None = None) -> str:
+    """Line 1: state, steps done of planned, latest loss and throughput, and why GPU metrics
+    are off when they are. Line 2: the bottleneck verdict and the planner's next knob."""
     parts = [f"<b>{html.escape(rec.name)}</b>", html.escape(rec.status)]
     planned = rec.config.get("steps")
     parts.append(f"step {len(rec.steps)}" + (f" of {planned}" if planned else ""))
@@ -159,4 +209,17 @@ def _status_html(rec: RunRecord) -> str:
             parts.append(f"{last['tokens'] / last['seconds']:,.0f} tokens/s")
     if rec.evals:
         parts.append(f"dev accuracy {rec.evals[-1]['accuracy'] * 100:.1f} %")
-    return " · ".join(parts)
+    nvml = str(rec.environment.get("nvml", "ok"))
+    if nvml != "ok":
+        off = nvml.split(":")[0] if nvml.startswith("NVML unavailable") else nvml
+        parts.append(f"<span style='color:#666'>GPU metrics off ({html.escape(off)}): "
+                     "host metrics only</span>")
+    lines = [" · ".join(parts)]
+    why = []
+    if v is not None:
+        why.append(f"<b>{html.escape(v.text)}</b>")
+    if advice is not None and advice.text:
+        why.append(f"next knob: {html.escape(advice.text)}")
+    if why:
+        lines.append(" · ".join(why))
+    return "<div style='line-height:1.35'>" + "<br>".join(lines) + "</div>"
