@@ -79,8 +79,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from workbench.telemetry.record import RunRecord
 
-    print(format_summary([RunRecord.load(d) for d in args.run_dirs]))
+    records = [RunRecord.load(d) for d in args.run_dirs]
+    print(format_summary(records))
+    print(format_why(records, args.run_dirs))
     return 0
+
+
+def format_why(records, run_dirs) -> str:
+    """Per run: what bounds its step, and the planner's best next knob."""
+    from workbench.telemetry.advice import next_knob
+    from workbench.telemetry.verdict import verdict
+
+    return "\n".join(f"{d}: {verdict(r).text}\n  next knob: {next_knob(r).text}"
+                     for r, d in zip(records, run_dirs))
 
 
 def cmd_report(args: argparse.Namespace) -> int:

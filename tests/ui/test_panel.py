@@ -93,6 +93,13 @@ def test_run_completes_and_dashboard_has_steps(tmp_path):
     assert p.error is None and p.recipe.record.status == "done"
     assert len(_trace(p.dashboard.figure, "loss").y) == 3
     assert "done: 3 steps" in p.message.value
+    # the header: why the step takes what it takes, the next knob, and NVML's state said once
+    from workbench.telemetry.verdict import verdict
+
+    header = p.dashboard.status.value
+    assert verdict(p.recipe.record).text in header and "next knob: " in header
+    if p.recipe.record.environment.get("nvml") != "ok":
+        assert header.count("GPU metrics off") == 1
     assert (p.last_run_dir / "run.json").is_file()
     assert not p.controls["steps"].disabled and not p.run_button.disabled
     assert p.stop_button.disabled and not p.export_button.disabled
@@ -196,6 +203,7 @@ def test_mezo_vs_offload_is_one_call(tmp_path):
     table, *figs = box.children
     assert len(figs) == 4 and all(isinstance(f, go.FigureWidget) for f in figs)
     assert "param_digest identical" in table.value
+    assert table.value.count("next knob: ") == 2 and "-bound" in table.value
     assert [r.config["method"] for r in box.records] == ["mezo", "zo-offload"]
     assert (tmp_path / "mezo" / "run.json").is_file()
     again = compare(tmp_path / "mezo", box.records[1])  # directories and records mix

@@ -27,6 +27,7 @@ from workbench.planner import plan
 from workbench.telemetry.advice import run_config
 from workbench.telemetry.record import RunRecord
 from workbench.telemetry.trace import block_label
+from workbench.telemetry.verdict import verdict
 from workbench.ui.layout import (ROW_HEIGHT, SMOOTHING_STEPS, TEMPLATE, Panel,  # noqa: F401
                                  compose, ema, fill)
 
@@ -237,9 +238,10 @@ def compare_memory(recs: Sequence[RunRecord]) -> go.Figure:
 
 def compare_timelines(recs: Sequence[RunRecord], last_steps: int | None = 3) -> go.Figure:
     """The runs' timelines stacked, each shifted to start at 0 on one shared time axis, so the
-    same steps can be compared bar for bar."""
+    same steps can be compared bar for bar; each titled with its run and its bound."""
     legend: set[str] = set()
-    grid = [[_timeline_panel(r, last_steps, align=True, legend=legend, title=label)]
+    grid = [[_timeline_panel(r, last_steps, align=True, legend=legend,
+                             title=f"{label}: {verdict(r).kind}")]
             for r, label in zip(recs, run_labels(recs))]
     return compose(grid, bars=True, shared_x=True, row_height=max(140, ROW_HEIGHT // 2))
 

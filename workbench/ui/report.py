@@ -20,7 +20,9 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from workbench.config import knob_info
+from workbench.telemetry.advice import next_knob
 from workbench.telemetry.record import RunRecord
+from workbench.telemetry.verdict import verdict
 from workbench.ui import figures
 from workbench.ui.figures import MB, run_labels, summary_metrics
 
@@ -50,7 +52,7 @@ table { border-collapse: collapse; margin: 8px 0 16px; }
 th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-align: top; }
 th { background: #f6f6f6; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 code { font-size: 12px; } .tables { display: flex; gap: 24px; flex-wrap: wrap; }
-.note { color: #666; }
+.note { color: #666; } ul.why { padding-left: 20px; }
 """
 
 
@@ -93,11 +95,13 @@ def write_report(runs: Sequence[str | Path | RunRecord], path: str | Path,
         parts.append("<h2 id='comparison'>comparison</h2>")
         parts.append(summary_table_html(recs))
         parts.append(f"<p>{html.escape(digest_note(recs))}</p>")
+        parts.append(why_html(recs))
         for fig in (figures.compare_bars(recs), figures.compare_loss(recs),
                     figures.compare_memory(recs), figures.compare_timelines(recs)):
             parts.append(_figure_html(fig))
     for i, (rec, label) in enumerate(zip(recs, labels)):
         parts.append(f"<h2 id='run-{i}'>{html.escape(label)}</h2>")
+        parts.append(why_html([rec], labels=False))
         metrics = summary_metrics(rec)
         parts.append(_table(["metric", "value"],
                             [[lbl, _fmt(get(metrics), fmt)] for lbl, get, fmt in SUMMARY_ROWS]))
@@ -134,6 +138,16 @@ def summary_table_html(recs: Sequence[RunRecord]) -> str:
             cells.append(text)
         rows.append(cells)
     return _table(["", *run_labels(recs)], rows)
+
+
+def why_html(recs: Sequence[RunRecord], labels: bool = True) -> str:
+    """Each run's bottleneck verdict and the planner's best next knob, one line per run."""
+    items = []
+    for rec, label in zip(recs, run_labels(recs)):
+        who = f"{html.escape(label)}: " if labels else ""
+        items.append(f"<li>{who}<b>{html.escape(verdict(rec).text)}</b> · next knob: "
+                     f"{html.escape(next_knob(rec).text)}</li>")
+    return f"<ul class=why>{''.join(items)}</ul>"
 
 
 def digest_note(recs: Sequence[RunRecord]) -> str:
