@@ -1,4 +1,4 @@
-"""Command line: ``python -m workbench {run,validate,demo,compare,report} ...``.
+"""Command line: ``python -m workbench {run,validate,demo,compare,report,sweep,tune,...} ...``.
 
 Every subcommand checks its settings before any model is built; a bad setting exits with
 status 2 and one line per problem naming the field and what is allowed.
@@ -99,6 +99,18 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     print(write_report(args.run_dirs, args.out).resolve())
     return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from workbench.cli_sweep import sweep_command
+
+    return sweep_command(_config(args), args)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from workbench.cli_sweep import tune_command
+
+    return tune_command(_config(args), args)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -233,6 +245,24 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", default="runs/demo", help="folder for the two run directories")
     sp.add_argument("--quiet", action="store_true")
     sp.set_defaults(fn=cmd_demo)
+    sp = sub.add_parser("sweep", help="run a grid of settings and compare them")
+    common(sp)
+    sp.add_argument("--sweep", action="append", required=True, metavar="KNOB=V1,V2,...",
+                    help="a knob and its values; repeat for a grid")
+    sp.add_argument("--out", required=True, help="folder: a run directory per point, "
+                    "sweep.json and report.html")
+    sp.add_argument("--quiet", action="store_true", help="no progress bars")
+    sp.set_defaults(fn=cmd_sweep)
+    sp = sub.add_parser("tune", help="measure the planner's best settings; write the fastest")
+    common(sp)
+    sp.add_argument("--gpu", help="plan for this GPU of the table (its memory is the budget)")
+    sp.add_argument("--budget-gb", type=float, help="GPU memory budget in GiB (default: the "
+                    "--gpu table's, else this GPU's free memory)")
+    sp.add_argument("--top", type=int, default=3, help="candidates to measure (default 3)")
+    sp.add_argument("--trial-steps", type=int, default=6, help="steps per trial (default 6)")
+    sp.add_argument("--out", required=True, help="folder: the trials, best.toml, report.html")
+    sp.add_argument("--quiet", action="store_true", help="no progress bars")
+    sp.set_defaults(fn=cmd_tune)
     sp = sub.add_parser("plan", help="predict memory and step time without running")
     common(sp)
     sp.add_argument("--gpu", help="plan for a GPU of the table (h200, h100, a100-40gb, "

@@ -296,17 +296,20 @@ def test_compare_bars_one_bar_per_run_per_metric():
     b = _with_summary(synthetic(), 1e9, 2000.0, "offload")
     fig = F.compare_bars([a, b])
     mem, tps = fig.data
-    assert list(mem.x) == ["mezo", "offload"] and list(tps.x) == ["mezo", "offload"]
-    np.testing.assert_allclose(mem.y, [4.0, 1.0])
-    np.testing.assert_allclose(tps.y, [1000.0, 2000.0])
+    assert list(mem.y) == ["mezo", "offload"] and list(tps.y) == ["mezo", "offload"]
+    np.testing.assert_allclose(mem.x, [4.0, 1.0])
+    np.testing.assert_allclose(tps.x, [1000.0, 2000.0])
     assert "(0.25x)" in mem.text[1] and "(2.00x)" in tps.text[1] and "(1.00x)" in tps.text[0]
-    assert fig.layout.yaxis.title.text == "peak GPU memory (GB)"
-    assert fig.layout.yaxis2.title.text == "throughput (tokens/s)"
+    assert fig.layout.xaxis.title.text == "peak GPU memory (GB)"
+    assert fig.layout.xaxis2.title.text == "throughput (tokens/s)"
+    # run names once, on the left; the first run on top
+    assert fig.layout.yaxis.showticklabels and fig.layout.yaxis2.showticklabels is False
+    assert fig.layout.yaxis.autorange == "reversed"
 
 
 def test_compare_bars_labels_are_distinct():
     a, b = synthetic(), synthetic()
-    assert list(F.compare_bars([a, b]).data[0].x) == ["zo-offload tiny-opt #1",
+    assert list(F.compare_bars([a, b]).data[0].y) == ["zo-offload tiny-opt #1",
                                                       "zo-offload tiny-opt #2"]
 
 

@@ -305,10 +305,14 @@ class TrainRecipe:
 
 
 def run(cfg: RunConfig, out_dir: str | Path | None = None, bus: EventBus | None = None,
-        progress: bool = True, resume: bool = False) -> RunRecord:
+        progress: bool = True, resume: bool = False,
+        stop_event: threading.Event | None = None) -> RunRecord:
     """Set up, train, save and clean up one run; returns its record. With ``resume``, continue
-    ``out_dir``'s run from its newest complete checkpoint."""
+    ``out_dir``'s run from its newest complete checkpoint; setting ``stop_event`` ends it after
+    the current step (a sweep shares one across its runs)."""
     recipe = TrainRecipe(cfg, out_dir, bus, progress)
+    if stop_event is not None:
+        recipe.stop_event = stop_event
     try:
         recipe.setup(resume=resume)
         recipe.train()

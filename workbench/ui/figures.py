@@ -181,24 +181,27 @@ def dashboard_title(rec: RunRecord) -> str:
 
 # --- two runs or more -------------------------------------------------------------------------
 def compare_bars(recs: Sequence[RunRecord]) -> go.Figure:
-    """Peak GPU memory (GB) and throughput (tokens/s), one bar per run, labelled with the ratio
+    """Peak GPU memory (GB) and throughput (tokens/s), one horizontal bar per run (the first on
+    top, run names once, on the left: long sweep names never collide), labelled with the ratio
     to the first run."""
     labels, metrics = run_labels(recs), [summary_metrics(r) for r in recs]
     panels = []
     for key, title, scale, unit in (("peak_gpu_mem_bytes", "peak GPU memory", GB, "GB"),
                                     ("tokens_per_s", "throughput", 1.0, "tokens/s")):
         values = [m[key] / scale for m in metrics]
-        p = Panel(title, "run", f"{title} ({unit})")
+        p = Panel(title, f"{title} ({unit})", "", yaxis=dict(
+            type="category", categoryorder="array", categoryarray=labels, autorange="reversed",
+            automargin=True, **({} if not panels else {"showticklabels": False})))
         base = values[0] if values else math.nan
         text = [_ratio_text(v, base, i) for i, v in enumerate(values)]
-        p.add(go.Bar(x=labels, y=[v if math.isfinite(v) else 0.0 for v in values], text=text,
-                     textposition="auto", name=title, showlegend=False,
+        p.add(go.Bar(y=labels, x=[v if math.isfinite(v) else 0.0 for v in values], text=text,
+                     orientation="h", textposition="auto", name=title, showlegend=False,
                      marker_color=[RUN_COLOURS[i % len(RUN_COLOURS)] for i in range(len(recs))],
-                     hovertemplate=f"%{{x}}<br>%{{y:.4g}} {unit}<extra></extra>"))
+                     hovertemplate=f"%{{y}}<br>%{{x:.4g}} {unit}<extra></extra>"))
         if not any(math.isfinite(v) and v > 0 for v in values):
             p.note = f"no {title} data" + (" (CPU runs)" if key.startswith("peak") else "")
         panels.append(p)
-    return compose([panels])
+    return compose([panels], row_height=max(160, 34 * len(recs) + 40))
 
 
 def compare_loss(recs: Sequence[RunRecord], smoothing: float = SMOOTHING) -> go.Figure:

@@ -190,9 +190,11 @@ def fill(fig: go.Figure, grid: list[list[Panel]],
             # An empty panel keeps its titles but no tick labels: plotly.js would number its
             # default ranges, and the note says what is missing. Tick labels stand off the axes
             # so the x and y zeros at a corner do not touch.
-            ticks = {"showticklabels": bool(p.traces), "ticklabelstandoff": 4}
+            ticks = {"showticklabels": bool(p.traces) and not p.note, "ticklabelstandoff": 4}
             layout[x] = {"title": {"text": p.xtitle}, **ticks}
             layout[y] = {"title": {"text": p.ytitle}, **ticks, **p.yaxis}
+            if not ticks["showticklabels"]:
+                layout[y]["showticklabels"] = False
             if p.note:
                 # Centred on the subplot in paper coordinates: plotly.js draws no axes for a
                 # subplot without traces, and an "x4 domain" reference to such an axis falls

@@ -70,11 +70,12 @@ def load_runs(runs: Iterable[str | Path | RunRecord], caller: str) -> list[RunRe
 
 
 def write_report(runs: Sequence[str | Path | RunRecord], path: str | Path,
-                 title: str = "zo-workbench report") -> Path:
+                 title: str = "zo-workbench report", intro: Sequence[str] = ()) -> Path:
     """Write one HTML file describing ``runs``; returns its path.
 
     Per run: summary, dashboard charts, config and environment tables; with two runs or more, a
-    comparison section first. The file embeds plotly.js once (about 5 MB) and loads nothing.
+    comparison section first; ``intro`` (HTML parts, e.g. a sweep's table) before both. The file
+    embeds plotly.js once (about 5 MB) and loads nothing.
 
     Raises:
         ValueError: no runs.
@@ -85,7 +86,8 @@ def write_report(runs: Sequence[str | Path | RunRecord], path: str | Path,
     parts = [f"<h1>{html.escape(title)}</h1>",
              f"<p class=note>{len(recs)} run(s), written "
              f"{_dt.datetime.now().isoformat(timespec='seconds')}. Memory in MB = 10<sup>6</sup>"
-             " bytes, GB = 10<sup>9</sup> bytes; times in seconds since each run's start.</p>"]
+             " bytes, GB = 10<sup>9</sup> bytes; times in seconds since each run's start.</p>",
+             *intro]
     toc = [f"<li><a href='#run-{i}'>{html.escape(label)}</a></li>"
            for i, label in enumerate(labels)]
     if len(recs) > 1:
