@@ -207,6 +207,6 @@ def test_mezo_vs_offload_is_one_call(tmp_path):
     assert [r.config["method"] for r in box.records] == ["mezo", "zo-offload"]
     assert (tmp_path / "mezo" / "run.json").is_file()
     again = compare(tmp_path / "mezo", box.records[1])  # directories and records mix
-    assert list(again.children[1].data[1].y) == ["mezo tiny-opt", "zo-offload tiny-opt"]
+    assert list(again.children[1].data[0].y) == ["mezo tiny-opt", "zo-offload tiny-opt"]
     with pytest.raises(ConfigError):
         mezo_vs_offload(out_dir=tmp_path, steps="zero")

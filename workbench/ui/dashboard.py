@@ -26,9 +26,12 @@ from workbench.telemetry.advice import Advice, next_knob
 from workbench.telemetry.record import RunRecord
 from workbench.telemetry.verdict import Verdict, verdict
 from workbench.ui.figures import SMOOTHING, dashboard_figure, dashboard_panels, fill
+from workbench.ui.fit import figure_widget
 
 log = logging.getLogger(__name__)
 
+#: Every this many refreshes (and on a forced one) the layout is sent whole again.
+RESYNC_EVERY = 10
 #: Record states after which nothing more will arrive.
 FINAL_STATES = ("done", "stopped", "failed")
 
@@ -63,7 +66,7 @@ class Dashboard:
             tooltip="EMA weight of the smoothed loss line (0 = raw only)",
             layout=widgets.Layout(width="300px", flex="0 0 auto"))
         panels = dashboard_panels(snap, last_steps, smoothing, live=True)
-        self.figure = go.FigureWidget(dashboard_figure(snap, last_steps, panels, live=True))
+        self.figure = figure_widget(dashboard_figure(snap, last_steps, panels, live=True))
         self.status = widgets.HTML(self._header(snap),
                                    layout=widgets.Layout(flex="1 1 auto", min_width="0"))
         self.widget = widgets.VBox(
@@ -97,13 +100,26 @@ class Dashboard:
                 self._rebuild(snap, panels)
             else:
                 self._apply(*fill(self.figure, panels, bars=True))
+                if force or self.refreshes % RESYNC_EVERY == 1:
+                    self._resync()
             self.status.value = self._header(snap)
             self.refreshes += 1
             return True
 
+    def _resync(self) -> None:
+        """Send the whole layout (axes, legends, notes) to the browser again. plotly's widget
+        sends only changes, and a view of this figure displayed in a second output while a
+        change was on its way kept the old axes and notes (seen in JupyterLab 4); a full
+        relayout now and then brings every view back in line."""
+        layout = self.figure.layout.to_plotly_json()
+        for key in ("template", "width", "height"):  # unchanged; a height would end autosize
+            layout.pop(key, None)
+        layout["autosize"] = True  # and measure the container again (see ``fit``)
+        self.figure._send_relayout_msg(layout)  # plotly's own sender; the diffing one skips
+
     def _rebuild(self, snap: RunRecord, panels: list) -> None:
         """A new grid: a new figure in the same container."""
-        self.figure = go.FigureWidget(dashboard_figure(snap, self.last_steps, panels, live=True))
+        self.figure = figure_widget(dashboard_figure(snap, self.last_steps, panels, live=True))
         self._titles = tuple(self.figure.layout.annotations[:sum(len(r) for r in panels)])
         self._grid, self._layout, self._notes = _grid_key(panels), {}, None
         self.widget.children = (self.widget.children[0], self.figure)
@@ -136,9 +152,9 @@ class Dashboard:
                 fig.update_layout(layout)
                 self._layout = layout
             texts = [n.text for n in notes]
-            if texts != self._notes:
-                # update_layout merges arrays item by item; notes come and go, so set them whole.
-                fig.layout.annotations = [*self._titles, *notes]
+            if texts != self._notes:  # one note per panel (empty when it has data)
+                for ann, text in zip(fig.layout.annotations[len(self._titles):], texts):
+                    ann.text = text
                 self._notes = texts
 
     # --- timer ------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ SMOOTHING = 0.6
 #: text gives the true duration.
 MIN_BAR = 0.002
 #: The live view's compact sizes (px): it shares a 900 px high window with the knob panel.
-LIVE_ROW_HEIGHT, LIVE_ROW_GAP = 140, 74
+LIVE_ROW_HEIGHT, LIVE_ROW_GAP = 135, 82
 
 
 # --- numbers shared by figures, tables and reports ------------------------------------------
@@ -181,13 +181,13 @@ def dashboard_title(rec: RunRecord) -> str:
 
 # --- two runs or more -------------------------------------------------------------------------
 def compare_bars(recs: Sequence[RunRecord]) -> go.Figure:
-    """Peak GPU memory (GB) and throughput (tokens/s), one horizontal bar per run (the first on
+    """Throughput (tokens/s) and peak GPU memory (GB), one horizontal bar per run (the first on
     top, run names once, on the left: long sweep names never collide), labelled with the ratio
-    to the first run."""
+    to the first run. Throughput comes first: it always has data, and carries the names."""
     labels, metrics = run_labels(recs), [summary_metrics(r) for r in recs]
     panels = []
-    for key, title, scale, unit in (("peak_gpu_mem_bytes", "peak GPU memory", GB, "GB"),
-                                    ("tokens_per_s", "throughput", 1.0, "tokens/s")):
+    for key, title, scale, unit in (("tokens_per_s", "throughput", 1.0, "tokens/s"),
+                                    ("peak_gpu_mem_bytes", "peak GPU memory", GB, "GB")):
         values = [m[key] / scale for m in metrics]
         p = Panel(title, f"{title} ({unit})", "", yaxis=dict(
             type="category", categoryorder="array", categoryarray=labels, autorange="reversed",
@@ -269,17 +269,21 @@ def _timeline_panel(rec: RunRecord, last_steps: int | None, align: bool = False,
     for op in ops:
         evs = [e for e in shown if e.op == op]
         colour = op_colour(op)
+        # An op drawn only on its own stream's row (upload, compute, offload) is named by the
+        # row; the legend lists the others (update, codec, eval, ...), so it stays short.
+        named = op not in legend and any(e.stream != op for e in evs)
         p.add(go.Bar(
             orientation="h", y=[e.stream for e in evs], base=[e.start - t0 for e in evs],
             x=[max(e.end - e.start, least) for e in evs], width=0.8, name=op, legendgroup=op,
-            showlegend=op not in legend, marker=dict(color=colour, line=dict(color=colour,
+            showlegend=named, marker=dict(color=colour, line=dict(color=colour,
                                                                             width=1)),
             customdata=[[block_label(e.block), e.step, e.nbytes / MB, (e.end - e.start) * 1e3,
                          e.detail] for e in evs],
             hovertemplate=("%{customdata[0]} %{customdata[4]}<br>step %{customdata[1]}<br>"
                            "%{customdata[2]:.3f} MB<br>%{customdata[3]:.3f} ms"
                            "<extra>%{fullData.name}</extra>")))
-        legend.add(op)
+        if named:
+            legend.add(op)
     # Category order is explicit so upload sits on top and rows never reshuffle as ops arrive.
     p.yaxis = dict(type="category", categoryorder="array", categoryarray=rows,
                    autorange="reversed")
@@ -312,8 +316,8 @@ def _pcie_panel(rec: RunRecord) -> Panel:
     if p.traces and math.isfinite(peak):
         t = _finite(_col(rec.samples, "t (s)"))
         p.add(go.Scatter(x=[float(t.min()), float(t.max())], y=[peak / GB] * 2, mode="lines",
-                         name="link peak (per direction)", line=dict(dash="dash", color="#555"),
-                         hovertemplate="%{y:.2f} GB/s<extra>link peak</extra>"))
+                         name="link peak", line=dict(dash="dash", color="#555"),
+                         hovertemplate="%{y:.2f} GB/s<extra>link peak (per direction)</extra>"))
     p.note = "" if p.traces else "no PCIe samples (NVML unavailable)"
     return p
 

@@ -27,7 +27,7 @@ TITLE = 36  # px more for a figure title
 SLIDER = 70  # px more for the smoothing slider
 AXIS_BELOW = 52  # px under the last row: its tick labels and x-axis title
 LEFT, RIGHT, RIGHT_Y2 = 64, 24, 64  # px margins (RIGHT_Y2: a secondary axis in the last column)
-H_SPACING = 0.12  # between columns: the right panel's tick labels and y-axis title
+H_SPACING = 0.15  # between columns: the right panel's tick labels and y-axis title
 #: Smoothing weights the slider offers (0 = raw), as experiment trackers do.
 SMOOTHING_STEPS = (0.0, 0.3, 0.6, 0.8, 0.9, 0.95, 0.99)
 
@@ -188,24 +188,29 @@ def fill(fig: go.Figure, grid: list[list[Panel]],
                 layout[legend] = _legend_at(main.xaxis.domain, main.yaxis.domain,
                                             in_title_band=len(row) == 1 and bool(bars))
             # An empty panel keeps its titles but no tick labels: plotly.js would number its
-            # default ranges, and the note says what is missing. Tick labels stand off the axes
-            # so the x and y zeros at a corner do not touch.
-            ticks = {"showticklabels": bool(p.traces) and not p.note, "ticklabelstandoff": 4}
-            layout[x] = {"title": {"text": p.xtitle}, **ticks}
-            layout[y] = {"title": {"text": p.ytitle}, **ticks, **p.yaxis}
-            if not ticks["showticklabels"]:
+            # default ranges, and the note says what is missing. x tick labels stand off the
+            # axis so the x and y zeros at a corner do not touch.
+            shown = bool(p.traces) and not p.note
+            layout[x] = {"title": {"text": p.xtitle}, "showticklabels": shown,
+                         "ticklabelstandoff": 6}
+            # the y title close to its tick labels: the gap to the panel on the left is a
+            # fraction of a width that can be small
+            layout[y] = {"title": {"text": p.ytitle, "standoff": 6}, "showticklabels": shown,
+                         **p.yaxis}
+            if not shown:
                 layout[y]["showticklabels"] = False
-            if p.note:
-                # Centred on the subplot in paper coordinates: plotly.js draws no axes for a
-                # subplot without traces, and an "x4 domain" reference to such an axis falls
-                # back to the first subplot, piling every empty panel's note onto the timeline.
-                (x0, x1), (y0, y1) = main.xaxis.domain, main.yaxis.domain
-                notes.append(go.layout.Annotation(
-                    # the reason in parentheses on its own line: a half-width panel is narrower
-                    # than the whole note
-                    text=p.note.replace(" (", "<br>(", 1), x=(x0 + x1) / 2, y=(y0 + y1) / 2,
-                    xref="paper", yref="paper", xanchor="center", yanchor="middle",
-                    showarrow=False, font=dict(color="#888", size=13)))
+            # One note per panel, empty when it has data: the live view then changes texts,
+            # never the number of annotations (plotly.js kept removed ones on screen).
+            # Centred on the subplot in paper coordinates: plotly.js draws no axes for a
+            # subplot without traces, and an "x4 domain" reference to such an axis falls back
+            # to the first subplot, piling every empty panel's note onto the timeline.
+            (x0, x1), (y0, y1) = main.xaxis.domain, main.yaxis.domain
+            notes.append(go.layout.Annotation(
+                # the reason in parentheses on its own line: a half-width panel is narrower
+                # than the whole note
+                text=p.note.replace(" (", "<br>(", 1), x=(x0 + x1) / 2, y=(y0 + y1) / 2,
+                xref="paper", yref="paper", xanchor="center", yanchor="middle",
+                showarrow=False, font=dict(color="#888", size=13)))
     return traces, layout, notes
 
 

@@ -31,10 +31,10 @@ log = logging.getLogger(__name__)
 COMMON_GROUPS = ("run", "optim", "telemetry", "checkpoint", "planner")
 SLIDER_MAX_SPAN = 64  # int ranges up to this wide get a slider; wider ones a text box
 LABEL_STYLE = {"description_width": "130px"}
-CONTROL_WIDTH = "330px"
+CONTROL_WIDTH = "345px"
 #: The knob column's width: beside it, the dashboard takes the rest of the row (and wraps
 #: below it when the row is narrower than ``KNOBS_WIDTH`` + ``VIEW_MIN_WIDTH``).
-KNOBS_WIDTH, VIEW_MIN_WIDTH = "350px", "560px"
+KNOBS_WIDTH, VIEW_MIN_WIDTH = "370px", "560px"
 
 
 def groups_for(method: str) -> list[str]:

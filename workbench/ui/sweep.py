@@ -1,4 +1,4 @@
-"""Sweep widget: pick knobs and values, press Sweep, watch the comparison fill in as each run
+"""Sweep widget: pick knobs and values (multi-selects), press Sweep, watch the comparison fill in as each run
 finishes, Stop at any time; Tune asks the planner for settings and measures the best few.
 
     sweeper = SweepPanel(RunConfig(method="zo-offload", model="tiny-opt"), out_dir="runs/sweeps")
@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 import ipywidgets as widgets
-import plotly.graph_objects as go
 
 from workbench.config import ConfigError, RunConfig, knob_info
 from workbench.engine.events import StepEvent
 from workbench.planner import preset_of
 from workbench.recipes.sweep import Point, Sweep
 from workbench.ui import figures
+from workbench.ui.fit import figure_widget
 from workbench.ui.sweep_view import sweep_table_html
 
 log = logging.getLogger(__name__)
@@ -36,26 +36,25 @@ log = logging.getLogger(__name__)
 SCHEDULER_KNOBS = ("overlap", "prefetch_depth", "resident_blocks", "codec")
 
 
-def make_selector(name: str, current: Any, layers: int) -> widgets.ValueWidget:
-    """Choices (and bools) get a multi-select, whole numbers a range slider (every value in the
-    range is swept); the current value is selected at first."""
+def make_selector(name: str, current: Any, layers: int) -> widgets.SelectMultiple:
+    """A multi-select of the knob's values (bools, choices, the whole numbers of its range up
+    to ``layers`` for resident_blocks and 16 past the minimum otherwise); the current value is
+    selected at first. Ctrl / Shift + click selects several."""
     info = knob_info(name)
-    common = dict(description=name, style={"description_width": "110px"},
-                  tooltip=f"{info['help']}: the values to sweep")
     if info["type"] in ("bool", bool):
-        return widgets.SelectMultiple(options=[("true", True), ("false", False)],
-                                      value=(current,), rows=2, **common,
-                                      layout=widgets.Layout(width="250px"))
-    if info["choices"]:
-        return widgets.SelectMultiple(options=list(info["choices"]), value=(current,),
-                                      rows=min(len(info["choices"]), 5), **common,
-                                      layout=widgets.Layout(width="250px"))
-    if info["type"] in ("int", int):
-        hi = layers if name == "resident_blocks" else min(int(info["hi"]), int(info["lo"]) + 16)
-        return widgets.IntRangeSlider(min=int(info["lo"]), max=hi, value=(current, current),
-                                      continuous_update=False, **common,
-                                      layout=widgets.Layout(width="330px"))
-    raise ValueError(f"{name}: the sweep widget offers bools, choices and whole numbers")
+        options: list[Any] = [("true", True), ("false", False)]
+    elif info["choices"]:
+        options = list(info["choices"])
+    elif info["type"] in ("int", int):
+        lo = int(info["lo"])
+        hi = layers if name == "resident_blocks" else min(int(info["hi"]), lo + 16)
+        options = list(range(lo, hi + 1))
+    else:
+        raise ValueError(f"{name}: the sweep widget offers bools, choices and whole numbers")
+    return widgets.SelectMultiple(
+        options=options, value=(current,), rows=min(len(options), 4), description=name,
+        tooltip=f"{info['help']}: the values to sweep (Ctrl/Shift + click for several)",
+        style={"description_width": "110px"}, layout=widgets.Layout(width="250px"))
 
 
 class SweepPanel:
@@ -97,11 +96,11 @@ class SweepPanel:
                                           tooltip="the planner proposes settings that fit; "
                                           "short trials measure the best few",
                                           layout=widgets.Layout(width="auto"))
-        self.budget = widgets.FloatText(value=0.0, description="GPU budget (GiB)",
+        self.budget = widgets.FloatText(value=0.0, description="GPU GiB",
                                         tooltip="Tune: GPU memory the settings must fit "
                                         "(0 = this GPU's free memory)",
-                                        style={"description_width": "110px"},
-                                        layout=widgets.Layout(width="200px"))
+                                        style={"description_width": "60px"},
+                                        layout=widgets.Layout(width="150px"))
         self.top = widgets.IntSlider(value=3, min=1, max=8, description="candidates",
                                      style={"description_width": "80px"},
                                      layout=widgets.Layout(width="250px"))
@@ -126,15 +125,8 @@ class SweepPanel:
         return self._base.config() if hasattr(self._base, "config") else self._base
 
     def axes(self) -> dict[str, list[Any]]:
-        """The selected values per knob (a range slider gives every value in its range)."""
-        out = {}
-        for name, ctl in self.selectors.items():
-            if isinstance(ctl, widgets.IntRangeSlider):
-                lo, hi = ctl.value
-                out[name] = list(range(lo, hi + 1))
-            else:
-                out[name] = list(ctl.value)
-        return out
+        """The selected values per knob, in the order the widget lists them."""
+        return {name: list(ctl.value) for name, ctl in self.selectors.items()}
 
     def _plan(self, folder: Path) -> Sweep:
         """The grid of the current selection (checked by the config and the planner); a knob
@@ -276,7 +268,7 @@ class SweepPanel:
         except FileNotFoundError:  # a run directory removed under us: the table still stands
             recs = []
         if recs:
-            self.figures.children = [go.FigureWidget(f) for f in (
+            self.figures.children = [figure_widget(f) for f in (
                 figures.compare_bars(recs), figures.compare_timelines(recs, last_steps=1))]
 
     def _set_running(self, running: bool) -> None:
