@@ -257,7 +257,7 @@ def test_gpu_dashboard_grid_keeps_right_axes_in_the_last_column(live):
     assert fig.layout.autosize and fig.layout.width is None  # sized by its container
     assert bool(fig.layout.sliders) is not live and bool(fig.layout.title.text) is not live
     legends = [k for k in fig.layout.to_plotly_json() if k.startswith("legend")]
-    assert len(legends) == sum(any(t.showlegend is not False for t in p.traces)
+    assert len(legends) == sum(any(t.get("showlegend") is not False for t in p.traces)
                                for row in grid for p in row)  # one small legend per panel
 
 
@@ -282,6 +282,36 @@ def test_long_runs_are_downsampled_keeping_peaks():
     assert len(nvml.x) <= F.MAX_POINTS
     assert max(nvml.y) == pytest.approx(99.0)
     assert np.all(np.diff(nvml.x) > 0)
+
+
+def _downsample_reference(x, y, max_points):
+    """The same rule written plainly: equal buckets of ceil(n / (max_points // 2)) points, each
+    keeping the positions of its smallest and largest finite value (its first if none)."""
+    n, k = len(x), max_points // 2
+    size = -(-n // k)
+    keep = set()
+    for lo in range(0, n, size):
+        seg = [(v, i) for i, v in enumerate(y[lo:lo + size], start=lo) if math.isfinite(v)]
+        if not seg:
+            keep.add(lo)
+            continue
+        keep.add(min(seg)[1])
+        keep.add(max(seg, key=lambda t: (t[0], -t[1]))[1])
+    idx = sorted(keep)
+    return x[idx], y[idx]
+
+
+@pytest.mark.parametrize("n", [2001, 4096, 10_007])
+def test_downsample_matches_a_plain_reference(n):
+    rng = np.random.default_rng(n)
+    x = np.arange(n, dtype=float)
+    y = rng.normal(size=n)
+    y[rng.random(n) < 0.05] = np.nan
+    y[100:400] = np.nan  # whole buckets of gaps
+    got, want = F.downsample(x, y, 2000), _downsample_reference(x, y, 2000)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+    assert len(got[0]) <= 2000
 
 
 # --- comparisons ------------------------------------------------------------------------------

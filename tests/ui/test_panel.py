@@ -13,7 +13,7 @@ from workbench.config import ConfigError, RunConfig
 from workbench.engine.events import OpEvent
 from workbench.telemetry.record import RunRecord
 from workbench.ui.compare import compare, mezo_vs_offload
-from workbench.ui.dashboard import Dashboard
+from workbench.ui.dashboard import BUDGET, Dashboard
 from workbench.ui.figures import dashboard_figure
 from workbench.ui.panel import KnobPanel
 
@@ -166,6 +166,10 @@ def test_dashboard_refresh_updates_the_same_widget():
     with rec.lock:
         rec.steps.append({"step": 3, "loss": 0.5, "seconds": 0.5, "tokens": 100, "end": 4.0})
     d.min_interval_s = 0.0
+    # the time budget: the next refresh waits until the last one's cost is 2% of the gap
+    gap = d.last_refresh_s / BUDGET
+    assert d.last_refresh_s > 0 and not d.refresh()
+    time.sleep(max(gap - (time.monotonic() - d._last), 0.0) + 0.01)
     assert d.refresh()
     assert list(_trace(fig, "loss").y) == pytest.approx([1.0, 0.9, 0.8, 0.5])
     assert d.refreshes == 2

@@ -6,12 +6,14 @@ import re
 import time
 
 import ipywidgets as widgets
+import numpy as np
 import plotly.graph_objects as go
 import pytest
 
 from workbench.config import RunConfig
 from workbench.telemetry.record import RunRecord
 from workbench.ui.dashboard import Dashboard
+from workbench.ui.figures import dashboard_figure
 from workbench.ui.panel import KnobPanel
 from workbench.ui.sweep import SweepPanel
 
@@ -116,3 +118,27 @@ def test_dashboard_smoothing_slider_redraws_the_loss():
     assert "loss (EMA)" not in names
     assert list(next(t for t in d.figure.data if t.name == "loss").y) == [0.0, 1.0, 0.0, 1.0, 0.0]
     assert not d.figure.layout.sliders  # the live view's slider is the widget's
+
+
+def test_live_view_reads_new_samples_only_and_draws_what_the_report_draws():
+    rec = RunRecord(config={"method": "zo-offload", "model": "tiny-opt", "steps": 50,
+                            "device": "cpu"}, status="running")
+    d = Dashboard(rec, min_interval_s=0.0)
+    for k in range(3):  # the run grows between refreshes, as live
+        with rec.lock:
+            for i in range(40):
+                t = 0.1 * (40 * k + i)
+                rec.samples.append({"t (s)": t, "host cpu (%)": float(i % 7),
+                                    "host ram used (bytes)": 1e9 + t * 1e6,
+                                    "process rss (bytes)": 5e8})
+            rec.steps.append({"step": k, "loss": 1.0 / (k + 1), "seconds": 0.4, "tokens": 64,
+                              "end": 4.0 * (k + 1)})
+        d._last = float("-inf")  # past the throttle: this test is about what is drawn
+        assert d.refresh()
+        assert d._columns_n == len(rec.samples)
+    want = dashboard_figure(rec.snapshot(), live=True)
+    got = {t.name: t for t in d.figure.data}
+    for t in want.data:
+        np.testing.assert_allclose(np.asarray(got[t.name].y, float), np.asarray(t.y, float))
+        np.testing.assert_allclose(np.asarray(got[t.name].x, float), np.asarray(t.x, float))
+    assert len(got["host CPU"].y) == 120

@@ -3,8 +3,8 @@
 A pure function of a ``RunRecord`` (stream events, steps, samples, environment): the live
 dashboard, ``compare`` and the report all call ``verdict(rec)``, so they say the same thing.
 
-How it decides. Over the steady steps that still have per-operation events (the first step
-recorded is warm-up and left out when there are others), each stream's busy time is the union
+How it decides. Over the last ``LAST_STEPS`` steps that have per-operation events (the first
+step read is left out when there are others: warm-up, or cut by the event retention), each stream's busy time is the union
 of its operations' intervals, as a fraction of those steps' summed durations (the span of their
 events where durations are missing):
     upload / offload   the PCIe transfers (and codec passes on those streams) of a streaming run
@@ -21,6 +21,7 @@ perturbations) shows as a gap unless NVML sees the GPU busy through it (``BUSY_G
 """
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -29,6 +30,8 @@ from typing import Any, Iterable, Sequence
 from workbench.engine.events import OpEvent
 from workbench.telemetry.record import RunRecord
 
+#: Steps read (the latest that have events): the current state, cheap enough for every refresh.
+LAST_STEPS = 10
 #: A resource busy for at least this fraction of the step is what bounds it.
 BOUND = 0.6
 #: NVML utilisation (%) at which a GPU with gaps between timed spans still counts as busy.
@@ -77,9 +80,11 @@ class Verdict:
         return math.nan if covered is None else 1.0 - covered
 
 
-def verdict(rec: RunRecord) -> Verdict:
-    """The bound of ``rec``'s steady step (see the module docstring)."""
+def verdict(rec: RunRecord, last: int = LAST_STEPS) -> Verdict:
+    """The bound of ``rec``'s steady step over its ``last`` steps that have events (see the
+    module docstring)."""
     steps = sorted({e.step for e in rec.events if e.step >= 0 and e.stream in STEP_STREAMS})
+    steps = steps[-(last + 1):]  # + the one before, left out below when there are others
     if not steps:
         why = ("telemetry off" if rec.config.get("telemetry") is False
                else "no step has finished yet" if not rec.steps else "no stream events kept")
@@ -190,9 +195,19 @@ def _rate(events: Sequence[OpEvent]) -> float:
 
 
 def _mean(samples: Sequence[dict[str, Any]], key: str, t0: float, t1: float) -> float:
-    vals = [_num(s.get(key)) for s in samples if t0 <= _num(s.get("t (s)")) <= t1]
+    """Mean of ``key`` over the samples taken in [t0, t1] (s). Samples are appended in time
+    order, so the window is found by bisection: the live view asks on every refresh, and an
+    hour at 20 Hz is 72,000 samples."""
+    lo = bisect.bisect_left(samples, t0, key=_t)
+    hi = bisect.bisect_right(samples, t1, key=_t)
+    vals = [_num(s.get(key)) for s in samples[lo:hi]]
     vals = [v for v in vals if math.isfinite(v)]
     return statistics.fmean(vals) if vals else math.nan
+
+
+def _t(sample: dict[str, Any]) -> float:
+    t = _num(sample.get("t (s)"))
+    return t if math.isfinite(t) else -math.inf  # an untimed sample sorts first, unread
 
 
 def _num(v: Any) -> float:

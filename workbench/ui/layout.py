@@ -36,13 +36,15 @@ SMOOTHING_STEPS = (0.0, 0.3, 0.6, 0.8, 0.9, 0.95, 0.99)
 class Panel:
     """One subplot: its traces, axis titles (with units) and a note shown when it is empty.
 
+    Traces are plain plotly dicts (``{"type": "scatter", ...}``): building them costs nothing
+    on the live view's refresh path; ``compose`` validates them into a figure.
     ``smooth``: (index into ``traces``, raw y) of each smoothed line, for the slider.
     """
 
     title: str
     xtitle: str
     ytitle: str
-    traces: list[Any] = field(default_factory=list)
+    traces: list[dict[str, Any]] = field(default_factory=list)
     secondary: list[bool] = field(default_factory=list)
     y2title: str = ""
     note: str = ""
@@ -50,7 +52,7 @@ class Panel:
     y2axis: dict[str, Any] = field(default_factory=dict)
     smooth: list[tuple[int, np.ndarray]] = field(default_factory=list)
 
-    def add(self, trace: Any, secondary: bool = False) -> int:
+    def add(self, trace: dict[str, Any], secondary: bool = False) -> int:
         self.traces.append(trace)
         self.secondary.append(secondary)
         return len(self.traces) - 1
@@ -157,7 +159,7 @@ def _plot_px(fig: go.Figure) -> float:
 
 
 def fill(fig: go.Figure, grid: list[list[Panel]],
-         bars: bool = False) -> tuple[list[Any], dict[str, Any], list[Any]]:
+         bars: bool = False) -> tuple[list[dict], dict[str, Any], list[dict]]:
     """The traces (bound to their subplot's axes), axis settings and notes of ``grid``, for a
     figure that ``compose`` made from a grid of the same shape.
 
@@ -165,9 +167,9 @@ def fill(fig: go.Figure, grid: list[list[Panel]],
     ``row=/col=`` helpers, which matters to the live view: it refills its figure on every
     refresh, on the interpreter the training loop runs on.
     """
-    traces: list[Any] = []
+    traces: list[dict[str, Any]] = []
     layout: dict[str, Any] = {}
-    notes: list[Any] = []
+    notes: list[dict[str, Any]] = []
     for r, row in enumerate(grid, start=1):
         for c, p in enumerate(row, start=1):
             main = fig.get_subplot(r, c)
@@ -180,9 +182,9 @@ def fill(fig: go.Figure, grid: list[list[Panel]],
                 layout[y2] = {"title": {"text": p.y2title}, **p.y2axis}
             legend = _legend_id(layout) if _listed(p.traces) else None
             for trace, secondary in zip(p.traces, p.secondary):
-                trace.update(ref2 if secondary else ref)
+                trace = {**trace, **(ref2 if secondary else ref)}  # the panel keeps its own
                 if legend:
-                    trace.update(legend=legend)
+                    trace["legend"] = legend
                 traces.append(trace)
             if legend:
                 layout[legend] = _legend_at(main.xaxis.domain, main.yaxis.domain,
@@ -205,7 +207,7 @@ def fill(fig: go.Figure, grid: list[list[Panel]],
             # subplot without traces, and an "x4 domain" reference to such an axis falls back
             # to the first subplot, piling every empty panel's note onto the timeline.
             (x0, x1), (y0, y1) = main.xaxis.domain, main.yaxis.domain
-            notes.append(go.layout.Annotation(
+            notes.append(dict(
                 # the reason in parentheses on its own line: a half-width panel is narrower
                 # than the whole note
                 text=p.note.replace(" (", "<br>(", 1), x=(x0 + x1) / 2, y=(y0 + y1) / 2,
@@ -214,8 +216,8 @@ def fill(fig: go.Figure, grid: list[list[Panel]],
     return traces, layout, notes
 
 
-def _listed(traces: Sequence[Any]) -> bool:
-    return any(t.showlegend is not False and t.name for t in traces)
+def _listed(traces: Sequence[dict[str, Any]]) -> bool:
+    return any(t.get("showlegend") is not False and t.get("name") for t in traces)
 
 
 def _legend_id(layout: dict[str, Any]) -> str:
