@@ -24,3 +24,13 @@ def data_dir():
     if not (path / "sst2" / "train.tsv").is_file():
         pytest.skip(f"shared data not found at {path} (set WORKBENCH_DATA_DIR)")
     return path
+
+
+@pytest.fixture
+def one_thread():
+    """Torch on one thread for the test: the 64-wide tiny models run fastest so, even on a
+    busy 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -23,15 +23,7 @@ TINY = dict(model="tiny-opt", method="zo-offload", steps=3, batch_size=4, seq_le
 SETS = [a for k, v in TINY.items() for a in ("--set", f"{k}={v}")]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """In-process runs of the 64-wide model: fastest on one thread, even on a busy machine."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

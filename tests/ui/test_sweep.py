@@ -21,14 +21,7 @@ TINY = dict(method="zo-offload", model="tiny-opt", batch_size=4, seq_len=32, eva
             sample_hz=0.0)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # the 64-wide model is fastest on one thread
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _wait(cond, timeout: float = 60.0, what: str = "condition") -> None:

@@ -27,8 +27,8 @@ from plotly.basedatatypes import Undefined
 from workbench.telemetry.advice import Advice, next_knob
 from workbench.telemetry.record import RunRecord
 from workbench.telemetry.verdict import Verdict, verdict
-from workbench.ui.figures import (SMOOTHING, dashboard_figure, dashboard_panels, fill,
-                                  seed_columns, shared_columns)
+from workbench.ui.figures import SMOOTHING, dashboard_figure, dashboard_panels, fill
+from workbench.ui.series import seed_columns, shared_columns
 from workbench.ui.fit import figure_widget
 
 log = logging.getLogger(__name__)

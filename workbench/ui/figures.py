@@ -8,17 +8,16 @@ for runs on a GPU only; host CPU and memory for every run.
 
 Units: time in seconds since the run's time origin, memory in GB (1e9 bytes), transfer rates in
 GB/s, transfer sizes in MB (1e6 bytes), durations in hover text in ms. Every trace is bounded to
-about ``MAX_POINTS`` points (min/max per bucket, so peaks survive) so an hour-long run stays
-smooth in the browser. How panels are laid out is ``layout``'s business.
+about ``MAX_POINTS`` points (``series``: min/max per bucket, so peaks survive). How panels are
+laid out is ``layout``'s business. Longer than our usual module: the one-run panels and the
+comparisons share their series and units, and the live view calls the same builders.
 """
 from __future__ import annotations
 
 import functools
 import math
-import threading
 import zlib
-from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -32,8 +31,9 @@ from workbench.telemetry.trace import block_label
 from workbench.telemetry.verdict import verdict
 from workbench.ui.layout import (ROW_HEIGHT, SMOOTHING_STEPS, TEMPLATE, Panel,  # noqa: F401
                                  compose, ema, fill)
+from workbench.ui.series import (MAX_POINTS, col, downsample, finite, num,  # noqa: F401
+                                 seed_columns, shared_columns, xy)
 
-MAX_POINTS = 2000
 GB, MB = 1e9, 1e6
 #: Timeline rows, top to bottom; streams not listed follow in name order.
 STREAM_ROWS = ("upload", "compute", "offload", "update", "checkpoint")
@@ -62,23 +62,23 @@ def summary_metrics(rec: RunRecord) -> dict[str, Any]:
     """
     s, steps = rec.summary, rec.steps
     timed = steps[1:] if len(steps) >= 3 else steps  # the first step carries warm-up
-    secs = sum(_num(r.get("seconds"), 0.0) for r in timed)
-    toks = sum(_num(r.get("tokens"), 0.0) for r in timed)
-    tail = [_num(r.get("loss")) for r in steps[-max(1, len(steps) // 10):]]
+    secs = sum(num(r.get("seconds"), 0.0) for r in timed)
+    toks = sum(num(r.get("tokens"), 0.0) for r in timed)
+    tail = [num(r.get("loss")) for r in steps[-max(1, len(steps) // 10):]]
     tail = [x for x in tail if math.isfinite(x)]
     n = max(len(steps), 1)
-    peak = _num(s.get("peak_gpu_mem_bytes"))
+    peak = num(s.get("peak_gpu_mem_bytes"))
     if not peak > 0:  # CPU run or no summary: the allocator's per-step peak, then NVML
-        peak = max((_num(r.get("mem_peak"), 0.0) for r in steps), default=0.0)
+        peak = max((num(r.get("mem_peak"), 0.0) for r in steps), default=0.0)
     if not peak > 0:
-        peak = max((v for v in _col(rec.samples, "gpu mem used (bytes)") if math.isfinite(v)),
+        peak = max((v for v in col(rec.samples, "gpu mem used (bytes)") if math.isfinite(v)),
                    default=math.nan)
     out = {
         "tokens_per_s": s.get("tokens_per_s", toks / secs if secs > 0 else math.nan),
         "step_seconds": s.get("step_seconds", secs / len(timed) if timed else math.nan),
         "peak_gpu_mem_bytes": peak,
-        "bytes_h2d": s.get("bytes_h2d", sum(_num(r.get("bytes_h2d"), 0.0) for r in steps) / n),
-        "bytes_d2h": s.get("bytes_d2h", sum(_num(r.get("bytes_d2h"), 0.0) for r in steps) / n),
+        "bytes_h2d": s.get("bytes_h2d", sum(num(r.get("bytes_h2d"), 0.0) for r in steps) / n),
+        "bytes_d2h": s.get("bytes_d2h", sum(num(r.get("bytes_d2h"), 0.0) for r in steps) / n),
         "final_loss": s.get("final_loss", sum(tail) / len(tail) if tail else math.nan),
         "eval_accuracy_start": rec.evals[0]["accuracy"] if rec.evals else math.nan,
         "eval_accuracy": rec.evals[-1]["accuracy"] if rec.evals else math.nan,
@@ -86,7 +86,7 @@ def summary_metrics(rec: RunRecord) -> dict[str, Any]:
         "status": rec.status,
         "param_digest": rec.param_digest,
     }
-    return {k: _num(v) if k not in ("status", "param_digest", "steps") else v
+    return {k: num(v) if k not in ("status", "param_digest", "steps") else v
             for k, v in out.items()}
 
 
@@ -103,9 +103,9 @@ def has_gpu(rec: RunRecord) -> bool:
     device = rec.config.get("device")
     if device:
         return str(device).startswith("cuda")
-    if any(_num(r.get("mem_allocated"), 0.0) > 0 for r in rec.steps[-5:]):
+    if any(num(r.get("mem_allocated"), 0.0) > 0 for r in rec.steps[-5:]):
         return True
-    return any(math.isfinite(_num(s.get("gpu util (%)"))) for s in rec.samples[-20:])
+    return any(math.isfinite(num(s.get("gpu util (%)"))) for s in rec.samples[-20:])
 
 
 # --- one run ----------------------------------------------------------------------------------
@@ -213,7 +213,7 @@ def compare_loss(recs: Sequence[RunRecord], smoothing: float = SMOOTHING) -> go.
     p = Panel("training loss", "step", "loss")
     labels, seen = run_labels(recs), []
     for i, (rec, label) in enumerate(zip(recs, labels)):
-        x, y = _xy(rec.steps, "step", "loss")
+        x, y = xy(rec.steps, "step", "loss")
         if not np.isfinite(y).any():
             continue
         twin = next((other for other, ox, oy in seen if _same(x, y, ox, oy)), None)
@@ -231,10 +231,10 @@ def compare_memory(recs: Sequence[RunRecord]) -> go.Figure:
     p = Panel("GPU memory", "time (s)", "GPU memory (GB)")
     for i, (rec, label) in enumerate(zip(recs, run_labels(recs))):
         colour = RUN_COLOURS[i % len(RUN_COLOURS)]
-        x, y = _xy(rec.samples, "t (s)", "gpu mem used (bytes)")
+        x, y = xy(rec.samples, "t (s)", "gpu mem used (bytes)")
         source = "NVML used"
         if not (np.isfinite(y) & (y > 0)).any():
-            x, y = _xy(rec.steps, "end", "mem_allocated")
+            x, y = xy(rec.steps, "end", "mem_allocated")
             source = "torch allocated"
         if (np.isfinite(y) & (y > 0)).any():
             p.add(_line(x, y / GB, f"{label} ({source})", colour))
@@ -298,10 +298,10 @@ def _memory_panel(rec: RunRecord) -> Panel:
     for key, name, dash in (("mem_allocated", "torch allocated", None),
                             ("mem_reserved", "torch reserved", "dot"),
                             ("mem_peak", "torch peak", "dash")):
-        x, y = _xy(rec.steps, "end", key)
+        x, y = xy(rec.steps, "end", key)
         if (np.isfinite(y) & (y > 0)).any():  # CPU runs report 0: that is "no data"
             p.add(_line(x, y / GB, name, None, dash=dash))
-    x, y = _xy(rec.samples, "t (s)", "gpu mem used (bytes)")
+    x, y = xy(rec.samples, "t (s)", "gpu mem used (bytes)")
     if np.isfinite(y).any():
         p.add(_line(x, y / GB, "NVML used", "#d62728"))
     p.note = "" if p.traces else "no GPU memory data (no step yet, or NVML unavailable)"
@@ -312,16 +312,12 @@ def _pcie_panel(rec: RunRecord) -> Panel:
     p = Panel("PCIe throughput", "time (s)", "PCIe throughput (GB/s)")
     for key, name, colour in (("pcie rx (bytes/s)", "RX host→GPU", "#1f77b4"),
                               ("pcie tx (bytes/s)", "TX GPU→host", "#ff7f0e")):
-        x, y = _xy(rec.samples, "t (s)", key)
+        x, y = xy(rec.samples, "t (s)", key)
         if np.isfinite(y).any():
             p.add(_line(x, y / GB, name, colour))
-    peak = _num(rec.environment.get("pcie peak (bytes/s)"))
+    peak = num(rec.environment.get("pcie peak (bytes/s)"))
     if p.traces and math.isfinite(peak):
-        t = _finite(_col(rec.samples, "t (s)"))
-        p.add(dict(type="scatter", x=[float(t.min()), float(t.max())], y=[peak / GB] * 2,
-                      mode="lines",
-                         name="link peak", line=dict(dash="dash", color="#555"),
-                         hovertemplate="%{y:.2f} GB/s<extra>link peak (per direction)</extra>"))
+        _level(p, rec, peak / GB, "link peak", "%{y:.2f} GB/s", "link peak (per direction)")
     p.note = "" if p.traces else "no PCIe samples (NVML unavailable)"
     return p
 
@@ -330,10 +326,10 @@ def _util_panel(rec: RunRecord) -> Panel:
     gpu = has_gpu(rec)
     p = Panel("utilisation" if gpu else "host CPU", "time (s)", "utilisation (%)",
               yaxis={"range": [0, 105]})
-    x, y = _xy(rec.samples, "t (s)", "gpu util (%)")
+    x, y = xy(rec.samples, "t (s)", "gpu util (%)")
     if gpu and np.isfinite(y).any():
         p.add(_line(x, y, "GPU util", "#2ca02c"))
-    x, y = _xy(rec.samples, "t (s)", "host cpu (%)")
+    x, y = xy(rec.samples, "t (s)", "host cpu (%)")
     if np.isfinite(y).any():
         p.add(_line(x, y, "host CPU", "#8c564b"))
     p.note = "" if p.traces else "no utilisation samples (sample_hz=0, or no sample yet)"
@@ -344,19 +340,24 @@ def _host_memory_panel(rec: RunRecord) -> Panel:
     p = Panel("host memory", "time (s)", "host memory (GB)")
     for key, name, colour in (("host ram used (bytes)", "host RAM used", "#17becf"),
                               ("process rss (bytes)", "this process (RSS)", "#1f77b4")):
-        x, y = _xy(rec.samples, "t (s)", key)
+        x, y = xy(rec.samples, "t (s)", key)
         if np.isfinite(y).any():
             p.add(_line(x, y / GB, name, colour))
     pinned = planned_pinned_bytes(rec)
-    t = _finite(_col(rec.samples, "t (s)"))
-    if p.traces and pinned > 0 and len(t):
-        p.add(dict(type="scatter", x=[float(t.min()), float(t.max())], y=[pinned / GB] * 2,
-                      mode="lines",
-                         name="pinned (planner)", line=dict(dash="dash", color="#555"),
-                         hovertemplate="%{y:.3f} GB<extra>pinned host memory (planner)"
-                                       "</extra>"))
+    if p.traces and pinned > 0:
+        _level(p, rec, pinned / GB, "pinned (planner)", "%{y:.3f} GB",
+               "pinned host memory (planner)")
     p.note = "" if p.traces else "no host samples (sample_hz=0, or no sample yet)"
     return p
+
+
+def _level(p: Panel, rec: RunRecord, value: float, name: str, hover: str, what: str) -> None:
+    """A dashed horizontal line at ``value`` across the samples' time span (a limit, a plan)."""
+    t = finite(col(rec.samples, "t (s)"))
+    if len(t):
+        p.add(dict(type="scatter", x=[float(t.min()), float(t.max())], y=[value] * 2,
+                   mode="lines", name=name, line=dict(dash="dash", color="#555"),
+                   hovertemplate=f"{hover}<extra>{what}</extra>"))
 
 
 def planned_pinned_bytes(rec: RunRecord) -> float:
@@ -379,10 +380,10 @@ def _loss_panel(rec: RunRecord, smoothing: float = SMOOTHING) -> Panel:
               # plotly.js >= 3 syncs an overlaying axis's ticks to the primary's grid
               # (ticks at 16.5, 35, ... %); fixed quarters read better, without a second grid.
               y2axis={"range": [0, 100], "tickmode": "linear", "dtick": 25, "showgrid": False})
-    x, y = _xy(rec.steps, "step", "loss")
+    x, y = xy(rec.steps, "step", "loss")
     if np.isfinite(y).any():
         _add_smoothed(p, x, y, "loss", "#1f77b4", smoothing)
-    x, y = _xy(rec.evals, "step", "accuracy")
+    x, y = xy(rec.evals, "step", "accuracy")
     if np.isfinite(y).any():
         p.add(dict(type="scatter", x=x, y=y * 100, mode="lines+markers", name="dev accuracy",
                          line=dict(color="#d62728"),
@@ -410,8 +411,8 @@ def _add_smoothed(p: Panel, x: np.ndarray, y: np.ndarray, name: str, colour: str
 
 def _throughput_panel(rec: RunRecord) -> Panel:
     p = Panel("throughput", "step", "throughput (tokens/s)")
-    x, tokens = _xy(rec.steps, "step", "tokens")
-    _, secs = _xy(rec.steps, "step", "seconds")
+    x, tokens = xy(rec.steps, "step", "tokens")
+    _, secs = xy(rec.steps, "step", "seconds")
     with np.errstate(divide="ignore", invalid="ignore"):
         y = np.where(secs > 0, tokens / secs, np.nan)
     if np.isfinite(y).any():
@@ -434,93 +435,6 @@ def op_colour(op: str) -> str:
         return OP_COLOURS[op]
     palette = qualitative.Dark24
     return palette[zlib.crc32(op.encode()) % len(palette)]  # stable across processes
-
-
-def _num(v: Any, default: float = math.nan) -> float:
-    """A float, or ``default`` for None / text (JSON stores NaN as null)."""
-    try:
-        return default if v is None else float(v)
-    except (TypeError, ValueError):
-        return default
-
-
-_shared = threading.local()  # columns already read, while a dashboard is being built
-
-
-def seed_columns(rows: Sequence[dict[str, Any]], columns: dict[str, np.ndarray]) -> None:
-    """Inside ``shared_columns()``: ``rows``' columns, already read (the live view keeps the
-    samples' columns and only reads the rows added since its last refresh)."""
-    cache = getattr(_shared, "columns", None)
-    if cache is not None:
-        for key, values in columns.items():
-            cache[(id(rows), len(rows), key)] = values
-
-
-@contextmanager
-def shared_columns() -> Iterator[None]:
-    """Within, each column of the same rows is read once: a dashboard reads the samples' time
-    column for eight series, and an hour at 20 Hz is 72,000 rows. Keyed by the rows' identity,
-    which is only safe while they are alive: for the duration of one build."""
-    outer = getattr(_shared, "columns", None)
-    if outer is None:
-        _shared.columns = {}
-    try:
-        yield
-    finally:
-        if outer is None:
-            _shared.columns = None
-
-
-def _col(rows: Sequence[dict[str, Any]], key: str) -> np.ndarray:
-    """Column ``key`` as floats, NaN where missing or null (numpy reads None as NaN)."""
-    cache = getattr(_shared, "columns", None)
-    slot = (id(rows), len(rows), key)
-    if cache is not None and slot in cache:
-        return cache[slot]
-    try:
-        out = np.array([r.get(key) for r in rows], dtype=float)
-    except (TypeError, ValueError):  # text where a number belongs: NaN there, not a failure
-        out = np.array([_num(r.get(key)) for r in rows], dtype=float)
-    if cache is not None:
-        cache[slot] = out
-    return out
-
-
-def _finite(a: np.ndarray) -> np.ndarray:
-    return a[np.isfinite(a)]
-
-
-def _xy(rows: Sequence[dict[str, Any]], xkey: str, ykey: str,
-        max_points: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
-    """Columns ``xkey``/``ykey`` as float arrays (rows without an x dropped), bounded."""
-    x, y = _col(rows, xkey), _col(rows, ykey)
-    ok = np.isfinite(x)
-    return downsample(x[ok], y[ok], max_points)
-
-
-def downsample(x: np.ndarray, y: np.ndarray,
-               max_points: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
-    """At most ``max_points`` points: the min and the max of ``y`` in each of ``max_points/2``
-    equal-size buckets, in x order, so spikes (memory peaks, PCIe bursts) stay visible; an
-    all-NaN bucket keeps its first point (a gap). Vectorised: the live view runs it on every
-    refresh."""
-    n = len(x)
-    if n <= max_points:
-        return x, y
-    k = max_points // 2
-    size = -(-n // k)  # ceil: k buckets of ``size`` points, the last one padded with NaN
-    padded = np.full(k * size, np.nan)
-    padded[:n] = y
-    grid = padded.reshape(k, size)
-    empty = np.isnan(grid).all(axis=1)
-    lo = np.where(np.isnan(grid), np.inf, grid).argmin(axis=1)
-    hi = np.where(np.isnan(grid), -np.inf, grid).argmax(axis=1)
-    lo[empty] = hi[empty] = 0
-    base = np.arange(k) * size
-    idx = np.stack([np.minimum(lo, hi), np.maximum(lo, hi)], axis=1) + base[:, None]
-    idx = idx.ravel()
-    idx = np.unique(idx[idx < n])  # one point where min and max coincide; in x order
-    return x[idx], y[idx]
 
 
 def _line(x: np.ndarray, y: np.ndarray, name: str, colour: str | None,

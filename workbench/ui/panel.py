@@ -277,12 +277,7 @@ class KnobPanel:
         self._say(f"{name} = {value:g} from the next step")
 
     def _new_run_dir(self, method: str) -> Path:
-        stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{method}"
-        path, n = self.out_dir / stem, 1
-        while path.exists():
-            n += 1
-            path = self.out_dir / f"{stem}-{n}"
-        return path
+        return new_folder(self.out_dir, method)
 
     # --- report -----------------------------------------------------------------------------
     def export_report(self, path: str | Path | None = None) -> Path:
@@ -304,6 +299,16 @@ class KnobPanel:
             self.export_report()
         except Exception as e:
             self._say(f"report failed: {type(e).__name__}: {e}")
+
+
+def new_folder(parent: Path, kind: str) -> Path:
+    """``parent/<time>-<kind>``, numbered if that exists: a press never reuses a folder."""
+    stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{kind}"
+    path, n = parent / stem, 1
+    while path.exists():
+        n += 1
+        path = parent / f"{stem}-{n}"
+    return path
 
 
 def _load_planner() -> Callable[[RunConfig], Any] | None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import html
 import logging
 import threading
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -28,6 +27,7 @@ from workbench.planner import preset_of
 from workbench.recipes.sweep import Point, Sweep
 from workbench.ui import figures
 from workbench.ui.fit import figure_widget
+from workbench.ui.panel import new_folder
 from workbench.ui.sweep_view import sweep_table_html
 
 log = logging.getLogger(__name__)
@@ -278,12 +278,7 @@ class SweepPanel:
         self.stop_button.disabled = not running
 
     def _folder(self, kind: str) -> Path:
-        stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{kind}"
-        path, n = self.out_dir / stem, 1
-        while path.exists():
-            n += 1
-            path = self.out_dir / f"{stem}-{n}"
-        return path
+        return new_folder(self.out_dir, kind)
 
     def _say(self, text: str) -> None:
         self.message.value = f"<span>{html.escape(text)}</span>"
