@@ -310,11 +310,8 @@ def _memory_panel(rec: RunRecord) -> Panel:
 
 def _pcie_panel(rec: RunRecord) -> Panel:
     p = Panel("PCIe throughput", "time (s)", "PCIe throughput (GB/s)")
-    for key, name, colour in (("pcie rx (bytes/s)", "RX host→GPU", "#1f77b4"),
-                              ("pcie tx (bytes/s)", "TX GPU→host", "#ff7f0e")):
-        x, y = xy(rec.samples, "t (s)", key)
-        if np.isfinite(y).any():
-            p.add(_line(x, y / GB, name, colour))
+    _sample_lines(p, rec, [("pcie rx (bytes/s)", "RX host→GPU", "#1f77b4"),
+                           ("pcie tx (bytes/s)", "TX GPU→host", "#ff7f0e")], GB)
     peak = num(rec.environment.get("pcie peak (bytes/s)"))
     if p.traces and math.isfinite(peak):
         _level(p, rec, peak / GB, "link peak", "%{y:.2f} GB/s", "link peak (per direction)")
@@ -326,29 +323,31 @@ def _util_panel(rec: RunRecord) -> Panel:
     gpu = has_gpu(rec)
     p = Panel("utilisation" if gpu else "host CPU", "time (s)", "utilisation (%)",
               yaxis={"range": [0, 105]})
-    x, y = xy(rec.samples, "t (s)", "gpu util (%)")
-    if gpu and np.isfinite(y).any():
-        p.add(_line(x, y, "GPU util", "#2ca02c"))
-    x, y = xy(rec.samples, "t (s)", "host cpu (%)")
-    if np.isfinite(y).any():
-        p.add(_line(x, y, "host CPU", "#8c564b"))
+    _sample_lines(p, rec, [("gpu util (%)", "GPU util", "#2ca02c")] * gpu
+                  + [("host cpu (%)", "host CPU", "#8c564b")])
     p.note = "" if p.traces else "no utilisation samples (sample_hz=0, or no sample yet)"
     return p
 
 
 def _host_memory_panel(rec: RunRecord) -> Panel:
     p = Panel("host memory", "time (s)", "host memory (GB)")
-    for key, name, colour in (("host ram used (bytes)", "host RAM used", "#17becf"),
-                              ("process rss (bytes)", "this process (RSS)", "#1f77b4")):
-        x, y = xy(rec.samples, "t (s)", key)
-        if np.isfinite(y).any():
-            p.add(_line(x, y / GB, name, colour))
+    _sample_lines(p, rec, [("host ram used (bytes)", "host RAM used", "#17becf"),
+                           ("process rss (bytes)", "this process (RSS)", "#1f77b4")], GB)
     pinned = planned_pinned_bytes(rec)
     if p.traces and pinned > 0:
         _level(p, rec, pinned / GB, "pinned (planner)", "%{y:.3f} GB",
                "pinned host memory (planner)")
     p.note = "" if p.traces else "no host samples (sample_hz=0, or no sample yet)"
     return p
+
+
+def _sample_lines(p: Panel, rec: RunRecord, series: list[tuple[str, str, str]],
+                  scale: float = 1.0) -> None:
+    """One line per (sample key, name, colour) that has data, over time, divided by ``scale``."""
+    for key, name, colour in series:
+        x, y = xy(rec.samples, "t (s)", key)
+        if np.isfinite(y).any():
+            p.add(_line(x, y / scale, name, colour))
 
 
 def _level(p: Panel, rec: RunRecord, value: float, name: str, hover: str, what: str) -> None:
