@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from workbench.config import ConfigError, RunConfig
+from workbench.config import RunConfig
 from workbench.recipes.sweep import Point, Sweep, SweepError, parse_sweeps
 
 
@@ -114,5 +114,3 @@ def _progress_line(sweep: Sweep, p: Point) -> None:
 def _set_keys(args: argparse.Namespace) -> list[str]:
     return [item.split("=", 1)[0].strip() for item in (args.set or []) if "=" in item]
 
-
-__all__ = ["sweep_command", "tune_command", "ConfigError"]

@@ -28,7 +28,7 @@ from workbench.telemetry.advice import Advice, next_knob
 from workbench.telemetry.record import RunRecord
 from workbench.telemetry.verdict import Verdict, verdict
 from workbench.ui.figures import SMOOTHING, dashboard_figure, dashboard_panels, fill
-from workbench.ui.series import seed_columns, shared_columns
+from workbench.ui.series import col, seed_columns, shared_columns
 from workbench.ui.fit import figure_widget
 
 log = logging.getLogger(__name__)
@@ -154,12 +154,9 @@ class Dashboard:
             self._columns, n = {}, 0
         new = samples[n:]
         if new:
-            keys = set(self._columns).union(*(row.keys() for row in new[:1]), *(
-                row.keys() for row in new[-1:]))
-            for key in keys:
+            for key in set(self._columns).union(new[0], new[-1]):  # a sample's keys are fixed
                 old = self._columns.get(key, np.full(n, np.nan))
-                fresh = np.array([row.get(key) for row in new], dtype=float)
-                self._columns[key] = np.concatenate([old, fresh])
+                self._columns[key] = np.concatenate([old, col(new, key)])
         self._columns_n = len(samples)
         return self._columns
 

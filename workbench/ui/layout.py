@@ -92,7 +92,8 @@ def compose(grid: list[list[Panel]], bars: bool = False, shared_x: bool = False,
              if len(row) == 1 else [{"secondary_y": bool(p.y2title)} for p in row]
              for row in grid]
     for row in grid:  # a right-hand axis title would sit on the next panel's left one
-        assert not any(p.y2title for p in row[:-1]), "secondary axes go in the last column"
+        if any(p.y2title for p in row[:-1]):
+            raise ValueError("secondary (right-hand) axes go in the last column of a row")
     slider = slider and any(p.smooth for row in grid for p in row)
     rows = len(grid)
     top = TOP + (TITLE if title else 0) + (SLIDER if slider else 0)
