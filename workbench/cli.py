@@ -1,4 +1,4 @@
-"""Command line: ``python -m workbench {run,validate,demo,compare,report} ...``.
+"""Command line: ``python -m workbench {run,validate,demo,compare,report,sweep,tune,...} ...``.
 
 Every subcommand checks its settings before any model is built; a bad setting exits with
 status 2 and one line per problem naming the field and what is allowed.
@@ -125,10 +125,29 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from workbench.telemetry.record import RunRecord
+    from workbench.telemetry.record import RecordError, RunRecord
 
-    print(format_summary([RunRecord.load(d, telemetry=False) for d in args.run_dirs]))
+    records, damaged = [], []
+    for d in args.run_dirs:
+        try:
+            records.append(RunRecord.load(d))
+        except RecordError as e:  # the table needs run.json only; the verdict needs events
+            records.append(RunRecord.load(d, telemetry=False))
+            damaged.append(f"note: {e}; its verdict has no stream events")
+    print(format_summary(records))
+    print(format_why(records, args.run_dirs))
+    for line in damaged:
+        print(line)
     return 0
+
+
+def format_why(records, run_dirs) -> str:
+    """Per run: what bounds its step, and the planner's best next knob."""
+    from workbench.telemetry.advice import next_knob
+    from workbench.telemetry.verdict import verdict
+
+    return "\n".join(f"{d}: {verdict(r).text}\n  next knob: {next_knob(r).text}"
+                     for r, d in zip(records, run_dirs))
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -139,6 +158,18 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     print(write_report(args.run_dirs, args.out).resolve())
     return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from workbench.cli_sweep import sweep_command
+
+    return sweep_command(_config(args), args)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from workbench.cli_sweep import tune_command
+
+    return tune_command(_config(args), args)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -284,6 +315,24 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", default="runs/demo", help="folder for the two run directories")
     sp.add_argument("--quiet", action="store_true")
     sp.set_defaults(fn=cmd_demo)
+    sp = sub.add_parser("sweep", help="run a grid of settings and compare them")
+    common(sp)
+    sp.add_argument("--sweep", action="append", required=True, metavar="KNOB=V1,V2,...",
+                    help="a knob and its values; repeat for a grid")
+    sp.add_argument("--out", required=True, help="folder: a run directory per point, "
+                    "sweep.json and report.html")
+    sp.add_argument("--quiet", action="store_true", help="no progress bars")
+    sp.set_defaults(fn=cmd_sweep)
+    sp = sub.add_parser("tune", help="measure the planner's best settings; write the fastest")
+    common(sp)
+    sp.add_argument("--gpu", help="plan for this GPU of the table (its memory is the budget)")
+    sp.add_argument("--budget-gb", type=float, help="GPU memory budget in GiB (default: the "
+                    "--gpu table's, else this GPU's free memory)")
+    sp.add_argument("--top", type=int, default=3, help="candidates to measure (default 3)")
+    sp.add_argument("--trial-steps", type=int, default=6, help="steps per trial (default 6)")
+    sp.add_argument("--out", required=True, help="folder: the trials, best.toml, report.html")
+    sp.add_argument("--quiet", action="store_true", help="no progress bars")
+    sp.set_defaults(fn=cmd_tune)
     sp = sub.add_parser("plan", help="predict memory and step time without running")
     common(sp)
     sp.add_argument("--gpu", help="plan for a GPU of the table (h200, h100, a100-40gb, "

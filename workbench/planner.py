@@ -512,10 +512,11 @@ def _problems(cfg: RunConfig, pl: Plan, replan) -> list[str]:
 
 
 def suggest(cfg: RunConfig, gpu_mem_budget_bytes: int, gpu: str | None = None,
-            calibration: dict | None = None) -> list[dict[str, Any]]:
+            calibration: dict | None = None, device: str = "cuda") -> list[dict[str, Any]]:
     """zo-offload settings (resident_blocks 0..N x codec / master) whose NVML-level GPU memory
-    fits ``gpu_mem_budget_bytes``, best predicted tokens/s first; other knobs as in ``cfg``."""
-    base = cfg.replace(method="zo-offload", device="cuda", gpu_mem_limit_gb=0.0)
+    fits ``gpu_mem_budget_bytes``, best predicted tokens/s first; other knobs as in ``cfg``.
+    ``device="cpu"`` ranks them for a CPU run (no GPU memory: every setting fits)."""
+    base = cfg.replace(method="zo-offload", device=device, gpu_mem_limit_gb=0.0)
     keys = ("tokens_per_s", "step_seconds", "peak_gpu_mem_bytes", "nvml_gpu_mem_bytes",
             "host_mem_bytes", "pcie_bytes_per_step", "fits_host")
     out = []

@@ -481,17 +481,22 @@ class TrainRecipe:
 
 def run(cfg: RunConfig, out_dir: str | Path | None = None, bus: EventBus | None = None,
         progress: bool = True, resume: bool = False, *, overwrite: bool = False,
-        force: bool = False) -> RunRecord:
+        force: bool = False, stop_event: threading.Event | None = None) -> RunRecord:
     """Set up, train, save and clean up one run; returns its record.
 
     Args:
         resume: continue ``out_dir``'s run from its newest usable checkpoint.
         overwrite: replace the run ``out_dir`` holds (else a directory holding one is refused).
         force: run even when the planner says it cannot fit.
+        stop_event: setting it ends the run after the current step (a sweep shares one across
+            its runs).
     Raises:
         ConfigError: bad settings, data, model folder, directory or fit; nothing was written.
     """
-    return TrainRecipe(cfg, out_dir, bus, progress, overwrite=overwrite, force=force).run(resume)
+    recipe = TrainRecipe(cfg, out_dir, bus, progress, overwrite=overwrite, force=force)
+    if stop_event is not None:
+        recipe.stop_event = stop_event
+    return recipe.run(resume)
 
 
 def _memory(device: torch.device) -> tuple[int, int, int]:
