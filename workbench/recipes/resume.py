@@ -79,8 +79,7 @@ def load_resume_checkpoint(engine, cfg: RunConfig, root: Path | None,
                 raise CheckpointError(f"resume: checkpoint {name} is for {key}="
                                       f"{snap.config.get(key)!r}, this run has "
                                       f"{getattr(cfg, key)!r}")
-        engine.load_state_flats(snap.flats)
-        engine.set_pending(snap.pending)
+        engine.restore(snap)  # weights and the pending update it carries
         return snap
     if errors:
         raise CheckpointError(f"resume: no usable checkpoint in {root} ({errors[-1]}); start "

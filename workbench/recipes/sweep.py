@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping, Sequence
 from workbench.config import ConfigError, RunConfig, check_environment, parse_value
 from workbench.engine.events import EventBus, StepEvent
 from workbench.planner import check_fits
-from workbench.telemetry.record import RunRecord, _write_json
+from workbench.telemetry.record import RunRecord, write_json
 from workbench.telemetry.verdict import verdict
 
 MANIFEST = "sweep.json"
@@ -280,7 +280,7 @@ class Sweep:
         with self._lock:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             path = self.out_dir / MANIFEST
-            _write_json(path, {"kind": self.kind, "status": self.status,
+            write_json(path, {"kind": self.kind, "status": self.status,
                                "base": self.base.to_dict(), "axes": self.axes,
                                "extra": self.extra,
                                "points": [p.to_json(self.out_dir) for p in self.points]})
