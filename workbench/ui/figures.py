@@ -310,14 +310,13 @@ def _memory_panel(rec: RunRecord) -> Panel:
 
 
 def _pcie_panel(rec: RunRecord) -> Panel:
-    p = Panel("PCIe throughput", "time (s)", "PCIe throughput (GB/s)")
-    _sample_lines(p, rec, [("pcie rx (bytes/s)", "RX host→GPU", "#1f77b4"),
-                           ("pcie tx (bytes/s)", "TX GPU→host", "#ff7f0e")], GB)
-    peak = num(rec.environment.get("pcie peak (bytes/s)"))
-    if p.traces and math.isfinite(peak):
-        _level(p, rec, peak / GB, "link peak", "%{y:.2f} GB/s", "link peak (per direction)")
-    p.note = "" if p.traces else "no PCIe samples (NVML unavailable)"
-    return p
+    return _gb_samples_panel(
+        rec, "PCIe throughput", "PCIe throughput (GB/s)",
+        [("pcie rx (bytes/s)", "RX host→GPU", "#1f77b4"),
+         ("pcie tx (bytes/s)", "TX GPU→host", "#ff7f0e")],
+        num(rec.environment.get("pcie peak (bytes/s)")),
+        ("link peak", "%{y:.2f} GB/s", "link peak (per direction)"),
+        "no PCIe samples (NVML unavailable)")
 
 
 def _util_panel(rec: RunRecord) -> Panel:
@@ -331,14 +330,26 @@ def _util_panel(rec: RunRecord) -> Panel:
 
 
 def _host_memory_panel(rec: RunRecord) -> Panel:
-    p = Panel("host memory", "time (s)", "host memory (GB)")
-    _sample_lines(p, rec, [("host ram used (bytes)", "host RAM used", "#17becf"),
-                           ("process rss (bytes)", "this process (RSS)", "#1f77b4")], GB)
     pinned = planned_pinned_bytes(rec)
-    if p.traces and pinned > 0:
-        _level(p, rec, pinned / GB, "pinned (planner)", "%{y:.3f} GB",
-               "pinned host memory (planner)")
-    p.note = "" if p.traces else "no host samples (sample_hz=0, or no sample yet)"
+    return _gb_samples_panel(
+        rec, "host memory", "host memory (GB)",
+        [("host ram used (bytes)", "host RAM used", "#17becf"),
+         ("process rss (bytes)", "this process (RSS)", "#1f77b4")],
+        pinned if pinned > 0 else math.nan,
+        ("pinned (planner)", "%{y:.3f} GB", "pinned host memory (planner)"),
+        "no host samples (sample_hz=0, or no sample yet)")
+
+
+def _gb_samples_panel(rec: RunRecord, title: str, ylabel: str,
+                      series: list[tuple[str, str, str]], level_bytes: float,
+                      level: tuple[str, str, str], empty: str) -> Panel:
+    """Sampled byte quantities in GB over time, with a dashed level (name, hover, what) at
+    ``level_bytes`` where it is finite; ``empty`` is the note when no series has data."""
+    p = Panel(title, "time (s)", ylabel)
+    _sample_lines(p, rec, series, GB)
+    if p.traces and math.isfinite(level_bytes):
+        _level(p, rec, level_bytes / GB, *level)
+    p.note = "" if p.traces else empty
     return p
 
 
