@@ -183,8 +183,10 @@ def test_propose_ranks_what_fits_and_drops_moot_codecs():
 
 
 def test_config_toml_round_trips_every_field(tmp_path):
-    cfg = RunConfig(model="tiny-opt", lr=2.5e-7, eps=1e-3, steps=12, overlap=False,
-                    data_dir='we"ird\\path', gpu_mem_limit_gb=24.0, update_stride="-3")
-    path = tmp_path / "c.toml"
-    path.write_text(config_toml(cfg, ["a comment"]))
-    assert load_config(path) == cfg
+    # a knob that applies to one method only is set with that method (others refuse it)
+    for cfg in (RunConfig(model="tiny-opt", method="zo-offload", lr=2.5e-7, eps=1e-3, steps=12,
+                          overlap=False, data_dir='we"ird\\path', gpu_mem_limit_gb=24.0),
+                RunConfig(model="tiny-opt", method="fo-offload", update_stride="-3")):
+        path = tmp_path / "c.toml"
+        path.write_text(config_toml(cfg, ["a comment"]))
+        assert load_config(path) == cfg
