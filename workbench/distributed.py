@@ -10,6 +10,7 @@ stay identical on every rank without ever being broadcast; a cheap digest is com
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -74,13 +75,21 @@ def from_env(cfg: RunConfig) -> DistContext | None:
                        int(os.environ.get("LOCAL_RANK", "0")))
 
 
-def quick_digest(flats: list[torch.Tensor], stride: int = 1021) -> str:
+def quick_digest(flats: Iterable[torch.Tensor], stride: int = 1021) -> str:
     """SHA-256 of every ``stride``-th element of each group: cheap enough to run during
-    training, and any divergence between ranks (a different g moves every element) shows."""
-    return digest([flat[::stride] for flat in flats])
+    training, and any divergence between ranks (a different g moves every element) shows.
+    One group at a time: the strided copy is made before the decoded group is dropped."""
+    return digest(_strided(flats, stride))
 
 
-def check_in_sync(ctx: DistContext, flats: list[torch.Tensor], step: int) -> None:
+def _strided(flats: Iterable[torch.Tensor], stride: int) -> Iterator[torch.Tensor]:
+    for flat in flats:
+        part = flat[::stride].clone()
+        del flat  # drop the decoded group before the next is made
+        yield part
+
+
+def check_in_sync(ctx: DistContext, flats: Iterable[torch.Tensor], step: int) -> None:
     """Stop with a clear error if the ranks' parameters ever differ."""
     digests = ctx.gather(quick_digest(flats))
     if len(set(digests)) > 1:

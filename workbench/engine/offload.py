@@ -14,6 +14,8 @@ bit.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from workbench.config import RunConfig
@@ -94,7 +96,7 @@ class StreamedEngine:
             return self.objective.logits(adapter, state[0], ctx, batch)
 
     # --- state ------------------------------------------------------------------------------
-    def state_flats(self) -> list[torch.Tensor]:
+    def state_flats(self) -> Sequence[torch.Tensor]:
         return self.streamer.state_flats()
 
     def load_state_flats(self, flats: list[torch.Tensor]) -> None:

@@ -14,13 +14,13 @@ of the embedding (``scratch``), alive from the embedding's "+" pass to the head'
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
 from workbench.config import RunConfig
-from workbench.engine.groups import GroupLayout, build_layouts, move_buffers, release, \
-    tied_with_embed
+from workbench.engine.groups import GroupLayout, LazyFlats, build_layouts, move_buffers, \
+    release, tied_with_embed
 from workbench.engine.perturb import PendingUpdate, ZOOps
 from workbench.engine.streams import Streams
 from workbench.engine.timing import OpTimer
@@ -188,21 +188,25 @@ class BlockStreamer:
         group = self.blocks[i]
         return group.flat if i in self.resident else self.transfer.to_fp32(group.flat)
 
-    def state_flats(self) -> list[torch.Tensor]:
-        """Every group's fp32 weights in canonical order (streamed blocks from the host)."""
+    def state_flats(self) -> LazyFlats:
+        """Every group's fp32 weights in canonical order; a streamed block is decoded from the
+        host when it is reached, so iterating holds one decoded block at a time."""
         self.sync()
-        return [self.embed.flat, *(self._weights(i) for i in range(len(self.blocks))),
-                self.head.flat]
+        n = len(self.blocks)
+        return LazyFlats(n + 2, lambda k: self.embed.flat if k == 0 else self.head.flat
+                         if k == n + 1 else self._weights(k - 1))
 
-    def load_state_flats(self, flats: list[torch.Tensor]) -> None:
+    def load_state_flats(self, flats: Sequence[torch.Tensor]) -> None:
+        """Set every group from ``flats`` (fp32, canonical order), read one group at a time
+        (a checkpoint's ``LazyFlats`` loads each from disk only here)."""
         self.sync()
         self.embed.flat.copy_(flats[0])
-        self.head.flat.copy_(flats[-1])
-        for i, flat in enumerate(flats[1:-1]):
+        self.head.flat.copy_(flats[len(flats) - 1])
+        for i in range(len(self.blocks)):
             if i in self.resident:
-                self.blocks[i].flat.copy_(flat)
+                self.blocks[i].flat.copy_(flats[i + 1])
             else:
-                self.transfer.store_fp32(self.blocks[i].flat, flat)
+                self.transfer.store_fp32(self.blocks[i].flat, flats[i + 1])
 
     def group_layouts(self) -> list[GroupLayout]:
         return [g.layout for g in self.groups()]

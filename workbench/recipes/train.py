@@ -23,7 +23,7 @@ from workbench.engine import build_engine
 from workbench.engine.checkpoint import (AsyncCheckpointer, CheckpointError, StepLog,
                                          latest_checkpoint, read_checkpoint)
 from workbench.engine.events import EvalEvent, EventBus, InfoEvent, StepEvent
-from workbench.engine.groups import digest, norm
+from workbench.engine.groups import fingerprint
 from workbench.engine.timing import Deferred
 from workbench.engine.warmup import warm_kernels
 from workbench.engine.zo_common import step_seed
@@ -283,10 +283,10 @@ class TrainRecipe:
             self.sampler.stop()  # the samples saved are all the samples there will be
         self.engine.flush()
         self.collector.flush()
-        if digest_params:
-            flats = [f.detach().cpu() for f in self.engine.state_flats()]
+        if digest_params:  # one group decoded at a time: the host never holds a 2nd model
+            found = fingerprint(self.engine.state_flats())
             with rec.lock:
-                rec.param_digest, rec.param_norm = digest(flats), norm(flats)
+                rec.param_digest, rec.param_norm = found
         with rec.lock:
             rec.summary = _summary(rec, self.engine, self.device)
         if self.dist is not None:  # every rank's own view, merged into rank 0's record
