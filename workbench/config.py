@@ -135,6 +135,8 @@ class RunConfig:
     adam_beta2: float = _knob(0.999, "AdamW beta2", lo=0.0, hi=0.99999999, group="fo")
     adam_eps: float = _knob(1e-8, "AdamW epsilon", lo=0.0, hi=1.0, group="fo")
     # scale-out
+    host_share: bool = _knob(True, "ranks on one host share the streamed blocks' host copy "
+                             "(torchrun; zo-offload, forward-grad)", group="distributed")
     digest_check_every: int = _knob(50, "compare parameter digests across ranks every N steps "
                                     "(0 = never)", lo=0, hi=10_000_000, group="distributed")
     # planner

@@ -1,15 +1,18 @@
 """Data-parallel ZO over torch.distributed (NCCL on GPUs, gloo on CPUs).
 
 Started by torchrun (``torchrun --nproc_per_node N -m workbench run ...``; across nodes add
-``--nnodes``, ``--node_rank`` and ``--rdzv_endpoint``). Every rank holds and streams its own copy
-of the model, takes its slice of the global batch, and uses the same step seed; the only thing on
-the wire each step is two scalars (the shard losses, averaged with one all-reduce). Parameters
-stay identical on every rank without ever being broadcast; a cheap digest is compared every
-``digest_check_every`` steps to prove it.
+``--nnodes``, ``--node_rank`` and ``--rdzv_endpoint``). Every rank streams the model, takes its
+slice of the global batch, and uses the same step seed; the only thing on the wire each step is
+two scalars (the shard losses, averaged with one all-reduce). Parameters stay identical on every
+rank without ever being broadcast; a cheap digest is compared every ``digest_check_every`` steps
+to prove it. With ``host_share`` (the default) the ranks of one host keep one host copy of the
+streamed blocks between them (``engine/shared_host.py``): host memory per node is one model
+whatever the number of GPUs.
 """
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -18,6 +21,7 @@ import torch.distributed as dist
 
 from workbench.config import ZO_METHODS, ConfigError, RunConfig
 from workbench.engine.groups import digest
+from workbench.engine.shared_host import NodeShare
 
 
 @dataclass
@@ -51,6 +55,21 @@ class DistContext:
         dist.all_reduce(out, op=dist.ReduceOp.SUM)
         return out / self.world
 
+    def node_share(self, cfg: RunConfig) -> NodeShare | None:
+        """The streamed blocks' one host copy for this host's ranks (``host_share``), or None
+        (the knob is off, or the method streams nothing). Every rank calls this, in order."""
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
+        if not cfg.host_share or not cfg.streaming or local_world == 1:
+            return None
+        if local_world == self.world:
+            group = None  # one host: the default group
+        else:  # torchrun numbers the ranks of a host consecutively
+            group, _ = dist.new_subgroups(group_size=local_world)
+        token = [uuid.uuid4().hex[:12] if self.rank == 0 else None]
+        dist.broadcast_object_list(token, src=0)
+        return NodeShare(token[0], self.local_rank, local_world,
+                         lambda: dist.barrier(group=group))
+
     def gather(self, obj):
         """Every rank's ``obj`` (outside steps: digests, per-rank timings)."""
         out = [None] * self.world
@@ -66,6 +85,10 @@ def from_env(cfg: RunConfig) -> DistContext | None:
     if cfg.method not in ZO_METHODS:
         raise ConfigError([f"method: {cfg.method} has no data-parallel mode; use mezo, "
                            "zo-offload or forward-grad under torchrun"])
+    if cfg.host_share and cfg.method != "mezo" and cfg.codec != "fp32" and cfg.master == "fp32":
+        raise ConfigError([f"host_share: master=fp32 with codec={cfg.codec} keeps a host master "
+                           "per rank (a host thread updates it); use master=compressed-sr, or "
+                           "host_share=false"])
     if cfg.batch_size % world:
         raise ConfigError([f"batch_size: {cfg.batch_size} does not divide evenly among {world} "
                            f"ranks; use a multiple of {world}"])

@@ -25,6 +25,7 @@ from workbench.engine.events import EMBED, HEAD, EventBus
 from workbench.engine.groups import GroupLayout
 from workbench.engine.objective import objective_for
 from workbench.engine.perturb import PendingUpdate, ZOOps
+from workbench.engine.shared_host import NodeShare
 from workbench.engine.protocol import StepOutput
 from workbench.engine.streaming import BlockStreamer
 from workbench.engine.timing import OpTimer
@@ -38,15 +39,18 @@ class StreamedEngine:
     """Everything but ``step`` for an engine over a ``BlockStreamer`` whose update stays
     pending until the next step's uploads (``pending``). Args: as ``MeZOEngine``; the scheduler
     knobs come from ``cfg`` (overlap, reuse_buffers, fused_update, resident_blocks,
-    prefetch_depth)."""
+    prefetch_depth); ``share``: the node's one host copy under data parallel
+    (``shared_host.py``)."""
 
-    def __init__(self, model, source, cfg: RunConfig, device: torch.device, bus: EventBus):
+    def __init__(self, model, source, cfg: RunConfig, device: torch.device, bus: EventBus,
+                 share: NodeShare | None = None):
         self.cfg, self.device = cfg, device
         self.adapter = BlockAdapter(model)
         self.ops = ZOOps(cfg.rng, device)
         self.timer = OpTimer(device, bus, cfg.telemetry)
         self.objective = objective_for(cfg)
-        self.streamer = BlockStreamer(self.adapter, source, cfg, device, self.timer, self.ops)
+        self.streamer = BlockStreamer(self.adapter, source, cfg, device, self.timer, self.ops,
+                                      share)
         self.pending: PendingUpdate | None = None
         # Data parallel: averages the shard losses over ranks (the only traffic of a step).
         self.reduce = None

@@ -78,7 +78,8 @@ class TrainRecipe:
         if self.dist is not None and not self.dist.main:
             self.dev_data = None  # rank 0 evaluates
         t = time.perf_counter()
-        self.engine = build_engine(model, source, cfg, self.device, self.bus)
+        share = self.dist.node_share(cfg) if self.dist is not None else None
+        self.engine = build_engine(model, source, cfg, self.device, self.bus, share)
         if self.dist is not None:
             self.engine.reduce = self.dist.mean
         if self.device.type == "cuda":
@@ -204,7 +205,8 @@ class TrainRecipe:
             self._publish(inflight, block=len(inflight) > 2, bar=bar)
             if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
                 self._publish(inflight, block=True, bar=bar)
-                self.evaluate()
+                # ranks without dev data apply the pending update where rank 0's eval does
+                self.evaluate() if self.dev_data is not None else engine.flush()
                 mark = self._marker()  # the next step's time starts after the eval
         self._publish(inflight, block=True, bar=bar, drain=True)
         if self.checkpointer is not None and cfg.checkpoint_every:
