@@ -119,6 +119,17 @@ class StreamedEngine:
     def gpu_param_bytes(self) -> int:
         return self.streamer.gpu_param_bytes()
 
+    def host_report(self) -> dict[str, int]:
+        """Host bytes of the streamed blocks this rank sees, and how many of them it allocated
+        itself (``private``), created for its node or mapped from it (data parallel)."""
+        total, share = self.streamer.host_param_bytes(), self.streamer.share
+        if share is None:
+            return {"streamed_bytes": total, "private_bytes": total, "created_bytes": 0,
+                    "mapped_bytes": 0}
+        return {"streamed_bytes": total, "private_bytes": total - share.created_bytes
+                - share.mapped_bytes, "created_bytes": share.created_bytes,
+                "mapped_bytes": share.mapped_bytes}
+
     def close(self) -> None:
         """Drain transfers and timing events, free GPU and pinned host memory."""
         self.streamer.close()

@@ -54,14 +54,14 @@ class NodeShare:
         self._marker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="share-flags")
 
     # --- setup ------------------------------------------------------------------------------
-    def _map(self, name: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    def _map(self, name: str, numel: int, dtype: torch.dtype, block: bool = True) -> torch.Tensor:
         path = f"{self.prefix}-{name}"
         if not self.writer and not os.path.exists(path):
             raise RuntimeError(f"host_share: {path} is missing; local rank 0 did not create it "
                                "(are the ranks of this host one run?)")
         t = torch.from_file(path, shared=True, size=numel, dtype=dtype)
         self._files.append(path)
-        nbytes = numel * t.element_size()
+        nbytes = numel * t.element_size() * block  # block storage, not the counter table
         if self.writer:
             self.created_bytes += nbytes
         else:
@@ -71,11 +71,11 @@ class NodeShare:
     def start(self, n_blocks: int) -> None:
         """The counter table (writer first; the others map it after the barrier)."""
         if self.writer:
-            self._counts = self._map("counts", self.world * n_blocks, torch.int64)
+            self._counts = self._map("counts", self.world * n_blocks, torch.int64, False)
             self._counts.zero_()
         self.barrier()  # the table exists before anyone maps it
         if not self.writer:
-            self._counts = self._map("counts", self.world * n_blocks, torch.int64)
+            self._counts = self._map("counts", self.world * n_blocks, torch.int64, False)
         self._counts = self._counts.view(self.world, n_blocks)
 
     def storage(self, numel: int, dtype: torch.dtype) -> torch.Tensor:

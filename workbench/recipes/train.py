@@ -294,7 +294,8 @@ class TrainRecipe:
         if self.dist is not None:  # every rank's own view, merged into rank 0's record
             mine = {"rank": self.dist.rank, "device": str(self.device),
                     "param_digest": rec.param_digest, "summary": rec.summary,
-                    "step_seconds": [s["seconds"] for s in rec.steps]}
+                    "step_seconds": [s["seconds"] for s in rec.steps],
+                    "host": getattr(self.engine, "host_report", dict)()}
             ranks = self.dist.gather(mine)
             with rec.lock:
                 rec.info["ranks"] = ranks
