@@ -90,3 +90,17 @@ def test_without_the_handoff_a_reader_sees_one(tmp_path):
     """The same run with the waits off: the check above catches the torn or stale reads."""
     out = _run(2, handoff=False, tmp_path=tmp_path)
     assert out[1] > 0
+
+
+def test_a_full_tmpfs_is_refused_before_writing(tmp_path, monkeypatch):
+    """A block that would not fit the tmpfs is one clear error, not a SIGBUS mid-write."""
+    share = NodeShare("full", 0, 2, lambda: None, root=str(tmp_path))
+
+    class Full:
+        f_bavail, f_frsize = 10, 4096
+
+    monkeypatch.setattr(os, "statvfs", lambda path: Full)
+    with pytest.raises(RuntimeError, match=r"host_share: .* GiB free.*host_share=false"):
+        share.storage(1 << 20, torch.float32)
+    share.close()
+    assert not list(tmp_path.iterdir())

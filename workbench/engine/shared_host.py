@@ -59,6 +59,15 @@ class NodeShare:
         if not self.writer and not os.path.exists(path):
             raise RuntimeError(f"host_share: {path} is missing; local rank 0 did not create it "
                                "(are the ranks of this host one run?)")
+        if self.writer:  # a file past the tmpfs's size would fault (SIGBUS) when written
+            st = os.statvfs(os.path.dirname(path))
+            need, free = numel * torch.empty((), dtype=dtype).element_size(), \
+                st.f_bavail * st.f_frsize
+            if need > free:
+                raise RuntimeError(f"host_share: {os.path.dirname(path)} has "
+                                   f"{free / 2**30:.1f} GiB free, the next block needs "
+                                   f"{need / 2**30:.2f} GiB; enlarge it (a container's "
+                                   "--shm-size) or set host_share=false")
         t = torch.from_file(path, shared=True, size=numel, dtype=dtype)
         self._files.append(path)
         nbytes = numel * t.element_size() * block  # block storage, not the counter table
