@@ -7,7 +7,16 @@ type), read back from rank 0's run.json. Two ways to scale:
 A zo-offload step at opt-6.7b is bound by each GPU's own PCIe stream of the blocks, which a
 smaller shard does not shorten, so strong scaling is expected to gain little; weak scaling
 should approach N x, since only two scalars cross between the GPUs per step.
+
+Host memory per node (issue 21, part 3): with ``host_share`` on (the default) the ranks of a
+host map one copy of the streamed blocks; off, each rank holds its own. ``host_gb`` is the
+node's peak of the summed PSS of the torchrun tree (shared pages counted once), sampled every
+0.5 s; ``host_rss_gb`` the summed RSS (shared pages counted by each rank that touches them).
+Every row is a fresh torchrun; rank digests are compared at the end of each run.
+
 Usage: python benchmarks/data_parallel.py --model opt-6.7b --gpus 1,2
+       python benchmarks/data_parallel.py --models opt-6.7b,opt-13b --precisions fp32,bf16-sr \
+           --gpus 1,2 --modes weak --host-share on,off --steps 10 --name host_share
 """
 from __future__ import annotations
 
@@ -17,8 +26,11 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+
+import psutil
 
 from common import save, table
 
@@ -32,9 +44,15 @@ def torchrun(nproc: int, sets: list[str], out: Path, port: int) -> dict:
            f"--master_port={port}", "-m", "workbench", "run", *args, "--out", str(out), "--quiet"]
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", PYTHONPATH=str(ROOT))  # multicast off: KINDS.md
     t = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
-    if r.returncode != 0:
-        return {"error": r.stderr[-2000:]}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=ROOT)
+    peak = {"pss": 0, "rss": 0}
+    sampler = threading.Thread(target=_sample_host, args=(proc, peak), daemon=True)
+    sampler.start()
+    _, stderr = proc.communicate()
+    sampler.join()
+    if proc.returncode != 0:
+        return {"error": stderr[-2000:], "host_gb": peak["pss"] / 1e9}
     info = json.loads((out / "run.json").read_text())
     s = info["summary"]
     ranks = info["info"].get("ranks", [])
@@ -44,12 +62,35 @@ def torchrun(nproc: int, sets: list[str], out: Path, port: int) -> dict:
             "ranks": len(ranks) or 1,  # the digests were also compared during the run
             "rank_digests_equal": (len({x.get("param_digest") for x in ranks}) == 1
                                    if len(ranks) > 1 else None),
+            "param_digest": info.get("param_digest"),
+            "host_gb": peak["pss"] / 1e9, "host_rss_gb": peak["rss"] / 1e9,
+            "rank_host": [x.get("host") for x in ranks],
             "wall_seconds": time.perf_counter() - t}
+
+
+def _sample_host(proc: subprocess.Popen, peak: dict) -> None:
+    """Peak summed PSS and RSS of ``proc`` and its children (the ranks) until it exits."""
+    root = psutil.Process(proc.pid)
+    while proc.poll() is None:
+        pss = rss = 0
+        try:
+            for p in [root, *root.children(recursive=True)]:
+                mem = p.memory_full_info()
+                pss, rss = pss + mem.pss, rss + mem.rss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+        peak["pss"], peak["rss"] = max(peak["pss"], pss), max(peak["rss"], rss)
+        time.sleep(0.5)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="opt-6.7b")
+    p.add_argument("--models", default="", help="comma list; overrides --model")
+    p.add_argument("--precisions", default="", help=f"comma list of {', '.join(PRECISIONS)}; "
+                   "overrides --amp")
+    p.add_argument("--host-share", default="on", help="on, off or on,off")
+    p.add_argument("--name", default="data_parallel", help="results file name")
     p.add_argument("--gpus", default="1,2")
     p.add_argument("--per-gpu-batch", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=128)
@@ -61,26 +102,42 @@ def main() -> None:
     gpus = [int(g) for g in args.gpus.split(",")]
     rows, base_tps = [], {}
     work = Path(tempfile.mkdtemp(prefix="wb-dp-"))
-    for mode in args.modes.split(","):
-        for n in gpus:
-            batch = args.per_gpu_batch * (n if mode == "weak" else max(gpus))
-            sets = [f"model={args.model}", "method=zo-offload", "data=synthetic", f"device={args.device}",
-                    f"batch_size={batch}", f"seq_len={args.seq_len}", f"steps={args.steps}",
-                    f"amp={args.amp}", "lr=1e-7", "eval_samples=0", "digest_check_every=4"]
-            r = torchrun(n, sets, work / f"{mode}-{n}", 29500 + len(rows))
-            r.update(mode=mode, gpus=n, global_batch=batch, name=f"{mode} {n} GPU x{batch}")
-            if "error" not in r:
-                base_tps.setdefault(mode, r["tokens_per_s"])
-                r["speedup"] = r["tokens_per_s"] / base_tps[mode]
-            rows.append(r)
-            print(table([r], COLS), flush=True)
-            path = save("data_parallel", {"rows": rows, "args": vars(args)})  # after every row
+    models = args.models.split(",") if args.models else [args.model]
+    precisions = args.precisions.split(",") if args.precisions else [f"amp={args.amp}"]
+    for model in models:
+        for prec in precisions:
+            knobs = PRECISIONS.get(prec, [prec])
+            for mode in args.modes.split(","):
+                for share in args.host_share.split(","):
+                    for n in gpus:
+                        if n == 1 and share != args.host_share.split(",")[0]:
+                            continue  # one rank: nothing to share, one row is enough
+                        batch = args.per_gpu_batch * (n if mode == "weak" else max(gpus))
+                        sets = [f"model={model}", "method=zo-offload", "data=synthetic",
+                                f"device={args.device}", f"batch_size={batch}",
+                                f"seq_len={args.seq_len}", f"steps={args.steps}", *knobs,
+                                "lr=1e-7", "eval_samples=0", "digest_check_every=4",
+                                f"host_share={'true' if share == 'on' else 'false'}"]
+                        name = f"{model} {prec} {mode} {n} GPU x{batch} share={share}"
+                        r = torchrun(n, sets, work / f"{len(rows)}", 29500 + len(rows))
+                        r.update(model=model, precision=prec, mode=mode, gpus=n,
+                                 host_share=share, global_batch=batch, name=name)
+                        key = (model, prec, mode)
+                        if "error" not in r:
+                            base_tps.setdefault(key, r["tokens_per_s"])
+                            r["speedup"] = r["tokens_per_s"] / base_tps[key]
+                        rows.append(r)
+                        print(table([r], COLS), flush=True)
+                        path = save(args.name, {"rows": rows, "args": vars(args)})  # each row
     print("\n" + table(rows, COLS))
     print(f"saved {path}")
 
 
+PRECISIONS = {"fp32": ["amp=off"],
+              "bf16-sr": ["amp=bf16", "codec=bf16", "master=compressed-sr"]}
 COLS = [("run", "name", ""), ("tok/s", "tokens_per_s", "{:,.0f}"), ("x 1 GPU", "speedup", "{:.2f}"),
         ("step s", "step_seconds", "{:.3f}"), ("peak GB", "peak_gpu_mem_gb", "{:.1f}"),
+        ("host GB (PSS)", "host_gb", "{:.1f}"), ("host RSS GB", "host_rss_gb", "{:.1f}"),
         ("digests equal", "rank_digests_equal", ""), ("error", "error", "")]
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from workbench.config import ConfigError, RunConfig
 from workbench.flops import block_flops
-from workbench.planner import GiB, PlanError, check_fits, plan, suggest
+from workbench.planner import SAVE_KEY, GiB, PlanError, check_fits, plan, suggest
 from workbench.presets import PRESETS
 
 HOST = {"host_mem_available_bytes": 125 * GiB}  # the brief's H200 machine, for determinism
@@ -30,6 +30,11 @@ def pinned(nbytes: int) -> int:
     return nbytes if nbytes >= 64 * 2**20 else pow2(nbytes)
 
 
+def masters(pl) -> int:
+    """Host bytes less the save's one-group transient (the same for every codec)."""
+    return pl.host_mem_bytes - pl.host_breakdown[SAVE_KEY]
+
+
 def cfg_(**kw) -> RunConfig:
     base = dict(device="cuda", data="synthetic", batch_size=16, seq_len=128)
     base.update(kw)
@@ -45,7 +50,8 @@ def test_zo_offload_bytes_by_hand(model):
     assert pl.gpu_param_bytes == 4 * (ne + nh) + 3 * 4 * nb + 4 * ne
     # host: one fp32 master per block, pinned: at exact size from 64 MiB up, else rounded up to
     # a power of two by torch's pinned allocator; unrounded on the CPU
-    assert pl.host_mem_bytes == n * pinned(nb * 4) == pl.pinned_host_bytes
+    assert pl.host_mem_bytes - pl.host_breakdown[SAVE_KEY] == n * pinned(nb * 4) == \
+        pl.pinned_host_bytes
     cpu = plan(cfg_(model=model, method="zo-offload", device="cpu"), calibration=HOST)
     assert cpu.host_breakdown["block masters (fp32)"] == n * nb * 4
     assert pl.h2d_bytes_per_step == pl.d2h_bytes_per_step == n * nb * 4
@@ -64,7 +70,7 @@ def test_codecs_shrink_the_wire():
     sr = plan(cfg_(model="opt-1.3b", method="zo-offload", codec="bf16", master="compressed-sr"),
               gpu="h200")
     assert sr.pcie_bytes_per_step * 2 == fp32.pcie_bytes_per_step  # bf16 both ways
-    assert sr.host_mem_bytes * 2 == fp32.host_mem_bytes  # bf16 masters, half the bytes
+    assert masters(sr) * 2 == masters(fp32)  # bf16 masters, half the bytes
     # fp8 with an fp32 master (the mirror transfer of engine/transfers.py): the fp8 mirror goes
     # up (a quarter plus one fp32 scale per 256 elements), the bf16 update comes down (a half).
     fp8 = plan(cfg_(model="opt-1.3b", method="zo-offload", codec="fp8-e4m3"), gpu="h200")
@@ -79,7 +85,7 @@ def test_mezo_holds_the_whole_model_in_fp32():
     for model in ("tiny-opt", "opt-1.3b", "smollm2-135m", "tiny-llama"):
         pl = plan(cfg_(model=model), gpu="h200")
         assert pl.gpu_param_bytes == 4 * PRESETS[model].total_params()
-        assert pl.pcie_bytes_per_step == 0 and pl.host_mem_bytes == 0
+        assert pl.pcie_bytes_per_step == 0 and masters(pl) == 0
 
 
 def test_resident_blocks_move_from_host_to_gpu():
@@ -164,9 +170,13 @@ def test_check_fits_refuses_mezo_66b_on_24gb():
     msg = err.value.problems[0]
     assert msg.startswith("host memory:") and "compressed-sr" in msg
     sr = plan(fix.replace(codec="bf16", master="compressed-sr"), calibration=HOST, gpu="24gb")
-    assert sr.host_mem_bytes * 2 == plan(fix, calibration=HOST, gpu="24gb").host_mem_bytes
-    # ... bf16 masters pinned at their exact size (64 x 2.04 GB) fit the host,
-    assert sr.fits_host
+    assert masters(sr) * 2 == masters(plan(fix, calibration=HOST, gpu="24gb"))
+    # ... bf16 masters pinned at their exact size (64 x 2.04 GB = 121.5 GiB) plus the save's
+    # one block in fp32 (3.8 GiB) and the process do not fit 125 GiB either (issue 21: the
+    # 1-GPU machine's host is the limit); the 2-GPU machine's 256 GB host takes them,
+    assert not sr.fits_host
+    assert plan(fix.replace(codec="bf16", master="compressed-sr"), gpu="24gb",
+                calibration={"host_mem_available_bytes": 250 * GiB}).fits_host
     assert sr.fits_gpu  # and the fused SR kernel needs no scratch: it fits 24 GB
     no_triton = {**HOST, "device": "cuda", "fused_kernel": False, "gpu_mem_total_bytes": 24 * GiB}
     torch_sr = plan(fix.replace(codec="bf16", master="compressed-sr"), calibration=no_triton)
@@ -274,3 +284,21 @@ def test_calibrate_quick_on_cpu_caches(tmp_path, monkeypatch):
     assert calibration.load_calibration("cpu")["time"] == result["time"]
     pl = plan(cfg_(model="opt-125m", device="cpu"), calibration=result)
     assert not any("measure-free" in n for n in pl.notes)
+
+
+def test_host_memory_covers_the_save_one_group_at_a_time():
+    """opt-66b, bf16 SR masters: the save's digest holds the largest group in fp32 (a 0.8 G
+    block: 3.4 GB), not the model (264 GB, which OOM-killed opt-30b's save on a 128 GB host)."""
+    p = PRESETS["opt-66b"]
+    cfg = cfg_(model="opt-66b", method="zo-offload", amp="bf16", codec="bf16",
+               master="compressed-sr", gpu_mem_limit_gb=24)
+    pl = plan(cfg, calibration={"host_mem_available_bytes": 256 * GiB}, gpu="h200")
+    group = 4 * max(p.block_params(), p.embed_params(), p.head_params())
+    assert pl.host_breakdown[SAVE_KEY] == group + 8 * 2 ** 22
+    assert group == 4 * p.block_params() and pl.host_breakdown[SAVE_KEY] < 4 * GiB
+    assert pl.host_mem_bytes == sum(pl.host_breakdown.values())  # counted in the total
+    assert pl.fits_host  # the 2-GPU machine's host (256 GB) takes opt-66b
+    # the constant matches the engine's chunk (the planner itself never imports torch)
+    from workbench.engine.groups import NORM_CHUNK
+
+    assert 8 * NORM_CHUNK == 8 * 2 ** 22

@@ -40,7 +40,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 #: ignored without a word, so it is refused instead.
 METHOD_KNOBS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("overlap", "reuse_buffers", "fused_update", "resident_blocks",
-                     "prefetch_depth", "codec", "master"), STREAMING_METHODS),
+                     "prefetch_depth", "codec", "master", "host_share"), STREAMING_METHODS),
     "rng": ZO_METHODS,
     "eps": ("mezo", "zo-offload"),
     **dict.fromkeys(("subgroup_size", "update_stride", "gpu_resident_ratio"), ("fo-offload",)),
@@ -51,7 +51,7 @@ METHOD_KNOBS: dict[str, tuple[str, ...]] = {
 RESUMABLE = ("steps", "lr", "weight_decay", "eval_every", "eval_samples", "device", "data_dir",
              "overlap", "reuse_buffers", "fused_update", "resident_blocks", "prefetch_depth",
              "telemetry", "sample_hz", "keep_steps", "checkpoint_every", "keep_last",
-             "digest_check_every", "gpu_mem_limit_gb", "max_new_tokens")
+             "digest_check_every", "host_share", "gpu_mem_limit_gb", "max_new_tokens")
 
 
 def default_data_dir() -> str:
@@ -154,6 +154,8 @@ class RunConfig:
     adam_beta2: float = _knob(0.999, "AdamW beta2", lo=0.0, hi=0.99999999, group="fo")
     adam_eps: float = _knob(1e-8, "AdamW epsilon", lo=0.0, hi=1.0, group="fo")
     # scale-out
+    host_share: bool = _knob(True, "ranks on one host share the streamed blocks' host copy "
+                             "(torchrun; zo-offload, forward-grad)", group="distributed")
     digest_check_every: int = _knob(50, "compare parameter digests across ranks every N steps "
                                     "(0 = never)", lo=0, hi=10_000_000, group="distributed")
     # planner

@@ -1,15 +1,19 @@
 """Data-parallel ZO over torch.distributed (NCCL on GPUs, gloo on CPUs).
 
 Started by torchrun (``torchrun --nproc_per_node N -m workbench run ...``; across nodes add
-``--nnodes``, ``--node_rank`` and ``--rdzv_endpoint``). Every rank holds and streams its own copy
-of the model, takes its slice of the global batch, and uses the same step seed; the only thing on
-the wire each step is two scalars (the shard losses, averaged with one all-reduce). Parameters
-stay identical on every rank without ever being broadcast; a cheap digest is compared every
-``digest_check_every`` steps to prove it.
+``--nnodes``, ``--node_rank`` and ``--rdzv_endpoint``). Every rank streams the model, takes its
+slice of the global batch, and uses the same step seed; the only thing on the wire each step is
+two scalars (the shard losses, averaged with one all-reduce). Parameters stay identical on every
+rank without ever being broadcast; a cheap digest is compared every ``digest_check_every`` steps
+to prove it. With ``host_share`` (the default) the ranks of one host keep one host copy of the
+streamed blocks between them (``engine/shared_host.py``): host memory per node is one model
+whatever the number of GPUs.
 """
 from __future__ import annotations
 
 import os
+import uuid
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +21,7 @@ import torch.distributed as dist
 
 from workbench.config import ZO_METHODS, ConfigError, RunConfig
 from workbench.engine.groups import digest
+from workbench.engine.shared_host import NodeShare
 
 
 @dataclass
@@ -49,6 +54,21 @@ class DistContext:
         out = scalars.clone()
         dist.all_reduce(out, op=dist.ReduceOp.SUM)
         return out / self.world
+
+    def node_share(self, cfg: RunConfig) -> NodeShare | None:
+        """The streamed blocks' one host copy for this host's ranks (``host_share``), or None
+        (the knob is off, or the method streams nothing). Every rank calls this, in order."""
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", self.world))
+        if not cfg.host_share or not cfg.streaming or local_world == 1:
+            return None
+        if local_world == self.world:
+            group = None  # one host: the default group
+        else:  # torchrun numbers the ranks of a host consecutively
+            group, _ = dist.new_subgroups(group_size=local_world)
+        token = [uuid.uuid4().hex[:12] if self.rank == 0 else None]
+        dist.broadcast_object_list(token, src=0)
+        return NodeShare(token[0], self.local_rank, local_world,
+                         lambda: dist.barrier(group=group))
 
     def sum(self, values: list[float], device: torch.device) -> list[float]:
         """Each value summed over ranks (outside steps: eval counts)."""
@@ -90,6 +110,10 @@ def from_env(cfg: RunConfig) -> DistContext | None:
     if cfg.method not in ZO_METHODS:
         raise ConfigError([f"method: {cfg.method} has no data-parallel mode; use mezo, "
                            "zo-offload or forward-grad under torchrun"])
+    if cfg.host_share and cfg.method != "mezo" and cfg.codec != "fp32" and cfg.master == "fp32":
+        raise ConfigError([f"host_share: master=fp32 with codec={cfg.codec} keeps a host master "
+                           "per rank (a host thread updates it); use master=compressed-sr, or "
+                           "host_share=false"])
     if cfg.batch_size % world:
         raise ConfigError([f"batch_size: {cfg.batch_size} does not divide evenly among {world} "
                            f"ranks; use a multiple of {world}"])
@@ -99,13 +123,21 @@ def from_env(cfg: RunConfig) -> DistContext | None:
                        int(os.environ.get("LOCAL_RANK", "0")))
 
 
-def quick_digest(flats: list[torch.Tensor], stride: int = 1021) -> str:
+def quick_digest(flats: Iterable[torch.Tensor], stride: int = 1021) -> str:
     """SHA-256 of every ``stride``-th element of each group: cheap enough to run during
-    training, and any divergence between ranks (a different g moves every element) shows."""
-    return digest([flat[::stride] for flat in flats])
+    training, and any divergence between ranks (a different g moves every element) shows.
+    One group at a time: the strided copy is made before the decoded group is dropped."""
+    return digest(_strided(flats, stride))
 
 
-def check_in_sync(ctx: DistContext, flats: list[torch.Tensor], step: int) -> None:
+def _strided(flats: Iterable[torch.Tensor], stride: int) -> Iterator[torch.Tensor]:
+    for flat in flats:
+        part = flat[::stride].clone()
+        del flat  # drop the decoded group before the next is made
+        yield part
+
+
+def check_in_sync(ctx: DistContext, flats: Iterable[torch.Tensor], step: int) -> None:
     """Stop with a clear error if the ranks' parameters ever differ."""
     digests = ctx.gather(quick_digest(flats))
     if len(set(digests)) > 1:

@@ -14,9 +14,11 @@ from workbench.engine.protocol import Engine, StepOutput
 __all__ = ["Engine", "StepOutput", "build_engine"]
 
 
-def build_engine(model, source, cfg: RunConfig, device: torch.device, bus: EventBus) -> Engine:
+def build_engine(model, source, cfg: RunConfig, device: torch.device, bus: EventBus,
+                 share=None) -> Engine:
     """The engine for ``cfg.method`` over a model skeleton and its weight source (each
-    implements ``Engine``, the contract in ``protocol.py``)."""
+    implements ``Engine``, the contract in ``protocol.py``). ``share``: a
+    ``shared_host.NodeShare`` (data parallel, streamed methods: one host copy per node)."""
     if cfg.method == "mezo":
         from workbench.engine.mezo import MeZOEngine
 
@@ -24,7 +26,7 @@ def build_engine(model, source, cfg: RunConfig, device: torch.device, bus: Event
     if cfg.method == "zo-offload":
         from workbench.engine.offload import ZOOffloadEngine
 
-        return ZOOffloadEngine(model, source, cfg, device, bus)
+        return ZOOffloadEngine(model, source, cfg, device, bus, share)
     if cfg.method == "fo":
         from workbench.engine.fo import FOEngine
 
@@ -36,5 +38,5 @@ def build_engine(model, source, cfg: RunConfig, device: torch.device, bus: Event
     if cfg.method == "forward-grad":
         from workbench.engine.forward_grad import ForwardGradEngine
 
-        return ForwardGradEngine(model, source, cfg, device, bus)
+        return ForwardGradEngine(model, source, cfg, device, bus, share)
     raise ValueError(f"method: {cfg.method!r} has no engine")

@@ -26,11 +26,13 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from workbench.config import ZO_METHODS
+from workbench.engine.groups import LazyFlats
 
 FORMAT = 1
 
@@ -40,7 +42,8 @@ class Snapshot:
     """Host copies of every group's master weights at a step boundary, plus what resumes it."""
 
     step: int  # the next step to run
-    flats: list[torch.Tensor]  # canonical order, CPU; fp32, or bf16 / fp16 for an SR master
+    flats: Sequence[torch.Tensor]  # canonical order, CPU; fp32, or bf16 / fp16 for an SR
+    # master; read back: a LazyFlats that loads each group (as fp32) when it is reached
     names: list[str]
     pending: dict[str, Any] | None  # {"seed", "g", "lr", "wd"} or None
     config: dict[str, Any]
@@ -155,7 +158,7 @@ def read_checkpoint(path: Path, names: list[str], numels: list[int]) -> Snapshot
     Raises:
         CheckpointError: corrupted shards, or groups that do not match this model.
     """
-    from safetensors.torch import load_file
+    from safetensors import safe_open
 
     try:
         manifest = json.loads((path / "manifest.json").read_text())
@@ -167,16 +170,26 @@ def read_checkpoint(path: Path, names: list[str], numels: list[int]) -> Snapshot
             f"checkpoint {path} belongs to another model or shapes (model "
             f"{manifest.get('config', {}).get('model')!r}, {len(manifest.get('groups', []))} "
             f"groups); this run has {len(names)} groups of {names[1:2] and 'these shapes'}")
-    tensors: dict[str, torch.Tensor] = {}
+    where: dict[str, Path] = {}
     for shard, digest in manifest["shards"].items():
         file = path / shard
         if not file.is_file() or _sha256(file) != digest:
             raise CheckpointError(f"checkpoint {path}: shard {shard} is missing or corrupted "
                                   "(SHA-256 mismatch); use an earlier checkpoint")
-        tensors.update(load_file(str(file)))
-    # Streamed blocks are stored in master precision (bf16 / fp16 under master=compressed-sr);
-    # they are read back as fp32, which holds those values exactly.
-    return Snapshot(manifest["step"], [tensors[n].float() for n in names], names,
+        with safe_open(str(file), framework="pt") as fh:
+            where.update((name, file) for name in fh.keys())
+    missing = [n for n in names if n not in where]
+    if missing:
+        raise CheckpointError(f"checkpoint {path}: groups {missing[:3]} are in no shard")
+
+    def load(i: int) -> torch.Tensor:
+        # Streamed blocks are stored in master precision (bf16 / fp16 under
+        # master=compressed-sr); read back as fp32, which holds those values exactly. One group
+        # per call: a resume holds one group beside the model, not a second model.
+        with safe_open(str(where[names[i]]), framework="pt") as fh:
+            return fh.get_tensor(names[i]).float()
+
+    return Snapshot(manifest["step"], LazyFlats(len(names), load), names,
                     manifest.get("pending"), manifest.get("config", {}), manifest.get("n_decay"))
 
 

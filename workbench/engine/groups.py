@@ -10,6 +10,7 @@ only this model instance.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -131,15 +132,65 @@ def move_buffers(modules: list[nn.Module], device: torch.device) -> None:
                                           else buf.to(device))
 
 
-def digest(flats: list[torch.Tensor]) -> str:
+NORM_CHUNK = 1 << 22  # elements squared in fp64 at once by ``norm`` (32 MiB of temporaries)
+
+
+class LazyFlats(Sequence[torch.Tensor]):
+    """``n`` groups made one at a time by ``get(i)`` (a streamed block decoded to fp32, a
+    checkpoint group read from disk): iterating holds one group at once, never the model."""
+
+    def __init__(self, n: int, get: Callable[[int], torch.Tensor]):
+        self._n, self._get = n, get
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        for i in range(self._n):
+            yield self._get(i)  # bound to no local here: the caller's drop frees it
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            picked = range(self._n)[i]
+            return LazyFlats(len(picked), lambda k: self._get(picked[k]))
+        if not -self._n <= i < self._n:
+            raise IndexError(f"group {i} of {self._n}")
+        return self._get(i % self._n)
+
+
+def _host_fp32(flat: torch.Tensor) -> torch.Tensor:
+    """The group as a contiguous fp32 CPU tensor: no copy when it already is one."""
+    return flat.detach().to("cpu", torch.float32).contiguous()
+
+
+def digest(flats: Iterable[torch.Tensor]) -> str:
     """SHA-256 of the groups' fp32 bytes in canonical order (the run's ``param_digest``)."""
-    h = hashlib.sha256()
+    return fingerprint(flats, with_norm=False)[0]
+
+
+def norm(flats: Iterable[torch.Tensor]) -> float:
+    """L2 norm of all trainable parameters (the run's ``param_norm``), fp64 sums of
+    ``NORM_CHUNK`` elements at a time."""
+    return fingerprint(flats, hash_bytes=False)[1]
+
+
+def fingerprint(flats: Iterable[torch.Tensor], hash_bytes: bool = True,
+                with_norm: bool = True) -> tuple[str, float]:
+    """(digest, norm) in one pass over ``flats``: each group is decoded, hashed straight from
+    its memory (no bytes copy), squared in chunks and dropped before the next, so the host
+    holds one group's fp32 at a time."""
+    h, total = hashlib.sha256(), 0.0
     for flat in flats:
-        h.update(flat.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
-    return h.hexdigest()
+        host = _host_fp32(flat).reshape(-1)
+        if hash_bytes:
+            h.update(host.numpy())
+        if with_norm:
+            total += _sum_squares(host)
+        del flat, host  # the decoded group goes before the next is made, not after
+    return h.hexdigest(), total ** 0.5
 
 
-def norm(flats: list[torch.Tensor]) -> float:
-    """L2 norm of all trainable parameters (the run's ``param_norm``)."""
-    total = sum(float(flat.detach().double().pow(2).sum()) for flat in flats)
-    return total ** 0.5
+def _sum_squares(flat: torch.Tensor) -> float:
+    """Sum of squares in fp64, ``NORM_CHUNK`` elements at a time (a function, so no chunk view
+    outlives the call and keeps the group alive)."""
+    return sum(float(chunk.double().square_().sum()) for chunk in flat.split(NORM_CHUNK))

@@ -14,6 +14,8 @@ bit.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from workbench.config import RunConfig
@@ -23,6 +25,7 @@ from workbench.engine.events import EMBED, HEAD, EventBus
 from workbench.engine.groups import GroupLayout
 from workbench.engine.objective import objective_for
 from workbench.engine.perturb import PendingUpdate, ZOOps
+from workbench.engine.shared_host import NodeShare
 from workbench.engine.protocol import StepOutput
 from workbench.engine.streaming import BlockStreamer
 from workbench.engine.timing import OpTimer
@@ -36,15 +39,18 @@ class StreamedEngine:
     """Everything but ``step`` for an engine over a ``BlockStreamer`` whose update stays
     pending until the next step's uploads (``pending``). Args: as ``MeZOEngine``; the scheduler
     knobs come from ``cfg`` (overlap, reuse_buffers, fused_update, resident_blocks,
-    prefetch_depth)."""
+    prefetch_depth); ``share``: the node's one host copy under data parallel
+    (``shared_host.py``)."""
 
-    def __init__(self, model, source, cfg: RunConfig, device: torch.device, bus: EventBus):
+    def __init__(self, model, source, cfg: RunConfig, device: torch.device, bus: EventBus,
+                 share: NodeShare | None = None):
         self.cfg, self.device = cfg, device
         self.adapter = BlockAdapter(model)
         self.ops = ZOOps(cfg.rng, device)
         self.timer = OpTimer(device, bus, cfg.telemetry)
         self.objective = objective_for(cfg)
-        self.streamer = BlockStreamer(self.adapter, source, cfg, device, self.timer, self.ops)
+        self.streamer = BlockStreamer(self.adapter, source, cfg, device, self.timer, self.ops,
+                                      share)
         self.pending: PendingUpdate | None = None
         # Data parallel: averages the shard losses over ranks (the only traffic of a step).
         self.reduce = None
@@ -94,7 +100,7 @@ class StreamedEngine:
             return self.objective.logits(adapter, state[0], ctx, batch)
 
     # --- state ------------------------------------------------------------------------------
-    def state_flats(self) -> list[torch.Tensor]:
+    def state_flats(self) -> Sequence[torch.Tensor]:
         return self.streamer.state_flats()
 
     def load_state_flats(self, flats: list[torch.Tensor]) -> None:
@@ -112,6 +118,17 @@ class StreamedEngine:
 
     def gpu_param_bytes(self) -> int:
         return self.streamer.gpu_param_bytes()
+
+    def host_report(self) -> dict[str, int]:
+        """Host bytes of the streamed blocks this rank sees, and how many of them it allocated
+        itself (``private``), created for its node or mapped from it (data parallel)."""
+        total, share = self.streamer.host_param_bytes(), self.streamer.share
+        if share is None:
+            return {"streamed_bytes": total, "private_bytes": total, "created_bytes": 0,
+                    "mapped_bytes": 0}
+        return {"streamed_bytes": total, "private_bytes": total - share.created_bytes
+                - share.mapped_bytes, "created_bytes": share.created_bytes,
+                "mapped_bytes": share.mapped_bytes}
 
     def close(self) -> None:
         """Drain transfers and timing events, free GPU and pinned host memory."""

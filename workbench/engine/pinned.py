@@ -20,16 +20,19 @@ class HostMemory:
 
     LARGE = 64 << 20  # bytes; smaller requests use the pinned allocator
 
-    def __init__(self, cuda: bool):
-        self.cuda, self._registered = cuda, []
+    def __init__(self, cuda: bool, share=None):
+        """``share``: a ``shared_host.NodeShare`` whose files hold every buffer (data
+        parallel: one host copy per node), each registered whatever its size."""
+        self.cuda, self._registered, self.share = cuda, [], share
 
     def empty(self, n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        shared = self.share.storage(n, dtype) if self.share is not None else None
         if not self.cuda:
-            return torch.empty(n, dtype=dtype)
+            return shared if shared is not None else torch.empty(n, dtype=dtype)
         nbytes = n * torch.empty((), dtype=dtype).element_size()
-        if nbytes < self.LARGE:
+        if nbytes < self.LARGE and shared is None:
             return torch.empty(n, dtype=dtype, pin_memory=True)
-        t = torch.empty(n, dtype=dtype)
+        t = shared if shared is not None else torch.empty(n, dtype=dtype)
         ret = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), nbytes, 0)
         err = int(getattr(ret, "value", ret))  # a cudaError enum
         if err == 0:

@@ -6,7 +6,7 @@ implement it (``tests/engine/test_protocol.py`` checks every member and its sign
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -56,10 +56,12 @@ class Engine(Protocol):
     def predict(self, batch: Batch) -> torch.Tensor:
         """(B, 2) fp32 label-word logits at each prompt's last token, current weights."""
 
-    def state_flats(self) -> list[torch.Tensor]:
-        """Every group's fp32 weights in canonical order (``group_layouts``); callers copy."""
+    def state_flats(self) -> Sequence[torch.Tensor]:
+        """Every group's fp32 weights in canonical order (``group_layouts``); callers copy.
+        Streamed engines decode a host block only when it is reached (``groups.LazyFlats``):
+        iterate, and drop each group before the next, to hold one at a time."""
 
-    def load_state_flats(self, flats: list[torch.Tensor]) -> None:
+    def load_state_flats(self, flats: Sequence[torch.Tensor]) -> None:
         """Set every group's weights (canonical order, fp32)."""
 
     def group_layouts(self) -> list[GroupLayout]:

@@ -41,16 +41,18 @@ def replay(flats: list[torch.Tensor], names: list[str], n_decay: list[int],
     n_blocks = len(layouts) - 2
     resident = min(int(config.get("resident_blocks", 0)), n_blocks)
     streamed = set() if method == "mezo" else set(range(1 + resident, 1 + n_blocks))
-    weights = [f.to(device, torch.float32) for f in flats]
     transfer = None
     if streamed:
         timer = OpTimer(device, EventBus(), enabled=False)
         transfer = make_transfer(config.get("master", "fp32"), config.get("codec", "fp32"),
                                  device, timer, ops)
-        for k in streamed:
-            host = transfer.host_storage(layouts[k].numel)
-            transfer.store_fp32(host, weights[k])
-            weights[k] = host
+    weights = []
+    for k in range(len(layouts)):  # one group read at a time: streamed ones go to host storage
+        if k in streamed:
+            weights.append(transfer.host_storage(layouts[k].numel))
+            transfer.store_fp32(weights[k], flats[k])
+        else:
+            weights.append(flats[k].to(device, torch.float32))
 
     def each_group(t: int, fn: GroupPass) -> None:
         """One pass of step ``t`` (-1: outside any step) over every group, in order."""

@@ -14,14 +14,15 @@ of the embedding (``scratch``), alive from the embedding's "+" pass to the head'
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
 from workbench.config import RunConfig
-from workbench.engine.groups import GroupLayout, build_layouts, move_buffers, release, \
-    tied_with_embed
+from workbench.engine.groups import GroupLayout, LazyFlats, build_layouts, move_buffers, \
+    release, tied_with_embed
 from workbench.engine.perturb import PendingUpdate, ZOOps
+from workbench.engine.shared_host import NodeShare
 from workbench.engine.streams import Streams
 from workbench.engine.timing import OpTimer
 from workbench.engine.transfers import make_transfer
@@ -51,8 +52,8 @@ class BlockStreamer:
     """
 
     def __init__(self, adapter: BlockAdapter, source, cfg: RunConfig, device: torch.device,
-                 timer: OpTimer, ops: ZOOps):
-        self.cfg, self.device, self.timer = cfg, device, timer
+                 timer: OpTimer, ops: ZOOps, share: NodeShare | None = None):
+        self.cfg, self.device, self.timer, self.share = cfg, device, timer, share
         self.cuda = device.type == "cuda"
         embed, blocks, head = build_layouts(adapter)
         n = len(blocks)
@@ -62,7 +63,7 @@ class BlockStreamer:
         tied = tied_with_embed(embed, adapter.head_modules)
         self.scratch = torch.empty_like(self.embed.flat) if tied else None
         self.streams = Streams(device, cfg.overlap)
-        self.transfer = make_transfer(cfg.master, cfg.codec, device, timer, ops)
+        self.transfer = make_transfer(cfg.master, cfg.codec, device, timer, ops, share)
         self.slot_numel = max((blocks[i].numel for i in range(n) if i not in self.resident),
                               default=0)
         self.n_slots = cfg.prefetch_depth + 2
@@ -71,11 +72,20 @@ class BlockStreamer:
             self.slots = [(torch.empty(self.slot_numel, device=device),
                            self.transfer.slot_extra(self.slot_numel)) for _ in range(self.n_slots)]
         self.blocks: list[Group] = []
+        if share is not None:
+            share.start(n)
         for i, lay in enumerate(blocks):
             if i in self.resident:
                 self.blocks.append(Group(lay, materialise(lay, source, cfg.seed, device)))
-            else:
-                self.blocks.append(Group(lay, self._host_storage(lay, source)))
+            else:  # under a NodeShare only its writer fills the host copy; the rest map it
+                self.blocks.append(Group(lay, None if share is not None and not share.writer
+                                         else self._host_storage(lay, source)))
+        if share is not None:
+            share.filled()
+            for group in self.blocks:
+                if group.flat is None:
+                    group.flat = self.transfer.host_storage(group.layout.numel)
+            share.mapped()
         self.embed.bind()
         self.head.bind()
         for i in self.resident:
@@ -112,7 +122,10 @@ class BlockStreamer:
         uploaded ``prefetch_depth`` ahead and (with ``write_back``) offloaded after; each
         compute runs inside an ``op`` span of the timer."""
         s, n, depth, tr = self.streams, len(self.blocks), self.cfg.prefetch_depth, self.transfer
+        share = self.share
         inflight: dict[int, tuple] = {}
+        if share is not None:
+            share.begin_pass(write_back)
 
         def upload(j: int) -> None:
             if j >= n or j in self.resident:
@@ -127,8 +140,12 @@ class BlockStreamer:
                     flat, extra = self.slots[slot][0][:numel], self.slots[slot][1]
                 else:  # reuse_buffers off: fresh buffers from the caching allocator each time
                     flat, extra = torch.empty(numel, device=self.device), tr.slot_extra(numel)
+                if share is not None:  # readers: the writer's last write-back has landed
+                    share.before_upload(j, write_back)
                 tr.upload(group.flat, flat, extra, step, j, s.upload)
                 inflight[j] = (flat, extra, s.record(s.upload), slot)
+                if share is not None and write_back:
+                    share.after_upload(j, inflight[j][2])
             self.bytes_h2d += tr.up_bytes(numel)
 
         for j in range(min(depth, n)):
@@ -155,6 +172,11 @@ class BlockStreamer:
             gate = self._gates.pop(i, None)
             if gate is not None:
                 gate.result()  # the checkpoint's self-copy of this block's half is done
+            if share is not None and not share.writer:  # the writer writes the node's copy
+                self._offloaded[i] = self._slot_free[slot] = computed
+                continue
+            if share is not None:
+                share.before_write(i)  # every reader has uploaded this pass's old values
             with s.on(s.offload):
                 s.wait(s.offload, computed)  # offload only after compute has finished the block
                 self.bytes_d2h += tr.offload(group.flat, flat, extra, step, i, group.layout,
@@ -163,6 +185,8 @@ class BlockStreamer:
                 for t in fresh:
                     t.record_stream(s.offload)  # and until the offload has read them
             self._offloaded[i] = self._slot_free[slot] = done
+            if share is not None:
+                share.after_write(i, done)
 
     def _bind_slot(self, i: int, flat: torch.Tensor, slot: int) -> None:
         """Point block i's modules at its weights in the slot (views cached per slot)."""
@@ -183,26 +207,34 @@ class BlockStreamer:
             torch.cuda.synchronize(self.device)  # all streams: transfers have landed
         for i in range(len(self.blocks)):
             self.transfer.wait_host(i)
+        if self.share is not None:
+            self.share.settled(len(self.blocks))  # readers: the writer's copies have landed
 
     def _weights(self, i: int) -> torch.Tensor:
         group = self.blocks[i]
         return group.flat if i in self.resident else self.transfer.to_fp32(group.flat)
 
-    def state_flats(self) -> list[torch.Tensor]:
-        """Every group's fp32 weights in canonical order (streamed blocks from the host)."""
+    def state_flats(self) -> LazyFlats:
+        """Every group's fp32 weights in canonical order; a streamed block is decoded from the
+        host when it is reached, so iterating holds one decoded block at a time."""
         self.sync()
-        return [self.embed.flat, *(self._weights(i) for i in range(len(self.blocks))),
-                self.head.flat]
+        n = len(self.blocks)
+        return LazyFlats(n + 2, lambda k: self.embed.flat if k == 0 else self.head.flat
+                         if k == n + 1 else self._weights(k - 1))
 
-    def load_state_flats(self, flats: list[torch.Tensor]) -> None:
+    def load_state_flats(self, flats: Sequence[torch.Tensor]) -> None:
+        """Set every group from ``flats`` (fp32, canonical order), read one group at a time
+        (a checkpoint's ``LazyFlats`` loads each from disk only here)."""
         self.sync()
         self.embed.flat.copy_(flats[0])
-        self.head.flat.copy_(flats[-1])
-        for i, flat in enumerate(flats[1:-1]):
+        self.head.flat.copy_(flats[len(flats) - 1])
+        for i in range(len(self.blocks)):
             if i in self.resident:
-                self.blocks[i].flat.copy_(flat)
-            else:
-                self.transfer.store_fp32(self.blocks[i].flat, flat)
+                self.blocks[i].flat.copy_(flats[i + 1])
+            elif self.share is None or self.share.writer:  # one copy per node: one writer
+                self.transfer.store_fp32(self.blocks[i].flat, flats[i + 1])
+        if self.share is not None:
+            self.share.barrier()  # readers upload only once the writer has stored every block
 
     def group_layouts(self) -> list[GroupLayout]:
         return [g.layout for g in self.groups()]
@@ -292,3 +324,5 @@ class BlockStreamer:
         self.blocks, self.slots, self.scratch = [], [], None
         self._slot_params.clear()
         self._snap_host.clear()
+        if self.share is not None:
+            self.share.close()

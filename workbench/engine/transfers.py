@@ -36,10 +36,10 @@ from workbench.engine.zo_step import ApplyUpdate
 class PlainTransfer:
     """fp32 master, fp32 on the wire."""
 
-    def __init__(self, device: torch.device, timer, ops: ZOOps):
+    def __init__(self, device: torch.device, timer, ops: ZOOps, share=None):
         self.device, self.timer, self.ops = device, timer, ops
         self.cuda = device.type == "cuda"
-        self.host = HostMemory(self.cuda)  # exact-size page-locked buffers
+        self.host = HostMemory(self.cuda, share)  # exact-size page-locked buffers
 
     def host_storage(self, n: int) -> torch.Tensor:
         return self.host.empty(n, torch.float32)
@@ -90,8 +90,8 @@ class PlainTransfer:
 class SRTransfer(PlainTransfer):
     """Compressed host storage (bf16 / fp16) with stochastic rounding."""
 
-    def __init__(self, device, timer, ops, codec: Codec):
-        super().__init__(device, timer, ops)
+    def __init__(self, device, timer, ops, codec: Codec, share=None):
+        super().__init__(device, timer, ops, share)
         self.codec = codec
         self._offloads: tuple[int, dict[int, int]] = (-1, {})  # (step, block -> offloads so far)
         self._outside = 0  # offloads outside any step so far
@@ -242,10 +242,16 @@ class MirrorTransfer(PlainTransfer):
         self.host.release()
 
 
-def make_transfer(master: str, codec: str, device: torch.device, timer, ops: ZOOps):
+def make_transfer(master: str, codec: str, device: torch.device, timer, ops: ZOOps,
+                  share=None):
+    """``share``: host storage shared by the ranks of a node (plain and SR transfers; the
+    mirror's host thread updates a master of its own, ``distributed.from_env`` refuses it)."""
     c = get_codec(codec)
     if codec == "fp32":
-        return PlainTransfer(device, timer, ops)
+        return PlainTransfer(device, timer, ops, share)
     if master == "compressed-sr":
-        return SRTransfer(device, timer, ops, c)
+        return SRTransfer(device, timer, ops, c, share)
+    if share is not None:
+        raise ValueError("host_share: master=fp32 with a compressed codec keeps a host master "
+                         "per rank; use master=compressed-sr or host_share=false")
     return MirrorTransfer(device, timer, ops, c)

@@ -28,7 +28,7 @@ from workbench.data.sources import load_examples
 from workbench.engine import build_engine
 from workbench.engine.checkpoint import AsyncCheckpointer, StepLog
 from workbench.engine.events import EvalEvent, EventBus, InfoEvent, StepEvent
-from workbench.engine.groups import digest, norm
+from workbench.engine.groups import fingerprint
 from workbench.engine.timing import Deferred
 from workbench.engine.warmup import warm_kernels
 from workbench.engine.zo_common import step_seed
@@ -149,7 +149,8 @@ class TrainRecipe:
         model, source = build_skeleton(cfg.model)
         self.train_data, self.dev_data = self._data(model.config.vocab_size)
         t = time.perf_counter()
-        self.engine = build_engine(model, source, cfg, self.device, self.bus)
+        share = self.dist.node_share(cfg) if self.dist is not None else None
+        self.engine = build_engine(model, source, cfg, self.device, self.bus, share)
         if self.dist is not None:
             self.vote = distributed.StopVote(self.dist, self.device)
             self.engine.reduce = self.vote.reduce
@@ -399,16 +400,17 @@ class TrainRecipe:
             self.sampler.stop()  # the samples saved are all the samples there will be
         self.engine.flush()
         self.collector.flush()
-        if digest_params:
-            flats = [f.detach().cpu() for f in self.engine.state_flats()]
+        if digest_params:  # one group decoded at a time: the host never holds a 2nd model
+            found = fingerprint(self.engine.state_flats())
             with rec.lock:
-                rec.param_digest, rec.param_norm = digest(flats), norm(flats)
+                rec.param_digest, rec.param_norm = found
         with rec.lock:
             rec.summary = _summary(rec, self.engine, self.device)
         if self.dist is not None:  # every rank's own view, merged into rank 0's record
             mine = {"rank": self.dist.rank, "device": str(self.device),
                     "param_digest": rec.param_digest, "summary": rec.summary,
-                    "step_seconds": [s["seconds"] for s in rec.steps]}
+                    "step_seconds": [s["seconds"] for s in rec.steps],
+                    "host": getattr(self.engine, "host_report", dict)()}
             ranks = self.dist.gather(mine)
             with rec.lock:
                 rec.info["ranks"] = ranks

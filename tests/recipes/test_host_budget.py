@@ -1,0 +1,105 @@
+"""End-of-run and checkpoint paths hold one parameter group at a time on the host (issue 21,
+part 0): the save's digest and norm, the ranks' quick digest, and a resume from a checkpoint.
+
+Peak host bytes are measured with the torch profiler (every CPU allocation and free, in order)
+and tracemalloc (Python / numpy buffers, e.g. a ``tobytes`` copy), on a tiny OPT with 12 blocks
+streamed from bf16 host masters (compressed-sr): the whole model decoded to fp32 is 14 groups,
+one group is one block.
+"""
+from __future__ import annotations
+
+import hashlib
+import tracemalloc
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from workbench import distributed
+from workbench.config import RunConfig
+from workbench.engine import groups
+from workbench.engine.checkpoint import latest_checkpoint, read_checkpoint
+from workbench.presets import PRESETS, Preset
+from workbench.recipes.train import TrainRecipe
+
+DEEP = Preset("opt", 64, 12, 4, 256, 260, 512, "byte")  # tiny-opt with 12 blocks
+
+
+def peak_bytes(fn) -> tuple[int, int]:
+    """(torch CPU peak, Python peak) bytes allocated on top of what lived before ``fn``."""
+    tracemalloc.start()
+    try:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            fn()
+        py_peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    live = top = 0
+    for e in sorted(prof.events(), key=lambda e: e.time_range.start):
+        live += e.self_cpu_memory_usage  # + allocations, - frees, in time order
+        top = max(top, live)
+    return top, py_peak
+
+
+@pytest.fixture
+def trained(tmp_path, monkeypatch):
+    monkeypatch.setitem(PRESETS, "deep-opt", DEEP)
+    monkeypatch.setattr(groups, "NORM_CHUNK", 1024)  # fp64 temporaries far below one block
+    cfg = RunConfig(model="deep-opt", method="zo-offload", device="cpu", data="synthetic",
+                    batch_size=2, seq_len=8, steps=2, codec="bf16", master="compressed-sr", rng="torch",
+                    sample_hz=0, eval_samples=0, checkpoint_every=1, lr=1e-3)
+    recipe = TrainRecipe(cfg, tmp_path / "run", progress=False)
+    recipe.setup()
+    recipe.train()
+    yield recipe
+    recipe.cleanup()
+
+
+def test_save_decodes_one_block_at_a_time(trained):
+    lays = trained.engine.group_layouts()
+    group = max(lay.nbytes for lay in lays)  # fp32 bytes of the largest group
+    model = sum(lay.nbytes for lay in lays)
+    assert model > 10 * group  # the bound below separates "one group" from "the model"
+    # Independent reference: the old eager digest (all groups decoded, bytes concatenated).
+    eager = [f.clone() for f in trained.engine.state_flats()]
+    want = hashlib.sha256(b"".join(f.numpy().tobytes() for f in eager)).hexdigest()
+    want_norm = float(torch.cat(eager).double().pow(2).sum()) ** 0.5
+    # The probe sees the eager way: the whole model at once (so the bound below can fail).
+    assert peak_bytes(lambda: [f.clone() for f in trained.engine.state_flats()])[0] >= model
+    trained.out_dir = None  # the run.json / trace writers' Python heap is not the digest's
+    torch_peak, py_peak = peak_bytes(trained.save)
+    rec = trained.record
+    assert rec.param_digest == want and rec.param_norm == pytest.approx(want_norm, rel=1e-12)
+    # One decoded block (+ the norm's 8 KiB fp64 chunk and small change), never two.
+    assert group <= torch_peak < 1.5 * group, (torch_peak, group, model)
+    assert py_peak < group / 2  # no bytes copy of a group (tobytes) on the Python heap
+
+
+def test_rank_digest_check_holds_one_block(trained):
+    group = max(lay.nbytes for lay in trained.engine.group_layouts())
+    found = []
+    torch_peak, _ = peak_bytes(lambda: found.append(
+        distributed.quick_digest(trained.engine.state_flats())))
+    assert torch_peak < 1.5 * group
+    assert found[0] == groups.digest(f.clone()[::1021] for f in trained.engine.state_flats())
+
+
+def test_resume_reads_one_group_at_a_time(trained):
+    engine, root = trained.engine, trained.out_dir / "checkpoints"
+    trained.checkpointer.wait()
+    path = latest_checkpoint(root)
+    lays = engine.group_layouts()
+    snap = read_checkpoint(path, [l.name for l in lays], [l.numel for l in lays])
+    assert isinstance(snap.flats, groups.LazyFlats)  # nothing read yet
+    group = max(lay.nbytes for lay in lays)
+    torch_peak, _ = peak_bytes(lambda: engine.restore(snap))
+    # The profiler counts safetensors' file mapping of a shard (read-only, file-backed: only
+    # the pages of the group read become resident) plus one group as fp32; loading every
+    # group first, as before, holds the whole model in fp32 (> model).
+    shard = max(f.stat().st_size for f in path.glob("*.safetensors"))
+    model = sum(lay.nbytes for lay in lays)
+    assert torch_peak < shard + 1.5 * group < model
+    got = groups.digest(engine.state_flats())
+    want = hashlib.sha256(b"".join(snap.flats[i].numpy().tobytes()
+                                   for i in range(len(snap.flats)))).hexdigest()
+    assert got == want  # the restored weights are the checkpoint's, bit for bit
