@@ -22,6 +22,7 @@ from workbench.config import RunConfig
 from workbench.engine.groups import GroupLayout, build_layouts, move_buffers, release, \
     tied_with_embed
 from workbench.engine.perturb import PendingUpdate, ZOOps
+from workbench.engine.pinned import SnapshotBuffers
 from workbench.engine.streams import Streams
 from workbench.engine.timing import OpTimer
 from workbench.engine.transfers import make_transfer
@@ -86,8 +87,9 @@ class BlockStreamer:
         self._slot_free: dict[int, torch.cuda.Event | None] = {}  # slot -> last use finished
         self._slot_params: dict[tuple, list] = {}
         self._gates: dict[int, Future] = {}  # block -> its snapshot copy, awaited before offload
-        self._snap_host: dict[int, torch.Tensor] = {}  # self-copy buffers, reused
-        self._copier = ThreadPoolExecutor(max_workers=2, thread_name_prefix="self-copy")
+        self.snap_bufs = SnapshotBuffers(self.cuda)  # snapshot host buffers, reused
+        # one thread: blocks are copied in offload order (each copy_ is already multi-threaded)
+        self._copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="self-copy")
 
     def _host_storage(self, lay: GroupLayout, source):
         """A streamed block's host storage, filled with its initial weights. Random init runs on
@@ -209,26 +211,27 @@ class BlockStreamer:
 
     def snapshot(self, next_step: int, pending: PendingUpdate | None):
         """The paper's asynchronous checkpoint: GPU-resident groups are copied down on a side
-        stream; each half's streamed blocks are self-copied on the host by a thread once their
-        offloads have landed, while training goes on. The next step waits only before it
-        overwrites a block whose copy is not done yet. Returns a function for the writer."""
-        from workbench.engine.checkpoint import Snapshot, halves
+        stream; streamed blocks are self-copied on the host by a thread, block by block in
+        the order the next step offloads them, once their offloads have landed, while
+        training goes on. The next step waits only before it overwrites a block whose copy is
+        not done yet. Every buffer is kept from one snapshot to the next (``snap_bufs``), so
+        call this only once the writer is done with the last one. Returns a function for the
+        writer."""
+        from workbench.engine.checkpoint import Snapshot
 
         groups = self.groups()
         on_gpu = [k for k in range(len(groups)) if k in (0, len(groups) - 1)
                   or (k - 1) in self.resident]
-        gpu_bufs, done = device_copies([groups[k].flat for k in on_gpu] +
-                                       ([pending.g.reshape(1)] if pending else []),
-                                       None, self.device)
+        flats = [groups[k].flat for k in on_gpu] + ([pending.g.reshape(1)] if pending else [])
+        gpu_bufs = [self.snap_bufs.get(("device", k), f.numel(), f.dtype, pinned=True)
+                    for k, f in zip([*on_gpu, "g"], flats)]
+        done = device_copies(flats, gpu_bufs, self.device)
         out: list[torch.Tensor | None] = [None] * len(groups)
         futures = []
-        for part in halves(len(groups)):
-            streamed = [k - 1 for k in part if k not in on_gpu]
-            if streamed:
-                future = self._copier.submit(self._self_copy, streamed, out)
-                futures.append(future)
-                for b in streamed:
-                    self._gates[b] = future
+        for b in range(len(self.blocks)):
+            if b not in self.resident:
+                self._gates[b] = self._copier.submit(self._self_copy, b, out)
+                futures.append(self._gates[b])
         layouts = self.group_layouts()
 
         def make() -> Snapshot:
@@ -245,21 +248,16 @@ class BlockStreamer:
 
         return make
 
-    def _self_copy(self, blocks: list[int], out: list) -> None:
-        """Copy thread: host copies of streamed blocks once their last offload has landed, into
-        buffers kept from one snapshot to the next (fresh memory would be page-faulted in on
-        every snapshot, which costs more than the copy; the writer is idle when a snapshot
-        starts, so nothing still reads them)."""
-        for b in blocks:
-            landed = self._offloaded.get(b)
-            if landed is not None:
-                landed.synchronize()  # copy thread only: the step's offload wrote the master
-            self.transfer.wait_host(b)
-            numel = self.blocks[b].layout.numel
-            buf = self._snap_host.get(b)
-            if buf is None or buf.numel() != numel:
-                buf = self._snap_host[b] = torch.empty(numel, dtype=self.transfer.master_dtype)
-            out[b + 1] = self.transfer.read_master(self.blocks[b].flat, buf)
+    def _self_copy(self, b: int, out: list) -> None:
+        """Copy thread: block b's host master into its snapshot buffer once the block's last
+        offload has landed (pageable memory: only this thread and the writer touch it)."""
+        landed = self._offloaded.get(b)
+        if landed is not None:
+            landed.synchronize()  # copy thread only: the step's offload wrote the master
+        self.transfer.wait_host(b)
+        buf = self.snap_bufs.get(("host", b), self.blocks[b].layout.numel,
+                                 self.transfer.master_dtype, pinned=False)
+        out[b + 1] = self.transfer.read_master(self.blocks[b].flat, buf)
 
     def gpu_param_bytes(self) -> int:
         if not self.cuda:
@@ -291,4 +289,4 @@ class BlockStreamer:
             release(group.layout)
         self.blocks, self.slots, self.scratch = [], [], None
         self._slot_params.clear()
-        self._snap_host.clear()
+        self.snap_bufs.release()
