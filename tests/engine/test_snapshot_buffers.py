@@ -17,7 +17,11 @@ VARIANTS = {"mezo": dict(method="mezo"),
             "resident": dict(method="zo-offload", resident_blocks=1),
             "sr": dict(method="zo-offload", master="compressed-sr", codec="bf16"),
             "mirror": dict(method="zo-offload", codec="bf16"),
-            "forward-grad": dict(method="forward-grad")}
+            "forward-grad": dict(method="forward-grad"),
+            # a run that checkpoints allocates (and pages in) its buffers at setup
+            "mezo-prepared": dict(method="mezo", checkpoint_every=1),
+            "sr-prepared": dict(method="zo-offload", master="compressed-sr", codec="bf16",
+                                checkpoint_every=1)}
 
 
 def _expected(engine) -> list[torch.Tensor]:
@@ -46,6 +50,7 @@ def test_second_snapshot_allocates_no_host_buffer(variant, monkeypatch):
     model, source = build_skeleton(cfg.model)
     engine = build_engine(model, source, cfg, torch.device("cpu"), EventBus())
     data = SyntheticData(model.config.vocab_size, 16)
+    at_setup = (len(allocated), engine_bufs(engine).allocations)
     snaps, ptrs, counts = [], [], []
     try:
         for t in range(3):
@@ -60,7 +65,10 @@ def test_second_snapshot_allocates_no_host_buffer(variant, monkeypatch):
                 assert got.dtype == want.dtype and torch.equal(got, want)
     finally:
         engine.close()
-    assert counts[0][1] > 0  # the first snapshot allocated its buffers
+    if cfg.checkpoint_every:
+        assert at_setup[1] > 0 and counts[0] == at_setup  # all at setup, none in a step
+    else:
+        assert at_setup[1] == 0 and counts[0][1] > 0  # the first snapshot allocated them
     assert counts[1] == counts[0] and counts[2] == counts[0]  # the later ones nothing
     assert ptrs[1] == ptrs[0] == ptrs[2]  # into the very same memory
     # and each snapshot held its own step's weights, not the next one's

@@ -49,6 +49,8 @@ class MeZOEngine:
         # Data parallel: averages the shard losses over ranks (the only traffic of a step).
         self.reduce = None  # MeZO applies its update within the step
         self.snap_bufs = SnapshotBuffers(device.type == "cuda")
+        if cfg.checkpoint_every:
+            self._snapshot_buffers()  # at setup, not in the first snapshot's step
 
     # --- training ---------------------------------------------------------------------------
     def _loss(self, batch: Batch, step: int, sign: str) -> torch.Tensor:
@@ -102,8 +104,7 @@ class MeZOEngine:
         """Start host copies of the weights (never blocking the step) into buffers kept from
         one snapshot to the next; returns a function the checkpoint writer calls to get the
         ``Snapshot``. Call it only once the writer is done with the last one."""
-        bufs = [self.snap_bufs.get(k, g.flat.numel(), g.flat.dtype, pinned=True)
-                for k, g in enumerate(self.groups)]
+        bufs = self._snapshot_buffers()
         done = device_copies([g.flat for g in self.groups], bufs, self.device)
         names = [lay.name for lay in self.group_layouts()]
 
@@ -114,6 +115,12 @@ class MeZOEngine:
                             [lay.n_decay for lay in self.group_layouts()])
 
         return make
+
+    def _snapshot_buffers(self) -> list[torch.Tensor]:
+        """One page-locked host buffer per group, allocated once (at setup when the run
+        checkpoints)."""
+        return [self.snap_bufs.get(k, g.flat.numel(), g.flat.dtype, pinned=True)
+                for k, g in enumerate(self.groups)]
 
     def restore(self, snap: Snapshot) -> None:
         """MeZO applies each update within its step: a snapshot never carries one."""

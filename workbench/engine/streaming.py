@@ -90,6 +90,8 @@ class BlockStreamer:
         self.snap_bufs = SnapshotBuffers(self.cuda)  # snapshot host buffers, reused
         # one thread: blocks are copied in offload order (each copy_ is already multi-threaded)
         self._copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="self-copy")
+        if cfg.checkpoint_every:
+            self.prepare_snapshots()
 
     def _host_storage(self, lay: GroupLayout, source):
         """A streamed block's host storage, filled with its initial weights. Random init runs on
@@ -220,8 +222,7 @@ class BlockStreamer:
         from workbench.engine.checkpoint import Snapshot
 
         groups = self.groups()
-        on_gpu = [k for k in range(len(groups)) if k in (0, len(groups) - 1)
-                  or (k - 1) in self.resident]
+        on_gpu = self._on_gpu()
         flats = [groups[k].flat for k in on_gpu] + ([pending.g.reshape(1)] if pending else [])
         gpu_bufs = [self.snap_bufs.get(("device", k), f.numel(), f.dtype, pinned=True)
                     for k, f in zip([*on_gpu, "g"], flats)]
@@ -247,6 +248,23 @@ class BlockStreamer:
                             [lay.n_decay for lay in layouts])
 
         return make
+
+    def _on_gpu(self) -> list[int]:
+        """Canonical indices of the groups that live on the GPU (embedding, head, residents)."""
+        last = len(self.blocks) + 1
+        return [k for k in range(last + 1) if k in (0, last) or (k - 1) in self.resident]
+
+    def prepare_snapshots(self) -> None:
+        """Allocate every snapshot buffer now and fault its pages in (setup, for a run that
+        will checkpoint), so the first snapshot's step pays no allocation either."""
+        groups = self.groups()
+        for k in self._on_gpu():
+            self.snap_bufs.get(("device", k), groups[k].flat.numel(), torch.float32, pinned=True)
+        self.snap_bufs.get(("device", "g"), 1, torch.float32, pinned=True)
+        for b in range(len(self.blocks)):
+            if b not in self.resident:
+                self.snap_bufs.get(("host", b), self.blocks[b].layout.numel,
+                                   self.transfer.master_dtype, pinned=False).zero_()
 
     def _self_copy(self, b: int, out: list) -> None:
         """Copy thread: block b's host master into its snapshot buffer once the block's last
