@@ -19,9 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -46,23 +44,10 @@ def child(spec: dict, result: Path) -> None:
 
 
 def run_fresh(spec: dict, timeout: float) -> dict:
-    """``spec`` in a new Python process; its result, or the error (the table goes on)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        result = Path(tmp) / "row.json"
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--row", json.dumps(spec),
-               "--result", str(result)]
-        t = time.perf_counter()
-        try:
-            proc = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return {"name": spec.get("name"), "error": f"timed out after {timeout:.0f} s"}
-        wall = time.perf_counter() - t
-        if proc.returncode != 0 or not result.is_file():
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-            return {"name": spec.get("name"), "error": f"exit {proc.returncode}: {' | '.join(tail)}"}
-        out = json.loads(result.read_text())
-    out["process_seconds"] = wall  # import + build + warm-up + steps + teardown
-    return out
+    """``spec`` in a new Python process of this script (``common.in_fresh_process``)."""
+    from common import in_fresh_process
+
+    return in_fresh_process(Path(__file__), spec, timeout)
 
 
 def rows_for(args) -> list[dict]:

@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 
 from workbench.config import RunConfig
+from workbench.engine.events import OpEvent
 from workbench.engine.groups import GroupLayout, build_layouts, move_buffers, release, \
     tied_with_embed
 from workbench.engine.perturb import PendingUpdate, ZOOps
@@ -231,7 +232,7 @@ class BlockStreamer:
         futures = []
         for b in range(len(self.blocks)):
             if b not in self.resident:
-                self._gates[b] = self._copier.submit(self._self_copy, b, out)
+                self._gates[b] = self._copier.submit(self._self_copy, b, out, next_step)
                 futures.append(self._gates[b])
         layouts = self.group_layouts()
 
@@ -266,16 +267,20 @@ class BlockStreamer:
                 self.snap_bufs.get(("host", b), self.blocks[b].layout.numel,
                                    self.transfer.master_dtype, pinned=False).zero_()
 
-    def _self_copy(self, b: int, out: list) -> None:
+    def _self_copy(self, b: int, out: list, next_step: int) -> None:
         """Copy thread: block b's host master into its snapshot buffer once the block's last
-        offload has landed (pageable memory: only this thread and the writer touch it)."""
+        offload has landed (pageable memory: only this thread and the writer touch it); the
+        copy is published as a ``self-copy`` event of ``next_step``, the step it overlaps."""
         landed = self._offloaded.get(b)
         if landed is not None:
             landed.synchronize()  # copy thread only: the step's offload wrote the master
         self.transfer.wait_host(b)
+        start = self.timer.now()
         buf = self.snap_bufs.get(("host", b), self.blocks[b].layout.numel,
                                  self.transfer.master_dtype, pinned=False)
         out[b + 1] = self.transfer.read_master(self.blocks[b].flat, buf)
+        self.timer.bus.publish(OpEvent("self-copy", "cpu", next_step, b,
+                                       buf.numel() * buf.element_size(), start, self.timer.now()))
 
     def gpu_param_bytes(self) -> int:
         if not self.cuda:
