@@ -2,14 +2,13 @@
 
 Layout: the embedding, the head and ``resident_blocks`` blocks live on the GPU; every other
 block's master lives in host memory behind a transfer (``transfers.py``: fp32, a compressed
-mirror, or compressed-sr). ``prefetch_depth + 2`` GPU slots, allocated once, hold the blocks in
-flight: block i+d uploads while block i computes and block i-1 offloads, on three CUDA streams
-ordered by events only (the host never waits inside a step). What a pass does to a block is
+mirror, or compressed-sr). ``prefetch_depth`` + the transfer's ``spare_slots`` GPU slots,
+allocated once, hold the blocks in flight: block i+d uploads while block i computes and block
+i-1 offloads, on three CUDA streams ordered by events only (the host never waits inside a
+step). A compressed codec's wire buffers are two in all (one per direction), not one per slot;
+under compressed-sr a slot is free once its block is encoded, so one slot fewer serves. What a pass does to a block is
 the caller's ``compute``; the arithmetic lives in ``zo_step.py``. Used by the zo-offload and
 forward-grad engines (``offload.py``, ``forward_grad.py``) through its public methods.
-
-A weight tied between the embedding and the LM head gets a scratch buffer for the ZO "+" copy
-of the embedding (``scratch``), alive from the embedding's "+" pass to the head's.
 """
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ import torch
 
 from workbench.config import RunConfig
 from workbench.engine.events import OpEvent
-from workbench.engine.groups import GroupLayout, build_layouts, move_buffers, release, \
-    tied_with_embed
+from workbench.engine.groups import GroupLayout, build_layouts, move_buffers, release
 from workbench.engine.perturb import PendingUpdate, ZOOps
 from workbench.engine.pinned import SnapshotBuffers
 from workbench.engine.streams import Streams
@@ -48,8 +46,7 @@ class BlockStreamer:
         ops: the engine's ZO operations (the transfers use them for their own updates).
 
     Attributes: ``embed``, ``head``, ``blocks`` (Groups; a streamed block's ``flat`` is its
-    host storage), ``resident`` (block indices on the GPU), ``scratch`` (None unless tied),
-    ``streams``, ``transfer``, ``slot_numel``, ``bytes_h2d`` / ``bytes_d2h`` (running totals).
+    host storage), ``resident`` (block indices on the GPU), ``streams``, ``transfer``, ``slot_numel``, ``bytes_h2d`` / ``bytes_d2h`` (running totals).
     """
 
     def __init__(self, adapter: BlockAdapter, source, cfg: RunConfig, device: torch.device,
@@ -61,17 +58,16 @@ class BlockStreamer:
         self.resident = set(range(min(cfg.resident_blocks, n)))
         self.embed = Group(embed, materialise(embed, source, cfg.seed, device))
         self.head = Group(head, materialise(head, source, cfg.seed, device))
-        tied = tied_with_embed(embed, adapter.head_modules)
-        self.scratch = torch.empty_like(self.embed.flat) if tied else None
         self.streams = Streams(device, cfg.overlap)
         self.transfer = make_transfer(cfg.master, cfg.codec, device, timer, ops)
         self.slot_numel = max((blocks[i].numel for i in range(n) if i not in self.resident),
                               default=0)
-        self.n_slots = cfg.prefetch_depth + 2
+        self.n_slots = cfg.prefetch_depth + self.transfer.spare_slots
         self.slots: list[tuple[torch.Tensor, dict]] = []
         if cfg.reuse_buffers and self.slot_numel:
             self.slots = [(torch.empty(self.slot_numel, device=device),
-                           self.transfer.slot_extra(self.slot_numel)) for _ in range(self.n_slots)]
+                           self.transfer.slot_extra(self.slot_numel, shared=True))
+                          for _ in range(self.n_slots)]
         self.blocks: list[Group] = []
         for i, lay in enumerate(blocks):
             if i in self.resident:
@@ -126,13 +122,14 @@ class BlockStreamer:
             numel = group.layout.numel
             tr.wait_host(j)  # host-side work on this block's storage has finished
             with s.on(s.upload):
-                s.wait(s.upload, self._slot_free.get(slot))  # slot's last block is done with it
                 s.wait(s.upload, self._offloaded.get(j))  # last step's offload wrote the host copy
                 if self.slots:
                     flat, extra = self.slots[slot][0][:numel], self.slots[slot][1]
                 else:  # reuse_buffers off: fresh buffers from the caching allocator each time
                     flat, extra = torch.empty(numel, device=self.device), tr.slot_extra(numel)
-                tr.upload(group.flat, flat, extra, step, j, s.upload)
+                tr.upload(group.flat, flat, extra, step, j, s.upload,
+                          # the slot's last block is done with it (its offload read it)
+                          lambda: s.wait(s.upload, self._slot_free.get(slot)))
                 inflight[j] = (flat, extra, s.record(s.upload), slot)
             self.bytes_h2d += tr.up_bytes(numel)
 
@@ -160,14 +157,17 @@ class BlockStreamer:
             gate = self._gates.pop(i, None)
             if gate is not None:
                 gate.result()  # the checkpoint's self-copy of this block's half is done
+            released: list = []
             with s.on(s.offload):
                 s.wait(s.offload, computed)  # offload only after compute has finished the block
                 self.bytes_d2h += tr.offload(group.flat, flat, extra, step, i, group.layout,
-                                             s.offload)
+                                             s.offload, lambda: released.append(
+                                                 s.record(s.offload)))
                 done = s.record(s.offload)
                 for t in fresh:
                     t.record_stream(s.offload)  # and until the offload has read them
-            self._offloaded[i] = self._slot_free[slot] = done
+            self._offloaded[i] = done
+            self._slot_free[slot] = released[0] if released else done
 
     def _bind_slot(self, i: int, flat: torch.Tensor, slot: int) -> None:
         """Point block i's modules at its weights in the slot (views cached per slot)."""
@@ -286,10 +286,10 @@ class BlockStreamer:
         if not self.cuda:
             return 0
         resident = sum(self.blocks[i].layout.nbytes for i in self.resident)
-        slots = sum(4 * flat.numel() + sum(t.numel() * t.element_size() for t in extra.values())
-                    for flat, extra in self.slots)
-        scratch = self.scratch.numel() * 4 if self.scratch is not None else 0
-        return self.embed.layout.nbytes + self.head.layout.nbytes + resident + slots + scratch
+        extras = {t.data_ptr(): t.numel() * t.element_size()  # shared wires counted once
+                  for _, extra in self.slots for t in extra.values()}
+        slots = sum(4 * flat.numel() for flat, _ in self.slots) + sum(extras.values())
+        return self.embed.layout.nbytes + self.head.layout.nbytes + resident + slots
 
     def host_param_bytes(self) -> int:
         """Host bytes holding the streamed blocks: the master plus any mirror / delta."""
@@ -310,6 +310,6 @@ class BlockStreamer:
         self.transfer.close()
         for group in self.groups():
             release(group.layout)
-        self.blocks, self.slots, self.scratch = [], [], None
+        self.blocks, self.slots = [], []
         self._slot_params.clear()
         self.snap_bufs.release()
