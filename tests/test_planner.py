@@ -274,3 +274,32 @@ def test_calibrate_quick_on_cpu_caches(tmp_path, monkeypatch):
     assert calibration.load_calibration("cpu")["time"] == result["time"]
     pl = plan(cfg_(model="opt-125m", device="cpu"), calibration=result)
     assert not any("measure-free" in n for n in pl.notes)
+
+
+@pytest.mark.parametrize("model", ["tiny-opt", "tiny-llama"])
+@pytest.mark.parametrize("knobs", [dict(), dict(amp="bf16"), dict(resident_blocks=1),
+                                   dict(codec="bf16", master="compressed-sr", amp="bf16"),
+                                   dict(codec="bf16", master="compressed-sr", prefetch_depth=2),
+                                   dict(codec="bf16")])
+def test_planned_device_buffers_are_the_engines_own(model, knobs):
+    """The memory model's buffer items equal, byte for byte, the buffers the zo-offload engine
+    allocates (built here on the CPU; the same tensors live on the GPU there): embedding + head,
+    resident blocks, slots, wires, mirror deltas and the tied head weight copy."""
+    import torch
+
+    from workbench.engine import build_engine
+    from workbench.engine.events import EventBus
+    from workbench.models.build import build_skeleton
+
+    cfg = cfg_(model=model, method="zo-offload", **knobs)
+    skeleton, source = build_skeleton(model)
+    engine = build_engine(skeleton, source, cfg.replace(device="cpu"), torch.device("cpu"),
+                          EventBus())
+    try:
+        actual = {k: v for k, v in engine.buffer_bytes().items() if v}
+    finally:
+        engine.close()
+    planned = plan(cfg, gpu="h200").gpu_breakdown
+    assert actual == {k: planned[k] for k in actual}
+    assert not {k for k, v in planned.items() if v} - set(actual) - {"activations",
+                                                                    "cuBLAS workspace"}

@@ -268,7 +268,9 @@ def _zo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) -> Non
         if kind != "plain":  # shared wires (one per direction) with reuse, else per block
             wires = {"sr": 2 * up, "mirror": up} if cfg.reuse_buffers else {
                 "sr": slots * up, "mirror": slots * up}
-            dev["codec wire buffers"] = wires[kind] + slots * 2 * nb * (kind == "mirror")
+            dev["codec wire buffers"] = wires[kind]
+            if kind == "mirror":
+                dev["mirror deltas"] = slots * 2 * nb
         e["pinned"] = s * {"plain": _pin(4 * nb, cuda), "sr": _pin(up, cuda),
                            "mirror": _pin(up, cuda) + _pin(2 * nb, cuda)}[kind]
         if kind == "mirror":  # a pageable fp32 master, a pinned mirror and delta
@@ -279,7 +281,8 @@ def _zo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) -> Non
         if cuda and e["pinned"] > 1.1 * s * (4 * nb if kind == "plain" else up + 2 * nb):
             notes.append("blocks under 64 MiB are pinned by torch's allocator, which rounds each "
                          "up to a power of two: pinned host memory is counted as rounded")
-    extras = dev.get("codec wire buffers", 0) if cfg.reuse_buffers else 0
+    extras = (dev.get("codec wire buffers", 0) + dev.get("mirror deltas", 0)
+              if cfg.reuse_buffers else 0)
     e["gpu_param_bytes"] = cuda * (4 * (ne + nh + r * nb) + tied_copy
                                    + (4 * slots * nb + extras) * cfg.reuse_buffers)
     live = 1 if cfg.method == "mezo" else 2

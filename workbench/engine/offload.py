@@ -130,9 +130,14 @@ class ZOOffloadEngine(StreamedEngine):
         self.tied = (TiedHead(s.embed, self.adapter.head_modules, cfg.amp)
                      if tied_with_embed(s.embed.layout, self.adapter.head_modules) else None)
 
+    def buffer_bytes(self) -> dict[str, int]:
+        """The engine's own device buffers by item (bytes): the streamer's and the tied head
+        weight copy."""
+        tied = {"tied head weight copy": self.tied.nbytes} if self.tied is not None else {}
+        return {**self.streamer.buffer_bytes(), **tied}
+
     def gpu_param_bytes(self) -> int:
-        tied = self.tied.nbytes if self.tied is not None and self.device.type == "cuda" else 0
-        return self.streamer.gpu_param_bytes() + tied
+        return sum(self.buffer_bytes().values()) if self.device.type == "cuda" else 0
 
     @torch.no_grad()
     def step(self, batch: Batch, step: int, lr: float, wd: float) -> StepOutput:

@@ -285,11 +285,22 @@ class BlockStreamer:
     def gpu_param_bytes(self) -> int:
         if not self.cuda:
             return 0
-        resident = sum(self.blocks[i].layout.nbytes for i in self.resident)
-        extras = {t.data_ptr(): t.numel() * t.element_size()  # shared wires counted once
-                  for _, extra in self.slots for t in extra.values()}
-        slots = sum(4 * flat.numel() for flat, _ in self.slots) + sum(extras.values())
-        return self.embed.layout.nbytes + self.head.layout.nbytes + resident + slots
+        return sum(self.buffer_bytes().values())
+
+    def buffer_bytes(self) -> dict[str, int]:
+        """The streamer's own buffers on its device, by item (bytes; each tensor once): what
+        ``gpu_param_bytes`` sums on a GPU, itemised (``benchmarks/amp_memory.py``)."""
+        nbytes = lambda t: t.numel() * t.element_size()  # noqa: E731
+        extras: dict[str, dict[int, int]] = {}
+        for _, extra in self.slots:
+            for key, t in extra.items():
+                extras.setdefault("mirror deltas" if key == "delta" else "codec wire buffers",
+                                  {})[t.data_ptr()] = nbytes(t)
+        out = {"embedding + head": nbytes(self.embed.flat) + nbytes(self.head.flat),
+               "resident blocks": sum(nbytes(self.blocks[i].flat) for i in self.resident),
+               "block slots": sum(nbytes(flat) for flat, _ in self.slots)}
+        out.update({k: sum(v.values()) for k, v in extras.items()})
+        return out
 
     def host_param_bytes(self) -> int:
         """Host bytes holding the streamed blocks: the master plus any mirror / delta."""
