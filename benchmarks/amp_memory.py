@@ -23,7 +23,7 @@ import json
 import time
 from pathlib import Path
 
-from common import in_fresh_process, save  # first: puts this checkout on sys.path
+from common import add_fresh_args, in_fresh_process, save  # first: puts this checkout on sys.path
 
 GiB = 1 << 30
 TARGET_GIB, ZO2_GIB = 4.7, 4.73
@@ -86,11 +86,7 @@ def main() -> None:
     p.add_argument("--models", default="opt-6.7b")
     p.add_argument("--shapes", default="1x2048")
     p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    p.add_argument("--timeout", type=float, default=300.0)
-    p.add_argument("--name", default="amp_memory")
-    p.add_argument("--row", help=argparse.SUPPRESS)  # internal: one run in this process
-    p.add_argument("--result", help=argparse.SUPPRESS)
+    add_fresh_args(p, "amp_memory", 300.0)
     args = p.parse_args()
     if args.row:
         child(json.loads(args.row), Path(args.result))

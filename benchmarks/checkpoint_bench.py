@@ -22,12 +22,11 @@ import json
 import math
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import in_fresh_process, save, table  # first: puts this checkout on sys.path
+from common import add_fresh_args, finish, in_fresh_process, save  # first: puts this checkout on sys.path
 
 #: case -> (model, zo-offload settings, default checkpoint interval in steps)
 CASES = {"opt-1.3b-fp32": ("opt-1.3b", {}, 40),
@@ -110,11 +109,7 @@ def main() -> None:
                    help="checkpoint interval in steps (0: each case's default)")
     p.add_argument("--batch", default="16x128", help="batch_size x seq_len")
     p.add_argument("--dir", default=tempfile.gettempdir(), help="where checkpoints are written")
-    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    p.add_argument("--timeout", type=float, default=400.0, help="seconds per run")
-    p.add_argument("--name", default="checkpoint_cost")
-    p.add_argument("--row", help=argparse.SUPPRESS)  # internal: one run in this process
-    p.add_argument("--result", help=argparse.SUPPRESS)
+    add_fresh_args(p, "checkpoint_cost", 400.0)
     args = p.parse_args()
     if args.row:
         child(json.loads(args.row), Path(args.result))
@@ -164,16 +159,11 @@ def main() -> None:
         out["rows"].append(row)
         if args.device == "cuda":
             save(args.name, out)  # after every case: a timeout keeps what ran
-    out["seconds"] = time.perf_counter() - start
-    saved = save(args.name, out) if args.device == "cuda" else "nothing (a CPU plumbing run)"
-    print("\n" + table(out["rows"], COLS))
-    print(f"\nmean step over steps [N, 3N) (snapshots after steps N-1 and 2N-1), with vs without "
-          f"checkpoints; copy steps x = steps N and 2N (overlapping the host self-copy) over the "
-          f"plain median step; min every = ceil(longest write / mean step): the shortest "
-          f"interval this disk keeps up with. Targets: added <= {TARGET_MEAN:.0%}, copy steps "
-          f"<= {TARGET_COPY}x.\nsaved {saved} ({out['seconds']:.0f} s)")
-    sys.stdout.flush()
-
+    finish(args, out, COLS, "mean step over steps [N, 3N) (snapshots after steps N-1 and 2N-1), "
+           "with vs without checkpoints; copy steps x = steps N and 2N (overlapping the host "
+           "self-copy) over the plain median step; min every = ceil(longest write / mean step): "
+           f"the shortest interval this disk keeps up with. Targets: added <= {TARGET_MEAN:.0%}, "
+           f"copy steps <= {TARGET_COPY}x.", start)
 
 if __name__ == "__main__":
     main()

@@ -5,6 +5,7 @@ runs us), with the GPU name, library versions and date beside the numbers.
 """
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import json
 import math
@@ -161,3 +162,21 @@ def in_fresh_process(script: Path, spec: dict, timeout: float) -> dict:
         out = json.loads(result.read_text())
     out["process_seconds"] = wall
     return out
+
+
+def add_fresh_args(p: argparse.ArgumentParser, name: str, timeout: float) -> None:
+    """The options every fresh-process benchmark takes (``--row`` / ``--result``: internal, the
+    child's side of ``in_fresh_process``)."""
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    p.add_argument("--timeout", type=float, default=timeout, help="seconds per run")
+    p.add_argument("--name", default=name)
+    p.add_argument("--row", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+
+
+def finish(args: argparse.Namespace, out: dict, cols: list, note: str, start: float) -> None:
+    """Save ``out`` (on a GPU), then print its rows' table, ``note`` and where it went."""
+    out["seconds"] = time.perf_counter() - start
+    saved = save(args.name, out) if args.device == "cuda" else "nothing (a CPU plumbing run)"
+    print("\n" + table(out["rows"], cols))
+    print(f"\n{note}\nsaved {saved} ({out['seconds']:.0f} s)")
