@@ -26,7 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import add_fresh_args, finish, in_fresh_process, save  # first: puts this checkout on sys.path
+# common first: it puts this checkout on sys.path
+from common import add_fresh_args, finish, in_fresh_process, save
 
 #: case -> (model, zo-offload settings, default checkpoint interval in steps)
 CASES = {"opt-1.3b-fp32": ("opt-1.3b", {}, 40),

@@ -158,7 +158,8 @@ def in_fresh_process(script: Path, spec: dict, timeout: float) -> dict:
         wall = time.perf_counter() - t
         if proc.returncode != 0 or not result.is_file():
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-            return {"name": spec.get("name"), "error": f"exit {proc.returncode}: {' | '.join(tail)}"}
+            return {"name": spec.get("name"),
+                    "error": f"exit {proc.returncode}: {' | '.join(tail)}"}
         out = json.loads(result.read_text())
     out["process_seconds"] = wall
     return out

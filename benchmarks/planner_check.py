@@ -117,7 +117,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per row")
     ap.add_argument("--from-results", metavar="DAY",
-                    help="re-predict rows saved by an earlier session (e.g. NVIDIA-H200-2026-11-22)")
+                    help="re-predict rows saved by an earlier session "
+                         "(e.g. NVIDIA-H200-2026-11-22)")
     ap.add_argument("--name", default="planner_check")
     ap.add_argument("--row", help=argparse.SUPPRESS)  # internal: calibrate in this process
     ap.add_argument("--result", help=argparse.SUPPRESS)

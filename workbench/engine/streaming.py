@@ -6,9 +6,10 @@ mirror, or compressed-sr). ``prefetch_depth`` + the transfer's ``spare_slots`` G
 allocated once, hold the blocks in flight: block i+d uploads while block i computes and block
 i-1 offloads, on three CUDA streams ordered by events only (the host never waits inside a
 step). A compressed codec's wire buffers are two in all (one per direction), not one per slot;
-under compressed-sr a slot is free once its block is encoded, so one slot fewer serves. What a pass does to a block is
-the caller's ``compute``; the arithmetic lives in ``zo_step.py``. Used by the zo-offload and
-forward-grad engines (``offload.py``, ``forward_grad.py``) through its public methods.
+under compressed-sr a slot is free once its block is encoded, so one slot fewer serves. What a
+pass does to a block is the caller's ``compute``; the arithmetic lives in ``zo_step.py``. Used by
+the zo-offload and forward-grad engines (``offload.py``, ``forward_grad.py``) through its public
+methods.
 """
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ class BlockStreamer:
         ops: the engine's ZO operations (the transfers use them for their own updates).
 
     Attributes: ``embed``, ``head``, ``blocks`` (Groups; a streamed block's ``flat`` is its
-    host storage), ``resident`` (block indices on the GPU), ``streams``, ``transfer``, ``slot_numel``, ``bytes_h2d`` / ``bytes_d2h`` (running totals).
+    host storage), ``resident`` (block indices on the GPU), ``streams``, ``transfer``,
+    ``slot_numel``, ``bytes_h2d`` / ``bytes_d2h`` (running totals).
     """
 
     def __init__(self, adapter: BlockAdapter, source, cfg: RunConfig, device: torch.device,
