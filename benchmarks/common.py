@@ -5,11 +5,14 @@ runs us), with the GPU name, library versions and date beside the numbers.
 """
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import json
 import math
 import os
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -136,3 +139,45 @@ def table(rows: list[dict], cols: list[tuple[str, str, str]]) -> str:
         out.append(line)
     widths = [max(len(row[i]) for row in out) for i in range(len(cols))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in out)
+
+
+def in_fresh_process(script: Path, spec: dict, timeout: float) -> dict:
+    """``spec`` run by ``script --row SPEC --result FILE`` in a new Python process (no kernels,
+    allocator pools or pinned memory carried over from an earlier row); the JSON it wrote, or
+    the error (the table goes on). ``process_seconds``: import + build + steps + teardown."""
+    with tempfile.TemporaryDirectory() as tmp:
+        result = Path(tmp) / "row.json"
+        cmd = [sys.executable, str(Path(script).resolve()), "--row", json.dumps(spec),
+               "--result", str(result)]
+        t = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, cwd=Path(script).resolve().parent, capture_output=True,
+                                  text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"name": spec.get("name"), "error": f"timed out after {timeout:.0f} s"}
+        wall = time.perf_counter() - t
+        if proc.returncode != 0 or not result.is_file():
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            return {"name": spec.get("name"),
+                    "error": f"exit {proc.returncode}: {' | '.join(tail)}"}
+        out = json.loads(result.read_text())
+    out["process_seconds"] = wall
+    return out
+
+
+def add_fresh_args(p: argparse.ArgumentParser, name: str, timeout: float) -> None:
+    """The options every fresh-process benchmark takes (``--row`` / ``--result``: internal, the
+    child's side of ``in_fresh_process``)."""
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    p.add_argument("--timeout", type=float, default=timeout, help="seconds per run")
+    p.add_argument("--name", default=name)
+    p.add_argument("--row", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+
+
+def finish(args: argparse.Namespace, out: dict, cols: list, note: str, start: float) -> None:
+    """Save ``out`` (on a GPU), then print its rows' table, ``note`` and where it went."""
+    out["seconds"] = time.perf_counter() - start
+    saved = save(args.name, out) if args.device == "cuda" else "nothing (a CPU plumbing run)"
+    print("\n" + table(out["rows"], cols))
+    print(f"\n{note}\nsaved {saved} ({out['seconds']:.0f} s)")

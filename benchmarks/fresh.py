@@ -19,9 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -46,23 +44,10 @@ def child(spec: dict, result: Path) -> None:
 
 
 def run_fresh(spec: dict, timeout: float) -> dict:
-    """``spec`` in a new Python process; its result, or the error (the table goes on)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        result = Path(tmp) / "row.json"
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--row", json.dumps(spec),
-               "--result", str(result)]
-        t = time.perf_counter()
-        try:
-            proc = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return {"name": spec.get("name"), "error": f"timed out after {timeout:.0f} s"}
-        wall = time.perf_counter() - t
-        if proc.returncode != 0 or not result.is_file():
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-            return {"name": spec.get("name"), "error": f"exit {proc.returncode}: {' | '.join(tail)}"}
-        out = json.loads(result.read_text())
-    out["process_seconds"] = wall  # import + build + warm-up + steps + teardown
-    return out
+    """``spec`` in a new Python process of this script (``common.in_fresh_process``)."""
+    from common import in_fresh_process
+
+    return in_fresh_process(Path(__file__), spec, timeout)
 
 
 def rows_for(args) -> list[dict]:
@@ -126,11 +111,9 @@ def main() -> None:
     p.add_argument("--precisions", default="fp32,bf16-sr",
                    help=f"comma-separated: {', '.join(PRECISIONS)}")
     p.add_argument("--steps", type=int, default=8, help="steps per run (warm-up left out)")
-    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds per row")
-    p.add_argument("--name", default="fresh")
-    p.add_argument("--row", help=argparse.SUPPRESS)  # internal: run one row in this process
-    p.add_argument("--result", help=argparse.SUPPRESS)
+    from common import add_fresh_args
+
+    add_fresh_args(p, "fresh", 300.0)
     args = p.parse_args()
     if args.row:
         child(json.loads(args.row), Path(args.result))
@@ -141,7 +124,7 @@ def main() -> None:
     args.models, args.precisions = args.models.split(","), args.precisions.split(",")
     args.shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
 
-    from common import save, table
+    from common import finish, save
 
     t = time.perf_counter()
     bw = None
@@ -165,14 +148,9 @@ def main() -> None:
             out["rows"] = pair_up(out["runs"], bw)
         if args.device == "cuda":
             save(args.name, out)  # after every row: a timeout keeps what ran
-    out["seconds"] = time.perf_counter() - t
-    saved = save(args.name, out) if args.device == "cuda" else "nothing (a CPU plumbing run)"
-    print("\n" + table(out["rows"], COLS))
-    print(f"\nsteady tokens/s (warm-up steps left out: MeZO/offload in 'warm-up'); lower bound "
-          f"= max(MeZO's two forward passes, bytes each way / PCIe both ways); targets: ratio >= "
-          f"{TARGET_RATIO} (fp32), step/bound <= {TARGET_BOUND}\nsaved {saved} "
-          f"({out['seconds']:.0f} s)")
-
+    finish(args, out, COLS, f"steady tokens/s (warm-up steps left out: MeZO/offload in "
+           f"'warm-up'); lower bound = max(MeZO's two forward passes, bytes each way / PCIe both "
+           f"ways); targets: ratio >= {TARGET_RATIO} (fp32), step/bound <= {TARGET_BOUND}", t)
 
 if __name__ == "__main__":
     main()

@@ -1,34 +1,46 @@
-"""Planner predictions against what the H200 measured (issue: planner). Runs on any machine.
+"""Planner predictions against measurements (issue 16, part 8): one command on the GPU.
 
-Reads the calibration and the MeZO / zo-offload rows measured in the same session
-(benchmarks/results/*-NVIDIA-H200-2026-11-22.json), predicts each row with
-``workbench.planner.plan`` and prints predicted vs measured peak GPU memory (torch allocator)
-and step time, then the plans for opt-66b and opt-175b on a 24 GiB GPU.
+On a GPU (the default there): this machine is calibrated in a fresh process (the fused-kernel
+timing included: its ``fused_kernel`` flag and rate are printed), then every row is measured in
+a fresh process of its own (``fresh.py``'s child: the training recipe, steady steps), then each
+row is predicted by ``workbench.planner.plan`` with that calibration and the table gives
+predicted / measured peak GPU memory (torch allocator) and step time, and how many rows are
+within 10% (memory) and 15% (time). Rows: MeZO and zo-offload at 16 x 128, amp off and bf16,
+for ``--models`` (the 24 rows of the H200 session of 2026-11-22 with every model), plus
+zo-offload bf16 + compressed-sr at 1 x 2048 (the AMP memory rows of part 7).
 
-One input is patched, and said so in the output: the calibration's fused-kernel timing failed
-on the device (Triton specialised a seed argument equal to 1 into a constant; fixed since), so
-its perturbation rate fell back to the torch Philox path (2.1 G/s). The rate used here is
-derived from the measured MeZO rows instead: (step time - compute time) / (4 passes x params).
+    python benchmarks/planner_check.py --models opt-125m,opt-350m,opt-1.3b,opt-2.7b   # ~6 min
+    python benchmarks/planner_check.py --models opt-6.7b,opt-13b                      # ~8 min
+    python benchmarks/planner_check.py --from-results NVIDIA-H200-2026-11-22          # any machine
+
+``--from-results DAY`` re-predicts rows saved by an earlier session instead (zo_offload-DAY.json,
+main13b-DAY.json, calibration-DAY.json); that session's calibration had a broken fused-kernel
+timing, so there the perturbation rate is derived from its MeZO rows, and said so.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
+import sys
+import time
 from pathlib import Path
 
-from common import RESULTS, save, table
+from common import RESULTS, in_fresh_process, save, table  # first: this checkout on sys.path
 
 from workbench.config import RunConfig
 from workbench.presets import PRESETS
 from workbench.planner import plan
 
-DAY = "NVIDIA-H200-2026-11-22"
+HERE = Path(__file__).resolve().parent
+MODELS = "opt-125m,opt-350m,opt-1.3b,opt-2.7b,opt-6.7b,opt-13b"
+SR = {"amp": "bf16", "codec": "bf16", "master": "compressed-sr"}
 
 
-def load_rows() -> list[dict]:
+def load_rows(day: str) -> list[dict]:
     rows = []
     for name in ("zo_offload", "main13b"):
-        path = RESULTS / f"{name}-{DAY}.json"
+        path = RESULTS / f"{name}-{day}.json"
         if path.is_file():
             rows += [r for r in json.loads(path.read_text()).get("main", []) if "error" not in r]
     return rows
@@ -46,23 +58,92 @@ def perturb_rate(rows: list[dict]) -> float:
     return statistics.median(rates)
 
 
-def main() -> None:
-    calib = json.loads((RESULTS / f"calibration-{DAY}.json").read_text())
-    calib = next(iter(calib["machines"].values()))
-    rows = load_rows()
-    rate = perturb_rate(rows)
-    calib = {**calib, "perturb_fused_per_s": rate, "fused_kernel": True}
+def specs(models: list[str], steps: int) -> list[dict]:
+    """The rows to measure: (method, amp) at 16 x 128 per model, + bf16/SR at 1 x 2048."""
+    out = []
+    for model in models:
+        for amp in ("off", "bf16"):
+            for method in ("mezo", "zo-offload"):
+                out.append({"name": f"{model} {amp} 16x128 {method}", "config": {
+                    "model": model, "method": method, "amp": amp, "batch_size": 16,
+                    "seq_len": 128}})
+        out.append({"name": f"{model} bf16+sr 1x2048 zo-offload", "config": {
+            "model": model, "method": "zo-offload", "batch_size": 1, "seq_len": 2048, **SR}})
+    for spec in out:
+        spec["config"].update(data="synthetic", device="cuda", steps=steps, lr=1e-7)
+    return out
+
+
+def measure_rows(args) -> tuple[dict, list[dict]]:
+    """Calibrate, then run every row, each in a fresh process."""
+    calib = in_fresh_process(HERE / "planner_check.py", {"calibrate": True}, args.timeout)
+    if "error" in calib:
+        sys.exit(f"calibration failed: {calib['error']}")
+    print(f"calibration: {calib.get('gpu_name')}, fused kernel "
+          f"{'works' if calib.get('fused_kernel') else 'FAILED (torch path)'}, perturbation "
+          f"{calib.get('perturb_fused_per_s', 0) / 1e9:.0f} G elements/s fused", flush=True)
+    rows = []
+    for spec in specs(args.models.split(","), args.steps):
+        r = in_fresh_process(HERE / "fresh.py", spec, args.timeout)
+        r.setdefault("config", spec["config"])
+        r["name"] = spec["name"]
+        print(f"{spec['name']}: " + (r["error"] if "error" in r else
+              f"{r['step_seconds']:.4f} s/step, {r['peak_gpu_mem_bytes'] / 2**30:.2f} GiB"),
+              flush=True)
+        if "error" not in r:
+            rows.append(r)
+    return calib, rows
+
+
+def compare(rows: list[dict], calib: dict) -> list[dict]:
     out = []
     for r in rows:
         c = r["config"]
-        cfg = RunConfig(model=c["model"], method=c["method"], amp=c["amp"], data="synthetic",
-                        device="cuda", batch_size=c["batch_size"], seq_len=c["seq_len"])
+        cfg = RunConfig(**{k: c[k] for k in ("model", "method", "amp", "batch_size", "seq_len")},
+                        **{k: c[k] for k in ("codec", "master") if k in c},
+                        data="synthetic", device="cuda")
         p = plan(cfg, calibration=calib).to_dict()
         out.append({"run": r["name"], "mem_pred_gb": p["peak_gpu_mem_bytes"] / 1e9,
                     "mem_meas_gb": r["peak_gpu_mem_bytes"] / 1e9,
                     "mem_ratio": p["peak_gpu_mem_bytes"] / r["peak_gpu_mem_bytes"],
                     "time_pred_s": p["step_seconds"], "time_meas_s": r["step_seconds"],
                     "time_ratio": p["step_seconds"] / r["step_seconds"]})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=MODELS)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per row")
+    ap.add_argument("--from-results", metavar="DAY",
+                    help="re-predict rows saved by an earlier session "
+                         "(e.g. NVIDIA-H200-2026-11-22)")
+    ap.add_argument("--name", default="planner_check")
+    ap.add_argument("--row", help=argparse.SUPPRESS)  # internal: calibrate in this process
+    ap.add_argument("--result", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.row:
+        from workbench.calibration import calibrate
+
+        Path(args.result).write_text(json.dumps(calibrate("cuda", save=False), default=str))
+        return
+    import torch
+
+    start, note = time.perf_counter(), ""
+    if args.from_results or not torch.cuda.is_available():
+        day = args.from_results or "NVIDIA-H200-2026-11-22"
+        calib = json.loads((RESULTS / f"calibration-{day}.json").read_text())
+        calib = next(iter(calib["machines"].values()))
+        rows = load_rows(day)
+        rate = perturb_rate(rows)
+        calib = {**calib, "perturb_fused_per_s": rate, "fused_kernel": True}
+        note = (f"rows of {day}; perturbation rate derived from its MeZO rows: "
+                f"{rate / 1e9:.0f} G elements/s per pass (that calibration's fused timing failed)")
+    else:
+        calib, rows = measure_rows(args)
+        note = f"measured now on {calib.get('gpu_name')} ({time.perf_counter() - start:.0f} s)"
+    out = compare(rows, calib)
     big = []
     for model in ("opt-66b", "opt-175b"):
         for b, t in ((16, 128), (1, 2048)):
@@ -82,12 +163,15 @@ def main() -> None:
     bcols = [("plan", "run", ""), ("torch GiB", "gpu_gib", "{:.1f}"),
              ("NVML GiB", "nvml_gib", "{:.1f}"), ("host GiB", "host_gib", "{:.1f}"),
              ("fits GPU", "fits", ""), ("step s", "step_s", "{:.2f}")]
-    within = sum(abs(r["mem_ratio"] - 1) <= 0.10 for r in out), sum(abs(r["time_ratio"] - 1) <= 0.15 for r in out)
-    print(f"perturbation rate derived from the MeZO rows: {rate / 1e9:.0f} G elements/s per pass")
+    within = (sum(abs(r["mem_ratio"] - 1) <= 0.10 for r in out),
+              sum(abs(r["time_ratio"] - 1) <= 0.15 for r in out))
+    print(note)
     print(table(out, cols))
     print(f"within 10% memory: {within[0]}/{len(out)}; within 15% time: {within[1]}/{len(out)}\n")
     print(table(big, bcols))
-    path = save("planner_check", {"perturb_rate_derived": rate, "rows": out, "large": big})
+    path = save(args.name, {"note": note, "calibration": calib, "rows": out, "large": big,
+                            "within": {"memory_10pct": within[0], "time_15pct": within[1],
+                                       "rows": len(out)}, "measured": rows})
     print(f"saved {path}")
 
 

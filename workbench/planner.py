@@ -6,12 +6,14 @@ and the fit advice, and a third of the file is the assumptions written out below
 
 Memory (n = elements of one block, B rows, T = seq_len, D hidden, F ffn, V vocab):
   Parameters as the engines hold them (their ``gpu_param_bytes``). mezo: every group in fp32.
-    zo-offload: embedding + head + resident blocks; prefetch_depth + 2 fp32 slots of a block; an
-    fp32 scratch copy of a tied embedding. A compressed codec adds to each slot a wire buffer and,
-    with master=fp32 (the mirror transfer of ``engine/transfers.py``), a bf16 delta.
+    zo-offload: embedding + head + resident blocks; prefetch_depth + 2 fp32 slots of a block
+    (+ 1 under master=compressed-sr: a slot is free once encoded); a copy of a tied LM-head
+    weight in the head's compute dtype (``engine/tied.py``: bf16 / fp16 under amp, else fp32).
+    A compressed codec adds two wire buffers (one per direction, shared by the slots) and,
+    with master=fp32 (the mirror transfer of ``engine/transfers.py``), a bf16 delta per slot.
     reuse_buffers=false: fresh buffers, freed across streams only once their events complete,
     while the host enqueues a whole step: up to every streamed block at once (the allocator
-    syncs rather than failing, so the fit check counts only prefetch_depth + 2 of them).
+    syncs rather than failing, so the fit check counts only the slots' number of them).
     forward-grad: zo-offload + an fp32 tangent for every group (``ForwardGradEngine`` leaves
     each group's weights bound as duals until the step's dual level ends, so the tangents of all
     blocks accumulate within a step; measured on CPU). fo: fp32 params, grads, AdamW m and v,
@@ -258,20 +260,27 @@ def _zo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) -> Non
     z = (lambda k: 0) if fused else (  # z materialised, + philox's int64 chunk temporaries
         lambda k: 4 * k + (0 if cfg.rng == "torch" else 80 * min((k + 3) // 4, 1 << 22)))
     r = min(cfg.resident_blocks, N) if streaming else N
-    s, slots = N - r, (cfg.prefetch_depth + 2 if streaming and r < N else 0)
     kind = "plain" if cfg.codec == "fp32" else ("sr" if cfg.master == "compressed-sr" else "mirror")
+    spare = 1 if kind == "sr" else 2  # ``spare_slots`` of the transfer
+    s, slots = N - r, (cfg.prefetch_depth + spare if streaming and r < N else 0)
     dev["embedding + head"] = 4 * (ne + nh)
     dev["resident blocks" if streaming else "blocks"] = 4 * r * nb
-    if streaming and tied:
-        dev["tied-embedding scratch"] = 4 * ne
+    tied_copy = 0
+    if cfg.method == "zo-offload" and tied:  # the head's copy of the tied weight
+        tied_copy = (2 if e["amp"] else 4) * p.vocab * p.hf.get("word_embed_proj_dim", p.hidden)
+        dev["tied head weight copy"] = tied_copy
     up = codec_bytes(cfg.codec, nb)
     down = {"plain": 4 * nb, "sr": up, "mirror": 2 * nb}[kind]
     if slots:
         ahead = s if cuda and cfg.overlap and not cfg.reuse_buffers else slots
         dev["block slots" if cfg.reuse_buffers else "blocks in flight"] = 4 * ahead * nb
         e["elastic"] = 4 * (ahead - slots) * nb
-        if kind != "plain":
-            dev["codec wire buffers"] = slots * (up + 2 * nb * (kind == "mirror"))
+        if kind != "plain":  # shared wires (one per direction) with reuse, else per block
+            wires = {"sr": 2 * up, "mirror": up} if cfg.reuse_buffers else {
+                "sr": slots * up, "mirror": slots * up}
+            dev["codec wire buffers"] = wires[kind]
+            if kind == "mirror":
+                dev["mirror deltas"] = slots * 2 * nb
         e["pinned"] = s * {"plain": _pin(4 * nb, cuda), "sr": _pin(up, cuda),
                            "mirror": _pin(up, cuda) + _pin(2 * nb, cuda)}[kind]
         if kind == "mirror":  # a pageable fp32 master, a pinned mirror and delta
@@ -282,8 +291,9 @@ def _zo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) -> Non
         if cuda and e["pinned"] > 1.1 * s * (4 * nb if kind == "plain" else up + 2 * nb):
             notes.append("blocks under 64 MiB are pinned by torch's allocator, which rounds each "
                          "up to a power of two: pinned host memory is counted as rounded")
-    extras = dev.get("codec wire buffers", 0) if cfg.reuse_buffers else 0
-    e["gpu_param_bytes"] = cuda * (4 * (ne + nh + r * nb) + 4 * ne * (streaming and tied)
+    extras = (dev.get("codec wire buffers", 0) + dev.get("mirror deltas", 0)
+              if cfg.reuse_buffers else 0)
+    e["gpu_param_bytes"] = cuda * (4 * (ne + nh + r * nb) + tied_copy
                                    + (4 * slots * nb + extras) * cfg.reuse_buffers)
     live = 1 if cfg.method == "mezo" else 2
     held = (3 if p.family == "opt" else 1) * hb * live  # embedding frames kept by the adapter
@@ -300,8 +310,11 @@ def _zo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) -> Non
         dev["forward-AD transients"] = 16 * nb
         notes.append("forward-grad: the embedding's and head's tangents live all step, a block's "
                      "only while it computes (4 B/param); jvp taken as 3x forward FLOPs")
+    # the head reads the tied copy in its compute dtype: no autocast cast of that weight
+    head_m = m["head"] - (2 * p.vocab * p.hf.get("word_embed_proj_dim", p.hidden)
+                          if tied_copy and e["amp"] else 0)
     moments = [m["embed"] + (live - 1) * (hb + held // live), live * hb + held + blockm,
-               live * hb + held + m["head"]]
+               live * hb + held + head_m]
     moments += [held + z(max(ne, nb, nh))] if not streaming else [  # held: not yet collected
         2 * hb + held + max(z(nb) + 4 * nb * (kind == "mirror"), z(ne))]  # (tied restore: last)
     act = max(moments) + rows * t * t * masked  # + the padding mask, alive all step
@@ -485,8 +498,9 @@ def _problems(cfg: RunConfig, pl: Plan, replan) -> list[str]:
             cands.append((f"resident_blocks={r} keeps {r} blocks on the GPU: set resident_blocks="
                           f"{best}", {"resident_blocks": best}))
         if cfg.prefetch_depth > 1:
-            cands.append((f"prefetch_depth=1 (3 slots, not {cfg.prefetch_depth + 2})",
-                          {"prefetch_depth": 1}))
+            spare = 1 if cfg.codec != "fp32" and cfg.master == "compressed-sr" else 2
+            cands.append((f"prefetch_depth=1 ({1 + spare} slots, not "
+                          f"{cfg.prefetch_depth + spare})", {"prefetch_depth": 1}))
         if cfg.codec != "fp32":
             cands.append(("codec=fp32 drops the wire buffers beside the slots",
                           {"codec": "fp32", "master": "fp32"}))

@@ -24,12 +24,24 @@ def test_offload_equals_mezo_on_cuda(cuda_reference, overlap, reuse, fused, resi
     assert_offload_equals_mezo(cuda_reference, overlap, reuse, fused, resident)
 
 
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-opt"])  # tiny-opt: a tied LM head
 @pytest.mark.parametrize("rng, amp", [("torch", "off"), ("philox", "bf16")])
-def test_offload_equals_mezo_rng_and_amp(rng, amp):
-    base = RunConfig(model="tiny-llama", device="cuda", rng=rng, amp=amp, lr=1e-3)
+def test_offload_equals_mezo_rng_and_amp(rng, amp, model):
+    base = RunConfig(model=model, device="cuda", rng=rng, amp=amp, lr=1e-3)
     _, a, _ = train(base.replace(method="mezo"))
     _, b, _ = train(base.replace(method="zo-offload", prefetch_depth=2))
     assert a == b
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_sr_schedule_with_one_slot_fewer_is_race_free(depth):
+    """compressed-sr frees a slot once its block is encoded and shares one wire per direction:
+    three streams end with the digest and losses of one stream, where nothing overlaps."""
+    base = RunConfig(model="tiny-opt", device="cuda", method="zo-offload", codec="bf16",
+                     master="compressed-sr", amp="bf16", lr=1e-3, prefetch_depth=depth)
+    _, a, la = train(base.replace(overlap=True))
+    _, b, lb = train(base.replace(overlap=False))
+    assert a == b and la == lb
 
 
 def test_triton_normals_match_torch_philox():

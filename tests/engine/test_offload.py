@@ -66,3 +66,26 @@ def test_events_cover_every_block_in_schedule_order():
             nxt = next(e for e in events if e.step == step and e.block == block + 1 and e.op == "upload")
             cur = next(e for e in events if e.step == step and e.block == block and e.op == "compute")
             assert nxt.start <= cur.start
+
+
+@pytest.mark.parametrize("amp", ["bf16", "off"])
+def test_tied_head_copy_keeps_equality_under_amp(amp):
+    """The tied LM head reads a copy of the weight at p in its own compute dtype (bf16 under
+    amp: half the memory of an fp32 copy, and no autocast cast in the head); losses and weights
+    still equal MeZO's under autocast, bit for bit."""
+    from workbench.engine import build_engine
+    from workbench.models.build import build_skeleton
+
+    cfg = RunConfig(model="tiny-opt", method="mezo", lr=5e-3, weight_decay=0.1, amp=amp)
+    _, ref_digest, ref_losses = train(cfg, steps=4)
+    off = cfg.replace(method="zo-offload")
+    _, d, losses = train(off, steps=4)
+    assert losses == ref_losses and d == ref_digest
+    model, source = build_skeleton(off.model)
+    engine = build_engine(model, source, off, torch.device("cpu"), EventBus())
+    try:
+        vocab, dim = model.get_input_embeddings().weight.shape
+        assert engine.tied.buf.shape == (vocab, dim)  # the tied weight only, no positions
+        assert engine.tied.buf.dtype == (torch.bfloat16 if amp == "bf16" else torch.float32)
+    finally:
+        engine.close()

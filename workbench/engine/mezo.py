@@ -16,6 +16,7 @@ from workbench.engine.events import EMBED, HEAD, EventBus
 from workbench.engine.groups import build_layouts, move_buffers, release
 from workbench.engine.objective import objective_for, predict_on_device
 from workbench.engine.perturb import PendingUpdate, ZOOps
+from workbench.engine.pinned import SnapshotBuffers
 from workbench.engine.protocol import StepOutput
 from workbench.engine.timing import OpTimer
 from workbench.engine.zo_common import Group, autocast, device_copies, materialise, step_seed
@@ -47,6 +48,9 @@ class MeZOEngine:
         self.bytes_h2d = self.bytes_d2h = 0
         # Data parallel: averages the shard losses over ranks (the only traffic of a step).
         self.reduce = None  # MeZO applies its update within the step
+        self.snap_bufs = SnapshotBuffers(device.type == "cuda")
+        if cfg.checkpoint_every:
+            self._snapshot_buffers()  # at setup, not in the first snapshot's step
 
     # --- training ---------------------------------------------------------------------------
     def _loss(self, batch: Batch, step: int, sign: str) -> torch.Tensor:
@@ -97,11 +101,11 @@ class MeZOEngine:
         return [g.layout for g in self.groups]
 
     def snapshot(self, next_step: int):
-        """Start host copies of the weights (never blocking the step); returns a function the
-        checkpoint writer calls to get the ``Snapshot``."""
-        bufs, done = device_copies([g.flat for g in self.groups], getattr(self, "_snap", None),
-                                   self.device)
-        self._snap = bufs if done is not None else None
+        """Start host copies of the weights (never blocking the step) into buffers kept from
+        one snapshot to the next; returns a function the checkpoint writer calls to get the
+        ``Snapshot``. Call it only once the writer is done with the last one."""
+        bufs = self._snapshot_buffers()
+        done = device_copies([g.flat for g in self.groups], bufs, self.device)
         names = [lay.name for lay in self.group_layouts()]
 
         def make() -> Snapshot:
@@ -111,6 +115,12 @@ class MeZOEngine:
                             [lay.n_decay for lay in self.group_layouts()])
 
         return make
+
+    def _snapshot_buffers(self) -> list[torch.Tensor]:
+        """One page-locked host buffer per group, allocated once (at setup when the run
+        checkpoints)."""
+        return [self.snap_bufs.get(k, g.flat.numel(), g.flat.dtype, pinned=True)
+                for k, g in enumerate(self.groups)]
 
     def restore(self, snap: Snapshot) -> None:
         """MeZO applies each update within its step: a snapshot never carries one."""
@@ -127,3 +137,4 @@ class MeZOEngine:
         for group in self.groups:
             release(group.layout)
         self.groups = []
+        self.snap_bufs.release()

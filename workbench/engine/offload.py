@@ -8,9 +8,9 @@ step's uploads; ``ZOOffloadEngine`` adds the ZO step, ``ForwardGradEngine``
 A zo-offload step, per block after its upload: apply the previous step's pending update fused
 with the +eps perturbation, run the + pass, perturb -2 eps, run the - pass, restore, offload.
 The + and - hidden states travel block by block together, so one upload serves both passes.
-A weight tied between the embedding and the LM head keeps its +eps copy in the streamer's
-scratch buffer from the embedding's + pass to the head's, so every value equals MeZO's bit for
-bit.
+A weight tied between the embedding and the LM head keeps its +eps copy, in the head's compute
+dtype, from the embedding's + pass to the head's (``tied.py``), so every value equals MeZO's
+bit for bit.
 """
 from __future__ import annotations
 
@@ -22,12 +22,13 @@ from workbench.config import RunConfig
 from workbench.data.batches import Batch
 from workbench.engine.checkpoint import Snapshot
 from workbench.engine.events import EMBED, HEAD, EventBus
-from workbench.engine.groups import GroupLayout
+from workbench.engine.groups import GroupLayout, tied_with_embed
 from workbench.engine.objective import objective_for
 from workbench.engine.perturb import PendingUpdate, ZOOps
 from workbench.engine.shared_host import NodeShare
 from workbench.engine.protocol import StepOutput
 from workbench.engine.streaming import BlockStreamer
+from workbench.engine.tied import TiedHead
 from workbench.engine.timing import OpTimer
 from workbench.engine.zo_common import autocast, pending_from_dict, step_seed
 from workbench.engine.zo_step import (MINUS, PLUS, ZOStep, apply_update, projected_grad,
@@ -140,25 +141,37 @@ class ZOOffloadEngine(StreamedEngine):
     """Method ``zo-offload``: MeZO's step over the streamed model, bit-equal to ``MeZOEngine``
     for every scheduler knob."""
 
+    def __init__(self, model, source, cfg: RunConfig, device: torch.device, bus: EventBus):
+        super().__init__(model, source, cfg, device, bus)
+        s = self.streamer
+        self.tied = (TiedHead(s.embed, self.adapter.head_modules, cfg.amp)
+                     if tied_with_embed(s.embed.layout, self.adapter.head_modules) else None)
+
+    def buffer_bytes(self) -> dict[str, int]:
+        """The engine's own device buffers by item (bytes): the streamer's and the tied head
+        weight copy."""
+        tied = {"tied head weight copy": self.tied.nbytes} if self.tied is not None else {}
+        return {**self.streamer.buffer_bytes(), **tied}
+
+    def gpu_param_bytes(self) -> int:
+        return sum(self.buffer_bytes().values()) if self.device.type == "cuda" else 0
+
     @torch.no_grad()
     def step(self, batch: Batch, step: int, lr: float, wd: float) -> StepOutput:
         """One ZO step over the streamed model; returns (L+, L-, g) as 0-d device tensors."""
         ops, adapter, s = self.ops, self.adapter, self.streamer
         st = ZOStep(step_seed(self.cfg.seed, step), self.cfg.eps, self.pending)
-        emb, scratch, compute = s.embed, s.scratch, s.streams.compute
+        emb, tied, compute = s.embed, self.tied, s.streams.compute
         with autocast(self.device, self.cfg.amp):
             with self.timer.span("compute", "compute", compute, step, EMBED):
-                # Tied: the embedding keeps w' then m, and p goes to the scratch buffer.
-                embed_passes = zo_passes(ops, emb.flat, emb.layout, st, plus_out=scratch)
+                embed_passes = zo_passes(ops, emb.flat, emb.layout, st)
                 next(embed_passes)
-                if scratch is not None:
-                    emb.bind(scratch)
                 h_plus, ctx = adapter.embed(batch)
+                if tied is not None:
+                    tied.keep()  # the tied weight at p, for the head's + pass
                 next(embed_passes)
-                if scratch is not None:
-                    emb.bind()
                 h_minus, _ = adapter.embed(batch)
-                if scratch is None:
+                if tied is None:
                     next(embed_passes, None)  # restore (tied: after the head's - pass)
             hidden = [h_plus, h_minus]
 
@@ -171,9 +184,11 @@ class ZOOffloadEngine(StreamedEngine):
             losses = [None, None]
             with self.timer.span("compute", "compute", compute, step, HEAD):
                 for sign in zo_passes(ops, s.head.flat, s.head.layout, st):
-                    if scratch is not None:  # the head sees the tied weight at p, then m
-                        emb.bind(scratch if sign == PLUS else None)
+                    if tied is not None:  # the head sees the tied weight at p, then m
+                        tied.bind_for(sign)
                     losses[sign] = self.objective.loss(adapter, hidden[sign], ctx, batch)
+                if tied is not None:
+                    tied.unbind()
                 next(embed_passes, None)  # a tied embedding's restore
         loss_plus, loss_minus = losses[PLUS], losses[MINUS]
         if self.reduce is not None:

@@ -63,3 +63,28 @@ def _clear_cuda_error() -> None:
         ctypes.CDLL("libcudart.so." + torch.version.cuda.split(".")[0]).cudaGetLastError()
     except (OSError, AttributeError):
         pass
+
+
+class SnapshotBuffers:
+    """Host buffers for checkpoint snapshots, allocated on first use and kept from one snapshot
+    to the next (a fresh page-locked buffer costs a ``cudaHostAlloc`` and page faults in the
+    training thread on every snapshot; the writer is idle when a snapshot starts, so nothing
+    still reads them). ``allocations`` counts the buffers ever allocated here."""
+
+    def __init__(self, cuda: bool):
+        self.memory, self.allocations = HostMemory(cuda), 0
+        self._bufs: dict[object, torch.Tensor] = {}
+
+    def get(self, key: object, n: int, dtype: torch.dtype, pinned: bool) -> torch.Tensor:
+        """The (n,) ``dtype`` buffer kept under ``key``: page-locked when ``pinned`` (a GPU
+        copies into it), pageable otherwise (a host thread does)."""
+        buf = self._bufs.get(key)
+        if buf is None or buf.numel() != n or buf.dtype != dtype:
+            buf = self.memory.empty(n, dtype) if pinned else torch.empty(n, dtype=dtype)
+            self._bufs[key] = buf
+            self.allocations += 1
+        return buf
+
+    def release(self) -> None:
+        self._bufs.clear()
+        self.memory.release()

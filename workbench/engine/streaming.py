@@ -2,14 +2,14 @@
 
 Layout: the embedding, the head and ``resident_blocks`` blocks live on the GPU; every other
 block's master lives in host memory behind a transfer (``transfers.py``: fp32, a compressed
-mirror, or compressed-sr). ``prefetch_depth + 2`` GPU slots, allocated once, hold the blocks in
-flight: block i+d uploads while block i computes and block i-1 offloads, on three CUDA streams
-ordered by events only (the host never waits inside a step). What a pass does to a block is
-the caller's ``compute``; the arithmetic lives in ``zo_step.py``. Used by the zo-offload and
-forward-grad engines (``offload.py``, ``forward_grad.py``) through its public methods.
-
-A weight tied between the embedding and the LM head gets a scratch buffer for the ZO "+" copy
-of the embedding (``scratch``), alive from the embedding's "+" pass to the head's.
+mirror, or compressed-sr). ``prefetch_depth`` + the transfer's ``spare_slots`` GPU slots,
+allocated once, hold the blocks in flight: block i+d uploads while block i computes and block
+i-1 offloads, on three CUDA streams ordered by events only (the host never waits inside a
+step). A compressed codec's wire buffers are two in all (one per direction), not one per slot;
+under compressed-sr a slot is free once its block is encoded, so one slot fewer serves. What a
+pass does to a block is the caller's ``compute``; the arithmetic lives in ``zo_step.py``. Used by
+the zo-offload and forward-grad engines (``offload.py``, ``forward_grad.py``) through its public
+methods.
 """
 from __future__ import annotations
 
@@ -19,9 +19,10 @@ from typing import Callable, Sequence
 import torch
 
 from workbench.config import RunConfig
-from workbench.engine.groups import GroupLayout, LazyFlats, build_layouts, move_buffers, \
-    release, tied_with_embed
+from workbench.engine.events import OpEvent
+from workbench.engine.groups import GroupLayout, LazyFlats, build_layouts, move_buffers, release
 from workbench.engine.perturb import PendingUpdate, ZOOps
+from workbench.engine.pinned import SnapshotBuffers
 from workbench.engine.shared_host import NodeShare
 from workbench.engine.streams import Streams
 from workbench.engine.timing import OpTimer
@@ -47,8 +48,8 @@ class BlockStreamer:
         ops: the engine's ZO operations (the transfers use them for their own updates).
 
     Attributes: ``embed``, ``head``, ``blocks`` (Groups; a streamed block's ``flat`` is its
-    host storage), ``resident`` (block indices on the GPU), ``scratch`` (None unless tied),
-    ``streams``, ``transfer``, ``slot_numel``, ``bytes_h2d`` / ``bytes_d2h`` (running totals).
+    host storage), ``resident`` (block indices on the GPU), ``streams``, ``transfer``,
+    ``slot_numel``, ``bytes_h2d`` / ``bytes_d2h`` (running totals).
     """
 
     def __init__(self, adapter: BlockAdapter, source, cfg: RunConfig, device: torch.device,
@@ -60,17 +61,16 @@ class BlockStreamer:
         self.resident = set(range(min(cfg.resident_blocks, n)))
         self.embed = Group(embed, materialise(embed, source, cfg.seed, device))
         self.head = Group(head, materialise(head, source, cfg.seed, device))
-        tied = tied_with_embed(embed, adapter.head_modules)
-        self.scratch = torch.empty_like(self.embed.flat) if tied else None
         self.streams = Streams(device, cfg.overlap)
         self.transfer = make_transfer(cfg.master, cfg.codec, device, timer, ops, share)
         self.slot_numel = max((blocks[i].numel for i in range(n) if i not in self.resident),
                               default=0)
-        self.n_slots = cfg.prefetch_depth + 2
+        self.n_slots = cfg.prefetch_depth + self.transfer.spare_slots
         self.slots: list[tuple[torch.Tensor, dict]] = []
         if cfg.reuse_buffers and self.slot_numel:
             self.slots = [(torch.empty(self.slot_numel, device=device),
-                           self.transfer.slot_extra(self.slot_numel)) for _ in range(self.n_slots)]
+                           self.transfer.slot_extra(self.slot_numel, shared=True))
+                          for _ in range(self.n_slots)]
         self.blocks: list[Group] = []
         if share is not None:
             share.start(n)
@@ -96,8 +96,11 @@ class BlockStreamer:
         self._slot_free: dict[int, torch.cuda.Event | None] = {}  # slot -> last use finished
         self._slot_params: dict[tuple, list] = {}
         self._gates: dict[int, Future] = {}  # block -> its snapshot copy, awaited before offload
-        self._snap_host: dict[int, torch.Tensor] = {}  # self-copy buffers, reused
-        self._copier = ThreadPoolExecutor(max_workers=2, thread_name_prefix="self-copy")
+        self.snap_bufs = SnapshotBuffers(self.cuda)  # snapshot host buffers, reused
+        # one thread: blocks are copied in offload order (each copy_ is already multi-threaded)
+        self._copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="self-copy")
+        if cfg.checkpoint_every:
+            self.prepare_snapshots()
 
     def _host_storage(self, lay: GroupLayout, source):
         """A streamed block's host storage, filled with its initial weights. Random init runs on
@@ -134,7 +137,6 @@ class BlockStreamer:
             numel = group.layout.numel
             tr.wait_host(j)  # host-side work on this block's storage has finished
             with s.on(s.upload):
-                s.wait(s.upload, self._slot_free.get(slot))  # slot's last block is done with it
                 s.wait(s.upload, self._offloaded.get(j))  # last step's offload wrote the host copy
                 if self.slots:
                     flat, extra = self.slots[slot][0][:numel], self.slots[slot][1]
@@ -142,7 +144,9 @@ class BlockStreamer:
                     flat, extra = torch.empty(numel, device=self.device), tr.slot_extra(numel)
                 if share is not None:  # readers: the writer's last write-back has landed
                     share.before_upload(j, write_back)
-                tr.upload(group.flat, flat, extra, step, j, s.upload)
+                tr.upload(group.flat, flat, extra, step, j, s.upload,
+                          # the slot's last block is done with it (its offload read it)
+                          lambda: s.wait(s.upload, self._slot_free.get(slot)))
                 inflight[j] = (flat, extra, s.record(s.upload), slot)
                 if share is not None and write_back:
                     share.after_upload(j, inflight[j][2])
@@ -177,14 +181,17 @@ class BlockStreamer:
                 continue
             if share is not None:
                 share.before_write(i)  # every reader has uploaded this pass's old values
+            released: list = []
             with s.on(s.offload):
                 s.wait(s.offload, computed)  # offload only after compute has finished the block
                 self.bytes_d2h += tr.offload(group.flat, flat, extra, step, i, group.layout,
-                                             s.offload)
+                                             s.offload, lambda: released.append(
+                                                 s.record(s.offload)))
                 done = s.record(s.offload)
                 for t in fresh:
                     t.record_stream(s.offload)  # and until the offload has read them
-            self._offloaded[i] = self._slot_free[slot] = done
+            self._offloaded[i] = done
+            self._slot_free[slot] = released[0] if released else done
             if share is not None:
                 share.after_write(i, done)
 
@@ -241,26 +248,26 @@ class BlockStreamer:
 
     def snapshot(self, next_step: int, pending: PendingUpdate | None):
         """The paper's asynchronous checkpoint: GPU-resident groups are copied down on a side
-        stream; each half's streamed blocks are self-copied on the host by a thread once their
-        offloads have landed, while training goes on. The next step waits only before it
-        overwrites a block whose copy is not done yet. Returns a function for the writer."""
-        from workbench.engine.checkpoint import Snapshot, halves
+        stream; streamed blocks are self-copied on the host by a thread, block by block in
+        the order the next step offloads them, once their offloads have landed, while
+        training goes on. The next step waits only before it overwrites a block whose copy is
+        not done yet. Every buffer is kept from one snapshot to the next (``snap_bufs``), so
+        call this only once the writer is done with the last one. Returns a function for the
+        writer."""
+        from workbench.engine.checkpoint import Snapshot
 
         groups = self.groups()
-        on_gpu = [k for k in range(len(groups)) if k in (0, len(groups) - 1)
-                  or (k - 1) in self.resident]
-        gpu_bufs, done = device_copies([groups[k].flat for k in on_gpu] +
-                                       ([pending.g.reshape(1)] if pending else []),
-                                       None, self.device)
+        on_gpu = self._on_gpu()
+        flats = [groups[k].flat for k in on_gpu] + ([pending.g.reshape(1)] if pending else [])
+        gpu_bufs = [self.snap_bufs.get(("device", k), f.numel(), f.dtype, pinned=True)
+                    for k, f in zip([*on_gpu, "g"], flats)]
+        done = device_copies(flats, gpu_bufs, self.device)
         out: list[torch.Tensor | None] = [None] * len(groups)
         futures = []
-        for part in halves(len(groups)):
-            streamed = [k - 1 for k in part if k not in on_gpu]
-            if streamed:
-                future = self._copier.submit(self._self_copy, streamed, out)
-                futures.append(future)
-                for b in streamed:
-                    self._gates[b] = future
+        for b in range(len(self.blocks)):
+            if b not in self.resident:
+                self._gates[b] = self._copier.submit(self._self_copy, b, out, next_step)
+                futures.append(self._gates[b])
         layouts = self.group_layouts()
 
         def make() -> Snapshot:
@@ -277,30 +284,57 @@ class BlockStreamer:
 
         return make
 
-    def _self_copy(self, blocks: list[int], out: list) -> None:
-        """Copy thread: host copies of streamed blocks once their last offload has landed, into
-        buffers kept from one snapshot to the next (fresh memory would be page-faulted in on
-        every snapshot, which costs more than the copy; the writer is idle when a snapshot
-        starts, so nothing still reads them)."""
-        for b in blocks:
-            landed = self._offloaded.get(b)
-            if landed is not None:
-                landed.synchronize()  # copy thread only: the step's offload wrote the master
-            self.transfer.wait_host(b)
-            numel = self.blocks[b].layout.numel
-            buf = self._snap_host.get(b)
-            if buf is None or buf.numel() != numel:
-                buf = self._snap_host[b] = torch.empty(numel, dtype=self.transfer.master_dtype)
-            out[b + 1] = self.transfer.read_master(self.blocks[b].flat, buf)
+    def _on_gpu(self) -> list[int]:
+        """Canonical indices of the groups that live on the GPU (embedding, head, residents)."""
+        last = len(self.blocks) + 1
+        return [k for k in range(last + 1) if k in (0, last) or (k - 1) in self.resident]
+
+    def prepare_snapshots(self) -> None:
+        """Allocate every snapshot buffer now and fault its pages in (setup, for a run that
+        will checkpoint), so the first snapshot's step pays no allocation either."""
+        groups = self.groups()
+        for k in self._on_gpu():
+            self.snap_bufs.get(("device", k), groups[k].flat.numel(), torch.float32, pinned=True)
+        self.snap_bufs.get(("device", "g"), 1, torch.float32, pinned=True)
+        for b in range(len(self.blocks)):
+            if b not in self.resident:
+                self.snap_bufs.get(("host", b), self.blocks[b].layout.numel,
+                                   self.transfer.master_dtype, pinned=False).zero_()
+
+    def _self_copy(self, b: int, out: list, next_step: int) -> None:
+        """Copy thread: block b's host master into its snapshot buffer once the block's last
+        offload has landed (pageable memory: only this thread and the writer touch it); the
+        copy is published as a ``self-copy`` event of ``next_step``, the step it overlaps."""
+        landed = self._offloaded.get(b)
+        if landed is not None:
+            landed.synchronize()  # copy thread only: the step's offload wrote the master
+        self.transfer.wait_host(b)
+        start = self.timer.now()
+        buf = self.snap_bufs.get(("host", b), self.blocks[b].layout.numel,
+                                 self.transfer.master_dtype, pinned=False)
+        out[b + 1] = self.transfer.read_master(self.blocks[b].flat, buf)
+        self.timer.bus.publish(OpEvent("self-copy", "cpu", next_step, b,
+                                       buf.numel() * buf.element_size(), start, self.timer.now()))
 
     def gpu_param_bytes(self) -> int:
         if not self.cuda:
             return 0
-        resident = sum(self.blocks[i].layout.nbytes for i in self.resident)
-        slots = sum(4 * flat.numel() + sum(t.numel() * t.element_size() for t in extra.values())
-                    for flat, extra in self.slots)
-        scratch = self.scratch.numel() * 4 if self.scratch is not None else 0
-        return self.embed.layout.nbytes + self.head.layout.nbytes + resident + slots + scratch
+        return sum(self.buffer_bytes().values())
+
+    def buffer_bytes(self) -> dict[str, int]:
+        """The streamer's own buffers on its device, by item (bytes; each tensor once): what
+        ``gpu_param_bytes`` sums on a GPU, itemised (``benchmarks/amp_memory.py``)."""
+        nbytes = lambda t: t.numel() * t.element_size()  # noqa: E731
+        extras: dict[str, dict[int, int]] = {}
+        for _, extra in self.slots:
+            for key, t in extra.items():
+                extras.setdefault("mirror deltas" if key == "delta" else "codec wire buffers",
+                                  {})[t.data_ptr()] = nbytes(t)
+        out = {"embedding + head": nbytes(self.embed.flat) + nbytes(self.head.flat),
+               "resident blocks": sum(nbytes(self.blocks[i].flat) for i in self.resident),
+               "block slots": sum(nbytes(flat) for flat, _ in self.slots)}
+        out.update({k: sum(v.values()) for k, v in extras.items()})
+        return out
 
     def host_param_bytes(self) -> int:
         """Host bytes holding the streamed blocks: the master plus any mirror / delta."""
@@ -321,8 +355,8 @@ class BlockStreamer:
         self.transfer.close()
         for group in self.groups():
             release(group.layout)
-        self.blocks, self.slots, self.scratch = [], [], None
+        self.blocks, self.slots = [], []
         self._slot_params.clear()
-        self._snap_host.clear()
+        self.snap_bufs.release()
         if self.share is not None:
             self.share.close()

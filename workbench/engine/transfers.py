@@ -21,6 +21,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
+from typing import Callable
 
 import torch
 
@@ -40,6 +41,7 @@ class PlainTransfer:
         self.device, self.timer, self.ops = device, timer, ops
         self.cuda = device.type == "cuda"
         self.host = HostMemory(self.cuda, share)  # exact-size page-locked buffers
+        self._wires: dict[str, torch.Tensor] = {}  # shared wire buffers (``slot_extra``)
 
     def host_storage(self, n: int) -> torch.Tensor:
         return self.host.empty(n, torch.float32)
@@ -57,8 +59,21 @@ class PlainTransfer:
         ``master_dtype``, (n,)): one pass, no conversion."""
         return out.copy_(self.to_fp32(host))
 
-    def slot_extra(self, n: int) -> dict[str, torch.Tensor]:
+    def slot_extra(self, n: int, shared: bool = False) -> dict[str, torch.Tensor]:
+        """Device buffers beside a slot of n elements. ``shared`` (slots allocated once): the
+        wire buffers are one for all uploads and one for all offloads, since each stream runs
+        its transfers in order (the next block's copy into a wire queues behind the decode or
+        the copy out of it), rather than one per slot."""
         return {}
+
+    def _wire(self, key: str, n: int, shared: bool) -> torch.Tensor:
+        """A wire buffer for n elements: kept under ``key`` when ``shared``, else fresh."""
+        if not shared:
+            return self.codec.empty(n, self.device)
+        wire = self._wires.get(key)
+        if wire is None or wire.numel() < self.codec.nbytes(n):
+            wire = self._wires[key] = self.codec.empty(n, self.device)
+        return wire
 
     def updater(self, extra: dict[str, torch.Tensor], block: int) -> ApplyUpdate | None:
         """How a pending update reaches the block's uploaded weights: None, the fused update
@@ -71,11 +86,23 @@ class PlainTransfer:
     def down_bytes(self, n: int) -> int:
         return 4 * n
 
-    def upload(self, host, slot, extra, step: int, block: int, stream) -> None:
+    #: GPU slots beyond prefetch_depth: the block computing and the one whose offload still
+    #: reads its slot (the copy goes straight out of the slot)
+    spare_slots = 2
+
+    def upload(self, host, slot, extra, step: int, block: int, stream,
+               slot_ready: Callable[[], None] | None = None) -> None:
+        """Host copy -> ``slot`` on ``stream``; ``slot_ready`` makes the stream wait until the
+        slot's last block is done with it (called before the first write to the slot)."""
+        if slot_ready is not None:
+            slot_ready()
         with self.timer.span("upload", "upload", stream, step, block, 4 * slot.numel()):
             slot.copy_(host, non_blocking=True)
 
-    def offload(self, host, slot, extra, step: int, block: int, layout: GroupLayout, stream) -> int:
+    def offload(self, host, slot, extra, step: int, block: int, layout: GroupLayout, stream,
+                released: Callable[[], None] | None = None) -> int:
+        """``slot`` -> host copy on ``stream``; returns the bytes sent. A transfer done with the
+        slot before the copy is (``SRTransfer``) calls ``released`` at that point."""
         with self.timer.span("offload", "offload", stream, step, block, 4 * slot.numel()):
             host.copy_(slot, non_blocking=True)
         return 4 * slot.numel()
@@ -84,6 +111,7 @@ class PlainTransfer:
         """Host-side work on the block's storage must be done before its next upload."""
 
     def close(self) -> None:
+        self._wires.clear()
         self.host.release()
 
 
@@ -119,23 +147,28 @@ class SRTransfer(PlainTransfer):
     def read_master(self, host, out) -> torch.Tensor:
         return out.copy_(host.view(self.master_dtype))  # the bf16 / fp16 bits as they are
 
-    def slot_extra(self, n: int) -> dict[str, torch.Tensor]:
-        return {"wire": self.codec.empty(n, self.device)}
+    def slot_extra(self, n: int, shared: bool = False) -> dict[str, torch.Tensor]:
+        return {"up": self._wire("up", n, shared), "down": self._wire("down", n, shared)}
 
     def up_bytes(self, n: int) -> int:
         return self.codec.nbytes(n)
 
     down_bytes = up_bytes
 
-    def upload(self, host, slot, extra, step, block, stream) -> None:
-        wire = extra["wire"][:host.numel()]
+    #: the slot is free once the encode has read it (the copy goes out of the wire)
+    spare_slots = 1
+
+    def upload(self, host, slot, extra, step, block, stream, slot_ready=None) -> None:
+        wire = extra["up"][:host.numel()]
         with self.timer.span("upload", "upload", stream, step, block, wire.numel()):
             wire.copy_(host, non_blocking=True)
+        if slot_ready is not None:
+            slot_ready()  # the copy into the wire did not need the slot; the decode does
         with self.timer.span("codec", "upload", stream, step, block, wire.numel(), "decode"):
             self.codec.decode(wire, slot)
 
-    def offload(self, host, slot, extra, step, block, layout, stream) -> int:
-        wire = extra["wire"][:host.numel()]
+    def offload(self, host, slot, extra, step, block, layout, stream, released=None) -> int:
+        wire = extra["down"][:host.numel()]
         # A fresh rounding draw for every offload, a function of (step, block, offload within
         # the step) alone, so a resumed run rounds exactly as a straight one. Passes outside a
         # step (step < 0: an eval's flush of the pending update) count on from their own base.
@@ -149,6 +182,8 @@ class SRTransfer(PlainTransfer):
         seed = step_seed(layout.gid, 4 * step + k)
         with self.timer.span("codec", "offload", stream, step, block, wire.numel(), "encode-sr"):
             self.codec.encode(slot, wire, sr_seed=seed)
+        if released is not None:
+            released()  # the slot has been read: the next block may decode into it
         with self.timer.span("offload", "offload", stream, step, block, wire.numel()):
             host.copy_(wire, non_blocking=True)
         return wire.numel()
@@ -177,8 +212,9 @@ class MirrorTransfer(PlainTransfer):
     def to_fp32(self, host) -> torch.Tensor:
         return host["master"]
 
-    def slot_extra(self, n: int) -> dict[str, torch.Tensor]:
-        return {"wire": self.codec.empty(n, self.device),
+    def slot_extra(self, n: int, shared: bool = False) -> dict[str, torch.Tensor]:
+        # the delta stays per slot: compute writes the next block's while this one's goes down
+        return {"wire": self._wire("up", n, shared),
                 "delta": torch.empty(n, dtype=torch.bfloat16, device=self.device)}
 
     def up_bytes(self, n: int) -> int:
@@ -187,11 +223,13 @@ class MirrorTransfer(PlainTransfer):
     def down_bytes(self, n: int) -> int:
         return 2 * n
 
-    def upload(self, host, slot, extra, step, block, stream) -> None:
+    def upload(self, host, slot, extra, step, block, stream, slot_ready=None) -> None:
         mirror = host["mirror"]
         wire = extra["wire"][:mirror.numel()]
         with self.timer.span("upload", "upload", stream, step, block, wire.numel()):
             wire.copy_(mirror, non_blocking=True)
+        if slot_ready is not None:
+            slot_ready()  # the slot (and its delta) are needed from the decode on
         with self.timer.span("codec", "upload", stream, step, block, wire.numel(), "decode"):
             self.codec.decode(wire, slot)
 
@@ -206,7 +244,7 @@ class MirrorTransfer(PlainTransfer):
         extra["delta"][:slot.numel()].copy_(delta)
         self._has_delta.add(block)
 
-    def offload(self, host, slot, extra, step, block, layout, stream) -> int:
+    def offload(self, host, slot, extra, step, block, layout, stream, released=None) -> int:
         if block not in self._has_delta:
             return 0  # weights unchanged on the host: nothing to send
         self._has_delta.discard(block)
@@ -239,6 +277,7 @@ class MirrorTransfer(PlainTransfer):
         for block in list(self._pending):
             self.wait_host(block)
         self.pool.shutdown(wait=True)
+        self._wires.clear()
         self.host.release()
 
 

@@ -56,12 +56,14 @@ def materialise(layout: GroupLayout, source, seed: int, device: torch.device,
     return flat
 
 
-def device_copies(flats: list[torch.Tensor], bufs: list[torch.Tensor] | None, device: torch.device):
-    """Host copies of device tensors without stalling the step: on CUDA, pinned buffers filled
-    on a side stream that the compute stream then waits for; returns (buffers, done event)."""
+def device_copies(flats: list[torch.Tensor], bufs: list[torch.Tensor], device: torch.device):
+    """Copy device tensors into host buffers ``bufs`` (pinned on CUDA, kept by the caller from
+    one snapshot to the next) without stalling the step: on CUDA, on a side stream that the
+    compute stream then waits for; returns the done event (None on the CPU)."""
     if device.type != "cuda":
-        return [f.detach().clone() for f in flats], None
-    bufs = bufs or [torch.empty(f.numel(), dtype=f.dtype, pin_memory=True) for f in flats]
+        for buf, flat in zip(bufs, flats):
+            buf.copy_(flat)
+        return None
     compute = torch.cuda.current_stream(device)
     side = torch.cuda.Stream(device)
     side.wait_stream(compute)  # copy the weights as the step left them
@@ -70,7 +72,7 @@ def device_copies(flats: list[torch.Tensor], bufs: list[torch.Tensor] | None, de
             buf.copy_(flat, non_blocking=True)
         done = side.record_event()
     compute.wait_event(done)  # the next step changes the weights only once they are copied
-    return bufs, done
+    return done
 
 
 def pending_dict(upd: PendingUpdate | None, host_g: torch.Tensor | None) -> dict | None:

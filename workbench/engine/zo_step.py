@@ -62,14 +62,10 @@ def apply_update(ops: ZOOps, flat: torch.Tensor, layout: GroupLayout,
 
 
 def zo_passes(ops: ZOOps, flat: torch.Tensor, layout: GroupLayout, st: ZOStep,
-              plus_out: torch.Tensor | None = None,
               apply: ApplyUpdate | None = None) -> Iterator[int]:
     """The ZO step on one group: yields PLUS with the group at p (the pending update applied
-    first), then MINUS at m; restores it to r when resumed after MINUS.
-
-    ``plus_out``: where p goes instead of ``flat`` (a tied embedding keeps p in a scratch
-    buffer for the head's "+" pass, while ``flat`` holds w' and then m); ``flat`` always ends
-    at r. An empty group yields at the same points and does nothing."""
+    first), then MINUS at m; restores it to r when resumed after MINUS. An empty group yields
+    at the same points and does nothing."""
     if not layout.numel:
         yield PLUS
         yield MINUS
@@ -78,9 +74,9 @@ def zo_passes(ops: ZOOps, flat: torch.Tensor, layout: GroupLayout, st: ZOStep,
     if upd is not None and apply is not None:
         apply(flat, layout, upd)
         upd = None
-    ops.update_perturb(flat, layout, upd, st.seed, +st.eps, out=plus_out)
+    ops.update_perturb(flat, layout, upd, st.seed, +st.eps)
     yield PLUS
-    ops.perturb(flat if plus_out is None else plus_out, layout, st.seed, -2 * st.eps, out=flat)
+    ops.perturb(flat, layout, st.seed, -2 * st.eps)
     yield MINUS
     ops.perturb(flat, layout, st.seed, +st.eps)
 
