@@ -9,14 +9,24 @@ import torch
 
 from workbench.config import RunConfig
 from workbench.engine.events import EventBus
+from workbench.engine.objective import Objective
 from workbench.engine.protocol import Engine, StepOutput
 
 __all__ = ["Engine", "StepOutput", "build_engine"]
 
 
-def build_engine(model, source, cfg: RunConfig, device: torch.device, bus: EventBus) -> Engine:
+def build_engine(model, source, cfg: RunConfig, device: torch.device, bus: EventBus,
+                 objective: Objective | None = None) -> Engine:
     """The engine for ``cfg.method`` over a model skeleton and its weight source (each
-    implements ``Engine``, the contract in ``protocol.py``)."""
+    implements ``Engine``, the contract in ``protocol.py``), training ``objective`` (the task's;
+    default: ``cfg``'s, built without a tokenizer, which trains alike but cannot decode)."""
+    engine = _engine(model, source, cfg, device, bus)
+    if objective is not None:
+        engine.objective = objective
+    return engine
+
+
+def _engine(model, source, cfg: RunConfig, device: torch.device, bus: EventBus) -> Engine:
     if cfg.method == "mezo":
         from workbench.engine.mezo import MeZOEngine
 

@@ -17,8 +17,7 @@ import torch
 
 from workbench import distributed
 from workbench.config import ZO_METHODS, ConfigError, RunConfig, check_environment
-from workbench.data.batches import PromptDataset, SyntheticData
-from workbench.data.sources import load_split
+from workbench.data.task import build_task
 from workbench.engine import build_engine
 from workbench.engine.checkpoint import (AsyncCheckpointer, CheckpointError, StepLog,
                                          latest_checkpoint, read_checkpoint)
@@ -78,7 +77,7 @@ class TrainRecipe:
         if self.dist is not None and not self.dist.main:
             self.dev_data = None  # rank 0 evaluates
         t = time.perf_counter()
-        self.engine = build_engine(model, source, cfg, self.device, self.bus)
+        self.engine = build_engine(model, source, cfg, self.device, self.bus, self.task.objective)
         if self.dist is not None:
             self.engine.reduce = self.dist.mean
         if self.device.type == "cuda":
@@ -137,22 +136,9 @@ class TrainRecipe:
     def _data(self, vocab: int):
         """(train, dev) data; ``vocab`` sizes synthetic token ids."""
         cfg = self.cfg
-        pending = [k for k in ("objective", "template", "label_words")
-                   if getattr(cfg, k) != RunConfig.__dataclass_fields__[k].default]
-        if pending:  # the engines train today's two-word loss until issue 18 phase B wires these
-            raise ConfigError([f"{k}: not trained yet (the engines use objective=classify with the "
-                               "default template and label_words)" for k in pending])
-        if cfg.data == "synthetic":
-            return SyntheticData(vocab, cfg.seq_len), None
-        tok = load_tokenizer(cfg.model, cfg.resolved_data_dir)
-        fields = {"text_field": cfg.text_field, "label_field": cfg.label_field}
-        train = load_split(cfg.data, "train", cfg.resolved_data_dir, **fields)
-        dev = load_split(cfg.data, "dev", cfg.resolved_data_dir, **fields)
-        if cfg.train_samples:
-            train = train[:cfg.train_samples]
-        if cfg.eval_samples:
-            dev = dev[:cfg.eval_samples]
-        return PromptDataset(train, tok, cfg.seq_len), PromptDataset(dev, tok, cfg.seq_len)
+        tok = None if cfg.data == "synthetic" else load_tokenizer(cfg.model, cfg.resolved_data_dir)
+        self.task = build_task(cfg, tok, vocab)
+        return self.task.train, self.task.dev
 
     def _on_sample(self, sample: dict[str, float]) -> None:
         with self.record.lock:
@@ -182,7 +168,7 @@ class TrainRecipe:
             batch = self.train_data.batch_for_step(t, cfg.batch_size, cfg.seed)
             tokens = batch.tokens  # the global batch's, on every rank
             if self.dist is not None:
-                batch = self.dist.shard(batch, cfg.batch_size)
+                batch = self.dist.shard(batch)
             batch = batch.to(self.device)
             lr, wd = self.live["lr"], self.live["weight_decay"]
             moved = engine.bytes_h2d, engine.bytes_d2h
@@ -257,21 +243,12 @@ class TrainRecipe:
                 bar.set_postfix(loss=f"{loss:.4f}", g=f"{g:.3g}")
             block = False
 
-    @torch.no_grad()
-    def evaluate(self) -> float:
-        """Dev accuracy (fraction) and loss with the current weights; publishes an EvalEvent."""
-        correct = total = 0
-        loss_sum = 0.0
-        for batch in self.dev_data.eval_batches(max(self.cfg.batch_size, 16)):
-            batch = batch.to(self.device)
-            logits = self.engine.predict(batch)
-            correct += int((logits.argmax(-1) == batch.labels).sum())
-            loss_sum += float(torch.nn.functional.cross_entropy(logits, batch.labels,
-                                                                reduction="sum"))
-            total += len(batch.labels)
-        acc = correct / max(total, 1)
-        self.bus.publish(EvalEvent(self.step, acc, loss_sum / max(total, 1), total))
-        return acc
+    def evaluate(self) -> dict[str, float]:
+        """The objective's dev metrics with the current weights; publishes an EvalEvent."""
+        metrics = self.engine.evaluate(self.dev_data, max(self.cfg.batch_size, 16))
+        self.bus.publish(EvalEvent(self.step, metrics.get("accuracy"), metrics["loss"],
+                                   len(self.dev_data), metrics))
+        return metrics
 
     # --- save -------------------------------------------------------------------------------
     def save(self, digest_params: bool = True) -> RunRecord:
@@ -358,6 +335,8 @@ def _summary(rec: RunRecord, engine, device: torch.device) -> dict[str, Any]:
     if rec.evals:
         out["eval_accuracy"] = rec.evals[-1]["accuracy"]
         out["eval_accuracy_start"] = rec.evals[0]["accuracy"]
+        out["eval"] = rec.evals[-1].get("metrics", {})
+        out["eval_start"] = rec.evals[0].get("metrics", {})
     return out
 
 

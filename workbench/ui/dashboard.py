@@ -161,6 +161,8 @@ def _status_html(rec: RunRecord) -> str:
             parts.append(f"steady {speed['tokens_per_s']:,.0f} tokens/s, median step "
                          f"{speed['step_seconds']:.4f} s ({speed['warmup_steps']} warm-up "
                          f"step{'s' if speed['warmup_steps'] != 1 else ''} left out)")
-    if rec.evals:
+    if rec.evals and rec.evals[-1]["accuracy"] is not None:
         parts.append(f"dev accuracy {rec.evals[-1]['accuracy'] * 100:.1f} %")
+    elif rec.evals:
+        parts.append(f"dev loss {rec.evals[-1]['loss']:.4f}")
     return " · ".join(parts)
