@@ -74,6 +74,78 @@ def test_cli_cuda_without_gpu(tmp_path):
     assert r.returncode == 2 and "device:" in r.stderr
 
 
+@pytest.mark.parametrize("changes, line", [
+    ({"lr": float("nan")}, "lr: nan is not a finite number"),
+    ({"eps": float("inf")}, "eps: inf is not a finite number"),
+    ({"seq_len": 513}, "seq_len: 513 exceeds the 512 positions of tiny-opt"),
+    ({"codec": "bf16"}, "codec: 'bf16' does not apply to method=mezo"),
+    ({"method": "zo-offload", "adam_beta1": 0.8}, "adam_beta1: 0.8 does not apply"),
+    ({"method": "fo", "subgroup_size": 4096}, "subgroup_size: 4096 does not apply to method=fo"),
+    ({"data": "synthetic", "eval_every": 5}, "eval_every: data=synthetic has no dev split"),
+])
+def test_values_that_cannot_work_are_refused(changes, line):
+    with pytest.raises(ConfigError) as err:
+        RunConfig(**changes)
+    assert any(p.startswith(line) for p in err.value.problems), err.value.problems
+
+
+def test_knobs_of_another_method_at_their_defaults_are_fine():
+    assert RunConfig(method="fo", eps=1e-3, codec="fp32").method == "fo"
+
+
+@pytest.mark.parametrize("text, line", [
+    ("[run]\nsteps = 3\n[optim]\nlr = 1.0\n", "table [optim] is not read"),
+    ("steps = 3\n[run]\nlr = 1e-3\n", "key 'steps' is outside [run]"),
+    ("[other]\nsteps = 3\n", "table [other] is not read"),
+    ("run = 3\n", "'run' must be a table"),
+    ("[run]\nlr = nan\n", "lr: nan is not a finite number"),
+])
+def test_toml_outside_run_is_refused_not_ignored(tmp_path, text, line):
+    (tmp_path / "c.toml").write_text(text)
+    with pytest.raises(ConfigError, match=line.replace("[", r"\[").replace("]", r"\]")):
+        load_config(tmp_path / "c.toml")
+
+
+def test_a_config_that_is_a_folder_or_binary_is_one_line(tmp_path):
+    with pytest.raises(ConfigError, match="is a folder, not a TOML file"):
+        load_config(tmp_path)
+    (tmp_path / "b.toml").write_bytes(bytes(range(128, 256)))
+    with pytest.raises(ConfigError, match="is not a text file"):
+        load_config(tmp_path / "b.toml")
+
+
+def test_local_model_folders_are_checked_before_anything_loads(tmp_path):
+    import json
+
+    def problems(conf, weights=True):
+        d = tmp_path / str(len(list(tmp_path.iterdir())))
+        d.mkdir()
+        if conf is not None:
+            (d / "config.json").write_text(conf if isinstance(conf, str) else json.dumps(conf))
+        if weights:
+            (d / "model.safetensors").write_bytes(b"")
+        with pytest.raises(ConfigError) as err:
+            RunConfig(model=str(d), seq_len=64)
+        return " ".join(err.value.problems)
+
+    assert "has no config.json" in problems(None)
+    assert "not readable JSON" in problems("{not json")
+    assert "trust_remote_code=False" in problems({"model_type": "opt", "auto_map": {}})
+    assert "no *.safetensors weights" in problems({"model_type": "opt"}, weights=False)
+    assert "seq_len: 64 exceeds the 32 positions" in problems(
+        {"model_type": "opt", "max_position_embeddings": 32})
+
+
+def test_resume_rules_name_each_fixed_knob():
+    from workbench.config import check_resume
+
+    start = RunConfig(steps=10).to_dict()
+    assert check_resume(start, RunConfig(steps=50, lr=1e-4, checkpoint_every=5)) == []
+    problems = check_resume(start, RunConfig(seed=1, batch_size=4))
+    assert [p.split(":")[0] for p in problems] == ["batch_size", "seed"]
+    assert "fixed for a resumed run (it was 0, now 1)" in problems[1]
+
+
 def test_task_settings_are_checked_together(tmp_path):
     with pytest.raises(ConfigError) as err:
         RunConfig(label_words=" good", template="{sentence} was", objective="lm",

@@ -1,4 +1,4 @@
-"""Command line: ``python -m workbench {run,validate,demo,compare,report} ...``.
+"""Command line: ``python -m workbench {run,validate,demo,compare,report,sweep,tune,...} ...``.
 
 Every subcommand checks its settings before any model is built; a bad setting exits with
 status 2 and one line per problem naming the field and what is allowed.
@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import warnings
 from pathlib import Path
 
 from workbench.config import ConfigError, RunConfig, check_environment, load_config, parse_sets
-from workbench.engine.checkpoint import CheckpointError
 from workbench.telemetry.steady import STEADY_NOTE
 
 DEMO = {"model": "tiny-opt", "data": "embedded", "steps": "40", "batch_size": "16",
@@ -31,26 +32,60 @@ def _config(args: argparse.Namespace, defaults: dict[str, str] | None = None) ->
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from workbench.recipes.train import run
-
     if args.resume:
         # Continue a run: its own resolved config, then --config / --set on top.
         from workbench.telemetry.record import RunRecord
 
-        previous = RunRecord.load(args.resume).config
-        cfg = load_config(args.config, parse_sets(args.set or []), base=RunConfig(**previous))
-        out = args.out or args.resume
+        if args.overwrite:
+            raise ConfigError(["--overwrite: not with --resume (one continues a run, the other "
+                               "replaces it)"])
+        if args.out and Path(args.out).resolve() != Path(args.resume).resolve():
+            raise ConfigError([f"--out: a resumed run continues in its own directory "
+                               f"({args.resume}); leave out --out, or copy the run to "
+                               f"{args.out} and resume that"])
+        previous = RunRecord.load(args.resume, telemetry=False).config
+        known = set(RunConfig.__dataclass_fields__)
+        base = RunConfig(**{k: v for k, v in previous.items() if k in known})
+        cfg = load_config(args.config, parse_sets(args.set or []), base=base)
+        out = args.resume
     else:
         if not args.out:
             raise ConfigError(["--out: a run directory is required (or --resume RUN_DIR)"])
         cfg, out = _config(args), args.out
     check_environment(cfg)
+    from workbench.recipes.signals import Interrupted, exit_status, graceful_stop
+    from workbench.recipes.train import TrainRecipe
+
     rank = int(os.environ.get("RANK", "0"))  # under torchrun only rank 0 reports
-    rec = run(cfg, out, progress=not args.quiet and rank == 0, resume=bool(args.resume))
-    if rank == 0:
+    recipe = TrainRecipe(cfg, out, progress=not args.quiet and rank == 0,
+                         overwrite=args.overwrite, force=args.force)
+    with graceful_stop(recipe) as got:
+        try:
+            rec = recipe.run(resume=bool(args.resume))
+        except Interrupted as e:  # in setup or saving, or a second signal: no clean stop
+            if rank == 0:
+                print(recipe.outcome() if recipe.rundir is not None and recipe.rundir.was_claimed
+                      else f"stopped by {e} before the run started", file=sys.stderr)
+            return exit_status(e.signum)
+        except Exception as e:
+            if isinstance(e, (ConfigError, FileNotFoundError)) or _bad_input(e):
+                raise  # bad input: one line, exit status 2 (main)
+            if recipe.rundir is None or not recipe.record.error:
+                raise
+            if rank == 0:
+                print(f"error: {recipe.record.error} (details in {Path(out) / 'run.json'})",
+                      file=sys.stderr)
+            return 1
+    if rank == 0 and rec.status == "done":
         print(format_summary([rec]))
         print(f"run directory: {Path(out).resolve()}")
-    return 0
+    elif rank == 0 and rec.status == "stopped":
+        print(recipe.outcome(), file=sys.stderr)
+    elif rank == 0:  # failed or diverged: the record's one line says what and where
+        print(f"error: {rec.error}", file=sys.stderr)
+    if rec.status == "stopped":
+        return exit_status(got["signum"] or signal.SIGINT)
+    return 0 if rec.status == "done" else 1
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -77,7 +112,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         cfg = _config(args, {**demo, "device": device, "method": method})
         check_environment(cfg)
         print(f"== {method}: {cfg.model} on {cfg.data}, {cfg.steps} steps, device={device}")
-        records.append(run(cfg, out / method, progress=not args.quiet))
+        # The demo's folders are its own: a second demo replaces the first one's runs.
+        records.append(run(cfg, out / method, progress=not args.quiet, overwrite=True))
     print(format_summary(records))
     same = records[0].param_digest == records[1].param_digest
     print(f"param_digest {'identical' if same else 'DIFFERENT'} across the two engines")
@@ -89,17 +125,51 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from workbench.telemetry.record import RunRecord
+    from workbench.telemetry.record import RecordError, RunRecord
 
-    print(format_summary([RunRecord.load(d) for d in args.run_dirs]))
+    records, damaged = [], []
+    for d in args.run_dirs:
+        try:
+            records.append(RunRecord.load(d))
+        except RecordError as e:  # the table needs run.json only; the verdict needs events
+            records.append(RunRecord.load(d, telemetry=False))
+            damaged.append(f"note: {e}; its verdict has no stream events")
+    print(format_summary(records))
+    print(format_why(records, args.run_dirs))
+    for line in damaged:
+        print(line)
     return 0
 
 
+def format_why(records, run_dirs) -> str:
+    """Per run: what bounds its step, and the planner's best next knob."""
+    from workbench.telemetry.advice import next_knob
+    from workbench.telemetry.verdict import verdict
+
+    return "\n".join(f"{d}: {verdict(r).text}\n  next knob: {next_knob(r).text}"
+                     for r, d in zip(records, run_dirs))
+
+
 def cmd_report(args: argparse.Namespace) -> int:
+    if Path(args.out).is_dir():
+        raise ConfigError([f"-o: {args.out} is a folder; give a file name such as "
+                           f"{Path(args.out) / 'report.html'}"])
     from workbench.ui.report import write_report  # plotly only when a report is asked for
 
     print(write_report(args.run_dirs, args.out).resolve())
     return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from workbench.cli_sweep import sweep_command
+
+    return sweep_command(_config(args), args)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from workbench.cli_sweep import tune_command
+
+    return tune_command(_config(args), args)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -252,6 +322,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", help="run directory to write")
     sp.add_argument("--resume", metavar="RUN_DIR",
                     help="continue RUN_DIR from its newest complete checkpoint")
+    sp.add_argument("--overwrite", action="store_true",
+                    help="replace the run --out already holds (its files and checkpoints)")
+    sp.add_argument("--force", action="store_true",
+                    help="start even when the planner says the run will not fit")
     sp.add_argument("--quiet", action="store_true", help="no progress bar")
     sp.set_defaults(fn=cmd_run)
     sp = sub.add_parser("validate", help="check settings without running")
@@ -263,6 +337,24 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", default="runs/demo", help="folder for the two run directories")
     sp.add_argument("--quiet", action="store_true")
     sp.set_defaults(fn=cmd_demo)
+    sp = sub.add_parser("sweep", help="run a grid of settings and compare them")
+    common(sp)
+    sp.add_argument("--sweep", action="append", required=True, metavar="KNOB=V1,V2,...",
+                    help="a knob and its values; repeat for a grid")
+    sp.add_argument("--out", required=True, help="folder: a run directory per point, "
+                    "sweep.json and report.html")
+    sp.add_argument("--quiet", action="store_true", help="no progress bars")
+    sp.set_defaults(fn=cmd_sweep)
+    sp = sub.add_parser("tune", help="measure the planner's best settings; write the fastest")
+    common(sp)
+    sp.add_argument("--gpu", help="plan for this GPU of the table (its memory is the budget)")
+    sp.add_argument("--budget-gb", type=float, help="GPU memory budget in GiB (default: the "
+                    "--gpu table's, else this GPU's free memory)")
+    sp.add_argument("--top", type=int, default=3, help="candidates to measure (default 3)")
+    sp.add_argument("--trial-steps", type=int, default=6, help="steps per trial (default 6)")
+    sp.add_argument("--out", required=True, help="folder: the trials, best.toml, report.html")
+    sp.add_argument("--quiet", action="store_true", help="no progress bars")
+    sp.set_defaults(fn=cmd_tune)
     sp = sub.add_parser("plan", help="predict memory and step time without running")
     common(sp)
     sp.add_argument("--gpu", help="plan for a GPU of the table (h200, h100, a100-40gb, "
@@ -287,17 +379,33 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    return f"warning: {message}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    warnings.formatwarning = _one_line_warning  # a terminal gets one line, not a source excerpt
     try:
         return args.fn(args)
     except ConfigError as e:
         for problem in e.problems:
             print(f"error: {problem}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, CheckpointError) as e:
+    except (FileNotFoundError, ValueError) as e:
+        if not isinstance(e, FileNotFoundError) and not _bad_input(e):
+            raise
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def _bad_input(error: BaseException) -> bool:
+    """A checkpoint or a run record that cannot be used. Their modules import torch, which a
+    refused setting should not wait for: an error of theirs means they are loaded already."""
+    kinds = (("workbench.engine.checkpoint", "CheckpointError"),
+             ("workbench.telemetry.record", "RecordError"))
+    return any(m in sys.modules and isinstance(error, getattr(sys.modules[m], name))
+               for m, name in kinds)
 
 
 if __name__ == "__main__":

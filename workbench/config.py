@@ -7,6 +7,8 @@ right control and the validator can say what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import os
 import re
 import string
@@ -33,6 +35,23 @@ STREAMING_METHODS = ("zo-offload", "forward-grad")
 ZO_METHODS = ("mezo", "zo-offload", "forward-grad")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+#: Knobs only some methods read: set away from its default for another method, one would be
+#: ignored without a word, so it is refused instead.
+METHOD_KNOBS: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(("overlap", "reuse_buffers", "fused_update", "resident_blocks",
+                     "prefetch_depth", "codec", "master"), STREAMING_METHODS),
+    "rng": ZO_METHODS,
+    "eps": ("mezo", "zo-offload"),
+    **dict.fromkeys(("subgroup_size", "update_stride", "gpu_resident_ratio"), ("fo-offload",)),
+    **dict.fromkeys(("adam_beta1", "adam_beta2", "adam_eps"), ("fo", "fo-offload")),
+}
+#: Knobs a resumed run may change; every other one is fixed by the run's first start (it
+#: shapes the trajectory or where the checkpoints are). The scheduler knobs are bit-identical.
+RESUMABLE = ("steps", "lr", "weight_decay", "eval_every", "eval_samples", "device", "data_dir",
+             "overlap", "reuse_buffers", "fused_update", "resident_blocks", "prefetch_depth",
+             "telemetry", "sample_hz", "keep_steps", "checkpoint_every", "keep_last",
+             "digest_check_every", "gpu_mem_limit_gb", "max_new_tokens")
 
 
 def default_data_dir() -> str:
@@ -196,6 +215,8 @@ def _check_types(cfg: RunConfig) -> list[str]:
             problems.append(f"{f.name}: {value!r} is not a whole number")
         elif t is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
             problems.append(f"{f.name}: {value!r} is not a number")
+        elif t is float and not math.isfinite(value):
+            problems.append(f"{f.name}: {value!r} is not a finite number")
         elif t is str and not isinstance(value, str):
             problems.append(f"{f.name}: {value!r} is not text")
     return problems
@@ -214,7 +235,20 @@ def _check_values(cfg: RunConfig) -> list[str]:
             and not HUB_ID.fullmatch(cfg.model)):
         problems.append(f"model: {cfg.model!r} is neither a preset ({', '.join(PRESETS)}), a "
                         "local folder nor a hub id org/name")
+    elif cfg.model in PRESETS and cfg.seq_len > PRESETS[cfg.model].max_positions:
+        problems.append(f"seq_len: {cfg.seq_len} exceeds the {PRESETS[cfg.model].max_positions} "
+                        f"positions of {cfg.model}")
+    elif Path(cfg.model).expanduser().is_dir():
+        problems += _model_folder_problems(cfg)
     problems += _check_task(cfg)
+    if cfg.eval_every and cfg.data == "synthetic":  # every other source has a dev split
+        problems.append("eval_every: data=synthetic has no dev split to evaluate on; set "
+                        "eval_every=0 or use a data set")
+    for name, methods in METHOD_KNOBS.items():
+        value = getattr(cfg, name)
+        if cfg.method not in methods and value != _default(name):
+            problems.append(f"{name}: {value!r} does not apply to method={cfg.method} (only to "
+                            f"{', '.join(methods)}); leave it at its default")
     if cfg.eps == 0 and cfg.method in ("mezo", "zo-offload"):
         problems.append("eps: must be > 0 for ZO methods (it divides the loss difference)")
     if cfg.update_stride != "auto":
@@ -283,6 +317,42 @@ def _default(name: str) -> Any:
     return {f.name: f.default for f in fields(RunConfig)}[name]
 
 
+def _model_folder_problems(cfg: RunConfig) -> list[str]:
+    """A local model folder: a readable config.json, no custom code, weights, enough positions."""
+    folder = Path(cfg.model).expanduser()
+    try:
+        conf = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return [f"model: {cfg.model!r} has no config.json: not a Hugging Face model folder"]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return [f"model: {folder / 'config.json'} is not readable JSON ({e})"]
+    if not isinstance(conf, dict):
+        return [f"model: {folder / 'config.json'} is not a JSON object"]
+    problems = []
+    if "auto_map" in conf:
+        problems.append(f"model: {cfg.model!r} needs its own Python code (auto_map in "
+                        "config.json); local models load with trust_remote_code=False")
+    if not any(folder.glob("*.safetensors")):
+        problems.append(f"model: {cfg.model!r} holds no *.safetensors weights")
+    positions = conf.get("max_position_embeddings")
+    if isinstance(positions, int) and cfg.seq_len > positions:
+        problems.append(f"seq_len: {cfg.seq_len} exceeds the {positions} positions of "
+                        f"{cfg.model}")
+    return problems
+
+
+def check_resume(previous: Mapping[str, Any], cfg: RunConfig) -> list[str]:
+    """Problems with continuing a run started with ``previous`` (a config dict) as ``cfg``:
+    every knob outside ``RESUMABLE`` must stay as it was."""
+    out = []
+    for f in fields(RunConfig):
+        old, new = previous.get(f.name, f.default), getattr(cfg, f.name)
+        if f.name not in RESUMABLE and old != new:
+            out.append(f"{f.name}: fixed for a resumed run (it was {old!r}, now {new!r}); "
+                       f"a resume may change {', '.join(RESUMABLE[:5])}, ...")
+    return out
+
+
 # --- loading: TOML file + KEY=VALUE overrides ----------------------------------------------
 def parse_value(name: str, text: str) -> Any:
     """Turn a ``--set`` string into the field's type; unknown fields are reported by name."""
@@ -319,14 +389,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: Mapping[str, A
     values: dict[str, Any] = dict(base.to_dict()) if base else {}
     problems: list[str] = []
     if path is not None:
-        try:
-            with open(path, "rb") as fh:
-                data = tomllib.load(fh)
-        except FileNotFoundError:
-            raise ConfigError([f"config: file {str(path)!r} does not exist"]) from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError([f"config: {path} is not valid TOML ({e})"]) from None
-        values.update(data.get("run", data))
+        values.update(_read_toml(Path(path)))
     for key, raw in (overrides or {}).items():
         try:
             values[key] = parse_value(key, raw) if isinstance(raw, str) else raw
@@ -337,6 +400,34 @@ def load_config(path: str | os.PathLike | None = None, overrides: Mapping[str, A
     if problems:
         raise ConfigError(problems)
     return RunConfig(**values)
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    """The settings of a TOML file: its [run] table, or its top-level keys when it has none.
+    Anything else (keys beside [run], other tables) is refused: it would be ignored."""
+    try:
+        data = tomllib.loads(path.read_bytes().decode("utf-8"))
+    except FileNotFoundError:
+        raise ConfigError([f"config: file {str(path)!r} does not exist"]) from None
+    except IsADirectoryError:
+        raise ConfigError([f"config: {path} is a folder, not a TOML file"]) from None
+    except UnicodeDecodeError:
+        raise ConfigError([f"config: {path} is not a text file (not UTF-8)"]) from None
+    except OSError as e:
+        raise ConfigError([f"config: {path} cannot be read ({e.strerror})"]) from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError([f"config: {path} is not valid TOML ({e})"]) from None
+    if "run" in data and not isinstance(data["run"], dict):
+        raise ConfigError([f"config: {path}: 'run' must be a table ([run])"])
+    settings = data["run"] if "run" in data else data
+    problems = [f"config: {path}: table [{k}] is not read (settings go in [run])"
+                for k, v in data.items() if k != "run" and isinstance(v, dict)]
+    if "run" in data:
+        problems += [f"config: {path}: key {k!r} is outside [run] (put every setting in [run])"
+                     for k, v in data.items() if k != "run" and not isinstance(v, dict)]
+    if problems:
+        raise ConfigError(problems)
+    return settings
 
 
 def parse_sets(items: list[str]) -> dict[str, str]:

@@ -47,11 +47,36 @@ class DistContext:
         dist.all_reduce(out, op=dist.ReduceOp.SUM)
         return out / self.world
 
+    def sum(self, values: list[float], device: torch.device) -> list[float]:
+        """Each value summed over ranks (outside steps: eval counts)."""
+        out = torch.tensor(values, dtype=torch.float64, device=device)
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        return out.tolist()  # a sync, once per eval: the host needs the totals
+
     def gather(self, obj):
         """Every rank's ``obj`` (outside steps: digests, per-rank timings)."""
         out = [None] * self.world
         dist.all_gather_object(out, obj)
         return out
+
+
+class StopVote:
+    """Every rank stops after the same step. The step's all-reduce (its only communication)
+    carries one more scalar, this rank's stop request (a signal, a failing disk); the agreed
+    value travels to the host with the step's losses and is read when the step is published,
+    so voting adds neither a message nor a sync."""
+
+    def __init__(self, ctx: DistContext, device: torch.device):
+        self.ctx, self.request = ctx, False
+        self._flags = (torch.zeros(1, device=device), torch.ones(1, device=device))
+        self.agreed = self._flags[0][0]  # the last step's vote: > 0 when any rank asked
+
+    def reduce(self, scalars: torch.Tensor) -> torch.Tensor:
+        """``ctx.mean`` of ``scalars`` (bit-identical), with the vote riding along."""
+        flag = self._flags[self.request].to(scalars.dtype)
+        out = self.ctx.mean(torch.cat([scalars.reshape(-1), flag]))
+        self.agreed = out[-1]
+        return out[:-1].reshape(scalars.shape)
 
 
 def from_env(cfg: RunConfig) -> DistContext | None:

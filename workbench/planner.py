@@ -41,7 +41,9 @@ Memory (n = elements of one block, B rows, T = seq_len, D hidden, F ffn, V vocab
     (``engine/pinned.py``), smaller ones rounded up to a power of two as torch's pinned
     allocator does. checkpoint_every > 0: a
     snapshot holds an fp32 copy of every group until it is written (pinned for GPU groups,
-    pageable clones of streamed blocks). The fit check adds 3 GiB for the process.
+    pageable clones of streamed blocks). The fit check adds 3 GiB for the process (1 GiB on the
+    CPU, without CUDA's libraries and context), and counts what the process already holds as
+    available to it.
 Time: a block pass takes max(FLOPs / effective FLOP/s, weight bytes / memory bandwidth), FLOPs =
   2 x params x tokens + QK^T and AV (half when causal). A step is max(device time, host launch
   time, the mirror codec's host pass). zo-offload, per streamed block: max(both passes + its
@@ -69,6 +71,7 @@ GiB, MiB = 2 ** 30, 2 ** 20
 CONTEXT_BYTES = 500 * MiB  # CUDA context + allocator bookkeeping: NVML sees it, torch does not
 WORKSPACE_BYTES = 32 * MiB  # cuBLAS workspace (Hopper default), allocated through torch
 HOST_PROCESS_BYTES = 3 * GiB  # Python, torch, CUDA libraries, transformers
+HOST_PROCESS_CPU_BYTES = 1 * GiB  # without CUDA (a tiny CPU run peaks near 0.5 GiB)
 EVAL_ROWS = 16  # the recipe evaluates in batches of max(batch_size, 16)
 OP_LAUNCH_S = 5e-5  # host time of one perturbation kernel or one transfer launch
 HOST_KEYS = ("adamw_cpu_per_s", "cpu_downcast_per_s", "host_update_per_s", "host_memcpy_bps",
@@ -124,9 +127,13 @@ def preset_of(model: str) -> Preset:
     hf = {k: c[k] for k in ("num_key_value_heads", "word_embed_proj_dim", "do_layer_norm_before")
           if k in c}
     hf["tie_word_embeddings"] = c.get("tie_word_embeddings", opt)
-    return Preset("opt" if opt else "llama", c["hidden_size"], c["num_hidden_layers"],
-                  c["num_attention_heads"], c.get("ffn_dim") or c["intermediate_size"],
-                  c["vocab_size"], c.get("max_position_embeddings", 2048), "local", hf=hf)
+    try:
+        return Preset("opt" if opt else "llama", c["hidden_size"], c["num_hidden_layers"],
+                      c["num_attention_heads"], c.get("ffn_dim") or c["intermediate_size"],
+                      c["vocab_size"], c.get("max_position_embeddings", 2048), "local", hf=hf)
+    except KeyError as e:
+        raise ConfigError([f"model: {model}: config.json has no {e.args[0]!r}, which the "
+                           "planner needs"]) from None
 
 
 def codec_bytes(codec: str, n: int) -> int:
@@ -386,7 +393,7 @@ def _plan(cfg: RunConfig, gpu: str | None, calib: dict | None,
                 int(e["h2d"]), int(e["d2h"]), int(e["h2d"] + e["d2h"]), tokens, step,
                 e["compute"], e["transfer"], tokens / step, gpu_avail if cuda else None, host_avail,
                 not cuda or nvml - e["elastic"] <= gpu_avail,
-                host_bytes + HOST_PROCESS_BYTES <= host_avail, dev, host, tuple(notes))
+                host_bytes + _process_bytes(cfg) <= host_avail, dev, host, tuple(notes))
 
 
 def plan(cfg: RunConfig, gpu: str | None = None, calibration: dict | None = None) -> Plan:
@@ -410,7 +417,10 @@ def check_fits(cfg: RunConfig, calibration: dict | None = None, gpu: str | None 
     here only, for device=cuda with CUDA present)."""
     import psutil
 
-    host_avail = None if calibration else psutil.virtual_memory().available
+    # This process is already part of what the plan counts (_process_bytes): what it holds
+    # is available to the run as much as what is free.
+    host_avail = None if calibration else (psutil.virtual_memory().available
+                                           + psutil.Process().memory_info().rss)
     if calibration is None and gpu is None:
         from workbench.calibration import load_calibration
 
@@ -426,6 +436,11 @@ def check_fits(cfg: RunConfig, calibration: dict | None = None, gpu: str | None 
     if problems:
         raise PlanError(problems)
     return pl
+
+
+def _process_bytes(cfg: RunConfig) -> int:
+    """Host memory of the process itself, beside the plan's buffers."""
+    return HOST_PROCESS_BYTES if cfg.device == "cuda" else HOST_PROCESS_CPU_BYTES
 
 
 def _gib(x: float) -> str:
@@ -472,8 +487,10 @@ def _problems(cfg: RunConfig, pl: Plan, replan) -> list[str]:
             cands.append(("amp=bf16 halves activation intermediates", {"amp": "bf16"}))
         if cfg.batch_size > 1:
             cands.append(("a smaller batch_size", {"batch_size": max(1, cfg.batch_size // 4)}))
+        cap = (f" (gpu_mem_limit_gb={cfg.gpu_mem_limit_gb:g} caps it; 0 = the whole GPU)"
+               if cfg.gpu_mem_limit_gb > 0 else "")
         out.append(report("gpu memory", pl.nvml_gpu_mem_bytes, pl.gpu_mem_available_bytes,
-                          f" on {pl.gpu}", pl.gpu_breakdown, "+ CUDA context", cands,
+                          f" on {pl.gpu}{cap}", pl.gpu_breakdown, "+ CUDA context", cands,
                           "nvml_gpu_mem_bytes", "fits_gpu"))
     if not pl.fits_host:
         cands = []
@@ -487,18 +504,19 @@ def _problems(cfg: RunConfig, pl: Plan, replan) -> list[str]:
                           {"codec": "bf16", "master": "compressed-sr"}))
         if cfg.method == "fo-offload":
             cands.append(("method=zo-offload needs no optimizer state", {"method": "zo-offload"}))
-        out.append(report("host memory", pl.host_mem_bytes + HOST_PROCESS_BYTES,
+        out.append(report("host memory", pl.host_mem_bytes + _process_bytes(cfg),
                           pl.host_mem_available_bytes, "", pl.host_breakdown,
-                          f"+ {_gib(HOST_PROCESS_BYTES)} for the process", cands,
+                          f"+ {_gib(_process_bytes(cfg))} for the process", cands,
                           "host_mem_bytes", "fits_host"))
     return out
 
 
 def suggest(cfg: RunConfig, gpu_mem_budget_bytes: int, gpu: str | None = None,
-            calibration: dict | None = None) -> list[dict[str, Any]]:
+            calibration: dict | None = None, device: str = "cuda") -> list[dict[str, Any]]:
     """zo-offload settings (resident_blocks 0..N x codec / master) whose NVML-level GPU memory
-    fits ``gpu_mem_budget_bytes``, best predicted tokens/s first; other knobs as in ``cfg``."""
-    base = cfg.replace(method="zo-offload", device="cuda", gpu_mem_limit_gb=0.0)
+    fits ``gpu_mem_budget_bytes``, best predicted tokens/s first; other knobs as in ``cfg``.
+    ``device="cpu"`` ranks them for a CPU run (no GPU memory: every setting fits)."""
+    base = cfg.replace(method="zo-offload", device=device, gpu_mem_limit_gb=0.0)
     keys = ("tokens_per_s", "step_seconds", "peak_gpu_mem_bytes", "nvml_gpu_mem_bytes",
             "host_mem_bytes", "pcie_bytes_per_step", "fits_host")
     out = []

@@ -104,3 +104,46 @@ def test_cli_resume_refuses_other_model(tmp_path):
                         "--set", "model=tiny-llama", "--quiet"], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 2 and "error:" in r.stderr and "model" in r.stderr
+
+
+def test_a_failed_write_leaves_nothing_and_is_reported_not_raised(tmp_path, monkeypatch):
+    import errno
+
+    from workbench.engine import checkpoint
+    from workbench.engine.checkpoint import AsyncCheckpointer
+
+    real = checkpoint._save_shard
+    calls = []
+
+    def full(tensors, path):
+        calls.append(path.name)
+        if len(calls) == 2:  # the second shard: the disk fills up half-way through
+            path.write_bytes(b"\0" * 100)
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real(tensors, path)
+    monkeypatch.setattr(checkpoint, "_save_shard", full)
+    writer = AsyncCheckpointer(tmp_path, keep_last=2)
+    writer.submit(lambda: _snapshot(2))
+    writer.wait()
+    error = writer.failure()
+    assert isinstance(error, OSError) and error.errno == errno.ENOSPC and writer.failures == 1
+    assert writer.failure() is None  # reported once
+    assert list(tmp_path.iterdir()) == []  # no partial folder left behind
+    writer.submit(lambda: _snapshot(4))
+    writer.close()
+    assert writer.failures == 0 and [p.name for p in complete_checkpoints(tmp_path)] == [
+        "step-00000004"]
+
+
+def test_keep_last_counts_only_checkpoints_known_to_be_good(tmp_path):
+    from workbench.engine.checkpoint import AsyncCheckpointer
+
+    writer = AsyncCheckpointer(tmp_path, keep_last=1)
+    writer.verified = 4  # steps after 4 not seen yet: newer checkpoints might hold a divergence
+    for step in (2, 4, 6, 8):
+        writer.submit(lambda s=step: _snapshot(s))
+        writer.wait()
+    assert [p.name for p in complete_checkpoints(tmp_path)] == [
+        "step-00000004", "step-00000006", "step-00000008"]
+    assert [p.name for p in writer.discard_after(4)] == ["step-00000006", "step-00000008"]
+    writer.close()

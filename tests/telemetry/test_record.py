@@ -63,3 +63,40 @@ def test_retention_keeps_recent_steps_in_full_and_totals_for_all():
     assert {e.step for e in rec.events} == {7, 8, 9}
     assert [r["step"] for r in rec.step_ops] == list(range(10))
     assert all(r["upload (bytes)"] == 400 for r in rec.step_ops)
+
+
+def test_non_finite_numbers_are_saved_as_null_and_a_damaged_file_is_one_error(tmp_path):
+    import math
+
+    from workbench.telemetry.record import RecordError
+
+    rec = RunRecord(config={"lr": 1.0}, steps=[{"step": 0, "loss": math.nan}],
+                    evals=[{"step": 0, "accuracy": 0.5, "loss": math.inf}],
+                    summary={"tokens_per_s": math.nan}, status="diverged", error="why")
+    rec.save(tmp_path)
+    data = json.loads((tmp_path / "run.json").read_text(), parse_constant=pytest.fail)
+    assert data["steps"][0]["loss"] is None and data["evals"][0]["loss"] is None
+    assert data["summary"]["tokens_per_s"] is None and data["error"] == "why"
+    assert RunRecord.load(tmp_path).status == "diverged"
+    for name in ("events.json.gz", "run.json"):
+        blob = (tmp_path / name).read_bytes()
+        (tmp_path / name).write_bytes(blob[:len(blob) // 2])
+        with pytest.raises(RecordError, match=f"{name} cannot be read: truncated or damaged"):
+            RunRecord.load(tmp_path)
+
+
+def test_a_failing_artefact_after_run_json_is_reported_not_fatal(tmp_path, monkeypatch):
+    import errno
+
+    from workbench.telemetry import record as record_module
+
+    real = record_module._write_gz
+
+    def full(path, obj):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+    monkeypatch.setattr(record_module, "_write_gz", full)
+    failed = []
+    RunRecord(config={"a": 1}, status="done").save(tmp_path, on_error=lambda n, e: failed.append(n))
+    assert failed == ["events.json.gz", "samples.json.gz"]
+    assert RunRecord.load(tmp_path).status == "done"
+    monkeypatch.setattr(record_module, "_write_gz", real)

@@ -113,14 +113,17 @@ def _check_host_only(sampler: Sampler) -> None:
         time.sleep(0.3)
         sampler.stop()
         sampler.stop()  # idempotent
-    off = [w for w in caught if "GPU metrics are off" in str(w.message)]
-    assert len(off) == 1, [str(w.message) for w in caught]
+    # a CPU machine is not a problem: no warning per run; nvml_status (and the run's status
+    # line) say why GPU metrics are off
+    assert not caught, [str(w.message) for w in caught]
+    assert sampler.nvml_status != "ok"
     assert len(sampler.samples) >= 5  # 50 Hz for 0.3 s is ~15; leave room for a loaded CI box
     for s in sampler.samples:
         assert set(s) == {"t (s)", *GPU_KEYS, *HOST_KEYS}
         assert all(math.isnan(s[k]) for k in GPU_KEYS)
         assert math.isfinite(s["host cpu (%)"]) and 0 <= s["host cpu (%)"] <= 100
         assert s["host ram used (bytes)"] > 0
+        assert 0 < s["process rss (bytes)"] < s["host ram used (bytes)"] + 2**30
     ts = [s["t (s)"] for s in sampler.samples]
     assert ts == sorted(ts) and 0 <= ts[0] < 0.2
     assert sampler._thread is None

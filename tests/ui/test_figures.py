@@ -42,7 +42,8 @@ def synthetic(steps: int = 5, blocks: int = 2, samples: int = 50) -> RunRecord:
                      "end": t, "mem_allocated": (s + 1) * 10**9, "mem_reserved": 2 * 10**9,
                      "mem_peak": 3 * 10**9, "lr": 1e-3})
     smp = [{"t (s)": i * 0.01, "gpu mem used (bytes)": 4e9 + (i % 10) * 1e6,
-            "pcie rx (bytes/s)": 8e9, "pcie tx (bytes/s)": 4e9, "gpu util (%)": 50.0 + (i % 2)}
+            "pcie rx (bytes/s)": 8e9, "pcie tx (bytes/s)": 4e9, "gpu util (%)": 50.0 + (i % 2),
+            "host cpu (%)": 25.0, "host ram used (bytes)": 12e9, "process rss (bytes)": 3e9}
            for i in range(samples)]
     return RunRecord(config={"method": "zo-offload", "model": "tiny-opt", "steps": steps},
                      environment={"pcie peak (bytes/s)": 31.5e9}, steps=rows,
@@ -118,12 +119,33 @@ def test_memory_pcie_utilisation_values_in_units():
     by = {t.name: t for t in pc.data}
     np.testing.assert_allclose(by["RX host→GPU"].y, 8.0)
     np.testing.assert_allclose(by["TX GPU→host"].y, 4.0)
-    peak = by["link peak (per direction)"]
+    peak = by["link peak"]
     assert list(peak.y) == [31.5, 31.5] and peak.line.dash == "dash"
 
     ut = F.utilisation(rec)
-    assert ut.layout.yaxis.title.text == "GPU utilisation (%)"
-    assert list(ut.data[0].y[:2]) == [50.0, 51.0]
+    assert ut.layout.yaxis.title.text == "utilisation (%)"
+    by = {t.name: t for t in ut.data}
+    assert list(by["GPU util"].y[:2]) == [50.0, 51.0]
+    np.testing.assert_allclose(by["host CPU"].y, 25.0)
+
+    hm = F.host_memory(rec)
+    assert hm.layout.yaxis.title.text == "host memory (GB)"
+    by = {t.name: t for t in hm.data}
+    np.testing.assert_allclose(by["host RAM used"].y, 12.0)
+    np.testing.assert_allclose(by["this process (RSS)"].y, 3.0)
+    assert "pinned (planner)" not in by  # no device in the config: nothing planned
+
+
+def test_pinned_host_memory_is_the_planners_figure():
+    from workbench.planner import plan
+
+    rec = synthetic()
+    rec.config = RunConfig(method="zo-offload", model="opt-125m", device="cpu").to_dict()
+    rec.config["device"] = "cuda"  # a GPU run's record, read on this CPU machine
+    want = plan(RunConfig(method="zo-offload", model="opt-125m", device="cuda")).pinned_host_bytes
+    assert want > 0
+    pinned = next(t for t in F.host_memory(rec).data if t.name == "pinned (planner)")
+    np.testing.assert_allclose(pinned.y, want / 1e9)
 
 
 def test_progress_loss_accuracy_and_tokens_per_s():
@@ -131,19 +153,83 @@ def test_progress_loss_accuracy_and_tokens_per_s():
     fig = F.progress(rec)
     by = {t.name: t for t in fig.data}
     np.testing.assert_allclose(by["loss"].y, [1.0, 0.9, 0.8, 0.7, 0.6])
+    assert by["loss"].opacity < 1 and by["loss"].showlegend is False  # raw, faint, behind
+    np.testing.assert_allclose(by["loss (EMA)"].y, _ema_reference([1.0, 0.9, 0.8, 0.7, 0.6],
+                                                                  F.SMOOTHING))
     np.testing.assert_allclose(by["dev accuracy"].y, [50.0, 75.0])
-    assert by["dev accuracy"].yaxis != by["loss"].yaxis  # the secondary axis
+    assert by["dev accuracy"].yaxis != by["loss"].yaxis  # its own, right-hand axis
     np.testing.assert_allclose(by["tokens/s"].y, [200, 400, 600, 800, 1000])
     titles = {ax.title.text for ax in (fig.layout.yaxis, fig.layout.yaxis2, fig.layout.yaxis3)}
     assert {"loss", "dev accuracy (%)", "throughput (tokens/s)"} <= titles
+    # the right-hand axis belongs to the last column, beside the figure's right margin
+    acc = fig.layout[by["dev accuracy"].yaxis.replace("y", "yaxis")]
+    right = max(fig.layout[k].domain[1] for k in fig.layout.to_plotly_json()
+                if k.startswith("xaxis"))
+    assert acc.side == "right"
+    assert fig.layout[by["loss"].xaxis.replace("x", "xaxis")].domain[1] == right
+
+
+def _ema_reference(ys, w):
+    """TensorBoard's smoothing, written out independently: EMA with bias correction."""
+    out, acc = [], 0.0
+    for n, v in enumerate(ys, start=1):
+        acc = w * acc + (1 - w) * v
+        out.append(acc / (1 - w ** n))
+    return out
+
+
+def test_smoothing_slider_restyles_the_ema_lines():
+    rec = synthetic(steps=6)
+    rec.steps[2]["loss"] = None  # a gap stays a gap
+    fig = F.progress(rec, smoothing=0.6)
+    (slider,) = fig.layout.sliders
+    idx = [i for i, t in enumerate(fig.data) if t.name == "loss (EMA)"]
+    raw = [1.0, 0.9, 0.7, 0.6, 0.5]
+    assert [float(s.label) for s in slider.steps] == list(F.SMOOTHING_STEPS)
+    assert F.SMOOTHING_STEPS[slider.active] == 0.6
+    for step in slider.steps:
+        w = float(step.label)
+        (ys,) = step.args[0]["y"]
+        assert step.method == "restyle" and list(step.args[1]) == idx
+        want = _ema_reference(raw, w) if w else raw
+        got = [v for v in ys if v is not None and not math.isnan(v)]
+        np.testing.assert_allclose(got, want)
+        assert ys[2] is None or math.isnan(ys[2])
+    assert "sliders" not in F.progress(RunRecord()).to_plotly_json()["layout"]  # nothing to smooth
+    fig.to_json()
+
+
+def test_smoothing_zero_draws_the_raw_line_only():
+    fig = F.progress(synthetic(steps=4), smoothing=0.0)
+    names = [t.name for t in fig.data]
+    assert "loss" in names and "loss (EMA)" not in names
+
+
+def test_identical_runs_are_told_apart():
+    a, b, c = synthetic(steps=5), synthetic(steps=5), synthetic(steps=5)
+    a.info["name"], b.info["name"], c.info["name"] = "mezo", "zo-offload", "other"
+    c.steps[3]["loss"] = 0.123
+    fig = F.compare_loss([a, b, c])
+    ema = {t.name: t for t in fig.data if t.name and "(EMA)" in t.name}
+    assert set(ema) == {"mezo (EMA)", "zo-offload (identical to mezo) (EMA)", "other (EMA)"}
+    assert ema["zo-offload (identical to mezo) (EMA)"].line.dash == "dash"
+    assert ema["mezo (EMA)"].line.dash is None and ema["other (EMA)"].line.dash is None
 
 
 def test_cpu_run_and_missing_data_give_empty_figures_with_notes(offload_run):
     rec, _ = offload_run  # CPU: torch memory is 0, NVML is off
-    for build in (F.memory, F.pcie, F.utilisation):
+    for build in (F.memory, F.pcie):
         fig = build(rec)
         assert len(fig.data) == 0 and _notes(fig)
+        assert fig.layout.xaxis.showticklabels is False  # no numbers on an empty panel
         fig.to_json()
+    # host panels are drawn for every run; GPU panels only for GPU runs
+    dash = F.dashboard_figure(rec)
+    titles = {a.text for a in dash.layout.annotations}
+    assert {"utilisation", "GPU memory", "PCIe throughput"}.isdisjoint(titles)
+    assert {"host CPU", "host memory", "throughput", "loss, dev accuracy"} <= titles
+    assert {"host CPU", "host RAM used", "this process (RSS)"} <= {t.name for t in dash.data}
+    assert not _notes(dash)
     nan_rec = RunRecord(steps=[{"step": 0, "loss": None, "seconds": 0.0, "tokens": 10,
                                 "end": None}],
                         samples=[{"t (s)": 0.1, "gpu mem used (bytes)": math.nan}])
@@ -155,8 +241,37 @@ def test_cpu_run_and_missing_data_give_empty_figures_with_notes(offload_run):
 def test_dashboard_figure_has_every_panel():
     fig = F.dashboard_figure(synthetic())
     names = {t.name for t in fig.data}
-    assert {"upload", "loss", "tokens/s", "NVML used", "RX host→GPU", "GPU util"} <= names
+    assert {"upload", "loss", "loss (EMA)", "tokens/s", "NVML used", "RX host→GPU", "GPU util",
+            "host CPU", "host RAM used"} <= names
     fig.to_json()
+
+
+@pytest.mark.parametrize("live", [False, True])
+def test_gpu_dashboard_grid_keeps_right_axes_in_the_last_column(live):
+    rec = synthetic()
+    rec.config["device"] = "cuda"
+    grid = F.dashboard_panels(rec, live=live)
+    assert [len(row) for row in grid] == ([1, 3, 3] if live else [1, 2, 2, 2])
+    assert all(not p.y2title for row in grid for p in row[:-1])
+    fig = F.dashboard_figure(rec, live=live)
+    assert fig.layout.autosize and fig.layout.width is None  # sized by its container
+    assert bool(fig.layout.sliders) is not live and bool(fig.layout.title.text) is not live
+    legends = [k for k in fig.layout.to_plotly_json() if k.startswith("legend")]
+    assert len(legends) == sum(any(t.get("showlegend") is not False for t in p.traces)
+                               for row in grid for p in row)  # one small legend per panel
+
+
+def test_short_transfers_get_a_minimum_width_and_their_true_duration():
+    rec = synthetic(steps=2)
+    rec.events.append(OpEvent("upload", "upload", 1, 7, 4096, 0.05, 0.05 + 1e-6))
+    fig = F.timeline(rec, last_steps=2)
+    up = next(b for b in _bars(fig) if b.name == "upload")
+    shown = [e for e in rec.events if e.step >= 0]
+    window = max(e.end for e in shown) - min(e.start for e in shown)
+    i = [c[0] for c in up.customdata].index("block 7")
+    assert up.x[i] == pytest.approx(F.MIN_BAR * window)  # drawn wider than it lasted
+    assert up.customdata[i][3] == pytest.approx(1e-3)  # hover: 1 us in ms
+    assert up.marker.line.width >= 1  # an outline: visible at any zoom
 
 
 def test_long_runs_are_downsampled_keeping_peaks():
@@ -167,6 +282,36 @@ def test_long_runs_are_downsampled_keeping_peaks():
     assert len(nvml.x) <= F.MAX_POINTS
     assert max(nvml.y) == pytest.approx(99.0)
     assert np.all(np.diff(nvml.x) > 0)
+
+
+def _downsample_reference(x, y, max_points):
+    """The same rule written plainly: equal buckets of ceil(n / (max_points // 2)) points, each
+    keeping the positions of its smallest and largest finite value (its first if none)."""
+    n, k = len(x), max_points // 2
+    size = -(-n // k)
+    keep = set()
+    for lo in range(0, n, size):
+        seg = [(v, i) for i, v in enumerate(y[lo:lo + size], start=lo) if math.isfinite(v)]
+        if not seg:
+            keep.add(lo)
+            continue
+        keep.add(min(seg)[1])
+        keep.add(max(seg, key=lambda t: (t[0], -t[1]))[1])
+    idx = sorted(keep)
+    return x[idx], y[idx]
+
+
+@pytest.mark.parametrize("n", [2001, 4096, 10_007])
+def test_downsample_matches_a_plain_reference(n):
+    rng = np.random.default_rng(n)
+    x = np.arange(n, dtype=float)
+    y = rng.normal(size=n)
+    y[rng.random(n) < 0.05] = np.nan
+    y[100:400] = np.nan  # whole buckets of gaps
+    got, want = F.downsample(x, y, 2000), _downsample_reference(x, y, 2000)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+    assert len(got[0]) <= 2000
 
 
 # --- comparisons ------------------------------------------------------------------------------
@@ -180,25 +325,28 @@ def test_compare_bars_one_bar_per_run_per_metric():
     a = _with_summary(synthetic(), 4e9, 1000.0, "mezo")
     b = _with_summary(synthetic(), 1e9, 2000.0, "offload")
     fig = F.compare_bars([a, b])
-    mem, tps = fig.data
-    assert list(mem.x) == ["mezo", "offload"] and list(tps.x) == ["mezo", "offload"]
-    np.testing.assert_allclose(mem.y, [4.0, 1.0])
-    np.testing.assert_allclose(tps.y, [1000.0, 2000.0])
+    tps, mem = fig.data
+    assert list(mem.y) == ["mezo", "offload"] and list(tps.y) == ["mezo", "offload"]
+    np.testing.assert_allclose(mem.x, [4.0, 1.0])
+    np.testing.assert_allclose(tps.x, [1000.0, 2000.0])
     assert "(0.25x)" in mem.text[1] and "(2.00x)" in tps.text[1] and "(1.00x)" in tps.text[0]
-    assert fig.layout.yaxis.title.text == "peak GPU memory (GB)"
-    assert fig.layout.yaxis2.title.text == "steady throughput (tokens/s)"
+    assert fig.layout.xaxis.title.text == "steady throughput (tokens/s)"
+    assert fig.layout.xaxis2.title.text == "peak GPU memory (GB)"
+    # run names once, on the left; the first run on top
+    assert fig.layout.yaxis.showticklabels and fig.layout.yaxis2.showticklabels is False
+    assert fig.layout.yaxis.autorange == "reversed"
 
 
 def test_compare_bars_labels_are_distinct():
     a, b = synthetic(), synthetic()
-    assert list(F.compare_bars([a, b]).data[0].x) == ["zo-offload tiny-opt #1",
+    assert list(F.compare_bars([a, b]).data[0].y) == ["zo-offload tiny-opt #1",
                                                       "zo-offload tiny-opt #2"]
 
 
 def test_compare_loss_memory_timelines():
     a, b = synthetic(steps=4), synthetic(steps=6)
     loss = F.compare_loss([a, b])
-    assert [len(t.y) for t in loss.data] == [4, 6]
+    assert [len(t.y) for t in loss.data if "(EMA)" in t.name] == [4, 6]
     mem = F.compare_memory([a, b])
     assert len(mem.data) == 2 and all("NVML used" in t.name for t in mem.data)
     tl = F.compare_timelines([a, b], last_steps=2)
@@ -237,7 +385,7 @@ def test_layering_ui_is_imported_only_from_the_top():
     root = Path(F.__file__).resolve().parents[1]
     for path in root.rglob("*.py"):
         rel = path.relative_to(root).as_posix()
-        if rel.startswith("ui/") or rel in ("cli.py", "__main__.py"):
+        if rel.startswith("ui/") or rel in ("cli.py", "cli_sweep.py", "__main__.py"):
             continue
         mods = _imports(path)
         assert not any(m.startswith("workbench.ui") for m in mods), rel

@@ -13,7 +13,7 @@ from workbench.config import ConfigError, RunConfig
 from workbench.engine.events import OpEvent
 from workbench.telemetry.record import RunRecord
 from workbench.ui.compare import compare, mezo_vs_offload
-from workbench.ui.dashboard import Dashboard
+from workbench.ui.dashboard import BUDGET, Dashboard
 from workbench.ui.figures import dashboard_figure
 from workbench.ui.panel import KnobPanel
 
@@ -43,10 +43,13 @@ def test_controls_follow_the_config():
     assert isinstance(c["lr"], widgets.FloatText) and c["steps"].value == 7
     assert c["lr"].description == "lr" and "learning rate" in c["lr"].tooltip
     assert "[0, 10]" in c["lr"].tooltip
-    shown = lambda: {box.children[0].value for box in p.knobs.children}  # noqa: E731
-    assert "<b>offload</b>" not in shown() and "<b>run</b>" in shown()
+    shown = lambda: list(p.knobs.titles)  # noqa: E731  (one tab per group)
+    assert "offload" not in shown() and shown()[:2] == ["run", "optim"]
+    assert c["lr"] in p.knobs.children[1].children
+    p.knobs.selected_index = 1
     c["method"].value = "zo-offload"
-    assert "<b>offload</b>" in shown()
+    assert "offload" in shown() and p.knobs.titles[p.knobs.selected_index] == "optim"
+    assert c["overlap"] in p.knobs.children[shown().index("offload")].children
     assert p.config() == RunConfig(method="zo-offload", steps=7)
     with pytest.raises(ConfigError):
         KnobPanel(method="mezo", no_such_knob=1)
@@ -62,6 +65,19 @@ def test_invalid_input_shows_problems_and_starts_nothing(tmp_path, name, value):
     p.controls[name].value = RunConfig().to_dict()[name]
     assert p.problems.value == ""
     assert not any(tmp_path.iterdir())
+
+
+def test_a_run_that_cannot_fit_is_refused_in_the_panel(tmp_path):
+    p = KnobPanel(method="zo-offload", model="opt-175b", data="synthetic", out_dir=tmp_path)
+    assert p.run() is None and p.thread is None
+    assert "error: host memory: zo-offload on opt-175b needs" in p.problems.value
+    assert not any(tmp_path.iterdir())
+
+
+def test_knobs_of_a_hidden_group_do_not_reach_another_method():
+    p = KnobPanel(method="zo-offload", codec="bf16")
+    p.controls["method"].value = "mezo"  # the offload group is hidden now
+    assert p.config().codec == "fp32" and p.problems.value == ""
 
 
 def test_planner_hook(monkeypatch):
@@ -90,6 +106,13 @@ def test_run_completes_and_dashboard_has_steps(tmp_path):
     assert p.error is None and p.recipe.record.status == "done"
     assert len(_trace(p.dashboard.figure, "loss").y) == 3
     assert "done: 3 steps" in p.message.value
+    # the header: why the step takes what it takes, the next knob, and NVML's state said once
+    from workbench.telemetry.verdict import verdict
+
+    header = p.dashboard.status.value
+    assert verdict(p.recipe.record).text in header and "next knob: " in header
+    if p.recipe.record.environment.get("nvml") != "ok":
+        assert header.count("GPU metrics off") == 1
     assert (p.last_run_dir / "run.json").is_file()
     assert not p.controls["steps"].disabled and not p.run_button.disabled
     assert p.stop_button.disabled and not p.export_button.disabled
@@ -115,6 +138,15 @@ def test_stop_and_knob_locking_during_a_long_run(tmp_path):
     assert len(rec.steps) < 500
     assert not p.controls["steps"].disabled and not p.controls["method"].disabled
     assert RunRecord.load(p.last_run_dir).status == "stopped"
+
+
+def test_a_diverging_run_says_at_which_step(tmp_path):
+    p = KnobPanel(method="mezo", out_dir=tmp_path, steps=30, lr=10.0, data="synthetic",
+                  checkpoint_every=2, **TINY)
+    p.run().join(timeout=60)
+    assert p.recipe.record.status == "diverged" and p.error is None
+    assert "diverged at step 3 (loss = nan" in p.message.value
+    assert RunRecord.load(p.last_run_dir).status == "diverged"
 
 
 def test_live_lr_change_applies_from_the_next_step(tmp_path):
@@ -156,11 +188,15 @@ def test_dashboard_refresh_updates_the_same_widget():
     with rec.lock:
         rec.steps.append({"step": 3, "loss": 0.5, "seconds": 0.5, "tokens": 100, "end": 4.0})
     d.min_interval_s = 0.0
+    # the time budget: the next refresh waits until the last one's cost is 2% of the gap
+    gap = d.last_refresh_s / BUDGET
+    assert d.last_refresh_s > 0 and not d.refresh()
+    time.sleep(max(gap - (time.monotonic() - d._last), 0.0) + 0.01)
     assert d.refresh()
     assert list(_trace(fig, "loss").y) == pytest.approx([1.0, 0.9, 0.8, 0.5])
     assert d.refreshes == 2
     # the live widget shows exactly what the report's figure shows for the same record
-    ref = dashboard_figure(rec.snapshot())
+    ref = dashboard_figure(rec.snapshot(), live=True)
     assert [t.name for t in fig.data] == [t.name for t in ref.data]
     for live, want in zip(fig.data, ref.data):
         assert (live.xaxis, live.yaxis) == (want.xaxis, want.yaxis)
@@ -193,9 +229,10 @@ def test_mezo_vs_offload_is_one_call(tmp_path):
     table, *figs = box.children
     assert len(figs) == 4 and all(isinstance(f, go.FigureWidget) for f in figs)
     assert "param_digest identical" in table.value
+    assert table.value.count("next knob: ") == 2 and "-bound" in table.value
     assert [r.config["method"] for r in box.records] == ["mezo", "zo-offload"]
     assert (tmp_path / "mezo" / "run.json").is_file()
     again = compare(tmp_path / "mezo", box.records[1])  # directories and records mix
-    assert list(again.children[1].data[1].x) == ["mezo tiny-opt", "zo-offload tiny-opt"]
+    assert list(again.children[1].data[0].y) == ["mezo tiny-opt", "zo-offload tiny-opt"]
     with pytest.raises(ConfigError):
         mezo_vs_offload(out_dir=tmp_path, steps="zero")

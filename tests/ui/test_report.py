@@ -45,6 +45,13 @@ def test_report_is_self_contained_with_every_run(run_dirs, tmp_path):
                   "<h3>environment</h3>", "learning rate"):
         assert label in text
     assert f"{recs[1].summary['tokens_per_s']:,.0f}" in text
+    # each run's bound and next knob: in the comparison and in its own section
+    from workbench.telemetry.advice import next_knob
+    from workbench.telemetry.verdict import verdict
+
+    for rec in recs:
+        assert text.count(verdict(rec).text) == 2 and next_knob(rec).text in text
+    assert verdict(recs[1]).kind == "compute-bound"  # tiny zo-offload on a CPU: block passes
 
 
 def test_report_of_one_live_record_has_no_comparison(tmp_path):
@@ -72,3 +79,14 @@ def test_cli_report_command(run_dirs, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert out.is_file() and out.read_text(encoding="utf-8").count(PLOTLY_MARKER) == 1
     assert proc.stdout.strip() == str(out.resolve())
+
+
+def test_cli_compare_prints_the_verdicts(run_dirs):
+    proc = subprocess.run([sys.executable, "-m", "workbench", "compare", *map(str, run_dirs)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    from workbench.telemetry.verdict import verdict
+
+    for d in run_dirs:
+        assert f"{d}: {verdict(RunRecord.load(d)).text}" in proc.stdout
+    assert proc.stdout.count("next knob: ") == len(run_dirs)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from workbench.config import REPO_ROOT
+from workbench.config import REPO_ROOT, RunConfig
 from workbench.data.fields import Example, classify_examples
 from workbench.data.files import SUFFIXES, DataError, Rows, read_file
 
@@ -26,7 +26,7 @@ EMBEDDED_DIR = EMBEDDED["classify"]
 DEV_NAMES = ("dev", "validation", "valid", "val", "test")
 HOLD_OUT = 10  # without a dev split, every HOLD_OUT-th example is held out for dev
 
-__all__ = ["Example", "DataError", "load_rows", "load_split", "read_tsv"]
+__all__ = ["Example", "DataError", "load_examples", "load_rows", "load_split", "read_tsv"]
 
 
 def load_rows(data: str, data_dir: Path | None, objective: str = "classify") -> tuple[Rows, Rows]:
@@ -101,6 +101,20 @@ def _pick(splits: dict[str, Rows], origin: str) -> tuple[Rows, Rows]:
 def read_tsv(path: Path) -> list[Example]:
     """GLUE-style ``sentence<TAB>label`` with a header (sentences may contain quotes)."""
     return classify_examples(read_file(Path(path)), 2)
+
+
+def load_examples(cfg: RunConfig) -> tuple[list[Example], list[Example]]:
+    """(train, dev) two-label examples of ``cfg.data``: ``train_samples`` / ``eval_samples`` of
+    them, fields as the settings name them; read once, before any model is built.
+
+    Raises:
+        DataError: one line naming the file, the line and what is wrong there.
+    """
+    train, dev = load_rows(cfg.data, cfg.resolved_data_dir)
+    fields = {"text_field": cfg.text_field, "label_field": cfg.label_field}
+    train, dev = classify_examples(train, 2, **fields), classify_examples(dev, 2, **fields)
+    return (train[:cfg.train_samples] if cfg.train_samples else train,
+            dev[:cfg.eval_samples] if cfg.eval_samples else dev)
 
 
 def load_split(data: str, split: str, data_dir: Path | None, text_field: str = "",

@@ -18,9 +18,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import threading
 import warnings
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,17 +74,38 @@ def write_checkpoint(root: Path, snap: Snapshot, pause_s: float = 0.0) -> Path:
     """Write ``snap`` under ``root`` atomically; returns the final folder.
 
     ``pause_s`` sleeps between shards (tests use it to kill a writer mid-way)."""
-    from safetensors.torch import save_file
-
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{snap.step:08d}"
     tmp = root / f"step-{snap.step:08d}.partial"
     shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        return _write_folder(root, tmp, final, snap, pause_s)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a failed write (a full disk) leaves nothing
+        raise
+
+
+def _save_shard(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """safetensors' save_file, its I/O failures (a full disk) raised as the OSError they are."""
+    from safetensors.torch import save_file
+
+    try:
+        save_file(tensors, str(path))
+    except OSError:
+        raise
+    except Exception as e:  # safetensors wraps the OS error in its own type
+        code = re.search(r"os error (\d+)", str(e))
+        if code is None:
+            raise
+        raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(path)) from None
+
+
+def _write_folder(root: Path, tmp: Path, final: Path, snap: Snapshot, pause_s: float) -> Path:
     tmp.mkdir()
     shards = {}
     for part, idx in zip(("p1", "p2"), halves(len(snap.flats))):
         path = tmp / f"{part}.safetensors"
-        save_file({snap.names[i]: snap.flats[i].contiguous() for i in idx}, str(path))
+        _save_shard({snap.names[i]: snap.flats[i].contiguous() for i in idx}, path)
         with open(path, "rb+") as fh:
             os.fsync(fh.fileno())  # the shard is on disk before the manifest can name it
         shards[path.name] = _sha256(path)
@@ -220,11 +243,16 @@ class AsyncCheckpointer:
     """Background writes: the training thread hands over host snapshots and goes on.
 
     A snapshot still being written when the next one is due is skipped (the step log still
-    covers every step), so a slow disk never makes training wait or memory pile up.
+    covers every step), so a slow disk never makes training wait or memory pile up. A failed
+    write (a full or read-only disk) is not raised: ``failure()`` reports it once, and the
+    caller decides when to give up.
 
     Args:
         root: checkpoint folder.
         keep_last: complete checkpoints kept; older ones are deleted after a newer completes.
+            Only checkpoints at or before ``verified`` (a step count the caller raises as it
+            sees its steps' results) count: newer ones could hold a diverged state, so the
+            last ``keep_last`` good ones stay until the newer ones are known good.
     """
 
     def __init__(self, root: Path, keep_last: int, bus=None, timer=None):
@@ -233,6 +261,9 @@ class AsyncCheckpointer:
         self.writing: Future | None = None
         self.skipped = 0
         self.written: list[Path] = []
+        self.verified: float = float("inf")
+        self.failures = 0  # failed writes in a row
+        self._errors: deque[BaseException] = deque()  # not yet reported by ``failure``
 
     @property
     def busy(self) -> bool:
@@ -246,25 +277,54 @@ class AsyncCheckpointer:
         self.writing = self.pool.submit(self._write, make_snapshot)
         return True
 
-    def _write(self, make_snapshot) -> Path:
+    def _write(self, make_snapshot) -> Path | None:
         from workbench.engine.events import OpEvent
 
         start = self.timer.now() if self.timer else 0.0
         snap = make_snapshot()
-        path = write_checkpoint(self.root, snap)
+        try:
+            path = write_checkpoint(self.root, snap)
+        except OSError as e:  # ENOSPC, EROFS, EIO...: reported by ``failure``, training goes on
+            self.failures += 1
+            self._errors.append(e)
+            return None
+        self.failures = 0
         nbytes = sum(f.numel() * 4 for f in snap.flats)
         if self.bus is not None and self.timer is not None:
             self.bus.publish(OpEvent("checkpoint", "checkpoint", snap.step - 1, -1, nbytes,
                                      start, self.timer.now(), path.name))
         self.written.append(path)
-        for old in complete_checkpoints(self.root)[:-self.keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+        self.prune()
         return path
 
+    def prune(self) -> None:
+        """Delete all but the newest ``keep_last`` verified checkpoints."""
+        good = [p for p in complete_checkpoints(self.root) if checkpoint_step(p) <= self.verified]
+        for old in good[:-self.keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def discard_after(self, step: int) -> list[Path]:
+        """Delete complete checkpoints of more than ``step`` steps (a diverged state)."""
+        self.wait()
+        bad = [p for p in complete_checkpoints(self.root) if checkpoint_step(p) > step]
+        for p in bad:
+            shutil.rmtree(p, ignore_errors=True)
+        return bad
+
+    def failure(self) -> BaseException | None:
+        """The error of a failed write not reported yet, else None (never blocks)."""
+        return self._errors.popleft() if self._errors else None
+
     def wait(self) -> None:
+        """Until the write in progress has ended (a failed write is left for ``failure``)."""
         if self.writing is not None:
-            self.writing.result()  # end of run: the last checkpoint must be on disk
+            self.writing.result()  # end of run or a divergence: the last write must be over
 
     def close(self) -> None:
         self.wait()
         self.pool.shutdown(wait=True)
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step count of a checkpoint folder ``step-NNNNNNNN``."""
+    return int(path.name.split("-", 1)[1].split(".", 1)[0])

@@ -9,6 +9,7 @@ types and sizes alone.
 from __future__ import annotations
 
 from workbench.engine.codecs import HALF, sr_kernels
+from workbench.engine.transfers import SRTransfer
 
 
 def warm_kernels(engine) -> int:
@@ -19,12 +20,11 @@ def warm_kernels(engine) -> int:
     if ops is None or ops.kernels is None:
         return 0
     sizes = sorted({(lay.numel, lay.n_decay) for lay in engine.group_layouts() if lay.numel})
-    transfer = getattr(engine, "transfer", None)
-    codec = getattr(transfer, "codec", None)
-    sr = (sr_kernels() if codec is not None and codec.name in HALF and not transfer.lossless
-          else None)
+    # Only the compressed-sr master rounds stochastically (each offload of a streamed block).
+    transfer = getattr(getattr(engine, "streamer", None), "transfer", None)
+    sr = sr_kernels() if isinstance(transfer, SRTransfer) else None
     for numel, n_decay in sizes:
         ops.kernels.warm(numel, n_decay)
         if sr is not None:
-            sr.warm(numel, HALF[codec.name])
+            sr.warm(numel, HALF[transfer.codec.name])
     return len(sizes)

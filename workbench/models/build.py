@@ -15,6 +15,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
+from workbench.config import ConfigError
 from workbench.presets import PRESETS, Preset
 
 
@@ -62,10 +63,32 @@ def build_skeleton(model: str, data_dir: Path | None = None) -> tuple[nn.Module,
         source = PretrainedWeights(folder)
     config._attn_implementation = "sdpa"
     with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        skeleton = AutoModelForCausalLM.from_config(config, dtype=torch.float32,
+                                                    trust_remote_code=False)
     _rebuild_meta_buffers(skeleton)
     skeleton.eval()
     return skeleton, source
+
+
+def check_model_folder(model: str) -> None:
+    """A local folder or hub id names a model the workbench can build: safetensors weights, a
+    config that loads without running the folder's code, an architecture the block adapter knows
+    (cheap: no weights are read). Presets pass.
+
+    Raises:
+        ConfigError: one line naming the model and what is wrong.
+    """
+    from workbench.models.adapter import MODEL_TYPES
+    from workbench.models.hub import check_weights, load_config, model_folder
+
+    if model in PRESETS:
+        return
+    folder = model_folder(model)
+    check_weights(model, folder)
+    config = load_config(model, folder)
+    if getattr(config, "model_type", None) not in MODEL_TYPES:
+        raise ConfigError([f"model: {model} is a {config.model_type!r} model; supported: "
+                           f"{', '.join(MODEL_TYPES)}"])
 
 
 def _rebuild_meta_buffers(model: nn.Module) -> None:

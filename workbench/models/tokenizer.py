@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
+from workbench.config import ConfigError
 from workbench.presets import PRESETS
 
 
@@ -60,7 +61,20 @@ class HFTokenizer:
 
 
 def load_tokenizer(model: str, data_dir: Path) -> Tokenizer:
-    """The tokenizer a model preset or folder uses; local files first, the Hub only when online."""
+    """The tokenizer a model preset or folder uses; local files first, the Hub only when online.
+    A local folder's tokenizer never runs code of its own (trust_remote_code=False).
+
+    Raises:
+        ConfigError: no usable tokenizer (one line).
+    """
+    try:
+        return _load(model, data_dir)
+    except (OSError, ValueError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0][:200]
+        raise ConfigError([f"model: no usable tokenizer for {model} ({first})"]) from None
+
+
+def _load(model: str, data_dir: Path) -> Tokenizer:
     from transformers import AutoTokenizer
 
     preset = PRESETS.get(model)

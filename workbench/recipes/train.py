@@ -2,13 +2,19 @@
 
 It composes the pieces (data, model skeleton, engine, telemetry) and owns the loop. The loop
 never waits for the GPU: each step's losses travel to the host through ``Deferred`` copies and
-are published once they have landed.
+are published once they have landed. Longer than our usual module: the loop and the run's
+lifecycle around it (checks before anything is built, how it ends, what is recorded) read best
+in one place; each concept it uses lives beside it (``rundir``, ``resume``, ``guard``,
+``outcome``, ``limits``, ``signals``).
 """
 from __future__ import annotations
 
 import math
+import sys
 import threading
 import time
+import traceback
+import warnings
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -17,22 +23,33 @@ import torch
 
 from workbench import distributed
 from workbench.config import ZO_METHODS, ConfigError, RunConfig, check_environment
-from workbench.data.task import build_task
+from workbench.data.task import build_task, make_objective
 from workbench.engine import build_engine
-from workbench.engine.checkpoint import (AsyncCheckpointer, CheckpointError, StepLog,
-                                         latest_checkpoint, read_checkpoint)
+from workbench.engine.checkpoint import AsyncCheckpointer, StepLog
 from workbench.engine.events import EvalEvent, EventBus, InfoEvent, StepEvent
 from workbench.engine.groups import digest, norm
 from workbench.engine.timing import Deferred
 from workbench.engine.warmup import warm_kernels
 from workbench.engine.zo_common import step_seed
-from workbench.models.build import build_skeleton
+from workbench.models.build import build_skeleton, check_model_folder
 from workbench.models.tokenizer import load_tokenizer
+from workbench.planner import check_fits
+from workbench.recipes.guard import RunGuard
+from workbench.recipes.limits import cap_gpu_memory
+from workbench.recipes.outcome import artefact_failed, error_line, os_error, outcome_line
+from workbench.recipes.resume import load_resume_checkpoint, plan_resume
+from workbench.recipes.rundir import WRITE_EVERY_S, RunDir, RunWarning
 from workbench.telemetry.collector import Collector
 from workbench.telemetry.environment import environment
 from workbench.telemetry.record import RunRecord
 from workbench.telemetry.sampler import Sampler
 from workbench.telemetry.steady import throughput
+
+
+RUN_AHEAD = 2  # steps the loop may run ahead of the published ones
+
+
+CHUNK_VOCAB = 1 << 17  # a stand-in vocabulary size while the data is read, before the model
 
 
 class TrainRecipe:
@@ -41,57 +58,114 @@ class TrainRecipe:
         out_dir: run directory to write (None: keep the record in memory only).
         bus: event bus to publish on (a fresh one by default); the UI subscribes to it.
         progress: show a tqdm progress bar.
+        overwrite: replace a run ``out_dir`` already holds (else that is refused).
+        force: start even when the planner says the run cannot fit.
     """
 
     def __init__(self, cfg: RunConfig, out_dir: str | Path | None = None,
-                 bus: EventBus | None = None, progress: bool = True):
+                 bus: EventBus | None = None, progress: bool = True, *,
+                 overwrite: bool = False, force: bool = False):
         self.cfg, self.progress = cfg, progress
+        self.overwrite, self.force = overwrite, force
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.bus = bus or EventBus()
         self.record = RunRecord(config=cfg.to_dict(), status="new")
         self.collector = Collector(self.record, cfg.keep_steps)
         self._unsubscribe = self.bus.subscribe(self.collector)
         self.stop_event = threading.Event()
+        self.stop_reason = ""  # what set stop_event, for the record ("SIGINT", ...)
+        self.training = False  # inside the step loop (a stop request ends it cleanly)
         self.live: dict[str, float] = {"lr": cfg.lr, "weight_decay": cfg.weight_decay}
         self.engine: Any = None
         self.sampler: Sampler | None = None
         self.checkpointer: AsyncCheckpointer | None = None
-        self.steplog: StepLog | None = None
+        self.rundir: RunDir | None = None
         self.step = 0
         self.dist = None  # set under torchrun (data parallel)
+        self.checkpoint_root: Path | None = None
+        self.vote: distributed.StopVote | None = None  # under torchrun
+        self.stop_at = math.inf  # under torchrun: the step count every rank stops at
+        self.guard: RunGuard | None = None  # divergence and failing checkpoint writes
+        self.tokenizer = self.task = None  # read in ``prepare`` (but synthetic data)
+        self._prepared = False
+        self._resume_from: list[str] = []  # checkpoint names to try, newest first
+        self._unsubscribe_rundir = lambda: None
 
     # --- setup ------------------------------------------------------------------------------
-    def setup(self, resume: bool = False) -> "TrainRecipe":
-        """Check the machine, load data, build the model and engine, start sampling; with
-        ``resume``, continue from the newest complete checkpoint."""
+    def prepare(self, resume: bool = False) -> "TrainRecipe":
+        """Every check that needs no model, then the claim of the run directory. Bad settings,
+        data or model folders, a run that cannot fit, a directory holding another run or in use
+        are refused here (ConfigError), before anything big is allocated or anything on disk
+        changes; then run.json says ``running``."""
+        if self._prepared:
+            return self
         cfg = self.cfg
         check_environment(cfg)
         self.dist = distributed.from_env(cfg)
-        if self.dist is not None and not self.dist.main:
+        main = self.dist is None or self.dist.main
+        self.checkpoint_root = self._checkpoint_root()
+        if not main:
             self.out_dir = None  # rank 0 writes the run directory and the checkpoints
-        root = self._checkpoint_root() if self.dist is None or self.dist.main else None
+        previous = None
+        if self.out_dir is not None:
+            self.rundir = RunDir(self.out_dir, self.checkpoint_root)
+            if resume:
+                previous = self.rundir.check_resume()
+            else:
+                self.rundir.check_new(self.overwrite)
+        if resume:
+            self._resume_from = plan_resume(cfg, self.checkpoint_root, previous, self.dist)
+        check_model_folder(cfg.model)
+        if cfg.data != "synthetic":  # read and checked before the model is built
+            self.tokenizer = load_tokenizer(cfg.model, cfg.resolved_data_dir)
+            # the objective's head chunk is sized again for the model's vocabulary in setup
+            self.task = build_task(cfg, self.tokenizer, CHUNK_VOCAB)
+        if not self.force:
+            check_fits(cfg)
+        if self.rundir is not None:
+            self.rundir.claim(overwrite=self.overwrite and not resume, new=not resume)
+            self._unsubscribe_rundir = self.bus.subscribe(self.rundir)  # history.jsonl
+            if previous is not None:  # kept whole until a checkpoint is loaded
+                with self.record.lock:
+                    self.record.steps, self.record.evals = previous.steps, previous.evals
+                    self.record.step_ops = previous.step_ops
+            else:
+                self.rundir.start_history([], [])
+            self.record.status = "running"
+            self.rundir.write(self.record)
+        self._prepared = True
+        return self
+
+    def setup(self, resume: bool = False) -> "TrainRecipe":
+        """``prepare``, then load data, build the model and engine, start sampling; with
+        ``resume``, continue from the newest usable checkpoint."""
+        self.prepare(resume)
+        cfg = self.cfg
         torch.manual_seed(cfg.seed)
         self.device = self.dist.device(cfg) if self.dist else torch.device(cfg.device)
+        cap_gpu_memory(cfg, self.device)
         model, source = build_skeleton(cfg.model)
         self.train_data, self.dev_data = self._data(model.config.vocab_size)
-        if self.dist is not None and not self.dist.main:
-            self.dev_data = None  # rank 0 evaluates
         t = time.perf_counter()
         self.engine = build_engine(model, source, cfg, self.device, self.bus, self.task.objective)
         if self.dist is not None:
-            self.engine.reduce = self.dist.mean
+            self.vote = distributed.StopVote(self.dist, self.device)
+            self.engine.reduce = self.vote.reduce
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # setup only: build time includes the GPU's work
         self.bus.publish(InfoEvent("build_seconds", time.perf_counter() - t))
         t = time.perf_counter()
         warm_kernels(self.engine)  # compile time is paid here, not in the first steps
         self.bus.publish(InfoEvent("warmup_seconds", time.perf_counter() - t))
+        root = self.checkpoint_root if self.dist is None or self.dist.main else None
+        steplog = None
         if root is not None:
             self.checkpointer = AsyncCheckpointer(root, cfg.keep_last, self.bus, self.engine.timer)
             if cfg.method in ZO_METHODS:
-                self.steplog = StepLog(root)
+                steplog = StepLog(root)
+        self.guard = RunGuard(self.checkpointer, steplog, self.bus, self.stop_event, cfg.seed)
         if resume:
-            self._resume(root)
+            self._resume()
         self.sampler = Sampler(hz=cfg.sample_hz, t0=self.engine.timer.t0,
                                device_index=self.device.index or 0, on_sample=self._on_sample)
         self.record.environment = environment(cfg.device, self.sampler.static_info())
@@ -111,33 +185,28 @@ class TrainRecipe:
                                "checkpoint_dir or give the run an output directory"])
         return None
 
-    def _resume(self, root: Path | None) -> None:
-        """Load the newest complete checkpoint and continue from its step."""
-        path = latest_checkpoint(root) if root is not None else None
-        if path is None:
-            raise CheckpointError(f"resume: no complete checkpoint under {root}")
-        layouts = self.engine.group_layouts()
-        snap = read_checkpoint(path, [l.name for l in layouts], [l.numel for l in layouts])
-        for key in ("model", "method"):
-            if snap.config.get(key) != getattr(self.cfg, key):
-                raise CheckpointError(f"resume: checkpoint {path.name} is for {key}="
-                                      f"{snap.config.get(key)!r}, this run has "
-                                      f"{getattr(self.cfg, key)!r}")
-        self.engine.restore(snap)
-        self.step = snap.step
-        if self.out_dir is not None and (self.out_dir / "run.json").is_file():
-            previous = RunRecord.load(self.out_dir)
-            with self.record.lock:
-                self.record.steps = [r for r in previous.steps if r["step"] < snap.step]
-                self.record.evals = [e for e in previous.evals if e["step"] <= snap.step]
-                self.record.step_ops = [r for r in previous.step_ops if r["step"] < snap.step]
-        self.bus.publish(InfoEvent("resumed_from", path.name))
+    def _resume(self) -> None:
+        """Continue from the newest usable checkpoint: its weights, its step, the history
+        before it (no step twice)."""
+        snap = load_resume_checkpoint(self.engine, self.cfg, self.checkpoint_root,
+                                      self._resume_from)
+        self.step = start = snap.step if snap is not None else 0
+        with self.record.lock:
+            self.record.steps = [r for r in self.record.steps if r["step"] < start]
+            self.record.evals = [e for e in self.record.evals if e["step"] <= start]
+            self.record.step_ops = [r for r in self.record.step_ops if r["step"] < start]
+        if self.rundir is not None:
+            self.rundir.start_history(self.record.steps, self.record.evals)
+            self.rundir.write(self.record)
+        self.bus.publish(InfoEvent("resumed_from", f"step-{start:08d}" if snap else None))
 
     def _data(self, vocab: int):
         """(train, dev) data; ``vocab`` sizes synthetic token ids."""
         cfg = self.cfg
-        tok = None if cfg.data == "synthetic" else load_tokenizer(cfg.model, cfg.resolved_data_dir)
-        self.task = build_task(cfg, tok, vocab)
+        if cfg.data == "synthetic":
+            self.task = build_task(cfg, None, vocab)
+        else:  # read in prepare; the objective again, its head chunk sized for ``vocab``
+            self.task.objective = make_objective(cfg, self.tokenizer, vocab)
         return self.task.train, self.task.dev
 
     def _on_sample(self, sample: dict[str, float]) -> None:
@@ -154,16 +223,19 @@ class TrainRecipe:
         self.live.update(values)
 
     def train(self) -> RunRecord:
-        """Run steps until ``cfg.steps`` or ``stop_event``; evaluates at start and end."""
+        """Run steps until ``cfg.steps`` or ``stop_event``; evaluates at start and end. Ends as
+        done, stopped, diverged (a non-finite loss or projected gradient, seen when its step is
+        published: no extra sync) or failed (checkpoint writes failing in a row)."""
         cfg, engine, rec = self.cfg, self.engine, self.record
         rec.status = "running"
-        if self.dev_data is not None and self.step == 0:
+        if self.dev_data is not None and self.step == 0 and not self._evaluated():
             self.evaluate()
         inflight: deque = deque()
         nan = torch.full((), float("nan"), device=self.device)  # stands in for absent scalars
         mark = self._marker()
         bar = _progress(cfg.steps, self.step) if self.progress else None
-        while self.step < cfg.steps and not self.stop_event.is_set():
+        self.training = True
+        while self.step < min(cfg.steps, self.stop_at) and not self._stopping():
             t = self.step
             batch = self.train_data.batch_for_step(t, cfg.batch_size, cfg.seed)
             tokens = batch.tokens  # the global batch's, on every rank
@@ -177,35 +249,64 @@ class TrainRecipe:
             moved = (engine.bytes_h2d - moved[0], engine.bytes_d2h - moved[1])
             scalars = [out.loss, *(x if x is not None else nan for x in
                                    (out.projected_grad, out.loss_plus, out.loss_minus))]
-            inflight.append((t, Deferred(*scalars), tokens, lr, wd, mark, end, moved))
+            if self.vote is not None:
+                scalars.append(self.vote.agreed)  # any rank's stop request, all-reduced
+            inflight.append((t, Deferred(*scalars), tokens, lr, wd, mark, end, moved,
+                             out.projected_grad is not None))
             mark = end
             self.step += 1
             if (self.dist is not None and cfg.digest_check_every
                     and self.step % cfg.digest_check_every == 0):
                 distributed.check_in_sync(self.dist, engine.state_flats(), self.step)
-            if (self.checkpointer is not None and cfg.checkpoint_every
-                    and self.step % cfg.checkpoint_every == 0 and self.step < cfg.steps):
-                self._checkpoint()
-            # Bound run-ahead to two steps: the host waits here, between steps, if it must.
-            self._publish(inflight, block=len(inflight) > 2, bar=bar)
+            self.guard.writes()
             if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
-                self._publish(inflight, block=True, bar=bar)
-                self.evaluate()
+                self._publish(inflight, block=True, bar=bar, drain=True)
+                if self.guard.diverged_at is None:
+                    self.evaluate()  # before the checkpoint: it holds the state after the eval
                 mark = self._marker()  # the next step's time starts after the eval
-        self._publish(inflight, block=True, bar=bar, drain=True)
-        if self.checkpointer is not None and cfg.checkpoint_every:
+            if (self.checkpointer is not None and cfg.checkpoint_every
+                    and self.step % cfg.checkpoint_every == 0 and self.step < cfg.steps
+                    and self.guard.diverged_at is None):
+                self._checkpoint()
+                self._write_record(every_s=1.0)
+            # Bound run-ahead to two steps: the host waits here, between steps, if it must.
+            self._publish(inflight, block=len(inflight) > RUN_AHEAD, bar=bar)
+            self._write_record(every_s=WRITE_EVERY_S)
+        self.training = False
+        if self.guard.diverged_at is None:
+            self._publish(inflight, block=True, bar=bar, drain=True)
+        if self.checkpointer is not None and cfg.checkpoint_every and self.guard.healthy:
             self.checkpointer.wait()
+            self.checkpointer.verified = self.step  # every step so far was published finite
             # The final state, its update still pending, so a longer run continues exactly as a
             # straight one (applying it now would add a rounding under master=compressed-sr).
             self._checkpoint()
             self.checkpointer.wait()
+            self.guard.writes()
         engine.flush()
         if bar is not None:
             bar.close()
-        if self.dev_data is not None:
-            self.evaluate()
-        rec.status = "stopped" if self.stop_event.is_set() else "done"
+        stopped = self.step < cfg.steps
+        early = stopped and (self.stop_reason or self.guard.failure or self.dist is not None)
+        if (self.dev_data is not None and self.guard.diverged_at is None and not early
+                and not self._evaluated()):
+            self.evaluate()  # also after a panel's Stop; not after a signal or a failure
+        rec.status, rec.error = self.guard.outcome(stopped)
+        if rec.status == "stopped":
+            rec.info["stopped"] = f"by {self.stop_reason or 'request'} after step {self.step}"
         return rec
+
+    def _stopping(self) -> bool:
+        """A stop request ends the loop now; under torchrun it is a request only, voted on with
+        each step's all-reduce, and every rank stops after the same step (``stop_at``)."""
+        if self.vote is None:
+            return self.stop_event.is_set()
+        self.vote.request = self.stop_event.is_set()
+        return False
+
+    def _evaluated(self) -> bool:
+        """An eval at this step is recorded already (a resumed run does not repeat it)."""
+        return any(e["step"] == self.step for e in self.record.evals)
 
     def _checkpoint(self) -> None:
         """Hand a snapshot to the background writer; skip it if the last is still writing."""
@@ -214,6 +315,17 @@ class TrainRecipe:
             self.bus.publish(InfoEvent("checkpoints_skipped", self.checkpointer.skipped))
             return
         self.checkpointer.submit(self.engine.snapshot(self.step))
+
+    def _write_record(self, every_s: float) -> None:
+        """run.json as it stands (status running), atomically; a failure is reported, not
+        fatal: the last good run.json stays."""
+        if self.rundir is None or not self.rundir.claimed:
+            return  # refused before the claim: nothing of ours is there
+        try:
+            self.rundir.write(self.record, every_s=every_s)
+        except OSError as e:
+            warnings.warn(f"run.json not updated ({os_error(e)}); the previous one stays",
+                          RunWarning)
 
     def _marker(self):
         if self.device.type != "cuda":
@@ -224,8 +336,12 @@ class TrainRecipe:
 
     def _publish(self, inflight: deque, block: bool, bar, drain: bool = False) -> None:
         while inflight and (drain or block or inflight[0][1].ready()):
-            t, deferred, tokens, lr, wd, begin, end, moved = inflight.popleft()
-            loss, g, loss_plus, loss_minus = deferred.get()
+            t, deferred, tokens, lr, wd, begin, end, moved, has_g = inflight.popleft()
+            loss, g, loss_plus, loss_minus, *vote = deferred.get()
+            if vote and vote[0] > 0:  # a rank asked to stop: all stop after the same step, the
+                self.stop_at = min(self.stop_at, t + RUN_AHEAD + 1)  # last any may have run
+            if self.guard.diverged_at is not None:
+                continue  # steps after a divergence are not part of the run
             self.engine.timer.poll()  # the step's spans are complete: publish them before it
             if isinstance(end, float):
                 seconds, end_t = end - begin, end - self.engine.timer.t0
@@ -234,17 +350,20 @@ class TrainRecipe:
                 seconds = begin.elapsed_time(end) / 1e3
                 end_t = self.engine.timer.now()
             mem = _memory(self.device)
-            if self.steplog is not None:
-                self.steplog.append(t, step_seed(self.cfg.seed, t), g, lr, wd)
+            finite = self.guard.published(t, loss, g, has_g, lr, wd)
             self.bus.publish(StepEvent(t, loss, g, seconds, tokens,
                                        loss_plus, loss_minus, lr, *mem, *moved, end=end_t))
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss:.4f}", g=f"{g:.3g}")
+            if not finite and self.vote is not None:
+                self.stop_at = min(self.stop_at, t + RUN_AHEAD + 1)
             block = False
 
     def evaluate(self) -> dict[str, float]:
-        """The objective's dev metrics with the current weights; publishes an EvalEvent."""
+        """The objective's dev metrics with the current weights; publishes an EvalEvent. Under
+        torchrun every rank evaluates the whole dev set (identical engines, identical metrics),
+        so every rank applies the same pending update and the ranks stay identical."""
         metrics = self.engine.evaluate(self.dev_data, max(self.cfg.batch_size, 16))
         self.bus.publish(EvalEvent(self.step, metrics.get("accuracy"), metrics["loss"],
                                    len(self.dev_data), metrics))
@@ -275,38 +394,89 @@ class TrainRecipe:
                 rec.info["ranks"] = ranks
                 rec.info["world_size"] = self.dist.world
         if self.out_dir is not None:
-            rec.save(self.out_dir)
             from workbench.telemetry.trace import write_trace
 
-            write_trace(rec, self.out_dir / "trace.json")
+            # run.json first, with the final status; a larger artefact that fails after it
+            # is reported and costs nothing else.
+            rec.save(self.out_dir, on_error=artefact_failed)
+            try:
+                write_trace(rec, self.out_dir / "trace.json")
+            except OSError as e:
+                artefact_failed("trace.json", e)
+            if self.rundir is not None:
+                self.rundir.finish()
         return rec
 
+    def fail(self, error: BaseException) -> None:
+        """Record how the run ended by ``error``: stopped (a signal), failed otherwise, with one
+        line; run.json is rewritten when this process holds the run directory."""
+        rec = self.record
+        if rec.status in ("done", "stopped", "failed", "diverged") and rec.error:
+            return
+        if isinstance(error, KeyboardInterrupt):
+            rec.status = "stopped"
+            rec.info["stopped"] = f"by {error} at step {self.step}"
+        else:
+            rec.status, rec.error = "failed", error_line(self.cfg, error, self.step)
+            if not isinstance(error, ConfigError):
+                rec.info["traceback"] = "".join(traceback.format_exception(error))
+        self._write_record(every_s=0.0)
+
     def cleanup(self) -> None:
-        if self.checkpointer is not None:
-            self.checkpointer.close()
-        if self.sampler is not None:
-            self.sampler.stop()
-        if self.engine is not None:
-            self.engine.close()
-        if self.dist is not None:
-            distributed.shutdown()
-        self._unsubscribe()
+        """Release everything; a run left unfinished by an exception is recorded as such."""
+        error = sys.exc_info()[1]
+        if error is not None and self.record.status in ("new", "running"):
+            self.fail(error)
+        try:
+            if self.checkpointer is not None:
+                self.checkpointer.close()
+            if self.sampler is not None:
+                self.sampler.stop()
+            if self.engine is not None:
+                self.engine.close()
+            if self.dist is not None:
+                distributed.shutdown()
+        finally:
+            if self.rundir is not None:
+                self.rundir.release()
+            self._unsubscribe_rundir()
+            self._unsubscribe()
+
+    def run(self, resume: bool = False) -> RunRecord:
+        """Set up, train, save and clean up; returns the record."""
+        try:
+            self.setup(resume=resume)
+            self.train()
+            return self.save()
+        except BaseException as e:
+            self.fail(e)
+            raise
+        finally:
+            self.cleanup()
+
+    def outcome(self) -> str:
+        """One line saying how the run ended (the CLI prints it, the panel shows it)."""
+        return outcome_line(self.record, self.out_dir, self.checkpoint_root)
 
 
 def run(cfg: RunConfig, out_dir: str | Path | None = None, bus: EventBus | None = None,
-        progress: bool = True, resume: bool = False) -> RunRecord:
-    """Set up, train, save and clean up one run; returns its record. With ``resume``, continue
-    ``out_dir``'s run from its newest complete checkpoint."""
-    recipe = TrainRecipe(cfg, out_dir, bus, progress)
-    try:
-        recipe.setup(resume=resume)
-        recipe.train()
-        return recipe.save()
-    except BaseException:
-        recipe.record.status = "failed"
-        raise
-    finally:
-        recipe.cleanup()
+        progress: bool = True, resume: bool = False, *, overwrite: bool = False,
+        force: bool = False, stop_event: threading.Event | None = None) -> RunRecord:
+    """Set up, train, save and clean up one run; returns its record.
+
+    Args:
+        resume: continue ``out_dir``'s run from its newest usable checkpoint.
+        overwrite: replace the run ``out_dir`` holds (else a directory holding one is refused).
+        force: run even when the planner says it cannot fit.
+        stop_event: setting it ends the run after the current step (a sweep shares one across
+            its runs).
+    Raises:
+        ConfigError: bad settings, data, model folder, directory or fit; nothing was written.
+    """
+    recipe = TrainRecipe(cfg, out_dir, bus, progress, overwrite=overwrite, force=force)
+    if stop_event is not None:
+        recipe.stop_event = stop_event
+    return recipe.run(resume)
 
 
 def _memory(device: torch.device) -> tuple[int, int, int]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import os
 import threading
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -20,6 +21,10 @@ from typing import Any
 from workbench.engine.events import OpEvent
 
 EVENT_FIELDS = [f.name for f in fields(OpEvent)]
+
+
+class RecordError(ValueError):
+    """A run directory file that cannot be read (truncated, damaged, not ours)."""
 
 
 @dataclass
@@ -38,7 +43,8 @@ class RunRecord:
     summary: dict[str, Any] = field(default_factory=dict)
     param_digest: str = ""
     param_norm: float = float("nan")
-    status: str = "new"  # new | running | done | stopped | failed
+    status: str = "new"  # new | running | done | stopped | failed | diverged
+    error: str = ""  # one line: why the run failed, diverged or stopped
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
 
     @property
@@ -52,83 +58,137 @@ class RunRecord:
             return RunRecord(dict(self.config), dict(self.environment), list(self.steps),
                              list(self.evals), list(self.events), list(self.step_ops),
                              list(self.samples), dict(self.info), dict(self.summary),
-                             self.param_digest, self.param_norm, self.status)
+                             self.param_digest, self.param_norm, self.status, self.error)
 
     # --- persistence ------------------------------------------------------------------------
     def run_json(self) -> dict[str, Any]:
         return {"config": self.config, "environment": self.environment, "steps": self.steps,
                 "evals": self.evals, "summary": self.summary, "info": self.info,
                 "param_digest": self.param_digest, "param_norm": _finite(self.param_norm),
-                "status": self.status}
+                "status": self.status, "error": self.error}
 
-    def save(self, run_dir: str | Path) -> Path:
-        """Write run.json, events.json.gz and samples.json.gz under ``run_dir``."""
+    def save(self, run_dir: str | Path, on_error=None) -> Path:
+        """Write run.json, then events.json.gz and samples.json.gz, under ``run_dir``.
+
+        run.json comes first, so a later artefact's failure never costs it. ``on_error(name,
+        exc)``, if given, is told of an artefact (not run.json) that could not be written, and
+        the save goes on; without it the error is raised."""
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         snap = self.snapshot()
-        _write_json(run_dir / "run.json", snap.run_json())
+        write_json(run_dir / "run.json", snap.run_json())
         columns = {k: [getattr(e, k) for e in snap.events] for k in EVENT_FIELDS}
-        _write_gz(run_dir / "events.json.gz", {"events": columns, "step_ops": snap.step_ops})
         keys = sorted({k for s in snap.samples for k in s})
-        _write_gz(run_dir / "samples.json.gz",
-                  {k: [_finite(s.get(k, math.nan)) for s in snap.samples] for k in keys})
+        for name, blob in (("events.json.gz", {"events": columns, "step_ops": snap.step_ops}),
+                           ("samples.json.gz", {k: [_finite(s.get(k, math.nan))
+                                                    for s in snap.samples] for k in keys})):
+            try:
+                _write_gz(run_dir / name, blob)
+            except OSError as e:
+                if on_error is None:
+                    raise
+                on_error(name, e)
         return run_dir
 
     @classmethod
-    def load(cls, run_dir: str | Path) -> "RunRecord":
-        """The record a run directory holds (the same object the live view draws)."""
+    def load(cls, run_dir: str | Path, telemetry: bool = True) -> "RunRecord":
+        """The record a run directory holds (the same object the live view draws); without
+        ``telemetry``, run.json alone (no events or samples).
+
+        Raises:
+            FileNotFoundError: no run.json. RecordError: a file is truncated or damaged."""
         run_dir = Path(run_dir)
         path = run_dir / "run.json"
         if not path.is_file():
             raise FileNotFoundError(f"{run_dir} is not a run directory (no run.json)")
-        data = json.loads(path.read_text())
-        rec = cls(config=data.get("config", {}), environment=data.get("environment", {}),
-                  steps=data.get("steps", []), evals=data.get("evals", []),
-                  info=data.get("info", {}), summary=data.get("summary", {}),
-                  param_digest=data.get("param_digest", ""),
-                  param_norm=_nan(data.get("param_norm")), status=data.get("status", "done"))
-        ev = run_dir / "events.json.gz"
-        if ev.is_file():
-            blob = _read_gz(ev)
-            cols = blob["events"]
-            rec.events = [OpEvent(*row) for row in zip(*(cols[k] for k in EVENT_FIELDS))]
-            rec.step_ops = blob.get("step_ops", [])
-        sm = run_dir / "samples.json.gz"
-        if sm.is_file():
-            cols = _read_gz(sm)
-            n = max((len(v) for v in cols.values()), default=0)
-            rec.samples = [{k: _nan(v[i]) for k, v in cols.items()} for i in range(n)]
+        data = _read(path, lambda: json.loads(path.read_text(encoding="utf-8")))
+        if not isinstance(data, dict):
+            raise RecordError(f"{path} is not a run record (a JSON object)")
+        try:
+            rec = cls(config=data.get("config", {}), environment=data.get("environment", {}),
+                      steps=data.get("steps", []), evals=data.get("evals", []),
+                      info=data.get("info", {}), summary=data.get("summary", {}),
+                      param_digest=data.get("param_digest", ""),
+                      param_norm=_nan(data.get("param_norm")),
+                      status=data.get("status", "done"), error=data.get("error", ""))
+        except (TypeError, ValueError) as e:
+            raise RecordError(f"{path} is not a run record ({e})") from None
+        ev, sm = run_dir / "events.json.gz", run_dir / "samples.json.gz"
+        if telemetry and ev.is_file():
+            def events():
+                blob = _read_gz(ev)
+                cols = blob["events"]
+                return ([OpEvent(*row) for row in zip(*(cols[k] for k in EVENT_FIELDS))],
+                        blob.get("step_ops", []))
+            rec.events, rec.step_ops = _read(ev, events)
+        if telemetry and sm.is_file():
+            def samples():
+                cols = _read_gz(sm)
+                n = max((len(v) for v in cols.values()), default=0)
+                return [{k: _nan(v[i]) for k, v in cols.items()} for i in range(n)]
+            rec.samples = _read(sm, samples)
         return rec
 
 
+def _read(path: Path, parse):
+    """``parse()``, with any sign of a truncated or damaged file as one RecordError line."""
+    try:
+        return parse()
+    except (OSError, EOFError, UnicodeDecodeError, ValueError, KeyError, TypeError,
+            AttributeError) as e:  # gzip.BadGzipFile is an OSError, JSONDecodeError a ValueError
+        raise RecordError(f"{path} cannot be read: truncated or damaged ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else 'no detail'})") from None
+
+
 def _finite(x: Any) -> Any:
-    """JSON has no NaN: store None."""
-    return None if isinstance(x, float) and not math.isfinite(x) else x
+    """JSON has no NaN: store None (in containers too)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
 
 
 def _nan(x: Any) -> float:
     return math.nan if x is None else float(x)
 
 
-def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=_json_default, allow_nan=False))
-    tmp.replace(path)
+def write_json(path: Path, obj: Any) -> None:
+    """Replace ``path`` atomically: a temp file, fsync, rename. Non-finite numbers become null.
+    Readers see the old file or the new one, never a torn one; a failed write leaves no temp."""
+    text = json.dumps(_finite(obj), indent=1, default=_json_default, allow_nan=False)
+    _atomic(path, lambda fh: fh.write(text.encode("utf-8")))
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically (temp file, fsync, rename)."""
+    _atomic(path, lambda fh: fh.write(data))
+
+
+def _atomic(path: Path, write) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())  # the bytes are on disk before the name points at them
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _json_default(o: Any) -> Any:
-    if isinstance(o, float):
-        return _finite(o)
     if hasattr(o, "__dataclass_fields__"):
-        return asdict(o)
+        return _finite(asdict(o))
     return str(o)
 
 
 def _write_gz(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with gzip.open(tmp, "wt", encoding="utf-8") as fh:
-        json.dump(obj, fh, separators=(",", ":"), default=_json_default)
-    tmp.replace(path)
+    text = json.dumps(_finite(obj), separators=(",", ":"), default=_json_default)
+    _atomic(path, lambda fh: fh.write(gzip.compress(text.encode("utf-8"), compresslevel=6)))
 
 
 def _read_gz(path: Path) -> Any:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import warnings
 from types import ModuleType
 from typing import Any, Callable
 
@@ -25,7 +24,7 @@ LANE_BYTES_PER_S = {1: 0.25e9, 2: 0.5e9, 3: 0.985e9, 4: 1.969e9, 5: 3.938e9, 6: 
 
 GPU_KEYS = ("gpu util (%)", "gpu mem used (bytes)", "pcie rx (bytes/s)", "pcie tx (bytes/s)",
             "pcie rx total (bytes)", "pcie tx total (bytes)", "power (W)", "sm clock (MHz)")
-HOST_KEYS = ("host cpu (%)", "host ram used (bytes)")
+HOST_KEYS = ("host cpu (%)", "host ram used (bytes)", "process rss (bytes)")
 
 # nvmlValueType_t -> union member of c_nvmlValue_t
 _VALUE_FIELDS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
@@ -75,6 +74,7 @@ class Sampler:
         self._callback_failed = False
         self._pcie_last: list[int | None] = [None, None]  # raw RX/TX counters at the last read
         self._pcie_total = [0, 0]  # unwrapped RX/TX bytes since start()
+        self._process = psutil.Process()  # this run's process: its resident memory
 
     def _open_nvml(self) -> str:
         """Import and init NVML and get the device handle; returns "ok" or why it is off."""
@@ -108,15 +108,15 @@ class Sampler:
     def start(self) -> Sampler:
         """Start the sampling thread (no-op if ``hz <= 0`` or already running). Never raises.
 
-        Without NVML it samples host metrics only and warns once (``RuntimeWarning``).
+        Without NVML it samples host metrics only; ``nvml_status`` says why (no warning: a CPU
+        run is not a problem, and the dashboard's status line says it once).
         """
         if self.hz <= 0 or (self._thread is not None and self._thread.is_alive()):
             return self
         try:
             self.nvml_status = self._open_nvml()
-            if self.nvml_status != "ok":
-                warnings.warn(f"GPU metrics are off ({self.nvml_status}); sampling host only.",
-                              RuntimeWarning, stacklevel=2)
+            if self.nvml_status != "ok":  # said once, in the run's environment and status line
+                log.info("GPU metrics are off (%s); sampling host only", self.nvml_status)
             if self.t0 is None:
                 self.t0 = time.perf_counter()
             psutil.cpu_percent(interval=None)  # primes the counter: the first call returns 0.0
@@ -158,6 +158,7 @@ class Sampler:
         s.update(self._gpu() if self._handle is not None else dict.fromkeys(GPU_KEYS, NAN))
         s["host cpu (%)"] = _num(lambda: psutil.cpu_percent(interval=None))
         s["host ram used (bytes)"] = _num(lambda: psutil.virtual_memory().used)
+        s["process rss (bytes)"] = _num(lambda: self._process.memory_info().rss)
         return s
 
     def static_info(self) -> dict[str, object]:

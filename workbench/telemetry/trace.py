@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 
 from workbench.engine.events import EMBED, HEAD
-from workbench.telemetry.record import RunRecord
+from workbench.telemetry.record import RunRecord, atomic_write
 
 STREAM_ORDER = ("upload", "compute", "offload", "update", "checkpoint", "cpu", "optimizer")
 COUNTERS = {"gpu mem used (bytes)": "GPU memory used (GB)", "pcie rx (bytes/s)": "PCIe RX (GB/s)",
@@ -53,5 +53,6 @@ def trace_events(rec: RunRecord) -> list[dict]:
 
 def write_trace(rec: RunRecord, path: str | Path) -> Path:
     path = Path(path)
-    path.write_text(json.dumps({"traceEvents": trace_events(rec), "displayTimeUnit": "ms"}))
+    text = json.dumps({"traceEvents": trace_events(rec), "displayTimeUnit": "ms"})
+    atomic_write(path, text.encode("utf-8"))
     return path

@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import ipywidgets as widgets
-import plotly.graph_objects as go
 
 from workbench.config import RunConfig, load_config
 from workbench.telemetry.record import RunRecord
 from workbench.ui import figures
-from workbench.ui.report import digest_note, load_runs, summary_table_html
+from workbench.ui.fit import figure_widget
+from workbench.ui.report import digest_note, load_runs, summary_table_html, why_html
 
 
 def compare(*runs: RunRecord | str | Path, last_steps: int = 3) -> widgets.VBox:
@@ -29,8 +29,9 @@ def compare(*runs: RunRecord | str | Path, last_steps: int = 3) -> widgets.VBox:
     recs = load_runs(runs, "compare")
     figs = [figures.compare_bars(recs), figures.compare_loss(recs),
             figures.compare_memory(recs), figures.compare_timelines(recs, last_steps)]
-    table = widgets.HTML(summary_table_html(recs) + f"<p>{html.escape(digest_note(recs))}</p>")
-    box = widgets.VBox([table, *(go.FigureWidget(f) for f in figs)])
+    table = widgets.HTML(summary_table_html(recs) + f"<p>{html.escape(digest_note(recs))}</p>"
+                         + why_html(recs))
+    box = widgets.VBox([table, *(figure_widget(f) for f in figs)])
     box.records = recs  # the snapshots drawn, for notebooks that want the numbers
     return box
 
@@ -56,6 +57,6 @@ def mezo_vs_offload(cfg: RunConfig | None = None, out_dir: str | Path = "runs/co
         cfg = RunConfig(device="cuda" if torch.cuda.is_available() else "cpu")
     cfg = load_config(None, overrides, base=cfg)
     out = Path(out_dir)
-    recs = [run(cfg.replace(method=m), out / m, progress=progress)
-            for m in ("mezo", "zo-offload")]
+    recs = [run(cfg.replace(method=m), out / m, progress=progress, overwrite=True)  # its own
+            for m in ("mezo", "zo-offload")]  # folders: a second comparison replaces the first
     return compare(*recs)

@@ -1,12 +1,15 @@
 """Live view of one run: a plotly ``FigureWidget`` redrawn from snapshots of its ``RunRecord``.
 
-The widget holds display state only. Each refresh takes ``record.snapshot()``, builds the
-panels of the figure the report shows (``figures.dashboard_panels``, the builders behind
-``figures.dashboard_figure``) and copies their trace data into the existing widget inside one
-``batch_update``, so the browser gets one message per refresh and the user's zoom survives.
-The subplot grid is laid out once: rebuilding it costs ~10x more than the data, and a refresh
-runs on the interpreter the training loop needs. Refreshes are throttled (default at most 2
-per second): the training loop never waits for the view.
+The widget holds display state only (the loss smoothing, the throttle). Each refresh takes
+``record.snapshot()``, builds the panels of the figure the report shows
+(``figures.dashboard_panels``, the builders behind ``figures.dashboard_figure``) and copies
+their trace data into the existing widget inside one ``batch_update``, so the browser gets one
+message per refresh and the user's zoom survives. The subplot grid is laid out once: rebuilding
+it costs ~10x more than the data, and a refresh runs on the interpreter the training loop needs.
+Refreshes are throttled (default at most 2 per second, and at most ``BUDGET`` = 2% of the time:
+a refresh of a long run that took 40 ms waits 2 s for the next): the training loop never waits
+for the view. The header says the run's state, why its step takes what it takes (``verdict``) and the
+planner's best next knob (``advice``), from the same record.
 """
 from __future__ import annotations
 
@@ -18,14 +21,26 @@ import time
 from typing import Any
 
 import ipywidgets as widgets
-import plotly.graph_objects as go
+import numpy as np
+from plotly.basedatatypes import Undefined
 
+from workbench.telemetry.advice import Advice, next_knob
 from workbench.telemetry.record import RunRecord
 from workbench.telemetry.steady import throughput
-from workbench.ui.figures import dashboard_figure, dashboard_panels, dashboard_title, fill
+from workbench.telemetry.verdict import Verdict, verdict
+from workbench.ui.figures import SMOOTHING, dashboard_figure, dashboard_panels, fill
+from workbench.ui.series import col, seed_columns, shared_columns
+from workbench.ui.fit import figure_widget
 
 log = logging.getLogger(__name__)
 
+#: Most of the interpreter's time the view may take: after a refresh of t seconds the next
+#: waits at least t / BUDGET (the training loop shares the interpreter).
+BUDGET = 0.02
+#: The trace properties a refresh changes; the rest (names, colours, axes) make a trace's shape.
+DATA_KEYS = ("x", "y", "base", "customdata", "text")
+#: Every this many refreshes (and on a forced one) the layout is sent whole again.
+RESYNC_EVERY = 10
 #: Record states after which nothing more will arrive.
 FINAL_STATES = ("done", "stopped", "failed")
 
@@ -35,25 +50,48 @@ class Dashboard:
         record: the run to show (live: the recipe's record; saved: ``RunRecord.load(dir)``).
         last_steps: steps shown in the stream timeline.
         min_interval_s: least time between two refreshes (s); calls in between are skipped.
+        smoothing: the loss EMA weight at first (0 = raw; the header's slider changes it).
 
     Attributes:
         widget: the ipywidgets container to display.
         figure: the ``go.FigureWidget`` inside it.
+        status: the header (state, verdict, next knob); smoothing: its slider.
         refreshes: how many refreshes have redrawn the figure.
+        verdict / advice: what the header shows (None until there is something to say).
     """
 
-    def __init__(self, record: RunRecord, last_steps: int = 3, min_interval_s: float = 0.5):
+    def __init__(self, record: RunRecord, last_steps: int = 3, min_interval_s: float = 0.5,
+                 smoothing: float = SMOOTHING):
         self.record, self.last_steps = record, last_steps
         self.min_interval_s = max(float(min_interval_s), 0.0)
         snap = record.snapshot()
-        panels = dashboard_panels(snap, last_steps)
-        self.figure = go.FigureWidget(dashboard_figure(snap, last_steps, panels))
-        self.status = widgets.HTML(_status_html(snap))
-        self.widget = widgets.VBox([self.status, self.figure])
+        self.verdict: Verdict | None = None
+        self.advice: Advice | None = None
+        self._verdict_steps = -1
+        self._advice_key: Any = None
+        self.smoothing = widgets.FloatSlider(
+            value=smoothing, min=0.0, max=0.99, step=0.01, description="loss smoothing",
+            continuous_update=False, readout_format=".2f", style={"description_width": "100px"},
+            tooltip="EMA weight of the smoothed loss line (0 = raw only)",
+            layout=widgets.Layout(width="300px", flex="0 0 auto"))
+        panels = dashboard_panels(snap, last_steps, smoothing, live=True)
+        self.figure = figure_widget(dashboard_figure(snap, last_steps, panels, live=True))
+        self.status = widgets.HTML(self._header(snap),
+                                   layout=widgets.Layout(flex="1 1 auto", min_width="0"))
+        self.widget = widgets.VBox(
+            [widgets.HBox([self.status, self.smoothing],
+                          layout=widgets.Layout(width="100%", align_items="flex-start")),
+             self.figure], layout=widgets.Layout(width="100%", min_width="0"))
         self.refreshes = 0
+        self.last_refresh_s = 0.0  # CPU time the last refresh took on its thread (s)
+        self._once_s = 0.0  # of which one-off work (the planner's advice)
+        self._columns: dict[str, np.ndarray] = {}  # the samples' columns, read so far
+        self._columns_n = 0
+        self._shape: list[tuple] | None = None  # the figure's traces, as ``_key`` sees them
         # compose() puts the subplot titles first; notes follow and are redrawn on refresh.
         n_panels = sum(len(row) for row in panels)
         self._titles = tuple(self.figure.layout.annotations[:n_panels])
+        self._grid = _grid_key(panels)
         self._layout: dict[str, Any] = {}
         self._notes: list[str] | None = None
         self._last = -math.inf
@@ -61,41 +99,118 @@ class Dashboard:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failed_once = False
+        self.smoothing.observe(lambda _: self.refresh(force=True), names="value")
 
     def refresh(self, force: bool = False) -> bool:
-        """Redraw from a fresh snapshot; returns False when skipped by the throttle."""
+        """Redraw from a fresh snapshot; returns False when skipped by the throttle: within
+        ``min_interval_s`` of the last refresh, or before the last one's cost is paid back
+        (refreshes take at most ``BUDGET`` of the time, however long the run has grown)."""
         with self._lock:
             now = time.monotonic()
-            if not force and now - self._last < self.min_interval_s:
+            gap = max(self.min_interval_s, self.last_refresh_s / BUDGET)
+            if not force and now - self._last < gap:
                 return False
             self._last = now
-            snap = self.record.snapshot()
-            traces, layout, notes = fill(self.figure, dashboard_panels(snap, self.last_steps))
-            layout["title"] = {"text": dashboard_title(snap)}
-            self._apply(traces, layout, notes)
-            self.status.value = _status_html(snap)
-            self.refreshes += 1
-            return True
+            self._once_s = 0.0
+            cpu = time.thread_time()
+            try:
+                return self._redraw(force)
+            finally:
+                # This thread's CPU time, not the wall time: waiting for the interpreter while
+                # the training loop holds it costs the loop nothing. The planner's advice is
+                # worked out once per run: not a cost to pace by.
+                self.last_refresh_s = max(time.thread_time() - cpu - self._once_s, 0.0)
 
-    def _apply(self, traces: list[Any], layout: dict[str, Any], notes: list[Any]) -> None:
+    def _redraw(self, force: bool) -> bool:
+        snap = self.record.snapshot()
+        with shared_columns():
+            seed_columns(snap.samples, self._sample_columns(snap.samples))
+            panels = dashboard_panels(snap, self.last_steps, self.smoothing.value, live=True)
+        if _grid_key(panels) != self._grid:  # e.g. a record swapped for another device's
+            self._rebuild(snap, panels)
+        else:
+            self._apply(*fill(self.figure, panels, bars=True))
+            if force or self.refreshes % RESYNC_EVERY == 1:
+                self._resync()
+        self.status.value = self._header(snap)
+        self.refreshes += 1
+        return True
+
+    def _resync(self) -> None:
+        """Send the whole layout (axes, legends, notes) to the browser again. plotly's widget
+        sends only changes, and a view of this figure displayed in a second output while a
+        change was on its way kept the old axes and notes (seen in JupyterLab 4); a full
+        relayout now and then brings every view back in line."""
+        layout = self.figure.layout.to_plotly_json()
+        for key in ("template", "width", "height"):  # unchanged; a height would end autosize
+            layout.pop(key, None)
+        layout["autosize"] = True  # and measure the container again (see ``fit``)
+        self.figure._send_relayout_msg(layout)  # plotly's own sender; the diffing one skips
+
+    def _sample_columns(self, samples: list[dict[str, float]]) -> dict[str, np.ndarray]:
+        """The samples as columns, reading only the rows added since the last refresh (the
+        sampler only appends; a shorter list means another record: start over)."""
+        n = self._columns_n
+        if len(samples) < n:
+            self._columns, n = {}, 0
+        new = samples[n:]
+        if new:
+            for key in set(self._columns).union(new[0], new[-1]):  # a sample's keys are fixed
+                old = self._columns.get(key, np.full(n, np.nan))
+                self._columns[key] = np.concatenate([old, col(new, key)])
+        self._columns_n = len(samples)
+        return self._columns
+
+    def _rebuild(self, snap: RunRecord, panels: list) -> None:
+        """A new grid: a new figure in the same container."""
+        self.figure = figure_widget(dashboard_figure(snap, self.last_steps, panels, live=True))
+        self._titles = tuple(self.figure.layout.annotations[:sum(len(r) for r in panels)])
+        self._grid, self._layout, self._notes = _grid_key(panels), {}, None
+        self._shape = None
+        self.widget.children = (self.widget.children[0], self.figure)
+
+    def _header(self, snap: RunRecord) -> str:
+        """Status line, then the verdict and the next knob (recomputed when a step was added;
+        the advice once per config and GPU, as it depends on nothing else)."""
+        if len(snap.steps) != self._verdict_steps:
+            self._verdict_steps = len(snap.steps)
+            v = verdict(snap)
+            self.verdict = v if v.kind != "unknown" or snap.steps else None
+        key = (tuple(sorted((k, str(v)) for k, v in snap.config.items())),
+               snap.environment.get("gpu name"), bool(snap.environment))
+        if snap.environment and key != self._advice_key:  # the environment arrives at setup
+            t = time.thread_time()
+            self._advice_key, self.advice = key, next_knob(snap)
+            self._once_s = time.thread_time() - t
+        return _status_html(snap, self.verdict, self.advice)
+
+    def _apply(self, traces: list[dict], layout: dict[str, Any], notes: list[dict]) -> None:
         fig = self.figure
-        with fig.batch_update():
-            if _shape(fig.data) != _shape(traces):
-                # A series appeared (first step, first eval, a new op): swap the traces, but
-                # keep the widget, so the notebook's output cell stays the same object.
+        shape = [_key(t) for t in traces]
+        if self._shape is None:  # reading plotly's traces back is slow: done once a figure
+            self._shape = _shape(fig.data)
+        if shape != self._shape:
+            # A series appeared (first step, first eval, a new op): swap the traces, but keep
+            # the widget, so the notebook's output cell stays the same object.
+            with fig.batch_update():
                 fig.data = []
-                fig.add_traces([_props(t, keep_type=True) for t in traces])
-            else:
-                for old, tr in zip(fig.data, traces):
-                    old.update(_props(tr), overwrite=True)
-            if layout != self._layout:
-                fig.update_layout(layout)
-                self._layout = layout
-            texts = [n.text for n in notes]
-            if texts != self._notes:
-                # update_layout merges arrays item by item; notes come and go, so set them whole.
-                fig.layout.annotations = [*self._titles, *notes]
-                self._notes = texts
+                fig.add_traces(traces)
+            self._shape = shape
+        else:
+            # The same series with new data: one restyle of the data arrays, which plotly
+            # stores without re-validating (validating every property cost ~50 ms a refresh).
+            data = {k: [t.get(k, Undefined) for t in traces] for k in DATA_KEYS
+                    if any(k in t for t in traces)}
+            fig.plotly_restyle(data, list(range(len(traces))))
+        if layout != self._layout:
+            fig.update_layout(layout)
+            self._layout = layout
+        texts = [n["text"] for n in notes]
+        if texts != self._notes:  # one note per panel (empty when it has data)
+            with fig.batch_update():
+                for ann, text in zip(fig.layout.annotations[len(self._titles):], texts):
+                    ann.text = text
+            self._notes = texts
 
     # --- timer ------------------------------------------------------------------------------
     def start_auto_refresh(self, interval_s: float = 0.5) -> threading.Thread:
@@ -136,19 +251,22 @@ class Dashboard:
 
 
 def _shape(data: Any) -> list[tuple]:
-    return [(t.type, t.name, t.xaxis, t.yaxis) for t in data]
+    return [(t.type, t.name, t.xaxis, t.yaxis, t.showlegend is not False) for t in data]
 
 
-def _props(trace: Any, keep_type: bool = False) -> dict[str, Any]:
-    d = trace.to_plotly_json()
-    d.pop("uid", None)
-    if not keep_type:
-        d.pop("type", None)
-    return d
+def _key(trace: dict[str, Any]) -> tuple:
+    """What ``_shape`` reads of a figure's trace, from a panel's trace dict."""
+    return (trace.get("type"), trace.get("name"), trace.get("xaxis", "x"),
+            trace.get("yaxis", "y"), trace.get("showlegend") is not False)
 
 
-def _status_html(rec: RunRecord) -> str:
-    """One line: state, steps done of planned, latest loss and steady throughput."""
+def _grid_key(panels: list) -> tuple:
+    return tuple(tuple(p.title for p in row) for row in panels)
+
+
+def _status_html(rec: RunRecord, v: Verdict | None = None, advice: Advice | None = None) -> str:
+    """Line 1: state, steps done of planned, latest loss and steady throughput, and why GPU metrics
+    are off when they are. Line 2: the bottleneck verdict and the planner's next knob."""
     parts = [f"<b>{html.escape(rec.name)}</b>", html.escape(rec.status)]
     planned = rec.config.get("steps")
     parts.append(f"step {len(rec.steps)}" + (f" of {planned}" if planned else ""))
@@ -165,4 +283,17 @@ def _status_html(rec: RunRecord) -> str:
         parts.append(f"dev accuracy {rec.evals[-1]['accuracy'] * 100:.1f} %")
     elif rec.evals:
         parts.append(f"dev loss {rec.evals[-1]['loss']:.4f}")
-    return " · ".join(parts)
+    nvml = str(rec.environment.get("nvml", "ok"))
+    if nvml != "ok":
+        off = nvml.split(":")[0] if nvml.startswith("NVML unavailable") else nvml
+        parts.append(f"<span style='color:#666'>GPU metrics off ({html.escape(off)}): "
+                     "host metrics only</span>")
+    lines = [" · ".join(parts)]
+    why = []
+    if v is not None:
+        why.append(f"<b>{html.escape(v.text)}</b>")
+    if advice is not None and advice.text:
+        why.append(f"next knob: {html.escape(advice.text)}")
+    if why:
+        lines.append(" · ".join(why))
+    return "<div style='line-height:1.35'>" + "<br>".join(lines) + "</div>"

@@ -30,7 +30,11 @@ log = logging.getLogger(__name__)
 #: Groups shown for every method; others depend on the method (see ``groups_for``).
 COMMON_GROUPS = ("run", "optim", "telemetry", "checkpoint", "planner")
 SLIDER_MAX_SPAN = 64  # int ranges up to this wide get a slider; wider ones a text box
-LABEL_STYLE = {"description_width": "150px"}
+LABEL_STYLE = {"description_width": "130px"}
+CONTROL_WIDTH = "345px"
+#: The knob column's width: beside it, the dashboard takes the rest of the row (and wraps
+#: below it when the row is narrower than ``KNOBS_WIDTH`` + ``VIEW_MIN_WIDTH``).
+KNOBS_WIDTH, VIEW_MIN_WIDTH = "370px", "560px"
 
 
 def groups_for(method: str) -> list[str]:
@@ -56,7 +60,7 @@ def make_control(name: str, value: Any) -> widgets.ValueWidget:
     unit = f" {info['unit']}" if info.get("unit") else ""
     live = " (live: changeable during a run)" if info.get("live") else ""
     common = dict(description=name, tooltip=f"{info['help']}{rng}{unit}{live}",
-                  style=LABEL_STYLE, layout=widgets.Layout(width="380px"))
+                  style=LABEL_STYLE, layout=widgets.Layout(width=CONTROL_WIDTH))
     if info["choices"]:
         return widgets.Dropdown(options=list(info["choices"]), value=value, **common)
     if t in ("bool", bool):
@@ -114,7 +118,7 @@ class KnobPanel:
         for f in fields(RunConfig):
             group = knob_info(f.name)["group"]
             if group not in self._sections:
-                self._sections[group] = widgets.VBox([widgets.HTML(f"<b>{group}</b>")])
+                self._sections[group] = widgets.VBox(layout=widgets.Layout(overflow="hidden"))
             box = self._sections[group]
             box.children = (*box.children, self.controls[f.name])
         for name, ctl in self.controls.items():
@@ -131,13 +135,20 @@ class KnobPanel:
         self.problems = widgets.HTML()
         self.prediction = widgets.HTML()
         self.message = widgets.HTML()
-        self.view = widgets.Box(layout=widgets.Layout(width="100%"))
-        self.knobs = widgets.GridBox(layout=widgets.Layout(
-            grid_template_columns="repeat(auto-fill, minmax(400px, 1fr))", grid_gap="8px"))
+        self.view = widgets.Box(layout=widgets.Layout(flex=f"1 1 {VIEW_MIN_WIDTH}",
+                                                      min_width=VIEW_MIN_WIDTH))
+        # One tab per group, so the panel stays as short as its longest group and the
+        # dashboard fits beside it in one window.
+        self.knobs = widgets.Tab(layout=widgets.Layout(width="100%"))
         self._show_groups(method)
-        self.widget = widgets.VBox([
+        for b in (self.run_button, self.stop_button, self.export_button):
+            b.layout = widgets.Layout(width="auto")
+        column = widgets.VBox([
             self.knobs, widgets.HBox([self.run_button, self.stop_button, self.export_button]),
-            self.problems, self.prediction, self.message, self.view])
+            self.problems, self.prediction, self.message],
+            layout=widgets.Layout(width=KNOBS_WIDTH, flex=f"0 0 {KNOBS_WIDTH}"))
+        self.widget = widgets.HBox([column, self.view], layout=widgets.Layout(
+            width="100%", flex_flow="row wrap", align_items="flex-start", grid_gap="12px"))
         self._update_prediction()
 
     # --- settings ---------------------------------------------------------------------------
@@ -147,11 +158,18 @@ class KnobPanel:
         Raises:
             ConfigError: every invalid setting, as the CLI would report it.
         """
-        return RunConfig(**{name: ctl.value for name, ctl in self.controls.items()})
+        shown = set(groups_for(self.controls["method"].value))
+        return RunConfig(**{name: ctl.value if knob_info(name)["group"] in shown  # hidden knobs
+                            else knob_info(name)["default"]  # do not apply: their defaults
+                            for name, ctl in self.controls.items()})
 
     def _show_groups(self, method: str) -> None:
-        self.knobs.children = [self._sections[g] for g in groups_for(method)
-                               if g in self._sections]
+        groups = [g for g in groups_for(method) if g in self._sections]
+        selected = self.knobs.titles[self.knobs.selected_index or 0] if self.knobs.children \
+            else groups[0]
+        self.knobs.children = [self._sections[g] for g in groups]
+        self.knobs.titles = groups
+        self.knobs.selected_index = groups.index(selected) if selected in groups else 0
 
     def _on_change(self, name: str) -> Callable[[dict], None]:
         def handler(change: dict) -> None:
@@ -186,22 +204,25 @@ class KnobPanel:
     def running(self) -> bool:
         return self.thread is not None and self.thread.is_alive()
 
-    def run(self) -> threading.Thread | None:
+    def run(self, force: bool = False) -> threading.Thread | None:
         """Start a run of ``config()`` on a daemon thread; None (and the problems shown) when the
-        settings are invalid or a run is already going."""
+        settings are invalid, the planner says the run cannot fit (``force`` starts it anyway)
+        or a run is already going."""
         if self.running:
             self._say("a run is already going: Stop it first")
             return None
         try:
             cfg = self.config()
             check_environment(cfg)
+            recipe = TrainRecipe(cfg, self._new_run_dir(cfg.method), progress=False, force=force)
+            recipe.prepare()  # the checks that need no model, the fit included
         except ConfigError as e:
             self._show_problems(e.problems)
             return None
         self._show_problems([])
         self.error = None
-        run_dir = self._new_run_dir(cfg.method)
-        self.recipe = recipe = TrainRecipe(cfg, run_dir, progress=False)
+        run_dir = recipe.out_dir
+        self.recipe = recipe
         self.dashboard = Dashboard(recipe.record, min_interval_s=min(self.refresh_s, 0.5))
         self.view.children = [self.dashboard.widget]
         self._set_running(True)
@@ -219,13 +240,12 @@ class KnobPanel:
             recipe.train()
             recipe.save()
             self.last_run_dir = recipe.out_dir
-            text = (f"{recipe.record.status}: {len(recipe.record.steps)} steps, "
-                    f"run directory {recipe.out_dir}")
+            text = recipe.outcome()  # e.g. "diverged at step N (loss = nan); ..."
         except BaseException as e:  # shown in the panel: a notebook thread has no traceback
-            recipe.record.status = "failed"
+            recipe.fail(e)
             self.error = e
             log.exception("run failed")
-            text = f"failed: {type(e).__name__}: {e}"
+            text = f"failed: {recipe.record.error or type(e).__name__}"
         finally:
             recipe.cleanup()
             dashboard.stop_auto_refresh()
@@ -262,12 +282,7 @@ class KnobPanel:
         self._say(f"{name} = {value:g} from the next step")
 
     def _new_run_dir(self, method: str) -> Path:
-        stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{method}"
-        path, n = self.out_dir / stem, 1
-        while path.exists():
-            n += 1
-            path = self.out_dir / f"{stem}-{n}"
-        return path
+        return new_folder(self.out_dir, method)
 
     # --- report -----------------------------------------------------------------------------
     def export_report(self, path: str | Path | None = None) -> Path:
@@ -289,6 +304,16 @@ class KnobPanel:
             self.export_report()
         except Exception as e:
             self._say(f"report failed: {type(e).__name__}: {e}")
+
+
+def new_folder(parent: Path, kind: str) -> Path:
+    """``parent/<time>-<kind>``, numbered if that exists: a press never reuses a folder."""
+    stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{kind}"
+    path, n = parent / stem, 1
+    while path.exists():
+        n += 1
+        path = parent / f"{stem}-{n}"
+    return path
 
 
 def _load_planner() -> Callable[[RunConfig], Any] | None:

@@ -20,8 +20,10 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from workbench.config import knob_info
+from workbench.telemetry.advice import next_knob
 from workbench.telemetry.record import RunRecord
 from workbench.telemetry.steady import STEADY_NOTE
+from workbench.telemetry.verdict import verdict
 from workbench.ui import figures
 from workbench.ui.figures import MB, run_labels, summary_metrics
 
@@ -53,7 +55,7 @@ table { border-collapse: collapse; margin: 8px 0 16px; }
 th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-align: top; }
 th { background: #f6f6f6; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 code { font-size: 12px; } .tables { display: flex; gap: 24px; flex-wrap: wrap; }
-.note { color: #666; }
+.note { color: #666; } ul.why { padding-left: 20px; }
 """
 
 
@@ -71,11 +73,12 @@ def load_runs(runs: Iterable[str | Path | RunRecord], caller: str) -> list[RunRe
 
 
 def write_report(runs: Sequence[str | Path | RunRecord], path: str | Path,
-                 title: str = "zo-workbench report") -> Path:
+                 title: str = "zo-workbench report", intro: Sequence[str] = ()) -> Path:
     """Write one HTML file describing ``runs``; returns its path.
 
     Per run: summary, dashboard charts, config and environment tables; with two runs or more, a
-    comparison section first. The file embeds plotly.js once (about 5 MB) and loads nothing.
+    comparison section first; ``intro`` (HTML parts, e.g. a sweep's table) before both. The file
+    embeds plotly.js once (about 5 MB) and loads nothing.
 
     Raises:
         ValueError: no runs.
@@ -87,7 +90,8 @@ def write_report(runs: Sequence[str | Path | RunRecord], path: str | Path,
              f"<p class=note>{len(recs)} run(s), written "
              f"{_dt.datetime.now().isoformat(timespec='seconds')}. {html.escape(STEADY_NOTE)} "
              "Memory in MB = 10<sup>6</sup> bytes, GB = 10<sup>9</sup> bytes (GiB = "
-             "2<sup>30</sup> bytes where named); times in seconds since each run's start.</p>"]
+             "2<sup>30</sup> bytes where named); times in seconds since each run's start.</p>",
+             *intro]
     toc = [f"<li><a href='#run-{i}'>{html.escape(label)}</a></li>"
            for i, label in enumerate(labels)]
     if len(recs) > 1:
@@ -97,11 +101,13 @@ def write_report(runs: Sequence[str | Path | RunRecord], path: str | Path,
         parts.append("<h2 id='comparison'>comparison</h2>")
         parts.append(summary_table_html(recs))
         parts.append(f"<p>{html.escape(digest_note(recs))}</p>")
+        parts.append(why_html(recs))
         for fig in (figures.compare_bars(recs), figures.compare_loss(recs),
                     figures.compare_memory(recs), figures.compare_timelines(recs)):
             parts.append(_figure_html(fig))
     for i, (rec, label) in enumerate(zip(recs, labels)):
         parts.append(f"<h2 id='run-{i}'>{html.escape(label)}</h2>")
+        parts.append(why_html([rec], labels=False))
         metrics = summary_metrics(rec)
         parts.append(_table(["metric", "value"],
                             [[lbl, _fmt(get(metrics), fmt)] for lbl, get, fmt in SUMMARY_ROWS]))
@@ -138,6 +144,16 @@ def summary_table_html(recs: Sequence[RunRecord]) -> str:
             cells.append(text)
         rows.append(cells)
     return _table(["", *run_labels(recs)], rows)
+
+
+def why_html(recs: Sequence[RunRecord], labels: bool = True) -> str:
+    """Each run's bottleneck verdict and the planner's best next knob, one line per run."""
+    items = []
+    for rec, label in zip(recs, run_labels(recs)):
+        who = f"{html.escape(label)}: " if labels else ""
+        items.append(f"<li>{who}<b>{html.escape(verdict(rec).text)}</b> · next knob: "
+                     f"{html.escape(next_knob(rec).text)}</li>")
+    return f"<ul class=why>{''.join(items)}</ul>"
 
 
 def digest_note(recs: Sequence[RunRecord]) -> str:

@@ -1,0 +1,148 @@
+"""Screenshots of the dashboard, a comparison and the report, from saved run directories, for
+the README (``assets/``). Renders with Playwright and Debian's chromium (no browser download),
+through the same code the notebook and the report use:
+
+    dashboard.png   the live view of one run: ``Dashboard(record)``'s header (state, verdict,
+                    next knob) and its figure, at the width the knob panel leaves it
+    comparison.png  ``compare(*runs)``: the side-by-side table, the verdicts, the bars and
+                    the smoothed losses
+    report.png      the top of ``write_report(runs)`` (or of a sweep's report with --sweep)
+
+    python benchmarks/screenshots.py --dashboard runs/shots/zo-offload \\
+        --compare runs/shots/mezo runs/shots/zo-offload [--sweep runs/shots/sweep] --out assets
+
+Writes ``assets/screenshots.json`` beside the PNGs: the run directories, their device and
+GPU, and the date, so a caption can say where the pictures come from.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import html
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from plotly.offline import get_plotlyjs  # noqa: E402
+
+from workbench.telemetry.record import RunRecord  # noqa: E402
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run"]
+PAGE_CSS = """body { font: 14px/1.45 system-ui, sans-serif; margin: 16px; color: #222; }
+table { border-collapse: collapse; margin: 8px 0; } th, td { border: 1px solid #ddd;
+padding: 3px 8px; text-align: left; } th { background: #f6f6f6; }"""
+
+
+def _page(body: str, figures: list[dict]) -> str:
+    plots = "".join(
+        f"<div id='fig{i}' style='width:100%'></div><script>Plotly.newPlot('fig{i}', "
+        f"{json.dumps(f['data'])}, {json.dumps(f['layout'])}, "
+        "{responsive: true, displaylogo: false});</script>" for i, f in enumerate(figures))
+    return ("<!DOCTYPE html><html><head><meta charset='utf-8'>"
+            f"<script>{get_plotlyjs()}</script><style>{PAGE_CSS}</style></head><body>"
+            f"{body}{plots}</body></html>")
+
+
+def _json(fig) -> dict:
+    return json.loads(fig.to_json())
+
+
+def dashboard_page(run_dir: Path) -> str:
+    """The live view of a saved run: the widget's own header and figure."""
+    from workbench.ui.dashboard import Dashboard
+
+    rec = RunRecord.load(run_dir)
+    d = Dashboard(rec, min_interval_s=0.0)
+    d.refresh(force=True)
+    return _page(f"<div style='max-width:1060px'>{d.status.value}", [_json(d.figure)]) \
+        .replace("</body>", "</div></body>")
+
+
+def comparison_page(run_dirs: list[Path]) -> str:
+    """``compare(*runs)``: its table and verdicts, then its figures."""
+    from workbench.ui.compare import compare
+
+    box = compare(*run_dirs)
+    table, *figs = box.children
+    keep = figs[:2]  # the bars and the smoothed losses (memory and timelines below the fold)
+    return _page(table.value, [json.loads(f.to_json()) for f in keep])
+
+
+def shoot(pages: dict[str, tuple[str | Path, int, int]], out: Path) -> list[Path]:
+    """Each page (HTML text, or a file) at (width, height) px, to ``out/<name>.png``."""
+    from playwright.sync_api import sync_playwright
+
+    written = []
+    with sync_playwright() as p, tempfile.TemporaryDirectory() as tmp:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            for name, (source, width, height) in pages.items():
+                if isinstance(source, Path):
+                    url = source.resolve().as_uri()
+                else:
+                    path = Path(tmp) / f"{name}.html"
+                    path.write_text(source, encoding="utf-8")
+                    url = path.as_uri()
+                context = browser.new_context(viewport={"width": width, "height": height},
+                                              device_scale_factor=1)
+                page = context.new_page()
+                page.goto(url, timeout=60_000)
+                page.wait_for_selector(".js-plotly-plot .main-svg", timeout=60_000)
+                page.wait_for_timeout(800)  # plotly's responsive relayout
+                target = out / f"{name}.png"
+                page.screenshot(path=str(target), clip={"x": 0, "y": 0, "width": width,
+                                                        "height": height})
+                written.append(target)
+                context.close()
+        finally:
+            browser.close()
+    return written
+
+
+def describe(run_dirs: list[Path]) -> list[dict]:
+    out = []
+    for d in run_dirs:
+        rec = RunRecord.load(d)
+        out.append({"run_dir": str(d), "name": rec.name, "device": rec.config.get("device"),
+                    "model": rec.config.get("model"), "method": rec.config.get("method"),
+                    "gpu": rec.environment.get("gpu name") or rec.environment.get("device"),
+                    "steps": len(rec.steps), "date": rec.environment.get("date")})
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dashboard", type=Path, required=True, help="run directory to show live")
+    p.add_argument("--compare", type=Path, nargs="+", required=True, help="runs to compare")
+    p.add_argument("--sweep", type=Path, help="a sweep folder: its report is report.png")
+    p.add_argument("--out", type=Path, default=Path("assets"))
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.sweep:
+            from workbench.ui.sweep_view import write_sweep_report
+
+            report = write_sweep_report(args.sweep, Path(tmp) / "report.html")
+        else:
+            from workbench.ui.report import write_report
+
+            report = write_report(args.compare, Path(tmp) / "report.html")
+        written = shoot({"dashboard": (dashboard_page(args.dashboard), 1100, 780),
+                         "comparison": (comparison_page(args.compare), 1100, 900),
+                         "report": (report, 1280, 1100)}, args.out)
+    meta = {"date": dt.date.today().isoformat(), "dashboard": describe([args.dashboard]),
+            "compare": describe(args.compare), "sweep": str(args.sweep) if args.sweep else None,
+            "files": [w.name for w in written]}
+    (args.out / "screenshots.json").write_text(json.dumps(meta, indent=1))
+    for w in written:
+        print(f"{w}  ({w.stat().st_size / 1e3:.0f} kB)")
+    devices = {m["gpu"] for m in meta["dashboard"] + meta["compare"]}
+    print(f"from: {', '.join(html.unescape(str(d)) for d in devices)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,454 @@
+"""Fault injection through the real CLI, in subprocesses: kill -9 at seeded random moments,
+Ctrl-C and SIGTERM, a full disk, two runs on one directory, a reused directory, corrupted
+checkpoints and records, malformed data and settings, a diverging loss, a run that cannot fit.
+
+Each asserts the exit status, one line on stderr (warnings aside) and no traceback, and, where
+the run can go on, that its final param_digest equals a straight run's.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+ENV = dict(os.environ, OMP_NUM_THREADS="1",  # every run alike, and a loaded machine stays calm
+           PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+RUN = ["model=tiny-opt", "method=mezo", "data=synthetic", "batch_size=4", "seq_len=16",
+       "lr=2e-3", "steps=40", "checkpoint_every=2", "keep_last=2", "sample_hz=0"]
+STEPS = 40
+
+
+def sets(*items: str) -> list[str]:
+    return [x for kv in items for x in ("--set", kv)]
+
+
+def cli(*args: str, prefix: list[str] | None = None, timeout: float = 300):
+    cmd = (prefix or [sys.executable, "-m", "workbench"]) + [*args] + (
+        ["--quiet"] if args[0] == "run" else [])
+    return subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=timeout)
+
+
+def start(*args: str, log: Path, prefix: list[str] | None = None) -> subprocess.Popen:
+    cmd = (prefix or [sys.executable, "-m", "workbench"]) + [*args, "--quiet"]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=ENV,
+                            text=True)
+
+
+def one_line(stderr: str, prefix: str = "error:") -> str:
+    """The single line starting with ``prefix``; anything else may only be a warning."""
+    assert "Traceback" not in stderr, stderr
+    lines = [l for l in stderr.splitlines() if l.strip()]
+    main = [l for l in lines if not l.startswith("warning:")]
+    assert len(main) == 1 and main[0].startswith(prefix), stderr
+    return main[0]
+
+
+def record(run_dir: Path) -> dict:
+    """run.json, parsed strictly: NaN or Infinity would fail (JSON has neither)."""
+    def bad(token):
+        raise AssertionError(f"run.json holds {token}")
+    return json.loads((run_dir / "run.json").read_text(), parse_constant=bad)
+
+
+def history_steps(run_dir: Path) -> int:
+    try:
+        return (run_dir / "history.jsonl").read_text().count('{"step"')
+    except FileNotFoundError:
+        return 0
+
+
+def wait_for(predicate, proc: subprocess.Popen | None = None, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert proc is None or proc.poll() is None, f"the run ended early ({proc.returncode})"
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def assert_clean(run_dir: Path, root: Path | None = None) -> None:
+    """A finished run leaves no lock, no journal, no temp file and no partial checkpoint."""
+    root = root or run_dir / "checkpoints"
+    left = [p.name for p in run_dir.iterdir() if p.suffix == ".tmp" or p.name in
+            ("run.lock", "history.jsonl")] + [p.name for p in root.glob("*.partial")]
+    assert not left, left
+
+
+def assert_same_as_straight(run_dir: Path, straight: dict) -> None:
+    rec = record(run_dir)
+    assert rec["status"] == "done"
+    assert [s["step"] for s in rec["steps"]] == list(range(STEPS))  # no gap, no step twice
+    assert rec["param_digest"] == straight["param_digest"]
+    assert_clean(run_dir)
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("straight") / "run"
+    r = cli("run", *sets(*RUN), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    return {"dir": out, **record(out)}
+
+
+# --- kill -9, Ctrl-C, SIGTERM ---------------------------------------------------------------
+def test_sigkill_at_five_random_moments_then_resume_equals_a_straight_run(straight, tmp_path):
+    rng = random.Random(15)
+    # The moments: right after the lock is taken (before any step), then at random steps.
+    targets = [0] + sorted(rng.sample(range(3, STEPS - 6), 4))
+    out, stderr = tmp_path / "run", []
+    for i, target in enumerate(targets):
+        args = ["run", *sets(*RUN), "--out", str(out)] if i == 0 else ["run", "--resume", str(out)]
+        proc = start(*args, log=tmp_path / f"{i}.log")
+        wait_for(lambda: (out / "run.json").is_file() and (out / "run.lock").is_file()
+                 and (out / "run.lock").read_text().strip() == str(proc.pid), proc)
+        assert record(out)["status"] == "running"  # run.json from the first second
+        wait_for(lambda: history_steps(out) >= target, proc)
+        time.sleep(rng.uniform(0, 0.05))
+        assert proc.poll() is None, "the run finished before it could be killed"
+        proc.kill()
+        assert proc.wait() == -signal.SIGKILL
+        stderr.append((tmp_path / f"{i}.log").read_text())
+    r = cli("run", "--resume", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "taking over the lock of pid" in "".join(stderr[1:]) + r.stderr
+    assert_same_as_straight(out, straight)
+
+
+def test_sigint_then_sigterm_stop_cleanly_and_resume_exactly(straight, tmp_path):
+    out = tmp_path / "run"
+    proc = start("run", *sets(*RUN), "--out", str(out), log=tmp_path / "int.log")
+    for sig, status, args in ((signal.SIGINT, 130, None),
+                              (signal.SIGTERM, 143, ["run", "--resume", str(out)])):
+        before = len(record(out)["steps"]) if args else 0
+        if args:
+            proc = start(*args, log=tmp_path / "term.log")
+        wait_for(lambda: history_steps(out) >= before + 5, proc)
+        proc.send_signal(sig)
+        assert proc.wait(timeout=120) == status
+        log = tmp_path / ("int.log" if sig == signal.SIGINT else "term.log")
+        line = one_line(log.read_text(), prefix=f"stopped by {sig.name} after step")
+        rec = record(out)
+        step = len(rec["steps"])
+        assert rec["status"] == "stopped" and [s["step"] for s in rec["steps"]] == list(range(step))
+        assert f"checkpoint step-{step:08d} kept" in line  # taken at the stop
+        assert (out / "checkpoints" / f"step-{step:08d}" / "manifest.json").is_file()
+        assert_clean(out)
+    r = cli("run", "--resume", str(out))
+    assert r.returncode == 0, r.stderr
+    assert_same_as_straight(out, straight)
+
+
+# --- disks --------------------------------------------------------------------------------
+FAULT_CLI = [sys.executable, str(Path(__file__).with_name("fault_cli.py"))]
+
+
+@contextlib.contextmanager
+def failing_disk(tmp_path: Path, kind: str = "full"):
+    """(checkpoint_dir, CLI prefix, fail, heal): a 4 MiB tmpfs, filled up to ~100 KiB or made
+    read-only, when this process may mount one (root); else the CLI with shard writes failing
+    ENOSPC / EROFS while a flag file exists (``fault_cli.py``)."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    mounted = os.geteuid() == 0 and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)],
+        capture_output=True).returncode == 0
+    try:
+        if mounted:
+            (mnt / "ck").mkdir()
+            filler = mnt / "filler"
+
+            def fail():
+                if kind == "full":
+                    filler.write_bytes(b"\0" * (shutil.disk_usage(mnt).free - 100 * 1024))
+                else:
+                    subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+
+            def heal():
+                if kind == "full":
+                    filler.unlink()
+                else:
+                    subprocess.run(["mount", "-o", "remount,rw", str(mnt)], check=True)
+            yield mnt / "ck", None, fail, heal
+        else:
+            flag = tmp_path / "disk-fails"
+            yield (mnt / "ck", [*FAULT_CLI, "disk", str(flag)],
+                   lambda: flag.write_text("read-only" if kind == "read-only" else "full"),
+                   flag.unlink)
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
+@pytest.mark.parametrize("kind, says", [("full", "No space left on device"),
+                                        ("read-only", "Read-only file system")])
+def test_failing_checkpoint_writes_are_reported_and_after_three_the_run_fails(tmp_path, kind,
+                                                                              says):
+    with failing_disk(tmp_path, kind) as (root, prefix, fail, heal):
+        fail()
+        out = tmp_path / "run"
+        r = cli("run", *sets(*RUN, f"checkpoint_dir={root}"), "--out", str(out), prefix=prefix)
+        assert r.returncode == 1
+        line = one_line(r.stderr)
+        assert line.startswith("error: checkpoint_dir: 3 checkpoint writes failed in a row")
+        assert says in line
+        assert r.stderr.count("warning: checkpoint_dir: a checkpoint write failed") == 3
+        rec = record(out)  # written before and after the failures, never lost
+        assert rec["status"] == "failed" and rec["error"].startswith("checkpoint_dir: 3")
+        assert 6 <= len(rec["steps"]) < STEPS
+        assert not list(root.glob("step-*"))  # no partial checkpoint left behind
+        assert_clean(out, root)
+
+
+def test_full_disk_for_a_while_training_goes_on(straight, tmp_path):
+    with failing_disk(tmp_path) as (root, prefix, fail, heal):
+        fail()
+        out = tmp_path / "run"
+        # Checkpoints every 8 steps (they do not change the trajectory): time to free space.
+        cmd = (prefix or [sys.executable, "-m", "workbench"]) + [
+            "run", *sets(*RUN, f"checkpoint_dir={root}", "checkpoint_every=8"),
+            "--out", str(out), "--quiet"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True, env=ENV)
+        lines: list[str] = []
+        healed: list = []
+
+        def read():
+            for line in proc.stderr:
+                lines.append(line)
+                if "a checkpoint write failed" in line and not healed:
+                    healed.append(heal())  # space comes back after the first failure
+        reader = threading.Thread(target=read)
+        reader.start()
+        assert proc.wait(timeout=300) == 0, "".join(lines)
+        reader.join()
+        assert "Traceback" not in "".join(lines)
+        # Space comes back 8 steps before the next checkpoint; a slow reader may miss one more.
+        assert 1 <= sum("a checkpoint write failed" in l for l in lines) <= 2
+        rec = record(out)
+        assert rec["status"] == "done" and rec["param_digest"] == straight["param_digest"]
+        assert [p.name for p in sorted(root.glob("step-*"))] == [
+            "step-00000032", "step-00000040"]
+        assert_clean(out, root)
+
+
+def test_a_run_that_cannot_fit_is_refused_and_force_starts_it(tmp_path):
+    out = tmp_path / "run"
+    r = cli("run", *sets(*RUN), "--out", str(out), prefix=[*FAULT_CLI, "lowmem"])
+    assert r.returncode == 2
+    assert "host memory: mezo on tiny-opt needs" in one_line(r.stderr) and not out.exists()
+    r = cli("run", *sets(*RUN, "steps=2"), "--out", str(out), "--force",
+            prefix=[*FAULT_CLI, "lowmem"])
+    assert r.returncode == 0, r.stderr
+    assert record(out)["status"] == "done"
+
+
+# --- directories ----------------------------------------------------------------------------
+def test_two_runs_on_one_directory_the_second_is_refused(straight, tmp_path):
+    out = tmp_path / "run"
+    first = start("run", *sets(*RUN), "--out", str(out), log=tmp_path / "first.log")
+    wait_for(lambda: history_steps(out) >= 1, first)
+    r = cli("run", *sets(*RUN), "--out", str(out))
+    assert r.returncode == 2
+    assert f"is being written by another run (pid {first.pid}" in one_line(r.stderr)
+    assert first.wait(timeout=300) == 0
+    assert_same_as_straight(out, straight)  # the first run's result is whole
+
+
+def test_a_reused_directory_is_refused_and_overwrite_replaces_it(straight, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(straight["dir"], out)
+    (out / "checkpoints" / "step-00000099").mkdir()  # must not survive --overwrite
+    (out / "notes.txt").write_text("mine")  # not the run's: never deleted
+    before = (out / "run.json").read_bytes()
+    r = cli("run", *sets(*RUN), "--out", str(out))
+    assert r.returncode == 2
+    line = one_line(r.stderr)
+    assert "already holds a run" in line and "--resume" in line and "--overwrite" in line
+    assert (out / "run.json").read_bytes() == before
+    r = cli("run", *sets(*RUN), "--out", str(out), "--overwrite")
+    assert r.returncode == 0, r.stderr
+    assert not (out / "checkpoints" / "step-00000099").exists()
+    assert (out / "notes.txt").read_text() == "mine"
+    assert_same_as_straight(out, straight)
+
+
+def test_corrupted_checkpoint_falls_back_and_a_damaged_record_is_one_line(straight, tmp_path):
+    out = tmp_path / "run"
+    r = cli("run", *sets(*RUN, "steps=20"), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    shard = out / "checkpoints" / "step-00000020" / "p2.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-5] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    damaged = tmp_path / "damaged"  # a copy with run.json and events.json.gz cut short
+    shutil.copytree(out, damaged)
+    hopeless = tmp_path / "hopeless"  # a copy with every checkpoint corrupted
+    shutil.copytree(out, hopeless)
+    for ck in (hopeless / "checkpoints").glob("step-*"):
+        (ck / "p1.safetensors").write_bytes(b"garbage")
+    for name in ("run.json", "events.json.gz"):
+        blob = (damaged / name).read_bytes()
+        (damaged / name).write_bytes(blob[:len(blob) // 2])
+    events = (out / "events.json.gz").read_bytes()  # the run itself: its telemetry cut short
+    (out / "events.json.gz").write_bytes(events[:len(events) // 2])
+    html = str(tmp_path / "r.html")
+    calls = [("run", "--resume", str(damaged)), ("compare", str(damaged)),
+             ("report", str(damaged), "-o", html), ("report", str(out), "-o", html),
+             ("run", "--resume", str(hopeless)), ("compare", str(out))]
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda a: cli(*a), calls))
+    said = ["run.json cannot be read: truncated or damaged"] * 3 + [
+        "events.json.gz cannot be read: truncated or damaged",
+        "error: resume: no usable checkpoint in"]
+    for args, r, line in zip(calls, results, said):
+        assert r.returncode == 2, (args, r.stderr)
+        assert line in one_line(r.stderr), args
+    assert results[-1].returncode == 0, results[-1].stderr  # compare needs no telemetry
+    r = cli("run", "--resume", str(out), *sets(f"steps={STEPS}"))
+    assert r.returncode == 0, r.stderr
+    assert "step-00000020" in r.stderr and "corrupted" in r.stderr  # said, then step-18 used
+    assert "events.json.gz cannot be read" in r.stderr  # said; the resume goes on without it
+    assert_same_as_straight(out, straight)
+
+
+# --- bad input: one line, exit 2, nothing written ---------------------------------------------
+def _write_bad_inputs(d: Path) -> dict[str, tuple[list[str], str]]:
+    """name -> (CLI arguments, what the one line must say)."""
+    files = {
+        "columns": "text\ty\nhi\t1\nho\t0\n", "label-text": "sentence\tlabel\nfine\tx\nok\t1\n",
+        "label-range": "sentence\tlabel\nfine\t7\nok\t1\n", "empty": "",
+        "header-only": "sentence\tlabel\n", "missing-field": "sentence\tlabel\nok\t1\nlonely\n",
+    }
+    for name, text in files.items():
+        (d / name).mkdir()
+        (d / name / "train.tsv").write_text(text)
+    (d / "binary").mkdir()
+    (d / "binary" / "train.tsv").write_bytes(bytes(range(256)) * 8)
+    (d / "long-line").mkdir()
+    with open(d / "long-line" / "train.tsv", "w") as fh:
+        fh.write("sentence\tlabel\n" + "a" * 50_000_000 + "\t1\n")
+    (d / "config.bin").write_bytes(bytes(range(128, 256)) * 4)
+    (d / "extra.toml").write_text("[run]\nsteps = 3\n[optim]\nlr = 1e-3\n")
+    (d / "outside.toml").write_text("steps = 3\n[run]\nlr = 1e-3\n")
+    (d / "a-file").write_text("x")
+    (d / "others").mkdir()
+    (d / "others" / "keep.txt").write_text("x")
+    for name, conf in (("no-model", None), ("non-model", {"hello": 1}),
+                       ("custom-code", {"model_type": "opt", "auto_map": {"AutoConfig": "m.C"}}),
+                       ("unknown-arch", {"model_type": "my-own-net"})):
+        (d / name).mkdir()
+        if conf is not None:
+            (d / name / "config.json").write_text(json.dumps(conf))
+            (d / name / "model.safetensors").write_bytes(b"")
+    out = ["--out", str(d / "out")]
+    run = lambda *s: ["run", *sets(*RUN, *s), *out]  # noqa: E731
+    said = {"columns": ": no label field among text, y",
+            "label-text": " line 2: field 'label' is 'x', not a whole number",
+            "label-range": " line 2: field 'label' is 7, outside 0..1", "empty": ": the file is empty",
+            "header-only": ": a header (sentence, label) but no examples",
+            "missing-field": " line 3: 1 fields, the header has 2",
+            "binary": " line 2: not UTF-8 text", "long-line": " line 2: field larger than field limit"}
+    cases = {f"data {k}": (run(f"data={d / k}"), f"data: {d / k / 'train.tsv'}{said[k]}")
+             for k in said}
+    cases.update({
+        "config binary": (["run", "--config", str(d / "config.bin"), *out], "not a text file"),
+        "config folder": (["run", "--config", str(d), *out], "is a folder, not a TOML file"),
+        "config table": (["run", "--config", str(d / "extra.toml"), *out], "table [optim]"),
+        "config key": (["run", "--config", str(d / "outside.toml"), *out], "'steps' is outside"),
+        "out is a file": (["run", *sets(*RUN), "--out", str(d / "a-file")], "is a file"),
+        "out has files": (["run", *sets(*RUN), "--out", str(d / "others")], "other files"),
+        "seq_len": (run("seq_len=600"), "seq_len: 600 exceeds the 512 positions of tiny-opt"),
+        "model empty": (run(f"model={d / 'no-model'}"), "has no config.json"),
+        "model non-model": (run(f"model={d / 'non-model'}"), "Unrecognized model"),
+        "model custom code": (run(f"model={d / 'custom-code'}"), "trust_remote_code=False"),
+        "model unknown": (run(f"model={d / 'unknown-arch'}"), "my-own-net"),
+        "nan": (run("lr=nan"), "lr: nan is not a finite number"),
+        "inf": (run("eps=inf"), "eps: inf is not a finite number"),
+        "not for mezo": (run("codec=bf16"), "codec: 'bf16' does not apply to method=mezo"),
+        "not for zo": (["run", *sets(*RUN, "method=zo-offload", "subgroup_size=4096"), *out],
+                       "subgroup_size: 4096 does not apply to method=zo-offload"),
+        "eval without dev": (run("eval_every=5"), "eval_every: data=synthetic has no dev"),
+        "one label word": (run("data=embedded", "label_words=good"),
+                           "label_words: 'good' needs k >= 2 non-empty words"),
+        "too big": (["run", *sets("model=opt-175b", "method=zo-offload"), *out],
+                    "host memory: zo-offload on opt-175b needs"),
+    })
+    return cases
+
+
+def test_every_bad_input_is_one_line_and_exit_2(straight, tmp_path):
+    cases = _write_bad_inputs(tmp_path)
+    ran = straight["dir"]
+    cases.update({
+        "report -o folder": (["report", str(ran), "-o", str(tmp_path)], "-o: "),
+        "resume fixed knob": (["run", "--resume", str(ran), *sets("seed=1")],
+                              "seed: fixed for a resumed run (it was 0, now 1)"),
+        "resume below checkpoint": (["run", "--resume", str(ran), *sets("steps=10")],
+                                    "steps: 10 is below the newest checkpoint"),
+        "resume elsewhere": (["run", "--resume", str(ran), "--out", str(tmp_path / "b")],
+                             "--out: a resumed run continues in its own directory"),
+        "resume no run": (["run", "--resume", str(tmp_path / "others")], "no run.json"),
+    })
+    before = (ran / "run.json").read_bytes()
+    with ThreadPoolExecutor(4) as pool:
+        results = dict(zip(cases, pool.map(lambda c: cli(*c[0]), cases.values())))
+    problems = []
+    for name, r in results.items():
+        try:
+            assert r.returncode == 2, f"exit {r.returncode}"
+            assert cases[name][1] in one_line(r.stderr)
+        except AssertionError as e:
+            problems.append(f"{name}: {e} | {r.stderr.strip()[-400:]}")
+    assert not problems, "\n".join(problems)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "b").exists()
+    assert (ran / "run.json").read_bytes() == before  # a refused resume changes nothing
+
+
+# --- divergence -----------------------------------------------------------------------------
+def test_nan_divergence_stops_keeps_the_last_good_checkpoint_and_a_valid_record(tmp_path):
+    out = tmp_path / "run"
+    r = cli("run", *sets(*RUN, "lr=10"), "--out", str(out))  # lr=10 blows up at step 3
+    assert r.returncode == 1
+    line = one_line(r.stderr)
+    assert line.startswith("error: diverged at step 3 (loss = nan")
+    assert "the last good checkpoint is step-00000002" in line
+    rec = record(out)
+    assert rec["status"] == "diverged" and rec["error"].startswith("diverged at step 3")
+    assert [s["step"] for s in rec["steps"]] == [0, 1, 2, 3] and rec["steps"][3]["loss"] is None
+    assert [p.name for p in (out / "checkpoints").glob("step-*")] == ["step-00000002"]
+    assert_clean(out)
+
+
+# --- GPU memory cap (run on the GPU machine: python -m pytest -m gpu tests/recipes) ----------
+@pytest.mark.gpu
+def test_gpu_mem_limit_refuses_and_caps_the_run_at_run_time(tmp_path):
+    args = sets("model=opt-125m", "method=mezo", "device=cuda", "data=synthetic",
+                "batch_size=8", "seq_len=128", "steps=3", "sample_hz=0", "gpu_mem_limit_gb=0.75")
+    r = cli("run", *args, "--out", str(tmp_path / "refused"))
+    assert r.returncode == 2
+    line = one_line(r.stderr)
+    assert "gpu memory: mezo on opt-125m needs" in line and "gpu_mem_limit_gb=0.75 caps" in line
+    assert not (tmp_path / "refused").exists()
+    r = cli("run", *args, "--out", str(tmp_path / "forced"), "--force")  # the cap holds
+    assert r.returncode == 1
+    line = one_line(r.stderr)
+    assert line.startswith("error: gpu_mem_limit_gb: the run needed more GPU memory than its "
+                           "0.75 GB cap")
+    rec = record(tmp_path / "forced")
+    assert rec["status"] == "failed" and rec["error"].startswith("gpu_mem_limit_gb:")
+    r = cli("run", *sets("model=opt-125m", "method=mezo", "device=cuda", "data=synthetic",
+                         "batch_size=8", "seq_len=128", "steps=3", "sample_hz=0",
+                         "gpu_mem_limit_gb=4"), "--out", str(tmp_path / "fits"))
+    assert r.returncode == 0, r.stderr
+    assert record(tmp_path / "fits")["summary"]["peak_gpu_mem_bytes"] < 4e9  # GB = 10^9 B

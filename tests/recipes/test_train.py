@@ -1,0 +1,28 @@
+"""The training recipe in process: a run that cannot fit is refused first; force overrides."""
+from __future__ import annotations
+
+import types
+
+import psutil
+import pytest
+
+from workbench.config import RunConfig
+from workbench.planner import PlanError
+from workbench.recipes.train import run
+
+TINY = dict(model="tiny-opt", data="synthetic", steps=3, batch_size=2, seq_len=8, sample_hz=0.0)
+
+
+def test_a_run_that_cannot_fit_is_refused_before_anything_and_force_overrides(tmp_path,
+                                                                               monkeypatch):
+    vm = psutil.virtual_memory()
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: vm._replace(available=256 << 20))
+    monkeypatch.setattr(psutil.Process, "memory_info",
+                        lambda self: types.SimpleNamespace(rss=256 << 20))
+    cfg = RunConfig(**TINY)
+    with pytest.raises(PlanError, match=r"host memory: mezo on tiny-opt needs .* short by"):
+        run(cfg, tmp_path / "r", progress=False)
+    assert not (tmp_path / "r").exists()  # refused before anything was written
+    rec = run(cfg, tmp_path / "r", progress=False, force=True)
+    assert rec.status == "done" and len(rec.steps) == 3
+

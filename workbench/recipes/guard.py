@@ -1,0 +1,101 @@
+"""What ends a run early besides the user: a diverged step, and a disk that keeps failing.
+
+Both are seen without waiting for the GPU: a step's loss and projected gradient are checked when
+its record is published (the values have already landed on the host), and the checkpoint
+writer's failures are polled between steps.
+"""
+from __future__ import annotations
+
+import math
+import threading
+import warnings
+
+from workbench.engine.checkpoint import AsyncCheckpointer, StepLog, complete_checkpoints
+from workbench.engine.events import EventBus, InfoEvent
+from workbench.engine.zo_common import step_seed
+from workbench.recipes.outcome import os_error
+from workbench.recipes.rundir import RunWarning
+
+MAX_WRITE_FAILURES = 3  # checkpoint writes failing in a row before the run stops as failed
+
+
+class RunGuard:
+    """Args:
+        checkpointer / steplog: the run's (None without checkpoints).
+        stop: set when the run must stop; ``failure`` / ``diverged_at`` + ``error`` say why.
+    """
+
+    def __init__(self, checkpointer: AsyncCheckpointer | None, steplog: StepLog | None,
+                 bus: EventBus, stop: threading.Event, seed: int):
+        self.checkpointer, self.steplog, self.bus, self.stop = checkpointer, steplog, bus, stop
+        self.seed = seed
+        self.failure = ""  # why the run must end as failed
+        self.diverged_at: int | None = None
+        self.error = ""  # the divergence, in one line
+
+    @property
+    def healthy(self) -> bool:
+        """Neither diverged nor failing: the end-of-run checkpoint and eval still make sense."""
+        return self.diverged_at is None and not self.failure
+
+    def outcome(self, stopped: bool) -> tuple[str, str]:
+        """(status, error) of a run whose loop has ended (``stopped``: before its last step)."""
+        if self.failure:
+            return "failed", self.failure
+        if self.diverged_at is not None:
+            return "diverged", self.error
+        return ("stopped" if stopped else "done"), ""
+
+    def published(self, t: int, loss: float, g: float, has_g: bool, lr: float,
+                  wd: float) -> bool:
+        """Step ``t``'s values, as it is published: logs it, or stops the run when the loss or
+        the projected gradient (``has_g``: the method has one) is not finite."""
+        finite = math.isfinite(loss) and (not has_g or math.isfinite(g))
+        if not finite:
+            self._diverge(t, loss, g if has_g else None)
+            return False
+        if self.steplog is not None:
+            self._log(t, g, lr, wd)
+        if self.checkpointer is not None:
+            self.checkpointer.verified = t + 1  # checkpoints up to here hold good states
+        return True
+
+    def writes(self) -> None:
+        """Report failed checkpoint writes as they happen; after MAX_WRITE_FAILURES in a row
+        the run stops as failed."""
+        ck = self.checkpointer
+        while ck is not None and (error := ck.failure()) is not None:
+            line = os_error(error)
+            warnings.warn(f"checkpoint_dir: a checkpoint write failed ({line}); training goes on",
+                          RunWarning)
+            self.bus.publish(InfoEvent("checkpoint_error", line))
+            if ck.failures >= MAX_WRITE_FAILURES and not self.failure:
+                self.failure = (f"checkpoint_dir: {ck.failures} checkpoint writes failed in a "
+                                f"row (last: {line}); free space in {ck.root} or point "
+                                "checkpoint_dir elsewhere, then --resume")
+                self.stop.set()
+
+    def _diverge(self, t: int, loss: float, g: float | None) -> None:
+        """Stop at step ``t``; checkpoints taken after it hold its result and are dropped."""
+        self.diverged_at = t
+        self.stop.set()
+        kept = []
+        if self.checkpointer is not None:
+            self.checkpointer.discard_after(t)
+            kept = complete_checkpoints(self.checkpointer.root)
+        what = ", ".join(f"{k} = {v}" for k, v in (("loss", loss), ("projected_grad", g))
+                         if v is not None and not math.isfinite(v))
+        where = (f"the last good checkpoint is {kept[-1].name}" if kept else
+                 "no checkpoint was taken before it")
+        self.error = (f"diverged at step {t} ({what}); {where}; try a lower lr (a resume may "
+                      "change it)")
+
+    def _log(self, t: int, g: float, lr: float, wd: float) -> None:
+        """One line of the step log; a failed write turns the log off with a warning (steps
+        after it cannot be replayed between snapshots; the snapshots still restore)."""
+        try:
+            self.steplog.append(t, step_seed(self.seed, t), g, lr, wd)
+        except OSError as e:
+            warnings.warn(f"{self.steplog.path} not written ({os_error(e)}); the step log is "
+                          "off for the rest of this run", RunWarning)
+            self.steplog = None

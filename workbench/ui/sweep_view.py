@@ -1,0 +1,122 @@
+"""Tables and the report of a sweep or an auto-tune, read from its ``sweep.json`` points.
+
+The CLI, the sweep widget and the HTML report show the same table: finished runs fastest first
+(steady tokens/s, with the ratio to the fastest), their peak GPU memory, the planner's
+prediction beside the measurement, and their bound; refused, failed and skipped points last,
+with the reason.
+"""
+from __future__ import annotations
+
+import html
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+from workbench.recipes.sweep import FINISHED, load_manifest
+from workbench.telemetry.record import RunRecord
+from workbench.ui.report import write_report
+
+
+def _num(v: Any) -> float:
+    try:
+        return math.nan if v is None else float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _cell(v: float, fmt: str) -> str:
+    return fmt.format(v) if math.isfinite(v) else "-"
+
+
+def ranked(points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Finished points fastest first, then the others in their order."""
+    done = [p for p in points if p["status"] in FINISHED]
+    done.sort(key=lambda p: -_num(p["measured"].get("tokens_per_s")))
+    return done + [p for p in points if p["status"] not in FINISHED]
+
+
+def sweep_table_html(points: Sequence[dict[str, Any]], predicted_vs_measured: bool = False) -> str:
+    """The sweep's points (``Point.to_json`` dicts) as an HTML table; one column per knob.
+    ``predicted_vs_measured`` adds the ratio of measured to predicted tokens/s (auto-tune)."""
+    knobs = list(dict.fromkeys(k for p in points for k in p["changes"]))
+    head = ["#", *knobs, "status", "tokens/s", "step (s)", "peak GPU memory (GB)",
+            "predicted tokens/s", *(["measured / predicted"] if predicted_vs_measured else []),
+            "final loss", "dev accuracy", "bound"]
+    rows = ranked(points)
+    best = max((_num(p["measured"].get("tokens_per_s")) for p in rows
+                if p["status"] in FINISHED), default=math.nan)
+    body = []
+    for i, p in enumerate(rows, start=1):
+        m, pred = p["measured"], p["predicted"]
+        cells = [str(i) if p["status"] in FINISHED else "",
+                 *(html.escape(_text(p["changes"].get(k, ""))) for k in knobs),
+                 html.escape(p["status"])]
+        if p["status"] in FINISHED:
+            tps, peak = _num(m.get("tokens_per_s")), _num(m.get("peak_gpu_mem_bytes"))
+            ratio = f" ({tps / best:.2f}x)" if best > 0 and math.isfinite(tps) else ""
+            want = _num(pred.get("tokens_per_s"))
+            cells += [_cell(tps, "{:,.0f}") + ratio, _cell(_num(m.get("step_seconds")), "{:.4f}"),
+                      _cell(peak / 1e9 if peak > 0 else math.nan, "{:.2f}"),
+                      _cell(want, "{:,.0f}")]
+            if predicted_vs_measured:
+                cells.append(_cell(tps / want if want > 0 else math.nan, "{:.2f}x"))
+            cells += [_cell(_num(m.get("final_loss")), "{:.4f}"),
+                      _cell(_num(m.get("eval_accuracy")), "{:.3f}"),
+                      f"<span title='{html.escape(m.get('verdict', ''))}'>"
+                      f"{html.escape(str(m.get('bound', '-')))}</span>"]
+        else:
+            cells.append(f"<span class=note>{html.escape(p.get('reason', ''))}</span>")
+        span = len(head) - len(cells) + 1
+        tds = "".join(f"<td>{c}</td>" for c in cells[:-1])
+        tds += f"<td colspan={span}>{cells[-1]}</td>" if span > 1 else f"<td>{cells[-1]}</td>"
+        body.append(f"<tr>{tds}</tr>")
+    heads = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    return (f"<table class=sweep><thead><tr>{heads}</tr></thead>"
+            f"<tbody>{''.join(body)}</tbody></table>")
+
+
+def sweep_records(out_dir: str | Path, points: Sequence[dict[str, Any]]) -> list[RunRecord]:
+    """The finished points' records, fastest first, each named after its point."""
+    recs = []
+    for p in ranked(points):
+        if p["status"] in FINISHED:
+            rec = RunRecord.load(Path(out_dir) / p["dir"])
+            rec.info["name"] = p["name"]
+            recs.append(rec)
+    return recs
+
+
+def write_sweep_report(out_dir: str | Path, path: str | Path | None = None,
+                       extra: Sequence[str] = ()) -> Path:
+    """``out_dir/report.html`` (or ``path``): the sweep's table, then the comparison of its
+    finished runs (fastest first) and a section per run.
+
+    Raises:
+        FileNotFoundError: ``out_dir`` holds no ``sweep.json``.
+        ValueError: no point finished.
+    """
+    out_dir = Path(out_dir)
+    manifest = load_manifest(out_dir)
+    points = manifest["points"]
+    kind = manifest.get("kind", "sweep")
+    recs = sweep_records(out_dir, points)
+    if not recs:
+        raise ValueError(f"{out_dir}: no point of the {kind} finished; nothing to report")
+    axes = ", ".join(f"{k} = {', '.join(map(_text, v))}" for k, v in manifest["axes"].items())
+    best = manifest.get("extra", {}).get("best")
+    if kind == "tune" and best:
+        extra = [*extra, f"<p>Fastest measured: <b>{html.escape(best)}</b>, written to "
+                 f"<code>{html.escape(str(out_dir / manifest['extra'].get('toml', '')))}</code> "
+                 "(run it with <code>python -m workbench run --config FILE --out DIR</code>)."
+                 "</p>"]
+    title = f"zo-workbench {kind}: {out_dir.name}"
+    intro = [f"<h2 id='{kind}'>{kind}</h2>",
+             f"<p>{html.escape(axes or 'candidates proposed by the planner')}; status "
+             f"{html.escape(manifest.get('status', '?'))}. Tokens/s are steady (warm-up step "
+             "excluded); the planner's prediction beside each.</p>",
+             *extra, sweep_table_html(points, predicted_vs_measured=kind == "tune")]
+    return write_report(recs, path or out_dir / "report.html", title, intro)
+
+
+def _text(v: Any) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
