@@ -144,7 +144,7 @@ def test_shard_losses_average_to_the_whole_batch(objective):
 
 
 @pytest.mark.parametrize("model", ["tiny-opt", "tiny-llama"])
-def test_greedy_decoding_through_streamed_blocks_equals_generate(model):
+def test_greedy_decoding_through_streamed_blocks_equals_generate(model, hf_greedy):
     """zo-offload decodes with its blocks streamed (one pass over them per new token for the
     whole batch); a resident Hugging Face model with the same weights generates the same."""
     stream, task = _build(_cfg(model, "completion", method="zo-offload", resident_blocks=1))
@@ -166,18 +166,7 @@ def test_greedy_decoding_through_streamed_blocks_equals_generate(model):
         ours = greedy_decode(stream.streamed_forward, stream.adapter.head, prompts, 6, eos, 0)
         assert len(passes) == max(map(len, ours))  # one pass over the blocks per new token
         ref.load_state_flats(stream.state_flats())
-        width = max(map(len, prompts))  # Hugging Face decodes batches left-padded
-        ids = torch.zeros(4, width, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for r, p in enumerate(prompts):
-            ids[r, width - len(p):], mask[r, width - len(p):] = torch.tensor(p), 1
-        with torch.no_grad():
-            out = ref.adapter.model.generate(ids, attention_mask=mask, max_new_tokens=6,
-                                             do_sample=False, pad_token_id=0, eos_token_id=eos)
-        for r in range(4):
-            expected = out[r, width:].tolist()
-            expected = expected[:expected.index(eos) + 1] if eos in expected else expected
-            assert ours[r] == expected
+        assert ours == hf_greedy(ref.adapter.model, prompts, 6, eos)
         assert len({tuple(o) for o in ours}) > 1  # not one constant continuation
     finally:
         stream.close()
