@@ -148,8 +148,9 @@ class ZOOffloadEngine(StreamedEngine):
     """Method ``zo-offload``: MeZO's step over the streamed model, bit-equal to ``MeZOEngine``
     for every scheduler knob."""
 
-    def __init__(self, model, source, cfg: RunConfig, device: torch.device, bus: EventBus):
-        super().__init__(model, source, cfg, device, bus)
+    def __init__(self, model, source, cfg: RunConfig, device: torch.device, bus: EventBus,
+                 share: NodeShare | None = None):
+        super().__init__(model, source, cfg, device, bus, share)
         s = self.streamer
         self.tied = (TiedHead(s.embed, self.adapter.head_modules, cfg.amp)
                      if tied_with_embed(s.embed.layout, self.adapter.head_modules) else None)
