@@ -40,6 +40,7 @@ def train_run(cfg: RunConfig, name: str, keep_weights: bool = False) -> dict:
            "lr": cfg.lr, "method": cfg.method, "codec": cfg.codec, "master": cfg.master,
            "losses": [s["loss"] for s in rec.steps],
            "step_end_s": [s["end"] for s in rec.steps],
+           "step_seconds_all": [s["seconds"] for s in rec.steps],
            "evals": rec.evals, "param_digest": rec.param_digest}
     if flats is not None:
         out["_flats"] = flats

@@ -59,3 +59,24 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def hf_greedy():
+    """A function: ``hf_greedy(model, prompts, max_new_tokens, eos)`` -> each prompt's new tokens
+    from the Hugging Face model's own ``generate`` (greedy, the batch left-padded as it expects,
+    each row cut after its EOS): the reference our KV-free decoding must equal."""
+
+    def generate(model, prompts: list[list[int]], max_new_tokens: int, eos: int):
+        width = max(map(len, prompts))
+        ids = torch.zeros(len(prompts), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for r, p in enumerate(prompts):
+            ids[r, width - len(p):], mask[r, width - len(p):] = torch.tensor(p), 1
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                                 do_sample=False, pad_token_id=0, eos_token_id=eos)
+        rows = [out[r, width:].tolist() for r in range(len(prompts))]
+        return [row[:row.index(eos) + 1] if eos in row else row for row in rows]
+
+    return generate

@@ -265,8 +265,7 @@ def format_summary(records) -> str:
             ("H2D per step (MB)", lambda r: r.summary.get("bytes_h2d", 0) / 1e6, "{:,.2f}"),
             ("D2H per step (MB)", lambda r: r.summary.get("bytes_d2h", 0) / 1e6, "{:,.2f}"),
             ("final loss", lambda r: r.summary.get("final_loss"), "{:.4f}"),
-            ("dev acc start", lambda r: r.summary.get("eval_accuracy_start"), "{:.3f}"),
-            ("dev acc end", lambda r: r.summary.get("eval_accuracy"), "{:.3f}"),
+            *_eval_rows(records),
             ("param_digest", lambda r: r.param_digest[:16], None)]
     table = []
     for label, get, fmt in rows:
@@ -284,6 +283,29 @@ def format_summary(records) -> str:
     lines = [f"{label:<{width}}  " + "  ".join(f"{c:>{w}}" for c, w in zip(cells, cols))
              for label, cells in table]
     return "\n".join(lines + [f"note: {STEADY_NOTE} MB = 10^6 bytes."])
+
+
+#: The objectives' dev metrics (``data/objectives.py``), as the summary table labels them.
+EVAL_METRICS = {"accuracy": ("dev acc", "{:.3f}"), "loss": ("dev loss", "{:.4f}"),
+                "perplexity": ("dev perplexity", "{:.3f}"),
+                "exact_match": ("dev exact match", "{:.3f}"), "token_f1": ("dev token F1", "{:.3f}")}
+
+
+def _eval_metric(rec, key: str, when: str) -> float | None:
+    """A dev metric at the first (``when="start"``) or last eval; runs saved before objectives
+    recorded only ``eval_accuracy(_start)``."""
+    s = rec.summary
+    if "eval" not in s and key == "accuracy":
+        return s.get("eval_accuracy_start" if when == "start" else "eval_accuracy")
+    return s.get("eval_start" if when == "start" else "eval", {}).get(key)
+
+
+def _eval_rows(records) -> list:
+    """Start and end rows of every dev metric some run recorded."""
+    return [(f"{label} {when}", lambda r, k=key, w=when: _eval_metric(r, k, w), fmt)
+            for key, (label, fmt) in EVAL_METRICS.items()
+            if any(_eval_metric(r, key, "end") is not None for r in records)
+            for when in ("start", "end")]
 
 
 def build_parser() -> argparse.ArgumentParser:

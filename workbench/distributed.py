@@ -40,14 +40,11 @@ class DistContext:
             return torch.device("cuda", self.local_rank)
         return torch.device("cpu")
 
-    def shard(self, batch, global_size: int):
-        """This rank's rows of the global batch (equal slices)."""
-        per = global_size // self.world
-        lo = self.rank * per
-        from workbench.data.batches import Batch
+    def shard(self, batch):
+        """This rank's examples of the global batch (equal slices; ``data/shard.py``)."""
+        from workbench.data.shard import shard
 
-        return Batch(batch.input_ids[lo:lo + per], batch.attention_mask[lo:lo + per],
-                     batch.labels[lo:lo + per], batch.label_ids)
+        return shard(batch, self.rank, self.world)
 
     def mean(self, scalars: torch.Tensor) -> torch.Tensor:
         """Average a small tensor of scalars over ranks (the step's only communication)."""

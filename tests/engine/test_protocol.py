@@ -42,9 +42,9 @@ def mismatches(cls) -> list[str]:
 
 
 def test_the_protocol_covers_the_contract():
-    assert {"step", "flush", "predict", "state_flats", "load_state_flats", "group_layouts",
+    assert {"step", "flush", "evaluate", "state_flats", "load_state_flats", "group_layouts",
             "snapshot", "restore", "gpu_param_bytes", "close"} == set(METHODS)
-    assert {"timer", "bytes_h2d", "bytes_d2h", "reduce"} == set(ATTRIBUTES)
+    assert {"timer", "bytes_h2d", "bytes_d2h", "reduce", "objective"} == set(ATTRIBUTES)
 
 
 @pytest.mark.parametrize("method", ENGINES)
@@ -80,7 +80,8 @@ def test_built_engine_keeps_the_contract(method):
         out = engine.step(batch, 0, cfg.lr, cfg.weight_decay)
         assert out.loss.dim() == 0 and torch.isfinite(out.loss)
         engine.flush()
-        assert engine.predict(batch).shape == (4, 2)
+        metrics = engine.evaluate(SyntheticData(model.config.vocab_size, 16), 4)
+        assert set(metrics) == {"accuracy", "loss"} and 0 <= metrics["accuracy"] <= 1
         engine.load_state_flats(flats)  # back to the start, exactly
         assert all(torch.equal(a, b) for a, b in zip(engine.state_flats(), flats))
         if method in ("fo", "fo-offload"):

@@ -7,7 +7,7 @@ from workbench.models.generate import adapter_forward, greedy_decode
 
 
 @pytest.mark.parametrize("name", ["tiny-opt", "tiny-llama"])
-def test_greedy_decode_equals_hf_generate(name, tiny_model):
+def test_greedy_decode_equals_hf_generate(name, tiny_model, hf_greedy):
     model = tiny_model(name)
     gen = torch.Generator().manual_seed(3)
     prompts = [torch.randint(4, 260, (n,), generator=gen).tolist() for n in (5, 9, 3, 7)]
@@ -22,19 +22,7 @@ def test_greedy_decode_equals_hf_generate(name, tiny_model):
     eos = model.config.eos_token_id
     ours = greedy_decode(counting_forward, adapter.head, prompts, 10, eos, 0)
     assert len(passes) == 10 and all(s[0] == 4 for s in passes)  # one pass per token, whole batch
-    width = max(map(len, prompts))  # Hugging Face decodes batches left-padded
-    ids = torch.zeros(4, width, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for r, p in enumerate(prompts):
-        ids[r, width - len(p):], mask[r, width - len(p):] = torch.tensor(p), 1
-    with torch.no_grad():
-        ref = model.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False,
-                             pad_token_id=0)
-    for r in range(4):
-        expected = ref[r, width:].tolist()
-        if eos in expected:
-            expected = expected[:expected.index(eos) + 1]
-        assert ours[r] == expected
+    assert ours == hf_greedy(model, prompts, 10, eos)
     assert len({tuple(o) for o in ours}) == 4  # distinct continuations: not a constant
 
 

@@ -379,8 +379,8 @@ def _write_bad_inputs(d: Path) -> dict[str, tuple[list[str], str]]:
         "not for zo": (["run", *sets(*RUN, "method=zo-offload", "subgroup_size=4096"), *out],
                        "subgroup_size: 4096 does not apply to method=zo-offload"),
         "eval without dev": (run("eval_every=5"), "eval_every: data=synthetic has no dev"),
-        "objective not trained yet": (run("data=embedded", "objective=lm"),
-                                      "objective: not trained yet"),
+        "one label word": (run("data=embedded", "label_words=good"),
+                           "label_words: 'good' needs k >= 2 non-empty words"),
         "too big": (["run", *sets("model=opt-175b", "method=zo-offload"), *out],
                     "host memory: zo-offload on opt-175b needs"),
     })

@@ -98,7 +98,8 @@ class LM:
         self.chunk = chunk
 
     def loss(self, hidden: torch.Tensor, batch: TokenBatch, head: Head) -> torch.Tensor:
-        return -token_logprobs(hidden, batch.positions, batch.target_ids, head, self.chunk).mean()
+        lp = token_logprobs(hidden, batch.positions, batch.target_ids, head, self.chunk)
+        return -(lp.sum() / batch.mean_over if batch.mean_over else lp.mean())
 
     def _nll(self, dev, forward: Forward, head: Head, device, batch_size: int) -> dict[str, float]:
         nll = torch.zeros((), dtype=torch.float64, device=device)
@@ -142,6 +143,9 @@ class Completion(LM):
     def decode(self, prompts: Iterable[list[int]], forward: Forward, head: Head, device,
                batch_size: int) -> list[str]:
         """Greedy answers as text (stopped at EOS, which is left out)."""
+        if self.tok is None:
+            raise ValueError("completion: decoding needs the task's tokenizer (build the "
+                             "objective with data/task.py::build_task)")
         prompts, texts = list(prompts), []
         for start in range(0, len(prompts), batch_size):
             new = greedy_decode(forward, head, prompts[start:start + batch_size],

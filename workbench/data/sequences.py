@@ -23,7 +23,10 @@ class TokenBatch:
 
     Shapes: ``input_ids`` / ``attention_mask`` (R, T) int64; ``positions`` (N,) flat index
     r * T + t of each position that predicts a token; ``target_ids`` (N,) that token;
-    ``rows`` (N,) the row r of each.
+    ``rows`` (N,) the row r of each. ``padded``: whether any row is shorter than T, known on the
+    host (as ``Batch.padded``). ``mean_over``: the count a token loss is divided by (0: this
+    batch's own N); a data-parallel shard carries the global batch's N / world, so the ranks'
+    mean of their shard losses is the loss of the whole batch.
     """
 
     input_ids: torch.Tensor
@@ -31,6 +34,12 @@ class TokenBatch:
     positions: torch.Tensor
     target_ids: torch.Tensor
     rows: torch.Tensor
+    padded: bool | None = None
+    mean_over: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.padded is None and self.attention_mask.device.type == "cpu":
+            self.padded = bool((self.attention_mask == 0).any())
 
     @property
     def tokens(self) -> int:

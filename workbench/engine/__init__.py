@@ -9,16 +9,27 @@ import torch
 
 from workbench.config import RunConfig
 from workbench.engine.events import EventBus
+from workbench.engine.objective import Objective
 from workbench.engine.protocol import Engine, StepOutput
 
 __all__ = ["Engine", "StepOutput", "build_engine"]
 
 
 def build_engine(model, source, cfg: RunConfig, device: torch.device, bus: EventBus,
-                 share=None) -> Engine:
+                 share=None, objective: Objective | None = None) -> Engine:
     """The engine for ``cfg.method`` over a model skeleton and its weight source (each
-    implements ``Engine``, the contract in ``protocol.py``). ``share``: a
-    ``shared_host.NodeShare`` (data parallel, streamed methods: one host copy per node)."""
+    implements ``Engine``, the contract in ``protocol.py``), training ``objective`` (the task's;
+    default: ``cfg``'s, built without a tokenizer, which trains alike but cannot decode).
+    ``share``: a ``shared_host.NodeShare`` (data parallel, streamed methods: one host copy per
+    node)."""
+    engine = _engine(model, source, cfg, device, bus, share)
+    if objective is not None:
+        engine.objective = objective
+    return engine
+
+
+def _engine(model, source, cfg: RunConfig, device: torch.device, bus: EventBus,
+            share=None) -> Engine:
     if cfg.method == "mezo":
         from workbench.engine.mezo import MeZOEngine
 

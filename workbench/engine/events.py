@@ -59,10 +59,16 @@ class StepEvent:
 
 @dataclass(frozen=True)
 class EvalEvent:
+    """Dev metrics after ``step`` steps. ``metrics``: every metric of the objective
+    (classify: accuracy, loss; completion: loss, perplexity, exact_match, token_f1; lm: loss,
+    perplexity); ``accuracy`` (None unless classify) and ``loss`` repeat two of them for views
+    that plot them; ``examples``: dev items evaluated (examples, or packed rows for lm)."""
+
     step: int
-    accuracy: float
+    accuracy: float | None
     loss: float
     examples: int
+    metrics: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

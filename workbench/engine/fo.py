@@ -18,7 +18,7 @@ from workbench.data.batches import Batch
 from workbench.engine.checkpoint import Snapshot
 from workbench.engine.events import EMBED, HEAD, EventBus
 from workbench.engine.groups import GroupLayout, build_layouts, move_buffers
-from workbench.engine.objective import Objective, objective_for, predict_on_device
+from workbench.engine.objective import Objective, evaluate, head_loss, objective_for
 from workbench.engine.protocol import StepOutput
 from workbench.engine.timing import OpTimer
 from workbench.engine.zo_common import Group, autocast, materialise
@@ -48,7 +48,7 @@ def prompt_loss(adapter: BlockAdapter, objective: Objective, batch: Batch, timer
         with timer.span("forward", "compute", stream, step, i):
             hidden = adapter.run_block(block, hidden, ctx)
     with timer.span("forward", "compute", stream, step, HEAD):
-        return objective.loss(adapter, hidden, ctx, batch)
+        return head_loss(objective, adapter, hidden, batch)
 
 
 def checkpoint_refusal(cfg: RunConfig) -> ConfigError:
@@ -100,7 +100,7 @@ class FOEngine(FirstOrderContract):
         self.cfg, self.device = cfg, device
         self.cuda = device.type == "cuda"
         self.adapter = BlockAdapter(model)
-        self.objective = objective_for(cfg)
+        self.objective = objective_for(cfg, model.config.vocab_size)
         embed, blocks, head = build_layouts(self.adapter)
         self.groups = [Group(lay, materialise(lay, source, cfg.seed, device))
                        for lay in (embed, *blocks, head)]
@@ -150,10 +150,9 @@ class FOEngine(FirstOrderContract):
     def flush(self) -> None:
         """Nothing is ever pending: the update runs inside the step."""
 
-    def predict(self, batch: Batch) -> torch.Tensor:
-        """Label-word logits (B, 2) at each prompt's last token, with the current weights."""
-        return predict_on_device(self.adapter, self.objective, batch, self.device,
-                                 self.cfg.amp)
+    def evaluate(self, dev, batch_size: int) -> dict[str, float]:
+        """The objective's metrics on ``dev`` with the current weights."""
+        return evaluate(self.objective, self.adapter, dev, self.device, self.cfg.amp, batch_size)
 
     # --- state ------------------------------------------------------------------------------
     def state_flats(self) -> list[torch.Tensor]:

@@ -41,7 +41,7 @@ from workbench.engine.pinned import HostMemory
 from workbench.engine.events import EMBED, HEAD, EventBus, InfoEvent, OpEvent
 from workbench.engine.fo import (FirstOrderContract, prompt_loss, refuse_unsupported,
                                  trainable_params)
-from workbench.engine.objective import objective_for, predict_on_device
+from workbench.engine.objective import evaluate, objective_for
 from workbench.engine.protocol import StepOutput
 from workbench.engine.groups import GroupLayout, build_layouts, move_buffers
 from workbench.engine.streams import Streams
@@ -96,7 +96,7 @@ class FOOffloadEngine(FirstOrderContract):
         self.wdtype = torch.bfloat16 if cfg.amp == "bf16" else torch.float32
         self.word = 2 if self.wdtype == torch.bfloat16 else 4
         self.adapter = BlockAdapter(model)
-        self.objective = objective_for(cfg)
+        self.objective = objective_for(cfg, model.config.vocab_size)
         embed, blocks, head = build_layouts(self.adapter)
         self.layouts = [embed, *blocks, head]
         self.block_ids = [EMBED, *range(len(blocks)), HEAD]
@@ -483,10 +483,9 @@ class FOOffloadEngine(FirstOrderContract):
     def flush(self) -> None:
         """Nothing is pending between steps: each step's update is enqueued inside it."""
 
-    def predict(self, batch: Batch) -> torch.Tensor:
-        """Label-word logits (B, 2) with the current compute weights."""
-        return predict_on_device(self.adapter, self.objective, batch, self.device,
-                                 self.cfg.amp)
+    def evaluate(self, dev, batch_size: int) -> dict[str, float]:
+        """The objective's metrics on ``dev`` with the current compute weights."""
+        return evaluate(self.objective, self.adapter, dev, self.device, self.cfg.amp, batch_size)
 
     def sync(self) -> None:
         """Wait for every copy and kernel (outside steps: before reading host buffers); the

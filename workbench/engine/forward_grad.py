@@ -19,6 +19,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from workbench.data.batches import Batch
 from workbench.engine.events import EMBED, HEAD
 from workbench.engine.groups import GroupLayout
+from workbench.engine.objective import head_loss
 from workbench.engine.offload import StreamedEngine
 from workbench.engine.protocol import StepOutput
 from workbench.engine.zo_common import autocast, step_seed
@@ -61,7 +62,7 @@ class ForwardGradEngine(StreamedEngine):
             s.stream_blocks(step, jvp_block, write_back=True, op="jvp")
             with self.timer.span("jvp", "compute", compute, step, HEAD):
                 self._bind_dual(s.head.layout, s.head.flat, st)
-                loss_dual = self.objective.loss(adapter, state[0], ctx, batch)
+                loss_dual = head_loss(self.objective, adapter, state[0], batch)
                 loss, d = fwAD.unpack_dual(loss_dual)
                 loss = loss.detach().clone()  # plain tensors: the dual level ends below
                 d = d.detach().clone().float()

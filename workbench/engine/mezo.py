@@ -14,7 +14,7 @@ from workbench.data.batches import Batch
 from workbench.engine.checkpoint import Snapshot
 from workbench.engine.events import EMBED, HEAD, EventBus
 from workbench.engine.groups import build_layouts, move_buffers, release
-from workbench.engine.objective import objective_for, predict_on_device
+from workbench.engine.objective import evaluate, head_loss, objective_for
 from workbench.engine.perturb import PendingUpdate, ZOOps
 from workbench.engine.pinned import SnapshotBuffers
 from workbench.engine.protocol import StepOutput
@@ -44,7 +44,7 @@ class MeZOEngine:
         move_buffers([model], device)
         self.ops = ZOOps(cfg.rng, device)
         self.timer = OpTimer(device, bus, cfg.telemetry)
-        self.objective = objective_for(cfg)
+        self.objective = objective_for(cfg, model.config.vocab_size)
         self.bytes_h2d = self.bytes_d2h = 0
         # Data parallel: averages the shard losses over ranks (the only traffic of a step).
         self.reduce = None  # MeZO applies its update within the step
@@ -62,7 +62,7 @@ class MeZOEngine:
                 with self.timer.span("compute", "compute", stream, step, i, detail=sign):
                     hidden = self.adapter.run_block(block, hidden, ctx)
             with self.timer.span("compute", "compute", stream, step, HEAD, detail=sign):
-                return self.objective.loss(self.adapter, hidden, ctx, batch)
+                return head_loss(self.objective, self.adapter, hidden, batch)
 
     @torch.no_grad()
     def step(self, batch: Batch, step: int, lr: float, wd: float) -> StepOutput:
@@ -84,9 +84,9 @@ class MeZOEngine:
     def flush(self) -> None:
         """Nothing is ever pending in MeZO."""
 
-    def predict(self, batch: Batch) -> torch.Tensor:
-        """Label-word logits (B, 2) at each prompt's last token, with the current weights."""
-        return predict_on_device(self.adapter, self.objective, batch, self.device, self.cfg.amp)
+    def evaluate(self, dev, batch_size: int) -> dict[str, float]:
+        """The objective's metrics on ``dev`` with the current weights."""
+        return evaluate(self.objective, self.adapter, dev, self.device, self.cfg.amp, batch_size)
 
     # --- state ------------------------------------------------------------------------------
     def state_flats(self) -> list[torch.Tensor]:

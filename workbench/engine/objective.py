@@ -1,62 +1,53 @@
-"""The training objective: what the engines minimise and what evaluation reads, in one place.
+"""The objective as the engines see it: the one place between every engine and ``data/objectives``.
 
-Every engine runs embed -> blocks -> head's input and hands the final hidden states (B, T, D)
-and the block context to the objective; the objective runs the head. A new loss (an LM or
-completion loss over every position, say) is a new class here and a case in ``objective_for``:
-no engine changes.
+What a batch's loss is and what evaluation measures is data (``data/objectives.py``: classify,
+completion, lm; built with the task by ``data/task.py``). An engine runs embed -> blocks and hands
+the final hidden states (B, T, D) here; the objective runs the head, chunked where it scores many
+positions. For evaluation an engine hands over its ``Forward`` (input ids and mask -> final hidden
+states with the current weights: every block resident, or streamed through the GPU), and the
+objective runs its metrics, greedy decoding included, through it. A new objective is a class in
+``data/objectives.py`` and a case in ``data/task.py::make_objective``: no engine changes.
 """
 from __future__ import annotations
-
-from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
 from workbench.config import RunConfig
 from workbench.data.batches import Batch
+from workbench.data.objectives import Objective
+from workbench.data.task import make_objective
 from workbench.engine.zo_common import autocast
-from workbench.models.adapter import BlockAdapter, BlockContext
+from workbench.models.adapter import BlockAdapter
+from workbench.models.generate import Forward, adapter_forward
+
+__all__ = ["Objective", "evaluate", "head_loss", "label_loss", "objective_for"]
 
 
 def label_loss(logits_last: torch.Tensor, batch: Batch) -> torch.Tensor:
-    """Cross-entropy over the two label words' logits; logits_last (B, V) -> 0-d float32."""
+    """Cross-entropy over the label words' logits; logits_last (B, V) -> 0-d float32 (the
+    classify loss of one-token label words, as an independent reference for tests)."""
     return F.cross_entropy(logits_last[:, batch.label_ids].float(), batch.labels)
 
 
-class Objective(Protocol):
-    def loss(self, adapter: BlockAdapter, hidden: torch.Tensor, ctx: BlockContext,
-             batch: Batch) -> torch.Tensor:
-        """The training loss, a 0-d fp32 device tensor."""
-
-    def logits(self, adapter: BlockAdapter, hidden: torch.Tensor, ctx: BlockContext,
-               batch: Batch) -> torch.Tensor:
-        """(B, 2) fp32 label-word logits that evaluation scores."""
+def objective_for(cfg: RunConfig, vocab: int) -> Objective:
+    """The run's objective without a tokenizer: enough to train (the loss reads only token ids);
+    the recipe hands the engine the task's own objective, which also decodes for evaluation."""
+    return make_objective(cfg, None, vocab)
 
 
-class LabelWords:
-    """Prompt classification: cross-entropy over the two label words' logits at each prompt's
-    last real token (MeZO's SST-2 setting)."""
-
-    def loss(self, adapter: BlockAdapter, hidden: torch.Tensor, ctx: BlockContext,
-             batch: Batch) -> torch.Tensor:
-        return label_loss(adapter.head(hidden, ctx), batch)
-
-    def logits(self, adapter: BlockAdapter, hidden: torch.Tensor, ctx: BlockContext,
-               batch: Batch) -> torch.Tensor:
-        return adapter.head(hidden, ctx)[:, batch.label_ids].float()
-
-
-def objective_for(cfg: RunConfig) -> Objective:
-    """The run's objective (label words is the only one so far; a config knob picks here)."""
-    return LabelWords()
+def head_loss(objective: Objective, adapter: BlockAdapter, hidden: torch.Tensor,
+              batch) -> torch.Tensor:
+    """The training loss (0-d float32 device tensor) from the final hidden states (B, T, D), with
+    the head weights bound now (a ZO engine's +eps or -eps copy, a dual tensor, a leaf)."""
+    return objective.loss(hidden, batch, adapter.head)
 
 
 @torch.no_grad()
-def predict_on_device(adapter: BlockAdapter, objective: Objective, batch: Batch,
-                      device: torch.device, amp: str) -> torch.Tensor:
-    """``objective.logits`` with every weight already bound on the device (one forward)."""
+def evaluate(objective: Objective, adapter: BlockAdapter, dev, device: torch.device, amp: str,
+             batch_size: int, forward: Forward | None = None) -> dict[str, float]:
+    """The objective's metrics over every example of ``dev`` with the current weights;
+    ``forward``: how the engine runs the blocks (default: all resident on ``device``)."""
     with autocast(device, amp):
-        hidden, ctx = adapter.embed(batch)
-        for block in adapter.blocks:
-            hidden = adapter.run_block(block, hidden, ctx)
-        return objective.logits(adapter, hidden, ctx, batch)
+        return objective.evaluate(dev, forward or adapter_forward(adapter), adapter.head, device,
+                                  batch_size)

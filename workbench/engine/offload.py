@@ -23,7 +23,7 @@ from workbench.data.batches import Batch
 from workbench.engine.checkpoint import Snapshot
 from workbench.engine.events import EMBED, HEAD, EventBus
 from workbench.engine.groups import GroupLayout, tied_with_embed
-from workbench.engine.objective import objective_for
+from workbench.engine.objective import evaluate, head_loss, objective_for
 from workbench.engine.perturb import PendingUpdate, ZOOps
 from workbench.engine.shared_host import NodeShare
 from workbench.engine.protocol import StepOutput
@@ -33,7 +33,7 @@ from workbench.engine.timing import OpTimer
 from workbench.engine.zo_common import autocast, pending_from_dict, step_seed
 from workbench.engine.zo_step import (MINUS, PLUS, ZOStep, apply_update, projected_grad,
                                       zo_passes)
-from workbench.models.adapter import BlockAdapter
+from workbench.models.adapter import BlockAdapter, Inputs
 
 
 class StreamedEngine:
@@ -49,7 +49,7 @@ class StreamedEngine:
         self.adapter = BlockAdapter(model)
         self.ops = ZOOps(cfg.rng, device)
         self.timer = OpTimer(device, bus, cfg.telemetry)
-        self.objective = objective_for(cfg)
+        self.objective = objective_for(cfg, model.config.vocab_size)
         self.streamer = BlockStreamer(self.adapter, source, cfg, device, self.timer, self.ops,
                                       share)
         self.pending: PendingUpdate | None = None
@@ -86,19 +86,26 @@ class StreamedEngine:
                         write_back=True, op="update")
 
     @torch.no_grad()
-    def predict(self, batch: Batch) -> torch.Tensor:
-        """Label-word logits (B, 2) with the current weights, blocks streamed read-only."""
+    def evaluate(self, dev, batch_size: int) -> dict[str, float]:
+        """The objective's metrics on ``dev`` with the current weights; every forward pass
+        (one per eval batch, one per generated token) streams the blocks read-only."""
         self.flush()
+        return evaluate(self.objective, self.adapter, dev, self.device, self.cfg.amp, batch_size,
+                        self.streamed_forward)
+
+    def streamed_forward(self, input_ids: torch.Tensor,
+                         attention_mask: torch.Tensor) -> torch.Tensor:
+        """Final hidden states (B, T, D) with the current weights (the update flushed first),
+        the blocks streamed through the GPU once, read-only (``models/generate.py::Forward``)."""
         adapter = self.adapter
-        with autocast(self.device, self.cfg.amp):
-            hidden, ctx = adapter.embed(batch)
-            state = [hidden]
+        hidden, ctx = adapter.embed(Inputs(input_ids, attention_mask))
+        state = [hidden]
 
-            def forward(i: int, flat: torch.Tensor, apply) -> None:
-                state[0] = adapter.run_block(adapter.blocks[i], state[0], ctx)
+        def forward(i: int, flat: torch.Tensor, apply) -> None:
+            state[0] = adapter.run_block(adapter.blocks[i], state[0], ctx)
 
-            self.streamer.stream_blocks(-1, forward, write_back=False, op="eval")
-            return self.objective.logits(adapter, state[0], ctx, batch)
+        self.streamer.stream_blocks(-1, forward, write_back=False, op="eval")
+        return state[0]
 
     # --- state ------------------------------------------------------------------------------
     def state_flats(self) -> Sequence[torch.Tensor]:
@@ -187,7 +194,7 @@ class ZOOffloadEngine(StreamedEngine):
                 for sign in zo_passes(ops, s.head.flat, s.head.layout, st):
                     if tied is not None:  # the head sees the tied weight at p, then m
                         tied.bind_for(sign)
-                    losses[sign] = self.objective.loss(adapter, hidden[sign], ctx, batch)
+                    losses[sign] = head_loss(self.objective, adapter, hidden[sign], batch)
                 if tied is not None:
                     tied.unbind()
                 next(embed_passes, None)  # a tied embedding's restore

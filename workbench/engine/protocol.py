@@ -12,6 +12,7 @@ import torch
 
 if TYPE_CHECKING:
     from workbench.data.batches import Batch
+    from workbench.engine.objective import Objective
     from workbench.engine.checkpoint import Snapshot
     from workbench.engine.groups import GroupLayout
     from workbench.engine.timing import OpTimer
@@ -39,9 +40,12 @@ class Engine(Protocol):
         reduce: data parallel's mean over ranks of a 1-d tensor of the step's losses, set by
             the recipe under torchrun (ZO methods only; ``distributed.from_env`` refuses the
             others), or None.
+        objective: what the steps minimise and ``evaluate`` measures (``engine/objective.py``);
+            ``build_engine`` sets the task's.
     """
 
     timer: OpTimer
+    objective: Objective
     bytes_h2d: int
     bytes_d2h: int
     reduce: Callable[[torch.Tensor], torch.Tensor] | None
@@ -53,8 +57,9 @@ class Engine(Protocol):
         """Apply anything pending (a ZO update deferred into the next step), so the weights
         are those after the last step."""
 
-    def predict(self, batch: Batch) -> torch.Tensor:
-        """(B, 2) fp32 label-word logits at each prompt's last token, current weights."""
+    def evaluate(self, dev, batch_size: int) -> dict[str, float]:
+        """The objective's metrics (``objective.metric_names``) over every example of ``dev``
+        (a task's dev data) with the current weights, ``batch_size`` examples per forward."""
 
     def state_flats(self) -> Sequence[torch.Tensor]:
         """Every group's fp32 weights in canonical order (``group_layouts``); callers copy.

@@ -23,8 +23,7 @@ import torch
 
 from workbench import distributed
 from workbench.config import ZO_METHODS, ConfigError, RunConfig, check_environment
-from workbench.data.batches import PromptDataset, SyntheticData
-from workbench.data.sources import load_examples
+from workbench.data.task import build_task, make_objective
 from workbench.engine import build_engine
 from workbench.engine.checkpoint import AsyncCheckpointer, StepLog
 from workbench.engine.events import EvalEvent, EventBus, InfoEvent, StepEvent
@@ -48,6 +47,9 @@ from workbench.telemetry.steady import throughput
 
 
 RUN_AHEAD = 2  # steps the loop may run ahead of the published ones
+
+
+CHUNK_VOCAB = 1 << 17  # a stand-in vocabulary size while the data is read, before the model
 
 
 class TrainRecipe:
@@ -84,7 +86,7 @@ class TrainRecipe:
         self.vote: distributed.StopVote | None = None  # under torchrun
         self.stop_at = math.inf  # under torchrun: the step count every rank stops at
         self.guard: RunGuard | None = None  # divergence and failing checkpoint writes
-        self.tokenizer = self.examples = None  # read in ``prepare`` (prompt data only)
+        self.tokenizer = self.task = None  # read in ``prepare`` (but synthetic data)
         self._prepared = False
         self._resume_from: list[str] = []  # checkpoint names to try, newest first
         self._unsubscribe_rundir = lambda: None
@@ -99,11 +101,6 @@ class TrainRecipe:
             return self
         cfg = self.cfg
         check_environment(cfg)
-        pending = [k for k in ("objective", "template", "label_words")
-                   if getattr(cfg, k) != RunConfig.__dataclass_fields__[k].default]
-        if pending:  # the engines train today's two-word loss until issue 18 phase B wires these
-            raise ConfigError([f"{k}: not trained yet (the engines use objective=classify with the "
-                               "default template and label_words)" for k in pending])
         self.dist = distributed.from_env(cfg)
         main = self.dist is None or self.dist.main
         self.checkpoint_root = self._checkpoint_root()
@@ -121,7 +118,8 @@ class TrainRecipe:
         check_model_folder(cfg.model)
         if cfg.data != "synthetic":  # read and checked before the model is built
             self.tokenizer = load_tokenizer(cfg.model, cfg.resolved_data_dir)
-            self.examples = load_examples(cfg)
+            # the objective's head chunk is sized again for the model's vocabulary in setup
+            self.task = build_task(cfg, self.tokenizer, CHUNK_VOCAB)
         if not self.force:
             check_fits(cfg)
         if self.rundir is not None:
@@ -150,7 +148,8 @@ class TrainRecipe:
         self.train_data, self.dev_data = self._data(model.config.vocab_size)
         t = time.perf_counter()
         share = self.dist.node_share(cfg) if self.dist is not None else None
-        self.engine = build_engine(model, source, cfg, self.device, self.bus, share)
+        self.engine = build_engine(model, source, cfg, self.device, self.bus, share,
+                                   self.task.objective)
         if self.dist is not None:
             self.vote = distributed.StopVote(self.dist, self.device)
             self.engine.reduce = self.vote.reduce
@@ -207,10 +206,10 @@ class TrainRecipe:
         """(train, dev) data; ``vocab`` sizes synthetic token ids."""
         cfg = self.cfg
         if cfg.data == "synthetic":
-            return SyntheticData(vocab, cfg.seq_len), None
-        train, dev = self.examples
-        return (PromptDataset(train, self.tokenizer, cfg.seq_len),
-                PromptDataset(dev, self.tokenizer, cfg.seq_len))
+            self.task = build_task(cfg, None, vocab)
+        else:  # read in prepare; the objective again, its head chunk sized for ``vocab``
+            self.task.objective = make_objective(cfg, self.tokenizer, vocab)
+        return self.task.train, self.task.dev
 
     def _on_sample(self, sample: dict[str, float]) -> None:
         with self.record.lock:
@@ -243,7 +242,7 @@ class TrainRecipe:
             batch = self.train_data.batch_for_step(t, cfg.batch_size, cfg.seed)
             tokens = batch.tokens  # the global batch's, on every rank
             if self.dist is not None:
-                batch = self.dist.shard(batch, cfg.batch_size)
+                batch = self.dist.shard(batch)
             batch = batch.to(self.device)
             lr, wd = self.live["lr"], self.live["weight_decay"]
             moved = engine.bytes_h2d, engine.bytes_d2h
@@ -363,32 +362,14 @@ class TrainRecipe:
                 self.stop_at = min(self.stop_at, t + RUN_AHEAD + 1)
             block = False
 
-    @torch.no_grad()
-    def evaluate(self) -> float:
-        """Dev accuracy (fraction) and loss with the current weights; publishes an EvalEvent.
-        Under torchrun every rank takes part: each scores its share of the dev batches and the
-        sums are all-reduced, so the ranks' engines do the same work and stay identical."""
-        dist = self.dist
-        if dist is not None:
-            # predict() applies a pending update first; under master=compressed-sr that is a
-            # rounding pass, which must happen on every rank, including one with no batches.
-            self.engine.flush()
-        correct = total = 0
-        loss_sum = 0.0
-        for i, batch in enumerate(self.dev_data.eval_batches(max(self.cfg.batch_size, 16))):
-            if dist is not None and i % dist.world != dist.rank:
-                continue  # another rank's share
-            batch = batch.to(self.device)
-            logits = self.engine.predict(batch)
-            correct += int((logits.argmax(-1) == batch.labels).sum())
-            loss_sum += float(torch.nn.functional.cross_entropy(logits, batch.labels,
-                                                                reduction="sum"))
-            total += len(batch.labels)
-        if dist is not None:
-            correct, loss_sum, total = dist.sum([correct, loss_sum, total], self.device)
-        acc = correct / max(total, 1)
-        self.bus.publish(EvalEvent(self.step, acc, loss_sum / max(total, 1), int(total)))
-        return acc
+    def evaluate(self) -> dict[str, float]:
+        """The objective's dev metrics with the current weights; publishes an EvalEvent. Under
+        torchrun every rank evaluates the whole dev set (identical engines, identical metrics),
+        so every rank applies the same pending update and the ranks stay identical."""
+        metrics = self.engine.evaluate(self.dev_data, max(self.cfg.batch_size, 16))
+        self.bus.publish(EvalEvent(self.step, metrics.get("accuracy"), metrics["loss"],
+                                   len(self.dev_data), metrics))
+        return metrics
 
     # --- save -------------------------------------------------------------------------------
     def save(self, digest_params: bool = True) -> RunRecord:
@@ -527,6 +508,8 @@ def _summary(rec: RunRecord, engine, device: torch.device) -> dict[str, Any]:
     if rec.evals:
         out["eval_accuracy"] = rec.evals[-1]["accuracy"]
         out["eval_accuracy_start"] = rec.evals[0]["accuracy"]
+        out["eval"] = rec.evals[-1].get("metrics", {})
+        out["eval_start"] = rec.evals[0].get("metrics", {})
     return out
 
 

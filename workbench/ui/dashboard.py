@@ -279,8 +279,10 @@ def _status_html(rec: RunRecord, v: Verdict | None = None, advice: Advice | None
             parts.append(f"steady {speed['tokens_per_s']:,.0f} tokens/s, median step "
                          f"{speed['step_seconds']:.4f} s ({speed['warmup_steps']} warm-up "
                          f"step{'s' if speed['warmup_steps'] != 1 else ''} left out)")
-    if rec.evals:
+    if rec.evals and rec.evals[-1]["accuracy"] is not None:
         parts.append(f"dev accuracy {rec.evals[-1]['accuracy'] * 100:.1f} %")
+    elif rec.evals:
+        parts.append(f"dev loss {rec.evals[-1]['loss']:.4f}")
     nvml = str(rec.environment.get("nvml", "ok"))
     if nvml != "ok":
         off = nvml.split(":")[0] if nvml.startswith("NVML unavailable") else nvml

