@@ -68,6 +68,8 @@ def main() -> None:
     p.add_argument("--method", default="zo-offload")
     p.add_argument("--shape", default="1x2048", help="batch x seq_len")
     p.add_argument("--amp", default="off")
+    p.add_argument("--codec", default="fp32", help="zo-offload's transfer codec")
+    p.add_argument("--master", default="fp32", help="zo-offload's host master")
     p.add_argument("--device", default="cuda", help="cpu: a smoke test of this script")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=3, help="first steps left out (kernel builds)")
@@ -77,7 +79,7 @@ def main() -> None:
     trees = [Path(t).resolve() for t in args.trees.split(",")]
     b, t = (int(x) for x in args.shape.split("x"))
     cfg = dict(model=args.model, method=args.method, data="synthetic", device=args.device,
-               amp=args.amp, batch_size=b, seq_len=t, steps=args.steps, lr=1e-7, sample_hz=0.0)
+               amp=args.amp, codec=args.codec, master=args.master, batch_size=b, seq_len=t, steps=args.steps, lr=1e-7, sample_hz=0.0)
     runs: list[list[dict]] = [[] for _ in trees]
     for rep in range(args.repeats):
         for tree, mine in zip(trees, runs):
