@@ -34,7 +34,8 @@ def _build(cfg: RunConfig):
     model, source = build_skeleton(cfg.model)
     task = build_task(cfg, load_tokenizer(cfg.model, cfg.resolved_data_dir),
                       model.config.vocab_size)
-    engine = build_engine(model, source, cfg, torch.device("cpu"), EventBus(), task.objective)
+    engine = build_engine(model, source, cfg, torch.device("cpu"), EventBus(),
+                          objective=task.objective)
     return engine, task
 
 

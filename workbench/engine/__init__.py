@@ -16,7 +16,7 @@ __all__ = ["Engine", "StepOutput", "build_engine"]
 
 
 def build_engine(model, source, cfg: RunConfig, device: torch.device, bus: EventBus,
-                 share=None, objective: Objective | None = None) -> Engine:
+                 share=None, *, objective: Objective | None = None) -> Engine:
     """The engine for ``cfg.method`` over a model skeleton and its weight source (each
     implements ``Engine``, the contract in ``protocol.py``), training ``objective`` (the task's;
     default: ``cfg``'s, built without a tokenizer, which trains alike but cannot decode).

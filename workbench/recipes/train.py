@@ -149,7 +149,7 @@ class TrainRecipe:
         t = time.perf_counter()
         share = self.dist.node_share(cfg) if self.dist is not None else None
         self.engine = build_engine(model, source, cfg, self.device, self.bus, share,
-                                   self.task.objective)
+                                   objective=self.task.objective)
         if self.dist is not None:
             self.vote = distributed.StopVote(self.dist, self.device)
             self.engine.reduce = self.vote.reduce
