@@ -276,9 +276,10 @@ def _status_html(rec: RunRecord, v: Verdict | None = None, advice: Advice | None
             parts.append(f"loss {last['loss']:.4f}")
         speed = throughput(rec.steps)
         if math.isfinite(speed["tokens_per_s"]):
-            parts.append(f"steady {speed['tokens_per_s']:,.0f} tokens/s, median step "
-                         f"{speed['step_seconds']:.4f} s ({speed['warmup_steps']} warm-up "
-                         f"step{'s' if speed['warmup_steps'] != 1 else ''} left out)")
+            # short: the header shares its row with the smoothing slider (the CLI and the
+            # report say how many warm-up steps were left out)
+            parts.append(f"{speed['tokens_per_s']:,.0f} tokens/s steady, step "
+                         f"{speed['step_seconds']:.3f} s")
     if rec.evals and rec.evals[-1]["accuracy"] is not None:
         parts.append(f"dev accuracy {rec.evals[-1]['accuracy'] * 100:.1f} %")
     elif rec.evals:
@@ -286,8 +287,7 @@ def _status_html(rec: RunRecord, v: Verdict | None = None, advice: Advice | None
     nvml = str(rec.environment.get("nvml", "ok"))
     if nvml != "ok":
         off = nvml.split(":")[0] if nvml.startswith("NVML unavailable") else nvml
-        parts.append(f"<span style='color:#666'>GPU metrics off ({html.escape(off)}): "
-                     "host metrics only</span>")
+        parts.append(f"<span style='color:#666'>GPU metrics off ({html.escape(off)})</span>")
     lines = [" · ".join(parts)]
     why = []
     if v is not None:
