@@ -18,8 +18,26 @@ TEMPLATE = "{sentence} It was"
 LABEL_WORDS = (" terrible", " great")
 
 
+class PaddedRows:
+    """What every batch of right-padded rows knows of itself: ``padded`` read from the mask
+    while it is on the CPU, and its real token count. Needs ``attention_mask`` (R, T) and a
+    ``padded`` field."""
+
+    attention_mask: torch.Tensor
+    padded: bool | None
+
+    def __post_init__(self) -> None:
+        if self.padded is None and self.attention_mask.device.type == "cpu":
+            self.padded = bool((self.attention_mask == 0).any())
+
+    @property
+    def tokens(self) -> int:
+        """Real (non-pad) tokens in the batch (call before moving it to a GPU)."""
+        return int(self.attention_mask.sum())
+
+
 @dataclass
-class Batch:
+class Batch(PaddedRows):
     """Right-padded prompts. Shapes: ids / mask (B, T); labels (B,); label_ids (2,).
     ``padded``: whether any row is shorter than T, known on the host (read from the mask while
     it is on the CPU, then carried along), so the model never reads the mask back from the GPU
@@ -30,15 +48,6 @@ class Batch:
     labels: torch.Tensor
     label_ids: torch.Tensor
     padded: bool | None = None
-
-    def __post_init__(self) -> None:
-        if self.padded is None and self.attention_mask.device.type == "cpu":
-            self.padded = bool((self.attention_mask == 0).any())
-
-    @property
-    def tokens(self) -> int:
-        """Real (non-pad) tokens in the batch."""
-        return int(self.attention_mask.sum())
 
     def to(self, device: torch.device | str) -> "Batch":
         """The batch on ``device``. To a GPU the tensors go through pinned memory, so the copies

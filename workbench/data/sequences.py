@@ -12,13 +12,13 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from workbench.data.batches import StepData, fit, pad
+from workbench.data.batches import PaddedRows, StepData, fit, pad
 from workbench.data.fields import Pair
 from workbench.models.tokenizer import Tokenizer
 
 
 @dataclass
-class TokenBatch:
+class TokenBatch(PaddedRows):
     """Right-padded rows and their scored positions.
 
     Shapes: ``input_ids`` / ``attention_mask`` (R, T) int64; ``positions`` (N,) flat index
@@ -36,15 +36,6 @@ class TokenBatch:
     rows: torch.Tensor
     padded: bool | None = None
     mean_over: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.padded is None and self.attention_mask.device.type == "cpu":
-            self.padded = bool((self.attention_mask == 0).any())
-
-    @property
-    def tokens(self) -> int:
-        """Real (non-pad) tokens in the batch (call before moving it to a GPU)."""
-        return int(self.attention_mask.sum())
 
     @property
     def scored(self) -> int:
