@@ -97,6 +97,10 @@ class StreamedEngine:
     def state_flats(self) -> list[torch.Tensor]:
         return self.streamer.state_flats()
 
+    def base_flats(self) -> list[torch.Tensor]:
+        """No frozen base: every weight trains."""
+        return []
+
     def load_state_flats(self, flats: list[torch.Tensor]) -> None:
         self.streamer.load_state_flats(flats)
 

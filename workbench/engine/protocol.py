@@ -57,10 +57,15 @@ class Engine(Protocol):
         """(B, 2) fp32 label-word logits at each prompt's last token, current weights."""
 
     def state_flats(self) -> list[torch.Tensor]:
-        """Every group's fp32 weights in canonical order (``group_layouts``); callers copy."""
+        """Every trainable group's fp32 weights in canonical order (``group_layouts``; an
+        adapter run's adapter groups); callers copy."""
 
     def load_state_flats(self, flats: list[torch.Tensor]) -> None:
         """Set every group's weights (canonical order, fp32)."""
+
+    def base_flats(self) -> list[torch.Tensor]:
+        """An adapter run's frozen base groups, fp32 as computed with (embedding, blocks,
+        head; the run's ``base_digest``); empty when every weight trains."""
 
     def group_layouts(self) -> list[GroupLayout]:
         """The parameter groups in canonical order: embedding, blocks, head."""
