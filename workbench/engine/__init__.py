@@ -21,6 +21,10 @@ def build_engine(model, source, cfg: RunConfig, device: torch.device, bus: Event
         from workbench.engine.mezo import MeZOEngine
 
         return MeZOEngine(model, source, cfg, device, bus)
+    if cfg.method == "zo-offload" and cfg.peft == "lora":
+        from workbench.engine.lora_offload import LoRAOffloadEngine
+
+        return LoRAOffloadEngine(model, source, cfg, device, bus)
     if cfg.method == "zo-offload":
         from workbench.engine.offload import ZOOffloadEngine
 

@@ -22,6 +22,7 @@ from workbench.engine.checkpoint import Snapshot
 from workbench.engine.events import EMBED, HEAD, EventBus
 from workbench.engine.groups import GroupLayout
 from workbench.engine.objective import objective_for
+from workbench.engine.peft import block_adapter
 from workbench.engine.perturb import PendingUpdate, ZOOps
 from workbench.engine.protocol import StepOutput
 from workbench.engine.streaming import BlockStreamer
@@ -29,7 +30,6 @@ from workbench.engine.timing import OpTimer
 from workbench.engine.zo_common import autocast, pending_from_dict, step_seed
 from workbench.engine.zo_step import (MINUS, PLUS, ZOStep, apply_update, projected_grad,
                                       zo_passes)
-from workbench.models.adapter import BlockAdapter
 
 
 class StreamedEngine:
@@ -40,7 +40,7 @@ class StreamedEngine:
 
     def __init__(self, model, source, cfg: RunConfig, device: torch.device, bus: EventBus):
         self.cfg, self.device = cfg, device
-        self.adapter = BlockAdapter(model)
+        self.adapter = block_adapter(model, cfg)
         self.ops = ZOOps(cfg.rng, device)
         self.timer = OpTimer(device, bus, cfg.telemetry)
         self.objective = objective_for(cfg)

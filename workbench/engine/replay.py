@@ -48,7 +48,7 @@ def replay(flats: list[torch.Tensor], names: list[str], n_decay: list[int],
         transfer = make_transfer(config.get("master", "fp32"), config.get("codec", "fp32"),
                                  device, timer, ops)
         for k in streamed:
-            host = transfer.host_storage(layouts[k].numel)
+            host = transfer.host_storage(layouts[k])
             transfer.store_fp32(host, weights[k])
             weights[k] = host
 

@@ -24,7 +24,7 @@ from workbench.engine.groups import GroupLayout, build_layouts, move_buffers, re
 from workbench.engine.perturb import PendingUpdate, ZOOps
 from workbench.engine.streams import Streams
 from workbench.engine.timing import OpTimer
-from workbench.engine.transfers import make_transfer
+from workbench.engine.transfers import FrozenTransfer, make_transfer
 from workbench.engine.zo_common import Group, device_copies, materialise, pending_dict
 from workbench.engine.zo_step import ApplyUpdate
 from workbench.models.adapter import BlockAdapter
@@ -62,9 +62,12 @@ class BlockStreamer:
         tied = tied_with_embed(embed, adapter.head_modules)
         self.scratch = torch.empty_like(self.embed.flat) if tied else None
         self.streams = Streams(device, cfg.overlap)
-        self.transfer = make_transfer(cfg.master, cfg.codec, device, timer, ops)
-        self.slot_numel = max((blocks[i].numel for i in range(n) if i not in self.resident),
-                              default=0)
+        streamed = [blocks[i] for i in range(n) if i not in self.resident]
+        # An adapter run's base is frozen: it only ever comes up (``FrozenTransfer``).
+        self.transfer = (FrozenTransfer(cfg.base_codec, streamed, device, timer)
+                         if cfg.peft == "lora" else
+                         make_transfer(cfg.master, cfg.codec, device, timer, ops))
+        self.slot_numel = max((lay.numel for lay in streamed), default=0)
         self.n_slots = cfg.prefetch_depth + 2
         self.slots: list[tuple[torch.Tensor, dict]] = []
         if cfg.reuse_buffers and self.slot_numel:
@@ -92,7 +95,7 @@ class BlockStreamer:
     def _host_storage(self, lay: GroupLayout, source):
         """A streamed block's host storage, filled with its initial weights. Random init runs on
         the GPU (in a slot) and is copied down: far faster than initialising on the CPU."""
-        host = self.transfer.host_storage(lay.numel)
+        host = self.transfer.host_storage(lay)
         on_gpu = self.cuda and isinstance(source, RandomInit)
         staging = (self.slots[0][0] if on_gpu and self.slots
                    else torch.empty(lay.numel, device=self.device if on_gpu else "cpu"))
@@ -127,9 +130,8 @@ class BlockStreamer:
                     flat, extra = self.slots[slot][0][:numel], self.slots[slot][1]
                 else:  # reuse_buffers off: fresh buffers from the caching allocator each time
                     flat, extra = torch.empty(numel, device=self.device), tr.slot_extra(numel)
-                tr.upload(group.flat, flat, extra, step, j, s.upload)
+                self.bytes_h2d += tr.upload(group.flat, flat, extra, step, j, s.upload)
                 inflight[j] = (flat, extra, s.record(s.upload), slot)
-            self.bytes_h2d += tr.up_bytes(numel)
 
         for j in range(min(depth, n)):
             upload(j)
@@ -272,12 +274,8 @@ class BlockStreamer:
 
     def host_param_bytes(self) -> int:
         """Host bytes holding the streamed blocks: the master plus any mirror / delta."""
-        total = 0
-        for i, block in enumerate(self.blocks):
-            if i not in self.resident:
-                parts = block.flat.values() if isinstance(block.flat, dict) else [block.flat]
-                total += sum(t.numel() * t.element_size() for t in parts)
-        return total
+        return sum(self.transfer.host_bytes(block.flat) for i, block in enumerate(self.blocks)
+                   if i not in self.resident)
 
     def close(self) -> None:
         """Drain transfers and snapshot copies, free GPU and pinned host memory (the model

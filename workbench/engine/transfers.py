@@ -5,6 +5,7 @@ SRTransfer        master compressed-sr: the host stores bf16/fp16 (2 B/param, ha
                   memory); up 2 B, decoded to fp32 on the GPU; the updated fp32 weights are
                   encoded with stochastic rounding on the GPU and sent down (2 B). Unbiased:
                   an update below a bf16 ulp survives in expectation, not always.
+FrozenTransfer    an adapter run's frozen base (``base_codec``): encoded once, up only.
 MirrorTransfer    master fp32, compressed codec: the host keeps an fp32 master and a
                   compressed mirror of it. Up: the mirror (2 B, or 1 B + scales for fp8); the
                   GPU applies the pending update on top of the decoded mirror for compute and
@@ -20,10 +21,12 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import partial
 
 import torch
 
+from workbench.engine.base_codecs import BaseCodec, base_codec
 from workbench.engine.codecs import HALF, Codec, get_codec
 from workbench.engine.events import OpEvent
 from workbench.engine.groups import GroupLayout
@@ -41,8 +44,14 @@ class PlainTransfer:
         self.cuda = device.type == "cuda"
         self.host = HostMemory(self.cuda)  # exact-size page-locked buffers
 
-    def host_storage(self, n: int) -> torch.Tensor:
-        return self.host.empty(n, torch.float32)
+    def host_storage(self, layout: GroupLayout) -> torch.Tensor:
+        """Host storage for a streamed block of ``layout`` (not yet filled)."""
+        return self.host.empty(layout.numel, torch.float32)
+
+    def host_bytes(self, host) -> int:
+        """Bytes of host memory a block's storage takes."""
+        parts = host.values() if isinstance(host, dict) else [host]
+        return sum(t.numel() * t.element_size() for t in parts)
 
     def store_fp32(self, host: torch.Tensor, flat: torch.Tensor) -> None:
         host.copy_(flat)
@@ -65,15 +74,11 @@ class PlainTransfer:
         of ``zo_step`` (the weights on the device are the master's values)."""
         return None
 
-    def up_bytes(self, n: int) -> int:
-        return 4 * n
-
-    def down_bytes(self, n: int) -> int:
-        return 4 * n
-
-    def upload(self, host, slot, extra, step: int, block: int, stream) -> None:
+    def upload(self, host, slot, extra, step: int, block: int, stream) -> int:
+        """Enqueue the block's upload into ``slot`` on ``stream``; returns the bytes moved."""
         with self.timer.span("upload", "upload", stream, step, block, 4 * slot.numel()):
             slot.copy_(host, non_blocking=True)
+        return 4 * slot.numel()
 
     def offload(self, host, slot, extra, step: int, block: int, layout: GroupLayout, stream) -> int:
         with self.timer.span("offload", "offload", stream, step, block, 4 * slot.numel()):
@@ -96,8 +101,8 @@ class SRTransfer(PlainTransfer):
         self._offloads: tuple[int, dict[int, int]] = (-1, {})  # (step, block -> offloads so far)
         self._outside = 0  # offloads outside any step so far
 
-    def host_storage(self, n: int) -> torch.Tensor:
-        return self.host.empty(self.codec.nbytes(n), torch.uint8)
+    def host_storage(self, layout: GroupLayout) -> torch.Tensor:
+        return self.host.empty(self.codec.nbytes(layout.numel), torch.uint8)
 
     def store_fp32(self, host, flat) -> None:
         # round to nearest (loading, not training), on flat's device: on the GPU the fp32
@@ -122,17 +127,13 @@ class SRTransfer(PlainTransfer):
     def slot_extra(self, n: int) -> dict[str, torch.Tensor]:
         return {"wire": self.codec.empty(n, self.device)}
 
-    def up_bytes(self, n: int) -> int:
-        return self.codec.nbytes(n)
-
-    down_bytes = up_bytes
-
-    def upload(self, host, slot, extra, step, block, stream) -> None:
+    def upload(self, host, slot, extra, step, block, stream) -> int:
         wire = extra["wire"][:host.numel()]
         with self.timer.span("upload", "upload", stream, step, block, wire.numel()):
             wire.copy_(host, non_blocking=True)
         with self.timer.span("codec", "upload", stream, step, block, wire.numel(), "decode"):
             self.codec.decode(wire, slot)
+        return wire.numel()
 
     def offload(self, host, slot, extra, step, block, layout, stream) -> int:
         wire = extra["wire"][:host.numel()]
@@ -165,7 +166,8 @@ class MirrorTransfer(PlainTransfer):
         self._has_delta: set[int] = set()
         self._lock = threading.Lock()  # the training and checkpoint threads both wait here
 
-    def host_storage(self, n: int) -> dict[str, torch.Tensor]:
+    def host_storage(self, layout: GroupLayout) -> dict[str, torch.Tensor]:
+        n = layout.numel
         return {"master": torch.empty(n, dtype=torch.float32),
                 "mirror": self.host.empty(self.codec.nbytes(n), torch.uint8),
                 "delta": self.host.empty(n, torch.bfloat16)}
@@ -181,19 +183,14 @@ class MirrorTransfer(PlainTransfer):
         return {"wire": self.codec.empty(n, self.device),
                 "delta": torch.empty(n, dtype=torch.bfloat16, device=self.device)}
 
-    def up_bytes(self, n: int) -> int:
-        return self.codec.nbytes(n)
-
-    def down_bytes(self, n: int) -> int:
-        return 2 * n
-
-    def upload(self, host, slot, extra, step, block, stream) -> None:
+    def upload(self, host, slot, extra, step, block, stream) -> int:
         mirror = host["mirror"]
         wire = extra["wire"][:mirror.numel()]
         with self.timer.span("upload", "upload", stream, step, block, wire.numel()):
             wire.copy_(mirror, non_blocking=True)
         with self.timer.span("codec", "upload", stream, step, block, wire.numel(), "decode"):
             self.codec.decode(wire, slot)
+        return wire.numel()
 
     def updater(self, extra: dict[str, torch.Tensor], block: int) -> ApplyUpdate:
         """The mirror's own update: the delta is kept to send down to the master."""
@@ -239,6 +236,91 @@ class MirrorTransfer(PlainTransfer):
         for block in list(self._pending):
             self.wait_host(block)
         self.pool.shutdown(wait=True)
+        self.host.release()
+
+
+@dataclass
+class Encoded:
+    """A frozen base block on the host: its encoded bytes (pinned on CUDA) and its codec."""
+
+    buf: torch.Tensor
+    codec: BaseCodec
+
+
+class FrozenTransfer:
+    """An adapter run's frozen base (``base_codec``): encoded once at load, up only. Each
+    upload copies the encoded bytes into the slot's wire buffer and decodes them into the fp32
+    slot on the upload stream (fp32: straight into the slot); nothing is ever offloaded.
+
+    Args:
+        name: the base codec. layouts: the streamed blocks' layouts (wire buffers are sized
+        for the largest encoding). device, timer: as the other transfers.
+    """
+
+    master_dtype = torch.float32
+
+    def __init__(self, name: str, layouts: list[GroupLayout], device: torch.device, timer):
+        self.name, self.device, self.timer = name, device, timer
+        self.cuda = device.type == "cuda"
+        self.host = HostMemory(self.cuda)
+        self._codecs: dict[tuple, BaseCodec] = {}
+        self.wire_bytes = max((self.codec_for(lay).nbytes for lay in layouts), default=0)
+
+    def codec_for(self, layout: GroupLayout) -> BaseCodec:
+        key = layout.signature()
+        if key not in self._codecs:
+            self._codecs[key] = base_codec(self.name, layout)
+        return self._codecs[key]
+
+    def host_storage(self, layout: GroupLayout) -> Encoded:
+        codec = self.codec_for(layout)
+        return Encoded(self.host.empty(codec.nbytes, torch.uint8), codec)
+
+    def host_bytes(self, host: Encoded) -> int:
+        return host.buf.numel()
+
+    def store_fp32(self, host: Encoded, flat: torch.Tensor) -> None:
+        """Encode ``flat`` on its own device (on the GPU only the encoded bytes cross PCIe)."""
+        wire = host.buf if flat.device == host.buf.device else torch.empty_like(host.buf,
+                                                                                  device=flat.device)
+        host.codec.encode(flat, wire)
+        if wire is not host.buf:
+            host.buf.copy_(wire)
+
+    def to_fp32(self, host: Encoded) -> torch.Tensor:
+        out = torch.empty(host.codec.numel, dtype=torch.float32)
+        host.codec.decode(host.buf, out)
+        return out
+
+    def slot_extra(self, n: int) -> dict[str, torch.Tensor]:
+        if self.name == "fp32":
+            return {}
+        return {"wire": torch.empty(self.wire_bytes, dtype=torch.uint8, device=self.device)}
+
+    def updater(self, extra: dict[str, torch.Tensor], block: int) -> None:
+        return None  # nothing in the base is ever updated
+
+    def upload(self, host: Encoded, slot, extra, step: int, block: int, stream) -> int:
+        n = host.buf.numel()
+        if self.name == "fp32":
+            with self.timer.span("upload", "upload", stream, step, block, n):
+                slot.copy_(host.buf.view(torch.float32), non_blocking=True)
+            return n
+        wire = extra["wire"][:n]
+        with self.timer.span("upload", "upload", stream, step, block, n):
+            wire.copy_(host.buf, non_blocking=True)
+        with self.timer.span("codec", "upload", stream, step, block, n, "decode"):
+            host.codec.decode(wire, slot)
+        return n
+
+    def offload(self, host, slot, extra, step, block, layout, stream) -> int:
+        raise RuntimeError("a frozen base block is never offloaded (stream it with "
+                           "write_back=False)")
+
+    def wait_host(self, block: int) -> None:
+        """No host-side work ever touches a frozen block."""
+
+    def close(self) -> None:
         self.host.release()
 
 
