@@ -287,6 +287,10 @@ class TrainRecipe:
             flats = [f.detach().cpu() for f in self.engine.state_flats()]
             with rec.lock:
                 rec.param_digest, rec.param_norm = digest(flats), norm(flats)
+            base = self.engine.base_flats()  # adapter runs: the frozen base
+            if base:
+                with rec.lock:
+                    rec.base_digest = digest([f.detach().cpu() for f in base])
         with rec.lock:
             rec.summary = _summary(rec, self.engine, self.device)
         if self.dist is not None:  # every rank's own view, merged into rank 0's record

@@ -39,6 +39,7 @@ class RunRecord:
     param_digest: str = ""
     param_norm: float = float("nan")
     status: str = "new"  # new | running | done | stopped | failed
+    base_digest: str = ""  # adapter runs: SHA-256 of the frozen base (unchanged by training)
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
 
     @property
@@ -52,14 +53,15 @@ class RunRecord:
             return RunRecord(dict(self.config), dict(self.environment), list(self.steps),
                              list(self.evals), list(self.events), list(self.step_ops),
                              list(self.samples), dict(self.info), dict(self.summary),
-                             self.param_digest, self.param_norm, self.status)
+                             self.param_digest, self.param_norm, self.status,
+                             self.base_digest)
 
     # --- persistence ------------------------------------------------------------------------
     def run_json(self) -> dict[str, Any]:
         return {"config": self.config, "environment": self.environment, "steps": self.steps,
                 "evals": self.evals, "summary": self.summary, "info": self.info,
                 "param_digest": self.param_digest, "param_norm": _finite(self.param_norm),
-                "status": self.status}
+                "status": self.status, "base_digest": self.base_digest}
 
     def save(self, run_dir: str | Path) -> Path:
         """Write run.json, events.json.gz and samples.json.gz under ``run_dir``."""
@@ -86,7 +88,8 @@ class RunRecord:
                   steps=data.get("steps", []), evals=data.get("evals", []),
                   info=data.get("info", {}), summary=data.get("summary", {}),
                   param_digest=data.get("param_digest", ""),
-                  param_norm=_nan(data.get("param_norm")), status=data.get("status", "done"))
+                  param_norm=_nan(data.get("param_norm")), status=data.get("status", "done"),
+                  base_digest=data.get("base_digest", ""))
         ev = run_dir / "events.json.gz"
         if ev.is_file():
             blob = _read_gz(ev)
