@@ -350,6 +350,10 @@ def _plan(cfg: RunConfig, gpu: str | None, calib: dict | None,
         eh=max(2 * rows * p.vocab * proj / rate, p.vocab * proj * (10 if amp else 4) / bw)
         + 12 * rows * t * p.hidden / bw)  # head on B rows (reads its weight) + embedding gather
     (_fo if cfg.method in ("fo", "fo-offload") else _zo)(cfg, p, prof, e, notes)
+    if cfg.peft == "lora":
+        from workbench.planner_lora import frozen_stream
+
+        frozen_stream(cfg, p, prof, e, notes, _pin)
     step = max(e["step"], e["host_t"]) if cuda else e["step"] + e["host_t"]
     dev, host = e["dev"], e["host"]
     if cuda:

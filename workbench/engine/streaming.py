@@ -60,7 +60,8 @@ class BlockStreamer:
         self.embed = Group(embed, materialise(embed, source, cfg.seed, device))
         self.head = Group(head, materialise(head, source, cfg.seed, device))
         tied = tied_with_embed(embed, adapter.head_modules)
-        self.scratch = torch.empty_like(self.embed.flat) if tied else None
+        # a frozen embedding (adapter runs) is never perturbed: no scratch copy
+        self.scratch = torch.empty_like(self.embed.flat) if tied and cfg.peft == "none" else None
         self.streams = Streams(device, cfg.overlap)
         streamed = [blocks[i] for i in range(n) if i not in self.resident]
         # An adapter run's base is frozen: it only ever comes up (``FrozenTransfer``).
