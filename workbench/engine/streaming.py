@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 
 from workbench.config import RunConfig
+from workbench.engine.base_codecs import round_trip
 from workbench.engine.groups import GroupLayout, build_layouts, move_buffers, release, \
     tied_with_embed
 from workbench.engine.perturb import PendingUpdate, ZOOps
@@ -78,6 +79,8 @@ class BlockStreamer:
         for i, lay in enumerate(blocks):
             if i in self.resident:
                 self.blocks.append(Group(lay, materialise(lay, source, cfg.seed, device)))
+                if cfg.peft == "lora":  # a resident base holds what its codec decodes to
+                    round_trip(cfg.base_codec, lay, self.blocks[i].flat)
             else:
                 self.blocks.append(Group(lay, self._host_storage(lay, source)))
         self.embed.bind()
