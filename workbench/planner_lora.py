@@ -12,7 +12,8 @@ Per block (n elements, D hidden, F ffn, kv the key/value width, r the LoRA rank)
   passes + the adapter perturbation, its upload + decode) with overlap (the link runs one
   way, at the H2D rate), their sum without. Host: the encoded base, pinned. GPU: the usual
   slots, one wire buffer per slot (non-fp32 codecs), no tied-embedding scratch (the embedding
-  is frozen), the adapters. mezo keeps the base as fp32 values decoded from its codec.
+  is frozen), the adapters. mezo keeps the base as fp32 values decoded from its codec, or in
+  bf16 / fp16 itself under the matching amp on CUDA.
 """
 from __future__ import annotations
 
@@ -66,7 +67,10 @@ def frozen_stream(cfg: RunConfig, p: Preset, prof: dict, e: dict[str, Any], note
     e["gpu_param_bytes"] += cuda * 4 * nl
     c_blk = 2 * e["blk"] + 4 * nl / n_blocks / pr  # two passes + the adapter's perturbations
     e["compute"] = 2 * e["eh"] + n_blocks * c_blk
-    if cfg.method == "mezo":
+    if cfg.method == "mezo":  # a bf16 / fp16 base under the matching amp on CUDA: 2 B/param
+        if cuda and cfg.base_codec in ("bf16", "fp16") and cfg.amp == cfg.base_codec:
+            e["gpu_param_bytes"] -= dev["blocks"] // 2
+            dev["blocks"] //= 2
         e["step"] = e["compute"]
         return
     r = min(cfg.resident_blocks, n_blocks)

@@ -129,7 +129,8 @@ class MeZOEngine:
 
     def gpu_param_bytes(self) -> int:
         on_gpu = self.device.type == "cuda"
-        return sum(g.layout.nbytes for g in self.groups + self.frozen) if on_gpu else 0
+        groups = self.groups + self.frozen
+        return sum(g.flat.numel() * g.flat.element_size() for g in groups) if on_gpu else 0
 
     def close(self) -> None:
         """Drain timing events and free the device memory (the model becomes a skeleton)."""

@@ -12,6 +12,7 @@ import torch
 
 from workbench.config import RunConfig
 from workbench.engine.base_codecs import round_trip
+from workbench.engine.codecs import HALF
 from workbench.engine.groups import GroupLayout, adapter_layouts, build_layouts
 from workbench.engine.zo_common import Group, materialise
 from workbench.models.adapter import BlockAdapter
@@ -37,13 +38,20 @@ def adapter_groups(adapter: BlockAdapter, cfg: RunConfig, device: torch.device) 
 def frozen_groups(adapter: BlockAdapter, source, cfg: RunConfig,
                   device: torch.device) -> list[Group]:
     """Every base group on ``device`` (embedding, blocks, head), bound; the blocks hold the
-    values their ``base_codec`` decodes to, exactly what a streamed block computes with."""
+    values their ``base_codec`` decodes to, exactly what a streamed block computes with. A
+    bf16 / fp16 base under the matching ``amp`` on CUDA is kept in that dtype (half the memory;
+    autocast casts an fp32 copy of those values to the same dtype anyway, and runs layer norms
+    in fp32 either way; CPU autocast leaves layer norms mixed-dtype, so there it stays fp32)."""
     embed, blocks, head = build_layouts(adapter)
+    on_cuda = device.type == "cuda"
+    half = HALF.get(cfg.base_codec) if on_cuda and cfg.amp == cfg.base_codec else None
     groups = []
     for k, lay in enumerate((embed, *blocks, head)):
         flat = materialise(lay, source, cfg.seed, device)
         if 0 < k <= len(blocks):
             round_trip(cfg.base_codec, lay, flat)
+            if half is not None:
+                flat = flat.to(half)
         groups.append(Group(lay, flat))
         groups[-1].bind()
     return groups
