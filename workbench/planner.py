@@ -63,6 +63,7 @@ from typing import Any
 
 from workbench.config import ConfigError, RunConfig
 from workbench.flops import block_flops
+from workbench.planner_lora import codec_bytes, frozen_stream
 from workbench.presets import PRESETS, Preset
 
 GiB, MiB = 2 ** 30, 2 ** 20
@@ -127,14 +128,6 @@ def preset_of(model: str) -> Preset:
     return Preset("opt" if opt else "llama", c["hidden_size"], c["num_hidden_layers"],
                   c["num_attention_heads"], c.get("ffn_dim") or c["intermediate_size"],
                   c["vocab_size"], c.get("max_position_embeddings", 2048), "local", hf=hf)
-
-
-def codec_bytes(codec: str, n: int) -> int:
-    """Encoded size of n fp32 elements (as ``engine.codecs.Codec.nbytes``: fp8 carries one fp32
-    scale per 256 elements)."""
-    if codec in ("fp32", "bf16", "fp16"):
-        return (4 if codec == "fp32" else 2) * n
-    return (n + 15) // 16 * 16 + 4 * ((n + 255) // 256)
 
 
 PIN_EXACT = 64 * MiB  # ``engine.pinned.HostMemory.LARGE``: from here on, registered at exact size
@@ -351,8 +344,6 @@ def _plan(cfg: RunConfig, gpu: str | None, calib: dict | None,
         + 12 * rows * t * p.hidden / bw)  # head on B rows (reads its weight) + embedding gather
     (_fo if cfg.method in ("fo", "fo-offload") else _zo)(cfg, p, prof, e, notes)
     if cfg.peft == "lora":
-        from workbench.planner_lora import frozen_stream
-
         frozen_stream(cfg, p, prof, e, notes, _pin)
     step = max(e["step"], e["host_t"]) if cuda else e["step"] + e["host_t"]
     dev, host = e["dev"], e["host"]

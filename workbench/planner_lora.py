@@ -1,6 +1,7 @@
-"""Planner arithmetic of adapter runs (``peft=lora``): adapter sizes, a frozen block's encoded
-bytes, and the frozen stream's memory, PCIe traffic and step time. Pure arithmetic, as
-``planner.py`` (which calls ``frozen_stream`` after its ZO plan and owns the rates).
+"""Planner arithmetic of encoded blocks and adapter runs (``peft=lora``): a codec's bytes,
+adapter sizes, a frozen block's encoded bytes, and the frozen stream's memory, PCIe traffic and
+step time. Pure arithmetic, as ``planner.py`` (which calls ``frozen_stream`` after its ZO plan
+and owns the rates).
 
 Per block (n elements, D hidden, F ffn, kv the key/value width, r the LoRA rank):
   Adapters: r x (in + out) per target module, fp32, resident on the GPU in every method.
@@ -25,6 +26,14 @@ from workbench.presets import Preset
 DEFAULT_TARGETS = ("q_proj", "v_proj")  # as ``models/lora.py`` for both families
 
 
+def codec_bytes(codec: str, n: int) -> int:
+    """Encoded size of n fp32 elements (as ``engine.codecs.Codec.nbytes``: fp8 carries one fp32
+    scale per 256 elements)."""
+    if codec in ("fp32", "bf16", "fp16"):
+        return (4 if codec == "fp32" else 2) * n
+    return (n + 15) // 16 * 16 + 4 * ((n + 255) // 256)
+
+
 def block_matrices(p: Preset) -> dict[str, tuple[int, int]]:
     """(out, in) of each linear module of a block, by module name."""
     d, f = p.hidden, p.ffn
@@ -46,8 +55,6 @@ def lora_block_params(cfg: RunConfig, p: Preset) -> int:
 
 def base_block_bytes(codec: str, p: Preset) -> int:
     """Encoded bytes of one frozen block in ``codec``."""
-    from workbench.planner import codec_bytes
-
     n = p.block_params()
     if codec != "int8":
         return codec_bytes(codec, n)

@@ -24,7 +24,7 @@ from workbench.engine.peft import adapter_groups
 from workbench.engine.protocol import StepOutput
 from workbench.engine.zo_common import (autocast, device_copies, pending_dict, pending_from_dict,
                                         step_seed)
-from workbench.engine.zo_step import MINUS, PLUS, ZOStep, apply_update, projected_grad, zo_passes
+from workbench.engine.zo_step import MINUS, PLUS, ZOStep, apply_update, zo_passes
 
 
 class LoRAOffloadEngine(StreamedEngine):
@@ -54,13 +54,7 @@ class LoRAOffloadEngine(StreamedEngine):
             with self.timer.span("compute", "compute", compute, step, HEAD):
                 losses = [self.objective.loss(adapter, hidden[k], ctx, batch)
                           for k in (PLUS, MINUS)]
-        loss_plus, loss_minus = losses
-        if self.reduce is not None:
-            loss_plus, loss_minus = self.reduce(torch.stack([loss_plus, loss_minus])).unbind()
-        g = projected_grad(loss_plus, loss_minus, st.eps)
-        self.defer(step, st.seed, g, lr, wd)
-        self.timer.poll()
-        return StepOutput((loss_plus + loss_minus) / 2, g, loss_plus, loss_minus)
+        return self.finish_zo(step, st, losses, lr, wd)
 
     @torch.no_grad()
     def flush(self, step: int = -1) -> None:

@@ -64,6 +64,18 @@ class StreamedEngine:
         if not self.cfg.fused_update:
             self.flush(step)
 
+    def finish_zo(self, step: int, st: ZOStep, losses: list[torch.Tensor], lr: float,
+                  wd: float) -> StepOutput:
+        """The end of a ZO step from its [L+, L-]: the mean over ranks (data parallel), g, the
+        update kept pending (``defer``)."""
+        loss_plus, loss_minus = losses[PLUS], losses[MINUS]
+        if self.reduce is not None:
+            loss_plus, loss_minus = self.reduce(torch.stack([loss_plus, loss_minus])).unbind()
+        g = projected_grad(loss_plus, loss_minus, st.eps)
+        self.defer(step, st.seed, g, lr, wd)
+        self.timer.poll()
+        return StepOutput((loss_plus + loss_minus) / 2, g, loss_plus, loss_minus)
+
     @torch.no_grad()
     def flush(self, step: int = -1) -> None:
         """Apply the pending update everywhere (end of training, before eval or a checkpoint)."""
@@ -162,10 +174,4 @@ class ZOOffloadEngine(StreamedEngine):
                         emb.bind(scratch if sign == PLUS else None)
                     losses[sign] = self.objective.loss(adapter, hidden[sign], ctx, batch)
                 next(embed_passes, None)  # a tied embedding's restore
-        loss_plus, loss_minus = losses[PLUS], losses[MINUS]
-        if self.reduce is not None:
-            loss_plus, loss_minus = self.reduce(torch.stack([loss_plus, loss_minus])).unbind()
-        g = projected_grad(loss_plus, loss_minus, st.eps)
-        self.defer(step, st.seed, g, lr, wd)
-        self.timer.poll()
-        return StepOutput((loss_plus + loss_minus) / 2, g, loss_plus, loss_minus)
+        return self.finish_zo(step, st, losses, lr, wd)

@@ -281,8 +281,8 @@ class FrozenTransfer:
 
     def store_fp32(self, host: Encoded, flat: torch.Tensor) -> None:
         """Encode ``flat`` on its own device (on the GPU only the encoded bytes cross PCIe)."""
-        wire = host.buf if flat.device == host.buf.device else torch.empty_like(host.buf,
-                                                                                  device=flat.device)
+        same = flat.device == host.buf.device
+        wire = host.buf if same else torch.empty_like(host.buf, device=flat.device)
         host.codec.encode(flat, wire)
         if wire is not host.buf:
             host.buf.copy_(wire)
