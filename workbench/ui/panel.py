@@ -25,6 +25,8 @@ from workbench.config import (STREAMING_METHODS, ConfigError, RunConfig, check_e
 from workbench.recipes.train import TrainRecipe
 from workbench.ui.dashboard import Dashboard
 
+from workbench.config import PEFT_METHODS
+
 log = logging.getLogger(__name__)
 
 #: Groups shown for every method; others depend on the method (see ``groups_for``).
@@ -44,6 +46,8 @@ def groups_for(method: str) -> list[str]:
         groups.append("offload")
     if method.startswith("fo"):
         groups.append("fo")
+    if method in PEFT_METHODS:
+        groups.append("peft")
     return groups + [g for g in COMMON_GROUPS if g not in groups]
 
 
