@@ -309,11 +309,12 @@ def test_host_memory_covers_the_save_one_group_at_a_time():
 @pytest.mark.parametrize("knobs", [dict(), dict(amp="bf16"), dict(resident_blocks=1),
                                    dict(codec="bf16", master="compressed-sr", amp="bf16"),
                                    dict(codec="bf16", master="compressed-sr", prefetch_depth=2),
-                                   dict(codec="bf16")])
+                                   dict(codec="bf16"), dict(peft="lora"),
+                                   dict(peft="lora", base_codec="int8", prefetch_depth=2)])
 def test_planned_device_buffers_are_the_engines_own(model, knobs):
     """The memory model's buffer items equal, byte for byte, the buffers the zo-offload engine
     allocates (built here on the CPU; the same tensors live on the GPU there): embedding + head,
-    resident blocks, slots, wires, mirror deltas and the tied head weight copy."""
+    resident blocks, slots, wires, mirror deltas, the tied head weight copy and adapters."""
     import torch
 
     from workbench.engine import build_engine

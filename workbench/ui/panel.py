@@ -20,12 +20,10 @@ from typing import Any, Callable, Mapping
 
 import ipywidgets as widgets
 
-from workbench.config import (STREAMING_METHODS, ConfigError, RunConfig, check_environment,
-                              knob_info)
+from workbench.config import (PEFT_METHODS, STREAMING_METHODS, ConfigError, RunConfig,
+                              check_environment, knob_info)
 from workbench.recipes.train import TrainRecipe
 from workbench.ui.dashboard import Dashboard
-
-from workbench.config import PEFT_METHODS
 
 log = logging.getLogger(__name__)
 
