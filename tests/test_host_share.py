@@ -55,3 +55,20 @@ def test_mirror_transfer_is_refused_with_host_share(tmp_path):
                         "--out", str(tmp_path / "x"), "--quiet"], capture_output=True,
                        text=True, timeout=600)
     assert r.returncode != 0 and "host_share: master=fp32 with codec=bf16" in r.stderr
+
+
+def test_lora_frozen_base_one_host_copy_per_node(tmp_path):
+    """zo-offload + peft=lora under 2 ranks: the frozen base (int8) is created once by local
+    rank 0 and mapped by the other, and both ranks train the same adapters over the same base
+    as with a copy each."""
+    lora = ["codec=fp32", "master=fp32", "peft=lora", "base_codec=int8"]
+    shared = _torchrun(tmp_path / "shared", 2, *lora)
+    own = _torchrun(tmp_path / "own", 2, *lora, "host_share=false")
+    assert len({r["param_digest"] for r in shared["ranks"] + own["ranks"]}) == 1
+    base = {json.loads((tmp_path / d / "run.json").read_text())["base_digest"]
+            for d in ("shared", "own")}
+    assert len(base) == 1 and "" not in base
+    hosts = [r["host"] for r in shared["ranks"]]
+    streamed = hosts[0]["streamed_bytes"]
+    assert streamed > 0 and [h["created_bytes"] for h in hosts] == [streamed, 0]
+    assert [h["mapped_bytes"] for h in hosts] == [0, streamed]

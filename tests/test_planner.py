@@ -309,11 +309,12 @@ def test_host_memory_covers_the_save_one_group_at_a_time():
 @pytest.mark.parametrize("knobs", [dict(), dict(amp="bf16"), dict(resident_blocks=1),
                                    dict(codec="bf16", master="compressed-sr", amp="bf16"),
                                    dict(codec="bf16", master="compressed-sr", prefetch_depth=2),
-                                   dict(codec="bf16")])
+                                   dict(codec="bf16"), dict(peft="lora"),
+                                   dict(peft="lora", base_codec="int8", prefetch_depth=2)])
 def test_planned_device_buffers_are_the_engines_own(model, knobs):
     """The memory model's buffer items equal, byte for byte, the buffers the zo-offload engine
     allocates (built here on the CPU; the same tensors live on the GPU there): embedding + head,
-    resident blocks, slots, wires, mirror deltas and the tied head weight copy."""
+    resident blocks, slots, wires, mirror deltas, the tied head weight copy and adapters."""
     import torch
 
     from workbench.engine import build_engine
@@ -332,3 +333,37 @@ def test_planned_device_buffers_are_the_engines_own(model, knobs):
     assert actual == {k: planned[k] for k in actual}
     assert not {k for k, v in planned.items() if v} - set(actual) - {"activations",
                                                                     "cuBLAS workspace"}
+
+
+@pytest.mark.parametrize("codec, per_block", [
+    ("fp32", 4 * 49984), ("bf16", 2 * 49984),
+    # fp8: 49984 values (padded to 16) + one fp32 scale per 256 elements
+    ("fp8-e4m3", 49984 + 4 * 196),
+    # int8: 4 x 64x64 + 2 x 64x256 matrix elements, 4 x 64 + 256 + 64 row scales, 832 fp32 tail
+    ("int8", 49152 + 4 * 576 + 4 * 832)])
+def test_frozen_stream_bytes_by_hand(codec, per_block):
+    """tiny-opt (D 64, F 256, 4 blocks), peft=lora, one resident block: three streamed blocks
+    come up in ``base_codec`` each step and nothing goes down."""
+    cfg = RunConfig(model="tiny-opt", method="zo-offload", device="cuda", peft="lora",
+                    base_codec=codec, resident_blocks=1, data="synthetic")
+    pl = plan(cfg, gpu="h100", calibration=HOST)
+    assert pl.h2d_bytes_per_step == 3 * per_block and pl.d2h_bytes_per_step == 0
+    assert pl.host_breakdown[f"block base ({codec})"] == 3 * pinned(per_block)
+    # q and v adapters at rank 8: 8 x (64 + 64) x 2 per block, fp32
+    assert pl.gpu_breakdown["adapters (fp32)"] == 4 * 4 * 2 * 8 * 128
+    assert "tied head weight copy" not in pl.gpu_breakdown  # a frozen embedding
+    assert ("codec wire buffers" in pl.gpu_breakdown) == (codec != "fp32")
+    assert "frozen stream: H2D only (the base never goes back down)" in pl.notes
+
+
+@pytest.mark.parametrize("model", ["tiny-opt", "tiny-llama"])
+@pytest.mark.parametrize("codec", ["bf16", "fp8-e4m3", "int8"])
+def test_frozen_block_bytes_match_the_engine_codec(model, codec):
+    from workbench.engine.base_codecs import base_codec
+    from workbench.engine.groups import build_layouts
+    from workbench.models.adapter import BlockAdapter
+    from workbench.models.build import build_skeleton
+    from workbench.planner_lora import base_block_bytes
+
+    block = build_layouts(BlockAdapter(build_skeleton(model)[0]))[1][0]
+    assert base_codec(codec, block).nbytes == base_block_bytes(codec, PRESETS[model])

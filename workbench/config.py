@@ -29,6 +29,8 @@ Rng = Literal["philox", "torch"]
 Codec = Literal["fp32", "bf16", "fp16", "fp8-e4m3", "fp8-e5m2"]
 Master = Literal["fp32", "compressed-sr"]
 Objective = Literal["classify", "completion", "lm"]
+Peft = Literal["none", "lora"]
+BaseCodec = Literal["fp32", "bf16", "fp16", "fp8-e4m3", "int8"]
 
 #: Methods that stream transformer blocks host <-> GPU.
 STREAMING_METHODS = ("zo-offload", "forward-grad")
@@ -131,6 +133,17 @@ class RunConfig:
     codec: Codec = _knob("fp32", "format blocks travel in over PCIe", group="offload")
     master: Master = _knob("fp32", "host copy of block weights: fp32, or the codec's format with "
                            "stochastic rounding", group="offload")
+    # adapters (issue 19): only the adapter trains; the frozen base streams host -> GPU only
+    peft: Peft = _knob("none", "adapter: none trains every weight, lora only low-rank adapters",
+                       group="peft")
+    lora_rank: int = _knob(8, "LoRA rank r", lo=1, hi=4096, group="peft")
+    lora_alpha: float = _knob(16.0, "LoRA alpha (the update is scaled by alpha / r)", lo=0.0,
+                              hi=1e6, group="peft")
+    lora_targets: str = _knob("", "comma-separated module names given adapters (empty: the "
+                              "attention query and value projections of the family)", group="peft")
+    base_codec: BaseCodec = _knob("fp32", "format of the frozen base on the host (zo-offload) or "
+                                  "device (mezo): fp32 exact, fp8 per-block, int8 per-channel "
+                                  "scales", group="peft")
     # telemetry
     telemetry: bool = _knob(True, "record per-block stream events", group="telemetry")
     sample_hz: float = _knob(20.0, "NVML / host sampling rate (0 = off)", lo=0.0, hi=1000.0,
@@ -195,8 +208,8 @@ def knob_info(name: str) -> dict[str, Any]:
 
 
 _TYPES = {"Method": Method, "Device": Device, "Amp": Amp, "Rng": Rng, "Codec": Codec,
-          "Master": Master, "Objective": Objective, "int": int, "float": float, "str": str,
-          "bool": bool}
+          "Master": Master, "Objective": Objective, "Peft": Peft, "BaseCodec": BaseCodec,
+          "int": int, "float": float, "str": str, "bool": bool}
 
 
 def _resolve(t: Any) -> Any:
@@ -266,10 +279,32 @@ def _check_values(cfg: RunConfig) -> list[str]:
     if cfg.master == "compressed-sr" and cfg.codec.startswith("fp8"):
         problems.append("master: compressed-sr stores bf16/fp16 on the host; with an fp8 codec use "
                         "master=fp32")
+    problems += _check_peft(cfg)
     preset = PRESETS.get(cfg.model)
     if preset is not None and cfg.streaming and cfg.resident_blocks > preset.num_layers:
         problems.append(f"resident_blocks: {cfg.resident_blocks} exceeds the {preset.num_layers} "
                         f"blocks of {cfg.model}")
+    return problems
+
+
+PEFT_METHODS = ("mezo", "zo-offload")  # methods that train adapters today
+
+
+def _check_peft(cfg: RunConfig) -> list[str]:
+    if cfg.peft == "none":
+        return [f"{name}: applies only with peft=lora" for name in
+                ("lora_rank", "lora_alpha", "lora_targets", "base_codec")
+                if getattr(cfg, name) != _default(name)]
+    problems = []
+    if cfg.method not in PEFT_METHODS:
+        problems.append(f"peft: lora is built for {', '.join(PEFT_METHODS)}; method="
+                        f"{cfg.method} trains every weight (use peft=none)")
+    if not all(t.strip() for t in cfg.lora_targets.split(",")) and cfg.lora_targets:
+        problems.append(f"lora_targets: {cfg.lora_targets!r} has an empty name")
+    for name in ("codec", "master"):
+        if getattr(cfg, name) != _default(name):
+            problems.append(f"{name}: with peft=lora the adapters stay on the GPU and the base "
+                            "never goes down; set the base's format with base_codec")
     return problems
 
 

@@ -68,6 +68,7 @@ from typing import Any
 
 from workbench.config import ConfigError, RunConfig
 from workbench.flops import block_flops
+from workbench.planner_lora import codec_bytes, frozen_stream
 from workbench.presets import PRESETS, Preset
 
 GiB, MiB = 2 ** 30, 2 ** 20
@@ -139,14 +140,6 @@ def preset_of(model: str) -> Preset:
     except KeyError as e:
         raise ConfigError([f"model: {model}: config.json has no {e.args[0]!r}, which the "
                            "planner needs"]) from None
-
-
-def codec_bytes(codec: str, n: int) -> int:
-    """Encoded size of n fp32 elements (as ``engine.codecs.Codec.nbytes``: fp8 carries one fp32
-    scale per 256 elements)."""
-    if codec in ("fp32", "bf16", "fp16"):
-        return (4 if codec == "fp32" else 2) * n
-    return (n + 15) // 16 * 16 + 4 * ((n + 255) // 256)
 
 
 PIN_EXACT = 64 * MiB  # ``engine.pinned.HostMemory.LARGE``: from here on, registered at exact size
@@ -373,6 +366,8 @@ def _plan(cfg: RunConfig, gpu: str | None, calib: dict | None,
         eh=max(2 * rows * p.vocab * proj / rate, p.vocab * proj * (10 if amp else 4) / bw)
         + 12 * rows * t * p.hidden / bw)  # head on B rows (reads its weight) + embedding gather
     (_fo if cfg.method in ("fo", "fo-offload") else _zo)(cfg, p, prof, e, notes)
+    if cfg.peft == "lora":
+        frozen_stream(cfg, p, prof, e, notes, _pin)
     step = max(e["step"], e["host_t"]) if cuda else e["step"] + e["host_t"]
     dev, host = e["dev"], e["host"]
     if cuda:

@@ -91,7 +91,7 @@ def _tiny_updates(transfer_cls, codec, steps=200, n=4096, lr=2e-7, drift=False):
     tr = transfer_cls(torch.device("cpu"), timer, ops, get_codec(codec))
     lay = _layout(n)
     start = _weights(n, seed=3) + 0.5  # weights near 0.5: a bf16 ulp is 2^-9
-    host = tr.host_storage(n)
+    host = tr.host_storage(lay)
     tr.store_fp32(host, start)
     ref = tr.to_fp32(host).clone()
     ref_start = ref.clone()

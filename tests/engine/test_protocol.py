@@ -42,7 +42,8 @@ def mismatches(cls) -> list[str]:
 
 
 def test_the_protocol_covers_the_contract():
-    assert {"step", "flush", "evaluate", "state_flats", "load_state_flats", "group_layouts",
+    assert {"step", "flush", "evaluate", "state_flats", "load_state_flats", "base_flats",
+            "group_layouts",
             "snapshot", "restore", "gpu_param_bytes", "close"} == set(METHODS)
     assert {"timer", "bytes_h2d", "bytes_d2h", "reduce", "objective"} == set(ATTRIBUTES)
 

@@ -34,6 +34,10 @@ def _engine(model, source, cfg: RunConfig, device: torch.device, bus: EventBus,
         from workbench.engine.mezo import MeZOEngine
 
         return MeZOEngine(model, source, cfg, device, bus)
+    if cfg.method == "zo-offload" and cfg.peft == "lora":
+        from workbench.engine.lora_offload import LoRAOffloadEngine
+
+        return LoRAOffloadEngine(model, source, cfg, device, bus, share)
     if cfg.method == "zo-offload":
         from workbench.engine.offload import ZOOffloadEngine
 

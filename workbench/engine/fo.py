@@ -159,6 +159,10 @@ class FOEngine(FirstOrderContract):
         """Every group's fp32 weights in canonical order (device tensors; callers copy)."""
         return [g.flat for g in self.groups]
 
+    def base_flats(self) -> list[torch.Tensor]:
+        """No frozen base: every weight trains."""
+        return []
+
     def load_state_flats(self, flats: list[torch.Tensor]) -> None:
         with torch.no_grad():
             for group, flat in zip(self.groups, flats):

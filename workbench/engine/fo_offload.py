@@ -504,6 +504,10 @@ class FOOffloadEngine(FirstOrderContract):
         self._home_residents()
         return [self.p32[o:o + lay.numel] for lay, o in zip(self.layouts, self.offsets)]
 
+    def base_flats(self) -> list[torch.Tensor]:
+        """No frozen base: every weight trains."""
+        return []
+
     def load_state_flats(self, flats: list[torch.Tensor]) -> None:
         """Load fp32 weights (Adam's m and v are kept) into the masters and the compute weights."""
         self.sync()

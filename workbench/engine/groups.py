@@ -18,6 +18,7 @@ from torch import nn
 
 from workbench.models.adapter import BlockAdapter
 from workbench.models.build import group_id
+from workbench.models.lora import checkpoint_name, is_adapter
 
 
 @dataclass(frozen=True)
@@ -81,8 +82,26 @@ def release(layout: GroupLayout) -> None:
 
 
 def build_layouts(adapter: BlockAdapter) -> tuple[GroupLayout, list[GroupLayout], GroupLayout]:
-    """Layouts of (embedding, blocks, head). A weight tied between embedding and head is in the
+    """Layouts of (embedding, blocks, head) over the model's own weights (adapter weights, if
+    any, are ``adapter_layouts``'). A weight tied between embedding and head is in the
     embedding group only; binding it there rebinds the head's alias too."""
+    layout = _layout_builder(adapter, adapters=False)
+    embed = layout("embed", adapter.embed_modules)
+    blocks = [layout(f"block.{i}", [b]) for i, b in enumerate(adapter.blocks)]
+    head = layout("head", adapter.head_modules)
+    return embed, blocks, head
+
+
+def adapter_layouts(adapter: BlockAdapter) -> list[GroupLayout]:
+    """One group per block of its adapter weights (LoRA A and B of its target modules), named
+    ``block.{i}.lora``: the trainable groups of a peft run, in block order."""
+    layout = _layout_builder(adapter, adapters=True)
+    return [layout(f"block.{i}.lora", [b]) for i, b in enumerate(adapter.blocks)]
+
+
+def _layout_builder(adapter: BlockAdapter, adapters: bool):
+    """``layout(name, modules)``: the layout of the modules' parameters that are adapter
+    weights (``adapters``) or are not, each parameter in one group only."""
     owners: dict[int, list[tuple[nn.Module, str]]] = {}
     names: dict[int, str] = {}
     for mod_name, module in adapter.model.named_modules():
@@ -90,14 +109,14 @@ def build_layouts(adapter: BlockAdapter) -> tuple[GroupLayout, list[GroupLayout]
             if p is None:
                 continue
             owners.setdefault(id(p), []).append((module, slot))
-            names.setdefault(id(p), f"{mod_name}.{slot}" if mod_name else slot)
+            names.setdefault(id(p), checkpoint_name(f"{mod_name}.{slot}" if mod_name else slot))
     seen: set[int] = set()
 
     def layout(name: str, modules: list[nn.Module]) -> GroupLayout:
         params: list[nn.Parameter] = []
         for module in modules:
             for p in module.parameters():
-                if id(p) not in seen:
+                if id(p) not in seen and is_adapter(names[id(p)]) == adapters:
                     seen.add(id(p))
                     params.append(p)
         # Matrices first so weight decay covers one prefix; biases and norms after.
@@ -110,10 +129,7 @@ def build_layouts(adapter: BlockAdapter) -> tuple[GroupLayout, list[GroupLayout]
         n_decay = sum(p.numel() for p in ordered if p.dim() >= 2)
         return GroupLayout(name, entries, offset, n_decay)
 
-    embed = layout("embed", adapter.embed_modules)
-    blocks = [layout(f"block.{i}", [b]) for i, b in enumerate(adapter.blocks)]
-    head = layout("head", adapter.head_modules)
-    return embed, blocks, head
+    return layout
 
 
 def tied_with_embed(embed: GroupLayout, head_modules: list[nn.Module]) -> bool:

@@ -15,13 +15,13 @@ from workbench.engine.checkpoint import Snapshot
 from workbench.engine.events import EMBED, HEAD, EventBus
 from workbench.engine.groups import build_layouts, move_buffers, release
 from workbench.engine.objective import evaluate, head_loss, objective_for
+from workbench.engine.peft import adapter_groups, block_adapter, frozen_groups
 from workbench.engine.perturb import PendingUpdate, ZOOps
 from workbench.engine.pinned import SnapshotBuffers
 from workbench.engine.protocol import StepOutput
 from workbench.engine.timing import OpTimer
 from workbench.engine.zo_common import Group, autocast, device_copies, materialise, step_seed
 from workbench.engine.zo_step import ZOStep, apply_update, lockstep, projected_grad, zo_passes
-from workbench.models.adapter import BlockAdapter
 
 
 class MeZOEngine:
@@ -35,12 +35,17 @@ class MeZOEngine:
 
     def __init__(self, model, source, cfg: RunConfig, device: torch.device, bus: EventBus):
         self.cfg, self.device = cfg, device
-        self.adapter = BlockAdapter(model)
-        embed, blocks, head = build_layouts(self.adapter)
-        self.groups = [Group(lay, materialise(lay, source, cfg.seed, device))
-                       for lay in (embed, *blocks, head)]
-        for group in self.groups:
-            group.bind()
+        self.adapter = block_adapter(model, cfg)
+        # The groups that train (``groups``) and those that stay as loaded (``frozen``).
+        if cfg.peft == "lora":
+            self.frozen = frozen_groups(self.adapter, source, cfg, device)
+            self.groups = adapter_groups(self.adapter, cfg, device)
+        else:
+            embed, blocks, head = build_layouts(self.adapter)
+            self.frozen, self.groups = [], [Group(lay, materialise(lay, source, cfg.seed, device))
+                                            for lay in (embed, *blocks, head)]
+            for group in self.groups:
+                group.bind()
         move_buffers([model], device)
         self.ops = ZOOps(cfg.rng, device)
         self.timer = OpTimer(device, bus, cfg.telemetry)
@@ -90,8 +95,12 @@ class MeZOEngine:
 
     # --- state ------------------------------------------------------------------------------
     def state_flats(self) -> list[torch.Tensor]:
-        """Every group's weights in canonical order (device tensors; callers copy)."""
+        """Every trainable group's weights in canonical order (device tensors; callers copy)."""
         return [g.flat for g in self.groups]
+
+    def base_flats(self) -> list[torch.Tensor]:
+        """The frozen base groups' weights (peft runs; else empty)."""
+        return [g.flat for g in self.frozen]
 
     def load_state_flats(self, flats: list[torch.Tensor]) -> None:
         for group, flat in zip(self.groups, flats):
@@ -129,12 +138,14 @@ class MeZOEngine:
         self.load_state_flats(snap.flats)
 
     def gpu_param_bytes(self) -> int:
-        return sum(g.layout.nbytes for g in self.groups) if self.device.type == "cuda" else 0
+        on_gpu = self.device.type == "cuda"
+        groups = self.groups + self.frozen
+        return sum(g.flat.numel() * g.flat.element_size() for g in groups) if on_gpu else 0
 
     def close(self) -> None:
         """Drain timing events and free the device memory (the model becomes a skeleton)."""
         self.timer.poll(wait=True)
-        for group in self.groups:
+        for group in self.groups + self.frozen:
             release(group.layout)
-        self.groups = []
+        self.groups, self.frozen = [], []
         self.snap_bufs.release()

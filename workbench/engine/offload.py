@@ -24,6 +24,7 @@ from workbench.engine.checkpoint import Snapshot
 from workbench.engine.events import EMBED, HEAD, EventBus
 from workbench.engine.groups import GroupLayout, tied_with_embed
 from workbench.engine.objective import evaluate, head_loss, objective_for
+from workbench.engine.peft import block_adapter
 from workbench.engine.perturb import PendingUpdate, ZOOps
 from workbench.engine.shared_host import NodeShare
 from workbench.engine.protocol import StepOutput
@@ -33,7 +34,7 @@ from workbench.engine.timing import OpTimer
 from workbench.engine.zo_common import autocast, pending_from_dict, step_seed
 from workbench.engine.zo_step import (MINUS, PLUS, ZOStep, apply_update, projected_grad,
                                       zo_passes)
-from workbench.models.adapter import BlockAdapter, Inputs
+from workbench.models.adapter import Inputs
 
 
 class StreamedEngine:
@@ -46,7 +47,7 @@ class StreamedEngine:
     def __init__(self, model, source, cfg: RunConfig, device: torch.device, bus: EventBus,
                  share: NodeShare | None = None):
         self.cfg, self.device = cfg, device
-        self.adapter = BlockAdapter(model)
+        self.adapter = block_adapter(model, cfg)
         self.ops = ZOOps(cfg.rng, device)
         self.timer = OpTimer(device, bus, cfg.telemetry)
         self.objective = objective_for(cfg, model.config.vocab_size)
@@ -70,6 +71,18 @@ class StreamedEngine:
         self.pending = PendingUpdate(seed, g, lr, wd)
         if not self.cfg.fused_update:
             self.flush(step)
+
+    def finish_zo(self, step: int, st: ZOStep, losses: list[torch.Tensor], lr: float,
+                  wd: float) -> StepOutput:
+        """The end of a ZO step from its [L+, L-]: the mean over ranks (data parallel), g, the
+        update kept pending (``defer``)."""
+        loss_plus, loss_minus = losses[PLUS], losses[MINUS]
+        if self.reduce is not None:
+            loss_plus, loss_minus = self.reduce(torch.stack([loss_plus, loss_minus])).unbind()
+        g = projected_grad(loss_plus, loss_minus, st.eps)
+        self.defer(step, st.seed, g, lr, wd)
+        self.timer.poll()
+        return StepOutput((loss_plus + loss_minus) / 2, g, loss_plus, loss_minus)
 
     @torch.no_grad()
     def flush(self, step: int = -1) -> None:
@@ -110,6 +123,10 @@ class StreamedEngine:
     # --- state ------------------------------------------------------------------------------
     def state_flats(self) -> Sequence[torch.Tensor]:
         return self.streamer.state_flats()
+
+    def base_flats(self) -> list[torch.Tensor]:
+        """No frozen base: every weight trains."""
+        return []
 
     def load_state_flats(self, flats: list[torch.Tensor]) -> None:
         self.streamer.load_state_flats(flats)
@@ -198,10 +215,4 @@ class ZOOffloadEngine(StreamedEngine):
                 if tied is not None:
                     tied.unbind()
                 next(embed_passes, None)  # a tied embedding's restore
-        loss_plus, loss_minus = losses[PLUS], losses[MINUS]
-        if self.reduce is not None:
-            loss_plus, loss_minus = self.reduce(torch.stack([loss_plus, loss_minus])).unbind()
-        g = projected_grad(loss_plus, loss_minus, st.eps)
-        self.defer(step, st.seed, g, lr, wd)
-        self.timer.poll()
-        return StepOutput((loss_plus + loss_minus) / 2, g, loss_plus, loss_minus)
+        return self.finish_zo(step, st, losses, lr, wd)

@@ -62,12 +62,17 @@ class Engine(Protocol):
         (a task's dev data) with the current weights, ``batch_size`` examples per forward."""
 
     def state_flats(self) -> Sequence[torch.Tensor]:
-        """Every group's fp32 weights in canonical order (``group_layouts``); callers copy.
-        Streamed engines decode a host block only when it is reached (``groups.LazyFlats``):
-        iterate, and drop each group before the next, to hold one at a time."""
+        """Every trainable group's fp32 weights in canonical order (``group_layouts``; an
+        adapter run's adapter groups); callers copy. Streamed engines decode a host block only
+        when it is reached (``groups.LazyFlats``): iterate, and drop each group before the
+        next, to hold one at a time."""
 
     def load_state_flats(self, flats: Sequence[torch.Tensor]) -> None:
         """Set every group's weights (canonical order, fp32)."""
+
+    def base_flats(self) -> list[torch.Tensor]:
+        """An adapter run's frozen base groups, fp32 as computed with (embedding, blocks,
+        head; the run's ``base_digest``); empty when every weight trains."""
 
     def group_layouts(self) -> list[GroupLayout]:
         """The parameter groups in canonical order: embedding, blocks, head."""

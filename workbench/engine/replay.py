@@ -49,7 +49,7 @@ def replay(flats: list[torch.Tensor], names: list[str], n_decay: list[int],
     weights = []
     for k in range(len(layouts)):  # one group read at a time: streamed ones go to host storage
         if k in streamed:
-            weights.append(transfer.host_storage(layouts[k].numel))
+            weights.append(transfer.host_storage(layouts[k]))
             transfer.store_fp32(weights[k], flats[k])
         else:
             weights.append(flats[k].to(device, torch.float32))

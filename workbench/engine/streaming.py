@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 import torch
 
 from workbench.config import RunConfig
+from workbench.engine.base_codecs import round_trip
 from workbench.engine.events import OpEvent
 from workbench.engine.groups import GroupLayout, LazyFlats, build_layouts, move_buffers, release
 from workbench.engine.perturb import PendingUpdate, ZOOps
@@ -26,7 +27,7 @@ from workbench.engine.pinned import SnapshotBuffers
 from workbench.engine.shared_host import NodeShare
 from workbench.engine.streams import Streams
 from workbench.engine.timing import OpTimer
-from workbench.engine.transfers import make_transfer
+from workbench.engine.transfers import FrozenTransfer, make_transfer
 from workbench.engine.zo_common import Group, device_copies, materialise, pending_dict
 from workbench.engine.zo_step import ApplyUpdate
 from workbench.models.adapter import BlockAdapter
@@ -62,9 +63,12 @@ class BlockStreamer:
         self.embed = Group(embed, materialise(embed, source, cfg.seed, device))
         self.head = Group(head, materialise(head, source, cfg.seed, device))
         self.streams = Streams(device, cfg.overlap)
-        self.transfer = make_transfer(cfg.master, cfg.codec, device, timer, ops, share)
-        self.slot_numel = max((blocks[i].numel for i in range(n) if i not in self.resident),
-                              default=0)
+        streamed = [blocks[i] for i in range(n) if i not in self.resident]
+        # An adapter run's base is frozen: it only ever comes up (``FrozenTransfer``).
+        self.transfer = (FrozenTransfer(cfg.base_codec, streamed, device, timer, share)
+                         if cfg.peft == "lora" else
+                         make_transfer(cfg.master, cfg.codec, device, timer, ops, share))
+        self.slot_numel = max((lay.numel for lay in streamed), default=0)
         self.n_slots = cfg.prefetch_depth + self.transfer.spare_slots
         self.slots: list[tuple[torch.Tensor, dict]] = []
         if cfg.reuse_buffers and self.slot_numel:
@@ -77,6 +81,8 @@ class BlockStreamer:
         for i, lay in enumerate(blocks):
             if i in self.resident:
                 self.blocks.append(Group(lay, materialise(lay, source, cfg.seed, device)))
+                if cfg.peft == "lora":  # a resident base holds what its codec decodes to
+                    round_trip(cfg.base_codec, lay, self.blocks[i].flat)
             else:  # under a NodeShare only its writer fills the host copy; the rest map it
                 self.blocks.append(Group(lay, None if share is not None and not share.writer
                                          else self._host_storage(lay, source)))
@@ -84,7 +90,7 @@ class BlockStreamer:
             share.filled()
             for group in self.blocks:
                 if group.flat is None:
-                    group.flat = self.transfer.host_storage(group.layout.numel)
+                    group.flat = self.transfer.host_storage(group.layout)
             share.mapped()
         self.embed.bind()
         self.head.bind()
@@ -99,13 +105,13 @@ class BlockStreamer:
         self.snap_bufs = SnapshotBuffers(self.cuda)  # snapshot host buffers, reused
         # one thread: blocks are copied in offload order (each copy_ is already multi-threaded)
         self._copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="self-copy")
-        if cfg.checkpoint_every:
+        if cfg.checkpoint_every and cfg.peft == "none":  # an adapter run snapshots its adapters
             self.prepare_snapshots()
 
     def _host_storage(self, lay: GroupLayout, source):
         """A streamed block's host storage, filled with its initial weights. Random init runs on
         the GPU (in a slot) and is copied down: far faster than initialising on the CPU."""
-        host = self.transfer.host_storage(lay.numel)
+        host = self.transfer.host_storage(lay)
         on_gpu = self.cuda and isinstance(source, RandomInit)
         staging = (self.slots[0][0] if on_gpu and self.slots
                    else torch.empty(lay.numel, device=self.device if on_gpu else "cpu"))
@@ -144,13 +150,13 @@ class BlockStreamer:
                     flat, extra = torch.empty(numel, device=self.device), tr.slot_extra(numel)
                 if share is not None:  # readers: the writer's last write-back has landed
                     share.before_upload(j, write_back)
-                tr.upload(group.flat, flat, extra, step, j, s.upload,
-                          # the slot's last block is done with it (its offload read it)
-                          lambda: s.wait(s.upload, self._slot_free.get(slot)))
+                self.bytes_h2d += tr.upload(group.flat, flat, extra, step, j, s.upload,
+                                            # the slot's last block is done with it (its
+                                            # offload read it)
+                                            lambda: s.wait(s.upload, self._slot_free.get(slot)))
                 inflight[j] = (flat, extra, s.record(s.upload), slot)
                 if share is not None and write_back:
                     share.after_upload(j, inflight[j][2])
-            self.bytes_h2d += tr.up_bytes(numel)
 
         for j in range(min(depth, n)):
             upload(j)
@@ -338,12 +344,8 @@ class BlockStreamer:
 
     def host_param_bytes(self) -> int:
         """Host bytes holding the streamed blocks: the master plus any mirror / delta."""
-        total = 0
-        for i, block in enumerate(self.blocks):
-            if i not in self.resident:
-                parts = block.flat.values() if isinstance(block.flat, dict) else [block.flat]
-                total += sum(t.numel() * t.element_size() for t in parts)
-        return total
+        return sum(self.transfer.host_bytes(block.flat) for i, block in enumerate(self.blocks)
+                   if i not in self.resident)
 
     def close(self) -> None:
         """Drain transfers and snapshot copies, free GPU and pinned host memory (the model

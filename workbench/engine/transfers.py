@@ -5,6 +5,7 @@ SRTransfer        master compressed-sr: the host stores bf16/fp16 (2 B/param, ha
                   memory); up 2 B, decoded to fp32 on the GPU; the updated fp32 weights are
                   encoded with stochastic rounding on the GPU and sent down (2 B). Unbiased:
                   an update below a bf16 ulp survives in expectation, not always.
+FrozenTransfer    an adapter run's frozen base (``base_codec``): encoded once, up only.
 MirrorTransfer    master fp32, compressed codec: the host keeps an fp32 master and a
                   compressed mirror of it. Up: the mirror (2 B, or 1 B + scales for fp8); the
                   GPU applies the pending update on top of the decoded mirror for compute and
@@ -20,11 +21,13 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import partial
 from typing import Callable
 
 import torch
 
+from workbench.engine.base_codecs import BaseCodec, base_codec
 from workbench.engine.codecs import HALF, Codec, get_codec
 from workbench.engine.events import OpEvent
 from workbench.engine.groups import GroupLayout
@@ -43,8 +46,14 @@ class PlainTransfer:
         self.host = HostMemory(self.cuda, share)  # exact-size page-locked buffers
         self._wires: dict[str, torch.Tensor] = {}  # shared wire buffers (``slot_extra``)
 
-    def host_storage(self, n: int) -> torch.Tensor:
-        return self.host.empty(n, torch.float32)
+    def host_storage(self, layout: GroupLayout) -> torch.Tensor:
+        """Host storage for a streamed block of ``layout`` (not yet filled)."""
+        return self.host.empty(layout.numel, torch.float32)
+
+    def host_bytes(self, host) -> int:
+        """Bytes of host memory a block's storage takes."""
+        parts = host.values() if isinstance(host, dict) else [host]
+        return sum(t.numel() * t.element_size() for t in parts)
 
     def store_fp32(self, host: torch.Tensor, flat: torch.Tensor) -> None:
         host.copy_(flat)
@@ -80,24 +89,20 @@ class PlainTransfer:
         of ``zo_step`` (the weights on the device are the master's values)."""
         return None
 
-    def up_bytes(self, n: int) -> int:
-        return 4 * n
-
-    def down_bytes(self, n: int) -> int:
-        return 4 * n
-
     #: GPU slots beyond prefetch_depth: the block computing and the one whose offload still
     #: reads its slot (the copy goes straight out of the slot)
     spare_slots = 2
 
     def upload(self, host, slot, extra, step: int, block: int, stream,
-               slot_ready: Callable[[], None] | None = None) -> None:
-        """Host copy -> ``slot`` on ``stream``; ``slot_ready`` makes the stream wait until the
-        slot's last block is done with it (called before the first write to the slot)."""
+               slot_ready: Callable[[], None] | None = None) -> int:
+        """Host copy -> ``slot`` on ``stream``; returns the bytes moved. ``slot_ready`` makes
+        the stream wait until the slot's last block is done with it (called before the first
+        write to the slot)."""
         if slot_ready is not None:
             slot_ready()
         with self.timer.span("upload", "upload", stream, step, block, 4 * slot.numel()):
             slot.copy_(host, non_blocking=True)
+        return 4 * slot.numel()
 
     def offload(self, host, slot, extra, step: int, block: int, layout: GroupLayout, stream,
                 released: Callable[[], None] | None = None) -> int:
@@ -124,8 +129,8 @@ class SRTransfer(PlainTransfer):
         self._offloads: tuple[int, dict[int, int]] = (-1, {})  # (step, block -> offloads so far)
         self._outside = 0  # offloads outside any step so far
 
-    def host_storage(self, n: int) -> torch.Tensor:
-        return self.host.empty(self.codec.nbytes(n), torch.uint8)
+    def host_storage(self, layout: GroupLayout) -> torch.Tensor:
+        return self.host.empty(self.codec.nbytes(layout.numel), torch.uint8)
 
     def store_fp32(self, host, flat) -> None:
         # round to nearest (loading, not training), on flat's device: on the GPU the fp32
@@ -150,15 +155,10 @@ class SRTransfer(PlainTransfer):
     def slot_extra(self, n: int, shared: bool = False) -> dict[str, torch.Tensor]:
         return {"up": self._wire("up", n, shared), "down": self._wire("down", n, shared)}
 
-    def up_bytes(self, n: int) -> int:
-        return self.codec.nbytes(n)
-
-    down_bytes = up_bytes
-
     #: the slot is free once the encode has read it (the copy goes out of the wire)
     spare_slots = 1
 
-    def upload(self, host, slot, extra, step, block, stream, slot_ready=None) -> None:
+    def upload(self, host, slot, extra, step, block, stream, slot_ready=None) -> int:
         wire = extra["up"][:host.numel()]
         with self.timer.span("upload", "upload", stream, step, block, wire.numel()):
             wire.copy_(host, non_blocking=True)
@@ -166,6 +166,7 @@ class SRTransfer(PlainTransfer):
             slot_ready()  # the copy into the wire did not need the slot; the decode does
         with self.timer.span("codec", "upload", stream, step, block, wire.numel(), "decode"):
             self.codec.decode(wire, slot)
+        return wire.numel()
 
     def offload(self, host, slot, extra, step, block, layout, stream, released=None) -> int:
         wire = extra["down"][:host.numel()]
@@ -200,7 +201,8 @@ class MirrorTransfer(PlainTransfer):
         self._has_delta: set[int] = set()
         self._lock = threading.Lock()  # the training and checkpoint threads both wait here
 
-    def host_storage(self, n: int) -> dict[str, torch.Tensor]:
+    def host_storage(self, layout: GroupLayout) -> dict[str, torch.Tensor]:
+        n = layout.numel
         return {"master": torch.empty(n, dtype=torch.float32),
                 "mirror": self.host.empty(self.codec.nbytes(n), torch.uint8),
                 "delta": self.host.empty(n, torch.bfloat16)}
@@ -217,13 +219,7 @@ class MirrorTransfer(PlainTransfer):
         return {"wire": self._wire("up", n, shared),
                 "delta": torch.empty(n, dtype=torch.bfloat16, device=self.device)}
 
-    def up_bytes(self, n: int) -> int:
-        return self.codec.nbytes(n)
-
-    def down_bytes(self, n: int) -> int:
-        return 2 * n
-
-    def upload(self, host, slot, extra, step, block, stream, slot_ready=None) -> None:
+    def upload(self, host, slot, extra, step, block, stream, slot_ready=None) -> int:
         mirror = host["mirror"]
         wire = extra["wire"][:mirror.numel()]
         with self.timer.span("upload", "upload", stream, step, block, wire.numel()):
@@ -232,6 +228,7 @@ class MirrorTransfer(PlainTransfer):
             slot_ready()  # the slot (and its delta) are needed from the decode on
         with self.timer.span("codec", "upload", stream, step, block, wire.numel(), "decode"):
             self.codec.decode(wire, slot)
+        return wire.numel()
 
     def updater(self, extra: dict[str, torch.Tensor], block: int) -> ApplyUpdate:
         """The mirror's own update: the delta is kept to send down to the master."""
@@ -278,6 +275,112 @@ class MirrorTransfer(PlainTransfer):
             self.wait_host(block)
         self.pool.shutdown(wait=True)
         self._wires.clear()
+        self.host.release()
+
+
+@dataclass
+class Encoded:
+    """A frozen base block on the host: its encoded bytes (pinned on CUDA) and its codec."""
+
+    buf: torch.Tensor
+    codec: BaseCodec
+
+
+class FrozenTransfer:
+    """An adapter run's frozen base (``base_codec``): encoded once at load, up only. Each
+    upload copies the encoded bytes into the wire buffer and decodes them into the fp32 slot on
+    the upload stream (fp32: straight into the slot); nothing is ever offloaded.
+
+    Args:
+        name: the base codec. layouts: the streamed blocks' layouts (the wire buffer is sized
+        for the largest encoding). device, timer: as the other transfers. share: the node's
+        one host copy under data parallel (the base is never written back, so the writer
+        fills it once and every rank only reads it).
+    """
+
+    master_dtype = torch.float32
+
+    #: GPU slots beyond prefetch_depth: the block computing (no offload ever reads a slot)
+    spare_slots = 1
+
+    def __init__(self, name: str, layouts: list[GroupLayout], device: torch.device, timer,
+                 share=None):
+        self.name, self.device, self.timer = name, device, timer
+        self.cuda = device.type == "cuda"
+        self.host = HostMemory(self.cuda, share)
+        self._codecs: dict[tuple, BaseCodec] = {}
+        self.wire_bytes = max((self.codec_for(lay).nbytes for lay in layouts), default=0)
+        self._wire: torch.Tensor | None = None  # shared by every upload (``slot_extra``)
+
+    def codec_for(self, layout: GroupLayout) -> BaseCodec:
+        key = layout.signature()
+        if key not in self._codecs:
+            self._codecs[key] = base_codec(self.name, layout)
+        return self._codecs[key]
+
+    def host_storage(self, layout: GroupLayout) -> Encoded:
+        codec = self.codec_for(layout)
+        return Encoded(self.host.empty(codec.nbytes, torch.uint8), codec)
+
+    def host_bytes(self, host: Encoded) -> int:
+        return host.buf.numel()
+
+    def store_fp32(self, host: Encoded, flat: torch.Tensor) -> None:
+        """Encode ``flat`` on its own device (on the GPU only the encoded bytes cross PCIe)."""
+        same = flat.device == host.buf.device
+        wire = host.buf if same else torch.empty_like(host.buf, device=flat.device)
+        host.codec.encode(flat, wire)
+        if wire is not host.buf:
+            host.buf.copy_(wire)
+
+    def to_fp32(self, host: Encoded) -> torch.Tensor:
+        out = torch.empty(host.codec.numel, dtype=torch.float32)
+        host.codec.decode(host.buf, out)
+        return out
+
+    def slot_extra(self, n: int, shared: bool = False) -> dict[str, torch.Tensor]:
+        """The wire buffer (none for fp32): with ``shared`` one for every upload, since the
+        upload stream runs them in order (the next copy into it queues behind the decode)."""
+        if self.name == "fp32":
+            return {}
+        if not shared:
+            return {"wire": torch.empty(self.wire_bytes, dtype=torch.uint8, device=self.device)}
+        if self._wire is None:
+            self._wire = torch.empty(self.wire_bytes, dtype=torch.uint8, device=self.device)
+        return {"wire": self._wire}
+
+    def updater(self, extra: dict[str, torch.Tensor], block: int) -> None:
+        return None  # nothing in the base is ever updated
+
+    def upload(self, host: Encoded, slot, extra, step: int, block: int, stream,
+               slot_ready: Callable[[], None] | None = None) -> int:
+        """Encoded bytes up, decoded into ``slot``; returns the bytes moved. ``slot_ready``:
+        as ``PlainTransfer.upload``."""
+        n = host.buf.numel()
+        if self.name == "fp32":
+            if slot_ready is not None:
+                slot_ready()  # the copy goes straight into the slot
+            with self.timer.span("upload", "upload", stream, step, block, n):
+                slot.copy_(host.buf.view(torch.float32), non_blocking=True)
+            return n
+        wire = extra["wire"][:n]
+        with self.timer.span("upload", "upload", stream, step, block, n):
+            wire.copy_(host.buf, non_blocking=True)
+        if slot_ready is not None:
+            slot_ready()  # the copy into the wire did not need the slot; the decode does
+        with self.timer.span("codec", "upload", stream, step, block, n, "decode"):
+            host.codec.decode(wire, slot)
+        return n
+
+    def offload(self, host, slot, extra, step, block, layout, stream, released=None) -> int:
+        raise RuntimeError("a frozen base block is never offloaded (stream it with "
+                           "write_back=False)")
+
+    def wait_host(self, block: int) -> None:
+        """No host-side work ever touches a frozen block."""
+
+    def close(self) -> None:
+        self._wire = None
         self.host.release()
 
 

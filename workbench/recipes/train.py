@@ -27,7 +27,7 @@ from workbench.data.task import build_task, make_objective
 from workbench.engine import build_engine
 from workbench.engine.checkpoint import AsyncCheckpointer, StepLog
 from workbench.engine.events import EvalEvent, EventBus, InfoEvent, StepEvent
-from workbench.engine.groups import fingerprint
+from workbench.engine.groups import digest, fingerprint
 from workbench.engine.timing import Deferred
 from workbench.engine.warmup import warm_kernels
 from workbench.engine.zo_common import step_seed
@@ -385,6 +385,11 @@ class TrainRecipe:
             found = fingerprint(self.engine.state_flats())
             with rec.lock:
                 rec.param_digest, rec.param_norm = found
+            base = self.engine.base_flats()  # adapter runs: the frozen base, a group at a time
+            if base:
+                base_digest = digest(base)
+                with rec.lock:
+                    rec.base_digest = base_digest
         with rec.lock:
             rec.summary = _summary(rec, self.engine, self.device)
         if self.dist is not None:  # every rank's own view, merged into rank 0's record

@@ -45,6 +45,7 @@ class RunRecord:
     param_norm: float = float("nan")
     status: str = "new"  # new | running | done | stopped | failed | diverged
     error: str = ""  # one line: why the run failed, diverged or stopped
+    base_digest: str = ""  # adapter runs: SHA-256 of the frozen base (unchanged by training)
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
 
     @property
@@ -58,14 +59,15 @@ class RunRecord:
             return RunRecord(dict(self.config), dict(self.environment), list(self.steps),
                              list(self.evals), list(self.events), list(self.step_ops),
                              list(self.samples), dict(self.info), dict(self.summary),
-                             self.param_digest, self.param_norm, self.status, self.error)
+                             self.param_digest, self.param_norm, self.status, self.error,
+                             self.base_digest)
 
     # --- persistence ------------------------------------------------------------------------
     def run_json(self) -> dict[str, Any]:
         return {"config": self.config, "environment": self.environment, "steps": self.steps,
                 "evals": self.evals, "summary": self.summary, "info": self.info,
                 "param_digest": self.param_digest, "param_norm": _finite(self.param_norm),
-                "status": self.status, "error": self.error}
+                "status": self.status, "error": self.error, "base_digest": self.base_digest}
 
     def save(self, run_dir: str | Path, on_error=None) -> Path:
         """Write run.json, then events.json.gz and samples.json.gz, under ``run_dir``.
@@ -110,7 +112,8 @@ class RunRecord:
                       info=data.get("info", {}), summary=data.get("summary", {}),
                       param_digest=data.get("param_digest", ""),
                       param_norm=_nan(data.get("param_norm")),
-                      status=data.get("status", "done"), error=data.get("error", ""))
+                      status=data.get("status", "done"), error=data.get("error", ""),
+                      base_digest=data.get("base_digest", ""))
         except (TypeError, ValueError) as e:
             raise RecordError(f"{path} is not a run record ({e})") from None
         ev, sm = run_dir / "events.json.gz", run_dir / "samples.json.gz"

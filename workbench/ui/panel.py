@@ -20,8 +20,8 @@ from typing import Any, Callable, Mapping
 
 import ipywidgets as widgets
 
-from workbench.config import (STREAMING_METHODS, ConfigError, RunConfig, check_environment,
-                              knob_info)
+from workbench.config import (PEFT_METHODS, STREAMING_METHODS, ConfigError, RunConfig,
+                              check_environment, knob_info)
 from workbench.recipes.train import TrainRecipe
 from workbench.ui.dashboard import Dashboard
 
@@ -44,6 +44,8 @@ def groups_for(method: str) -> list[str]:
         groups.append("offload")
     if method.startswith("fo"):
         groups.append("fo")
+    if method in PEFT_METHODS:
+        groups.append("peft")
     return groups + [g for g in COMMON_GROUPS if g not in groups]
 
 

@@ -1,0 +1,147 @@
+"""peft=lora: only adapter weights train; zo-offload's frozen stream equals MeZO bit for bit and
+moves the base host -> GPU only."""
+import pytest
+import torch
+
+from workbench.config import ConfigError, RunConfig
+from workbench.data.batches import SyntheticData
+from workbench.engine import build_engine
+from workbench.engine.events import EventBus, OpEvent
+from workbench.engine.groups import digest
+from workbench.models.build import build_skeleton
+
+from zo_helpers import CPU_KNOBS
+
+STEPS = 4
+
+
+def lora_run(cfg: RunConfig, steps: int = STEPS, bus: EventBus | None = None) -> dict:
+    """``steps`` steps on synthetic batches; adapter and base weights before and after, the
+    losses, and the engine's byte counters."""
+    model, source = build_skeleton(cfg.model)
+    engine = build_engine(model, source, cfg, torch.device(cfg.device), bus or EventBus())
+    copy = lambda flats: [f.detach().cpu().clone() for f in flats]  # noqa: E731
+    out = {"adapters0": copy(engine.state_flats()), "base0": copy(engine.base_flats())}
+    data = SyntheticData(model.config.vocab_size, 16)
+    losses = []
+    for t in range(steps):
+        o = engine.step(data.batch_for_step(t, 2, cfg.seed), t, cfg.lr, cfg.weight_decay)
+        losses.append((float(o.loss_plus), float(o.loss_minus), float(o.projected_grad)))
+    engine.flush()
+    out.update(adapters=copy(engine.state_flats()), base=copy(engine.base_flats()),
+               losses=losses, h2d=engine.bytes_h2d, d2h=engine.bytes_d2h,
+               layouts=engine.group_layouts(), engine=engine)
+    if cfg.method == "zo-offload":
+        s = engine.streamer
+        out["streamed_bytes"] = sum(s.transfer.host_bytes(s.blocks[i].flat)
+                                    for i in range(len(s.blocks)) if i not in s.resident)
+    engine.close()
+    return out
+
+
+def lora_cfg(**kw) -> RunConfig:
+    base = dict(model="tiny-opt", method="mezo", peft="lora", lr=5e-2, weight_decay=0.1)
+    return RunConfig(**{**base, **kw})
+
+
+@pytest.mark.parametrize("method", ["mezo", "zo-offload"])
+def test_only_adapters_are_perturbed_and_updated(method):
+    r = lora_run(lora_cfg(method=method))
+    assert all(torch.equal(a, b) for a, b in zip(r["base0"], r["base"]))  # base bytes unchanged
+    assert all(not torch.equal(a, b) for a, b in zip(r["adapters0"], r["adapters"]))
+    assert all(".lora_" in e.name for lay in r["layouts"] for e in lay.entries)
+    assert len(r["layouts"]) == 4  # one adapter group per block of tiny-opt
+    # q and v of 4 blocks, rank 8, hidden 64: (8 x 64 + 64 x 8) x 2 x 4
+    assert sum(a.numel() for a in r["adapters"]) == 2 * 8 * 64 * 2 * 4
+    g = [x[2] for x in r["losses"]]
+    assert g[0] == 0.0 or any(abs(v) > 0 for v in g)  # B = 0 at first: L+ == L- is allowed
+
+
+@pytest.fixture(scope="module", params=[("tiny-opt", "fp32"), ("tiny-opt", "bf16"),
+                                        ("tiny-llama", "bf16")])
+def reference(request):
+    model, codec = request.param
+    cfg = lora_cfg(model=model, base_codec=codec)
+    return cfg, lora_run(cfg)
+
+
+@pytest.mark.parametrize("reuse, fused, resident", CPU_KNOBS)
+def test_lora_offload_equals_mezo(reference, reuse, fused, resident):
+    cfg, ref = reference
+    r = lora_run(cfg.replace(method="zo-offload", reuse_buffers=reuse, fused_update=fused,
+                             resident_blocks=resident))
+    assert r["losses"] == ref["losses"]
+    assert digest(r["adapters"]) == digest(ref["adapters"])
+    assert digest(r["base"]) == digest(ref["base"])
+
+
+def test_prefetch_depth_keeps_lora_equality(reference):
+    cfg, ref = reference
+    r = lora_run(cfg.replace(method="zo-offload", prefetch_depth=3))
+    assert digest(r["adapters"]) == digest(ref["adapters"])
+
+
+@pytest.mark.parametrize("codec", ["fp32", "bf16", "fp8-e4m3", "int8"])
+@pytest.mark.parametrize("resident", [0, 1])
+def test_frozen_stream_moves_the_base_up_only(codec, resident):
+    """No D2H byte and no offload or update pass over the base; H2D = each step (and the final
+    flush, which moves nothing) uploads every streamed block's encoded bytes once."""
+    events = []
+    bus = EventBus()
+    bus.subscribe(lambda e: events.append(e) if isinstance(e, OpEvent) else None)
+    r = lora_run(lora_cfg(method="zo-offload", base_codec=codec, resident_blocks=resident),
+                 bus=bus)
+    assert r["d2h"] == 0
+    assert r["h2d"] == STEPS * r["streamed_bytes"] > 0
+    ops = {e.op for e in events}
+    assert "offload" not in ops and "upload" in ops
+    uploads = [e for e in events if e.op == "upload"]
+    assert len(uploads) == STEPS * (4 - resident)
+
+
+def test_lora_checkpoint_round_trip(tmp_path):
+    """A snapshot of a zo-offload + lora run holds the adapters and the pending update;
+    restoring it into a fresh engine continues exactly."""
+    cfg = lora_cfg(method="zo-offload")
+    model, source = build_skeleton(cfg.model)
+    a = build_engine(model, source, cfg, torch.device("cpu"), EventBus())
+    data = SyntheticData(model.config.vocab_size, 16)
+    for t in range(2):
+        a.step(data.batch_for_step(t, 2, 0), t, cfg.lr, cfg.weight_decay)
+    snap = a.snapshot(2)()
+    assert snap.pending is not None and snap.names == [lay.name for lay in a.group_layouts()]
+    model2, source2 = build_skeleton(cfg.model)
+    b = build_engine(model2, source2, cfg, torch.device("cpu"), EventBus())
+    b.restore(snap)
+    for e in (a, b):
+        e.step(data.batch_for_step(2, 2, 0), 2, cfg.lr, cfg.weight_decay)
+        e.flush()
+    assert digest(a.state_flats()) == digest(b.state_flats())
+    a.close()
+    b.close()
+
+
+def test_lora_settings_are_checked_at_once():
+    with pytest.raises(ConfigError) as e:
+        RunConfig(method="fo", peft="lora", codec="bf16")
+    text = str(e.value)
+    assert "peft: lora is built for mezo, zo-offload" in text and "codec: with peft=lora" in text
+    with pytest.raises(ConfigError, match="base_codec: applies only with peft=lora"):
+        RunConfig(base_codec="int8")
+    with pytest.raises(ConfigError, match="base_codec: 'int4' is not one of"):
+        RunConfig(peft="lora", base_codec="int4")
+
+
+def test_unknown_lora_target_is_named():
+    cfg = lora_cfg(lora_targets="q_proj,nonexistent")
+    model, source = build_skeleton(cfg.model)
+    with pytest.raises(ValueError, match="lora_targets: nonexistent matches no linear module"):
+        build_engine(model, source, cfg, torch.device("cpu"), EventBus())
+
+
+def test_lora_targets_and_rank_shape_the_adapters():
+    r = lora_run(lora_cfg(lora_targets="fc1", lora_rank=2), steps=1)
+    names = {e.name.split(".")[-4] for lay in r["layouts"] for e in lay.entries}
+    assert names == {"fc1"}
+    # fc1: 64 -> 256 at rank 2: A (2 x 64) + B (256 x 2) per block
+    assert sum(a.numel() for a in r["adapters"]) == 4 * (2 * 64 + 256 * 2)

@@ -1,0 +1,111 @@
+"""Formats of a frozen base block (``base_codec``): how a block that never changes is stored.
+
+A base block is encoded once, at load, into one flat byte buffer, and decoded into an fp32
+slot before each use (on the GPU, or the CPU in CPU runs). Because the base never changes, no
+encode ever runs in a step and nothing goes back down.
+
+    fp32       4 B/param, exact.
+    bf16/fp16  2 B/param, rounded to nearest.
+    fp8-e4m3   1 B/param + one fp32 scale per ``codecs.CHUNK`` (256) elements ("per-block"):
+               |error| <= 2^-4 |x| (3 mantissa bits), or scale * 2^-10 in the subnormal range.
+    int8       1 B/param for matrices, one fp32 scale per output channel (row) of each matrix:
+               symmetric, scale = max |row| / 127, so |error| <= scale / 2. Biases and norm
+               weights (the layout's 1-D tail after ``n_decay``) stay fp32: they are a tiny
+               share of a block and a LayerNorm gain would lose 0.4% to int8.
+
+A codec is bound to one layout (int8 needs each matrix's row structure); layouts with one
+signature share it.
+"""
+from __future__ import annotations
+
+import torch
+
+from workbench.engine.codecs import Codec
+from workbench.engine.groups import GroupLayout
+
+INT8_MAX = 127.0
+
+
+class FlatBaseCodec:
+    """fp32 / bf16 / fp16 / fp8-e4m3: the transfer codec of ``codecs.py`` over the whole group."""
+
+    def __init__(self, name: str, layout: GroupLayout):
+        self.name, self.numel = name, layout.numel
+        self.codec = Codec(name)
+        self.nbytes = self.codec.nbytes(layout.numel)
+
+    def encode(self, x: torch.Tensor, buf: torch.Tensor) -> None:
+        """fp32 x (n,) -> buf (uint8, (nbytes,)), rounding to nearest."""
+        self.codec.encode(x, buf)
+
+    def decode(self, buf: torch.Tensor, out: torch.Tensor) -> None:
+        """buf -> fp32 out (n,)."""
+        self.codec.decode(buf, out)
+
+
+class Int8BaseCodec:
+    """int8 with per-channel scales. Buffer: int8 values of the matrix prefix, padded to 4 B,
+    then one fp32 scale per row of each matrix, then the fp32 tail."""
+
+    name = "int8"
+
+    def __init__(self, layout: GroupLayout):
+        self.numel, self.n_mat = layout.numel, layout.n_decay
+        # (offset, rows, cols) of each matrix entry, in buffer order
+        self.mats = [(e.offset, e.shape[0], e.numel // e.shape[0]) for e in layout.entries
+                     if e.offset < layout.n_decay]
+        self.n_rows = sum(r for _, r, _ in self.mats)
+        self._scales_at = (self.n_mat + 3) // 4 * 4
+        self._tail_at = self._scales_at + 4 * self.n_rows
+        self.nbytes = self._tail_at + 4 * (self.numel - self.n_mat)
+
+    def _views(self, buf: torch.Tensor):
+        values = buf[:self.n_mat].view(torch.int8)
+        scales = buf[self._scales_at:self._tail_at].view(torch.float32)
+        tail = buf[self._tail_at:self.nbytes].view(torch.float32)
+        return values, scales, tail
+
+    def encode(self, x: torch.Tensor, buf: torch.Tensor) -> None:
+        values, scales, tail = self._views(buf)
+        row = 0
+        for off, rows, cols in self.mats:
+            m = x[off:off + rows * cols].view(rows, cols)
+            scale = m.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / INT8_MAX
+            scales[row:row + rows].copy_(scale)
+            q = torch.round(m / scale[:, None]).clamp_(-INT8_MAX, INT8_MAX)
+            values[off:off + rows * cols].view(rows, cols).copy_(q.to(torch.int8))
+            row += rows
+        tail.copy_(x[self.n_mat:])
+
+    def decode(self, buf: torch.Tensor, out: torch.Tensor) -> None:
+        values, scales, tail = self._views(buf)
+        row = 0
+        for off, rows, cols in self.mats:
+            dst = out[off:off + rows * cols].view(rows, cols)
+            dst.copy_(values[off:off + rows * cols].view(rows, cols))
+            dst.mul_(scales[row:row + rows, None])
+            row += rows
+        out[self.n_mat:].copy_(tail)
+
+
+BaseCodec = FlatBaseCodec | Int8BaseCodec
+
+
+def base_codec(name: str, layout: GroupLayout) -> BaseCodec:
+    """The codec ``name`` (the ``base_codec`` knob) bound to ``layout``."""
+    if name == "int8":
+        return Int8BaseCodec(layout)
+    if name not in ("fp32", "bf16", "fp16", "fp8-e4m3"):
+        raise ValueError(f"base_codec: {name!r} is not one of fp32, bf16, fp16, fp8-e4m3, int8")
+    return FlatBaseCodec(name, layout)
+
+
+def round_trip(name: str, layout: GroupLayout, flat: torch.Tensor) -> None:
+    """``flat`` (n,) fp32 replaced by its decoded encoding: the base exactly as a streamed
+    block sees it (MeZO keeps this on the device, so both engines compute with equal weights)."""
+    if name == "fp32" or not layout.numel:
+        return
+    codec = base_codec(name, layout)
+    buf = torch.empty(codec.nbytes, dtype=torch.uint8, device=flat.device)
+    codec.encode(flat, buf)
+    codec.decode(buf, flat)

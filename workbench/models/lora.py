@@ -1,0 +1,81 @@
+"""LoRA adapters through ``peft``: which modules get them, and their initial weights.
+
+``peft.inject_adapter_in_model`` wraps each target ``nn.Linear`` in its own ``LoraLayer``
+(base layer + low-rank A, B), in place, on the model skeleton: no forward is rewritten here.
+The engines then see the adapter weights as ordinary parameters (names containing ``lora_``)
+and the wrapped base weight as ``<module>.base_layer.weight``; ``checkpoint_name`` maps that
+back to the name a checkpoint stores it under.
+
+Initial weights are peft's rule, made reproducible: A ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming
+uniform with a = sqrt(5), as ``nn.Linear``), B = 0, so training starts from the base model.
+A is drawn on the CPU from a generator seeded by (run seed, group id), so every engine and
+device starts from the same adapter.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from workbench.models.build import group_id
+
+#: Default targets per family (``models/adapter.py`` FAMILIES keys): attention query and value.
+DEFAULT_TARGETS = {"opt": ("q_proj", "v_proj"), "llama": ("q_proj", "v_proj")}
+LORA_MARK = "lora_"  # every adapter parameter's name contains it (lora_A, lora_B)
+
+
+def targets_for(model: nn.Module, lora_targets: str) -> list[str]:
+    """The module names given adapters: ``lora_targets`` split on commas, or the family's
+    default. Raises ValueError naming the setting when a target matches no Linear."""
+    from workbench.models.adapter import MODEL_TYPES
+
+    family = MODEL_TYPES.get(getattr(model.config, "model_type", None))
+    names = ([t.strip() for t in lora_targets.split(",")] if lora_targets
+             else list(DEFAULT_TARGETS.get(family, ())))
+    linear = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    missing = [t for t in names if t not in linear]
+    if missing or not names:
+        raise ValueError(f"lora_targets: {', '.join(missing) or '(none)'} matches no linear "
+                         f"module of this model (linear modules: {', '.join(sorted(linear))})")
+    return names
+
+
+def inject_lora(model: nn.Module, rank: int, alpha: float, lora_targets: str) -> None:
+    """Wrap the target modules of ``model`` (a skeleton, usually on meta) with peft's LoRA
+    layers, adapter weights on meta too (the engines materialise them with ``init_lora``)."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, bias="none",
+                        target_modules=targets_for(model, lora_targets))
+    with torch.device("meta"):
+        inject_adapter_in_model(config, model)
+
+
+def is_adapter(name: str) -> bool:
+    """True for a parameter name of an adapter weight."""
+    return LORA_MARK in name
+
+
+def checkpoint_name(name: str) -> str:
+    """A wrapped base weight's name as the model's checkpoint knows it."""
+    return name.replace(".base_layer.", ".")
+
+
+def init_lora(group: str, named: list[tuple[str, torch.Tensor]], seed: int) -> None:
+    """Fill a group of adapter weights in place: A kaiming-uniform, B zero (see module doc)."""
+    gen = torch.Generator().manual_seed((seed * 1_000_003 + group_id(group)) & (2**63 - 1))
+    with torch.no_grad():
+        for name, t in named:
+            if ".lora_A." in name:
+                bound = 1.0 / math.sqrt(t.shape[1])
+                t.copy_(torch.rand(t.shape, generator=gen).mul_(2 * bound).sub_(bound))
+            else:
+                t.zero_()
+
+
+class LoRAInit:
+    """The ``WeightSource`` of adapter groups (``init_lora``)."""
+
+    def fill(self, group: str, named, seed: int) -> None:
+        init_lora(group, list(named), seed)

@@ -1,0 +1,106 @@
+"""Planner arithmetic of encoded blocks and adapter runs (``peft=lora``): a codec's bytes,
+adapter sizes, a frozen block's encoded bytes, and the frozen stream's memory, PCIe traffic and
+step time. Pure arithmetic, as ``planner.py`` (which calls ``frozen_stream`` after its ZO plan
+and owns the rates).
+
+Per block (n elements, D hidden, F ffn, kv the key/value width, r the LoRA rank):
+  Adapters: r x (in + out) per target module, fp32, resident on the GPU in every method.
+  Base bytes by ``base_codec`` (as ``engine/base_codecs.py``): fp32 4n, bf16 / fp16 2n,
+  fp8-e4m3 codec bytes (1 B + an fp32 scale per 256), int8 1 B per matrix element (padded to
+  4) + 4 B per matrix row + 4 B per 1-D element (biases, norms stay fp32).
+  zo-offload: H2D = streamed blocks x base bytes per step, D2H = 0 (nothing goes down; an
+  unfused update touches only the resident adapters). A streamed block costs max(its two
+  passes + the adapter perturbation, its upload + decode) with overlap (the link runs one
+  way, at the H2D rate), their sum without. Host: the encoded base, pinned. GPU:
+  prefetch_depth + 1 slots (``FrozenTransfer.spare_slots``: no offload reads a slot), one wire
+  buffer in all (non-fp32 codecs; one per slot without reuse_buffers), no tied head weight copy
+  (the embedding is frozen, never perturbed), the adapters. mezo keeps the base as fp32 values decoded from its codec, or in
+  bf16 / fp16 itself under the matching amp on CUDA.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from workbench.config import RunConfig
+from workbench.presets import Preset
+
+DEFAULT_TARGETS = ("q_proj", "v_proj")  # as ``models/lora.py`` for both families
+
+
+def codec_bytes(codec: str, n: int) -> int:
+    """Encoded size of n fp32 elements (as ``engine.codecs.Codec.nbytes``: fp8 carries one fp32
+    scale per 256 elements)."""
+    if codec in ("fp32", "bf16", "fp16"):
+        return (4 if codec == "fp32" else 2) * n
+    return (n + 15) // 16 * 16 + 4 * ((n + 255) // 256)
+
+
+def block_matrices(p: Preset) -> dict[str, tuple[int, int]]:
+    """(out, in) of each linear module of a block, by module name."""
+    d, f = p.hidden, p.ffn
+    if p.family == "opt":
+        return {"q_proj": (d, d), "k_proj": (d, d), "v_proj": (d, d), "out_proj": (d, d),
+                "fc1": (f, d), "fc2": (d, f)}
+    kv = p.hf.get("num_key_value_heads", p.heads) * (d // p.heads)
+    return {"q_proj": (d, d), "k_proj": (kv, d), "v_proj": (kv, d), "o_proj": (d, d),
+            "gate_proj": (f, d), "up_proj": (f, d), "down_proj": (d, f)}
+
+
+def lora_block_params(cfg: RunConfig, p: Preset) -> int:
+    """Adapter elements of one block: r x (in + out) per target."""
+    mats = block_matrices(p)
+    names = [t.strip() for t in cfg.lora_targets.split(",")] if cfg.lora_targets \
+        else DEFAULT_TARGETS
+    return sum(cfg.lora_rank * sum(mats[t]) for t in names if t in mats)
+
+
+def base_block_bytes(codec: str, p: Preset) -> int:
+    """Encoded bytes of one frozen block in ``codec``."""
+    n = p.block_params()
+    if codec != "int8":
+        return codec_bytes(codec, n)
+    mats = block_matrices(p).values()
+    n_mat = sum(o * i for o, i in mats)
+    return (n_mat + 3) // 4 * 4 + 4 * sum(o for o, _ in mats) + 4 * (n - n_mat)
+
+
+def frozen_stream(cfg: RunConfig, p: Preset, prof: dict, e: dict[str, Any], notes: list[str],
+                  pin) -> None:
+    """Turn ``planner._zo``'s plan of the same run into the adapter run's (``e`` in place)."""
+    cuda, dev, n_blocks, nb = cfg.device == "cuda", e["dev"], p.num_layers, p.block_params()
+    nl = n_blocks * lora_block_params(cfg, p)
+    pr = prof["perturb_fused_per_s" if cuda and prof.get("fused_kernel") else
+              "perturb_torch_per_s" if cfg.rng == "torch" else "perturb_philox_torch_per_s"]
+    dev["adapters (fp32)"] = 4 * nl
+    e["gpu_param_bytes"] += cuda * 4 * nl
+    c_blk = 2 * e["blk"] + 4 * nl / n_blocks / pr  # two passes + the adapter's perturbations
+    e["compute"] = 2 * e["eh"] + n_blocks * c_blk
+    if cfg.method == "mezo":  # a bf16 / fp16 base under the matching amp on CUDA: 2 B/param
+        if cuda and cfg.base_codec in ("bf16", "fp16") and cfg.amp == cfg.base_codec:
+            e["gpu_param_bytes"] -= dev["blocks"] // 2
+            dev["blocks"] //= 2
+        e["step"] = e["compute"]
+        return
+    r = min(cfg.resident_blocks, n_blocks)
+    s = n_blocks - r
+    if "tied head weight copy" in dev:  # the head reads the frozen embedding itself
+        e["gpu_param_bytes"] -= cuda * dev.pop("tied head weight copy")
+    up = base_block_bytes(cfg.base_codec, p)
+    e["host"].pop("block masters (fp32)", None)
+    e["pinned"] = s * pin(up, cuda)
+    e["host"] = {f"block base ({cfg.base_codec})": e["pinned"], **e["host"]}
+    notes.append("frozen stream: H2D only (the base never goes back down)")
+    slots = cfg.prefetch_depth + 1 if s else 0  # ``planner._zo`` planned a plain transfer's + 2
+    if "block slots" in dev:
+        dev["block slots"] = 4 * slots * nb
+        e["gpu_param_bytes"] -= cuda * 4 * nb
+    if cfg.base_codec != "fp32" and slots:
+        dev["codec wire buffers"] = up if cfg.reuse_buffers else slots * up
+        e["gpu_param_bytes"] += cuda * up * cfg.reuse_buffers
+    e["h2d"], e["d2h"] = s * up, 0
+    bu = prof["h2d_bps"] if cuda else prof["host_memcpy_bps"] / 2
+    x_up = up / bu + (up + 4 * nb) / prof["gpu_mem_bps"] * (cfg.base_codec != "fp32")
+    overlap = cfg.overlap and cuda
+    per = max(c_blk, x_up) if overlap else c_blk + x_up
+    e["step"] = 2 * e["eh"] + r * c_blk + s * per
+    e["transfer"] = s * x_up
