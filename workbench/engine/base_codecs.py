@@ -1,8 +1,10 @@
 """Formats of a frozen base block (``base_codec``): how a block that never changes is stored.
 
-A base block is encoded once, at load, into one flat byte buffer, and decoded into an fp32
-slot before each use (on the GPU, or the CPU in CPU runs). Because the base never changes, no
-encode ever runs in a step and nothing goes back down.
+A base block is encoded once, at load, into one flat byte buffer, and decoded before each use
+(on the GPU, or the CPU in CPU runs) into its device form (``frozen_form.py``: matrices in the
+compute dtype, the tail in fp32), or into fp32 (``decode``: host copies, digests). Because the
+base never changes, no encode ever runs in a step and nothing goes back down. On CUDA the fp8
+and int8 decodes into a form are fused kernels (``base_kernels.py``).
 
     fp32       4 B/param, exact.
     bf16/fp16  2 B/param, rounded to nearest.
@@ -20,10 +22,17 @@ from __future__ import annotations
 
 import torch
 
-from workbench.engine.codecs import Codec
+from workbench.engine import kernels
+from workbench.engine.codecs import CHUNK, HALF, Codec
 from workbench.engine.groups import GroupLayout
 
 INT8_MAX = 127.0
+
+
+def fused():
+    """The fused decode kernels (``base_kernels.py``), or None when Triton is missing (said
+    once)."""
+    return kernels.load("base_kernels", "base_codec")
 
 
 class FlatBaseCodec:
@@ -41,6 +50,24 @@ class FlatBaseCodec:
     def decode(self, buf: torch.Tensor, out: torch.Tensor) -> None:
         """buf -> fp32 out (n,)."""
         self.codec.decode(buf, out)
+
+    def decode_form(self, buf: torch.Tensor, mats: torch.Tensor, tail: torch.Tensor) -> None:
+        """buf -> a ``FrozenForm``'s parts: ``mats`` (n_mat,) in its dtype, each value rounded
+        once from its fp32 decoding; ``tail`` fp32. On buf's device and current stream."""
+        n_mat = mats.numel()
+        values, scales = self.codec.views(buf, self.numel)
+        if scales is None:  # fp32 / bf16 / fp16: one conversion (via fp32, to nearest even)
+            mats.copy_(values[:n_mat])
+            tail.copy_(values[n_mat:])
+        elif buf.is_cuda and fused() is not None:
+            fused().decode_fp8(values, scales, mats, tail, CHUNK)
+        else:
+            _via_fp32(self, buf, mats, tail)
+
+    def warm(self, dtype: torch.dtype, n_mat: int) -> None:
+        """Compile ``decode_form``'s kernel for matrices in ``dtype`` (CUDA, fp8 only)."""
+        if self.name not in ("fp32", *HALF) and fused() is not None:
+            fused().warm_fp8(dtype, n_mat, self.numel, CHUNK)
 
 
 class Int8BaseCodec:
@@ -86,6 +113,36 @@ class Int8BaseCodec:
             dst.mul_(scales[row:row + rows, None])
             row += rows
         out[self.n_mat:].copy_(tail)
+
+    def decode_form(self, buf: torch.Tensor, mats: torch.Tensor, tail: torch.Tensor) -> None:
+        """As ``FlatBaseCodec.decode_form``: each matrix row times its scale, in fp32, rounded
+        once into ``mats``' dtype; the fp32 tail copied."""
+        values, scales, wire_tail = self._views(buf)
+        tail.copy_(wire_tail)
+        if not (buf.is_cuda and fused() is not None):
+            _via_fp32(self, buf, mats, None)
+            return
+        row = 0
+        for off, rows, cols in self.mats:
+            span = slice(off, off + rows * cols)
+            fused().decode_rows(values[span], scales[row:row + rows], mats[span], cols)
+            row += rows
+
+    def warm(self, dtype: torch.dtype, n_mat: int) -> None:
+        """Compile ``decode_form``'s kernels for matrices in ``dtype`` (CUDA)."""
+        if fused() is not None:
+            for cols, n in {(cols, rows * cols) for _, rows, cols in self.mats}:
+                fused().warm_rows(dtype, n, cols)
+
+
+def _via_fp32(codec, buf: torch.Tensor, mats: torch.Tensor, tail: torch.Tensor | None) -> None:
+    """The torch path of ``decode_form``: decode to an fp32 block, then one cast into
+    ``mats`` (and the tail copied, unless None)."""
+    flat = torch.empty(codec.numel, dtype=torch.float32, device=buf.device)
+    codec.decode(buf, flat)
+    mats.copy_(flat[:mats.numel()])
+    if tail is not None:
+        tail.copy_(flat[mats.numel():])
 
 
 BaseCodec = FlatBaseCodec | Int8BaseCodec

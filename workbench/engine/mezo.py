@@ -7,6 +7,8 @@ group. The arithmetic is ``zo_step.py``'s, every group's passes driven together.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from workbench.config import RunConfig
@@ -15,7 +17,7 @@ from workbench.engine.checkpoint import Snapshot
 from workbench.engine.events import EMBED, HEAD, EventBus
 from workbench.engine.groups import build_layouts, move_buffers, release
 from workbench.engine.objective import evaluate, head_loss, objective_for
-from workbench.engine.peft import adapter_groups, block_adapter, frozen_groups
+from workbench.engine.peft import adapter_groups, base_values, block_adapter, frozen_groups
 from workbench.engine.perturb import PendingUpdate, ZOOps
 from workbench.engine.pinned import SnapshotBuffers
 from workbench.engine.protocol import StepOutput
@@ -98,9 +100,9 @@ class MeZOEngine:
         """Every trainable group's weights in canonical order (device tensors; callers copy)."""
         return [g.flat for g in self.groups]
 
-    def base_flats(self) -> list[torch.Tensor]:
-        """The frozen base groups' weights (peft runs; else empty)."""
-        return [g.flat for g in self.frozen]
+    def base_flats(self) -> Sequence[torch.Tensor]:
+        """The frozen base groups' weights as fp32, one at a time (peft runs; else empty)."""
+        return base_values(self.frozen)
 
     def load_state_flats(self, flats: list[torch.Tensor]) -> None:
         for group, flat in zip(self.groups, flats):

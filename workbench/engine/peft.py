@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 
 from workbench.config import RunConfig
-from workbench.engine.base_codecs import round_trip
-from workbench.engine.codecs import HALF
-from workbench.engine.groups import GroupLayout, adapter_layouts, build_layouts
+from workbench.engine.base_codecs import base_codec
+from workbench.engine.frozen_form import FrozenForm, matrix_dtype
+from workbench.engine.groups import GroupLayout, LazyFlats, adapter_layouts, build_layouts
 from workbench.engine.zo_common import Group, materialise
 from workbench.models.adapter import BlockAdapter
 from workbench.models.lora import LoRAInit, inject_lora
@@ -37,24 +37,39 @@ def adapter_groups(adapter: BlockAdapter, cfg: RunConfig, device: torch.device) 
 
 def frozen_groups(adapter: BlockAdapter, source, cfg: RunConfig,
                   device: torch.device) -> list[Group]:
-    """Every base group on ``device`` (embedding, blocks, head), bound; the blocks hold the
-    values their ``base_codec`` decodes to, exactly what a streamed block computes with. A
-    bf16 / fp16 base under the matching ``amp`` on CUDA is kept in that dtype (half the memory;
-    autocast casts an fp32 copy of those values to the same dtype anyway, and runs layer norms
-    in fp32 either way; CPU autocast leaves layer norms mixed-dtype, so there it stays fp32)."""
+    """Every base group on ``device`` (embedding, blocks, head), bound; the blocks hold what
+    their ``base_codec`` decodes to (``frozen_block``), exactly what a streamed block computes
+    with."""
     embed, blocks, head = build_layouts(adapter)
-    on_cuda = device.type == "cuda"
-    half = HALF.get(cfg.base_codec) if on_cuda and cfg.amp == cfg.base_codec else None
-    groups = []
-    for k, lay in enumerate((embed, *blocks, head)):
-        flat = materialise(lay, source, cfg.seed, device)
-        if 0 < k <= len(blocks):
-            round_trip(cfg.base_codec, lay, flat)
-            if half is not None:
-                flat = flat.to(half)
-        groups.append(Group(lay, flat))
-        groups[-1].bind()
+    groups = [Group(embed, materialise(embed, source, cfg.seed, device)),
+              *(frozen_block(lay, source, cfg, device) for lay in blocks),
+              Group(head, materialise(head, source, cfg.seed, device))]
+    for group in groups:
+        group.bind()
     return groups
+
+
+def frozen_block(lay: GroupLayout, source, cfg: RunConfig, device: torch.device) -> Group:
+    """A base block on ``device`` (not bound): fp32 as loaded for ``base_codec=fp32``; else
+    encoded and decoded into its ``FrozenForm`` (matrices in the ``amp`` dtype under
+    autocast), as ``FrozenTransfer`` decodes a streamed block into its slot."""
+    flat = materialise(lay, source, cfg.seed, device)
+    dtype = matrix_dtype(cfg.amp, cfg.base_codec)
+    if dtype is None or not lay.numel:
+        return Group(lay, flat)
+    codec, form = base_codec(cfg.base_codec, lay), FrozenForm(lay, dtype)
+    wire = torch.empty(codec.nbytes, dtype=torch.uint8, device=device)
+    codec.encode(flat, wire)
+    del flat  # the fp32 block goes before the form is made
+    buf = form.empty(device)
+    codec.decode_form(wire, *form.parts(buf))
+    return Group(lay, buf, form)
+
+
+def base_values(groups: list[Group]) -> LazyFlats:
+    """The frozen groups' weights as fp32, made one group at a time (a form is decoded when
+    it is reached, so a digest never holds the model twice)."""
+    return LazyFlats(len(groups), lambda k: groups[k].values())
 
 
 def layouts_of(groups: list[Group]) -> list[GroupLayout]:

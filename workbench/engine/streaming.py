@@ -6,10 +6,12 @@ mirror, or compressed-sr). ``prefetch_depth`` + the transfer's ``spare_slots`` G
 allocated once, hold the blocks in flight: block i+d uploads while block i computes and block
 i-1 offloads, on three CUDA streams ordered by events only (the host never waits inside a
 step). A compressed codec's wire buffers are two in all (one per direction), not one per slot;
-under compressed-sr a slot is free once its block is encoded, so one slot fewer serves. What a
-pass does to a block is the caller's ``compute``; the arithmetic lives in ``zo_step.py``. Used by
-the zo-offload and forward-grad engines (``offload.py``, ``forward_grad.py``) through its public
-methods.
+under compressed-sr a slot is free once its block is encoded, so one slot fewer serves. An
+adapter run's frozen base (``frozen_transfer.py``) only comes up: compressed, each slot is a
+wire of its own, decoded on the compute stream just before its block into one shared buffer.
+What a pass does to a block is the caller's ``compute``; the arithmetic lives in ``zo_step.py``.
+Used by the zo-offload and forward-grad engines (``offload.py``, ``forward_grad.py``) through its
+public methods.
 """
 from __future__ import annotations
 
@@ -19,15 +21,17 @@ from typing import Callable, Sequence
 import torch
 
 from workbench.config import RunConfig
-from workbench.engine.base_codecs import round_trip
 from workbench.engine.events import OpEvent
+from workbench.engine.frozen_form import matrix_dtype
+from workbench.engine.frozen_transfer import FrozenTransfer
 from workbench.engine.groups import GroupLayout, LazyFlats, build_layouts, move_buffers, release
+from workbench.engine.peft import frozen_block
 from workbench.engine.perturb import PendingUpdate, ZOOps
 from workbench.engine.pinned import SnapshotBuffers
 from workbench.engine.shared_host import NodeShare
 from workbench.engine.streams import Streams
 from workbench.engine.timing import OpTimer
-from workbench.engine.transfers import FrozenTransfer, make_transfer
+from workbench.engine.transfers import make_transfer
 from workbench.engine.zo_common import Group, device_copies, materialise, pending_dict
 from workbench.engine.zo_step import ApplyUpdate
 from workbench.models.adapter import BlockAdapter
@@ -65,24 +69,19 @@ class BlockStreamer:
         self.streams = Streams(device, cfg.overlap)
         streamed = [blocks[i] for i in range(n) if i not in self.resident]
         # An adapter run's base is frozen: it only ever comes up (``FrozenTransfer``).
-        self.transfer = (FrozenTransfer(cfg.base_codec, streamed, device, timer, share)
+        self.transfer = (FrozenTransfer(cfg.base_codec, streamed, device, timer,
+                                        matrix_dtype(cfg.amp, cfg.base_codec), share)
                          if cfg.peft == "lora" else
                          make_transfer(cfg.master, cfg.codec, device, timer, ops, share))
         self.slot_numel = max((lay.numel for lay in streamed), default=0)
         self.n_slots = cfg.prefetch_depth + self.transfer.spare_slots
-        self.slots: list[tuple[torch.Tensor, dict]] = []
-        if cfg.reuse_buffers and self.slot_numel:
-            self.slots = [(torch.empty(self.slot_numel, device=device),
-                           self.transfer.slot_extra(self.slot_numel, shared=True))
-                          for _ in range(self.n_slots)]
         self.blocks: list[Group] = []
         if share is not None:
             share.start(n)
         for i, lay in enumerate(blocks):
-            if i in self.resident:
-                self.blocks.append(Group(lay, materialise(lay, source, cfg.seed, device)))
-                if cfg.peft == "lora":  # a resident base holds what its codec decodes to
-                    round_trip(cfg.base_codec, lay, self.blocks[i].flat)
+            if i in self.resident:  # a resident base holds what a streamed one decodes to
+                self.blocks.append(frozen_block(lay, source, cfg, device) if cfg.peft == "lora"
+                                   else Group(lay, materialise(lay, source, cfg.seed, device)))
             else:  # under a NodeShare only its writer fills the host copy; the rest map it
                 self.blocks.append(Group(lay, None if share is not None and not share.writer
                                          else self._host_storage(lay, source)))
@@ -92,6 +91,10 @@ class BlockStreamer:
                 if group.flat is None:
                     group.flat = self.transfer.host_storage(group.layout)
             share.mapped()
+        self.slots: list[tuple[torch.Tensor, dict]] = []  # after the blocks: their staging
+        if cfg.reuse_buffers and self.slot_numel:  # has gone back to the allocator
+            self.slots = [self.transfer.slot_buffers(self.slot_numel, shared=True)
+                          for _ in range(self.n_slots)]
         self.embed.bind()
         self.head.bind()
         for i in self.resident:
@@ -110,12 +113,11 @@ class BlockStreamer:
 
     def _host_storage(self, lay: GroupLayout, source):
         """A streamed block's host storage, filled with its initial weights. Random init runs on
-        the GPU (in a slot) and is copied down: far faster than initialising on the CPU."""
+        the GPU (in a staging block the slots later reuse) and is copied down: far faster than
+        initialising on the CPU."""
         host = self.transfer.host_storage(lay)
         on_gpu = self.cuda and isinstance(source, RandomInit)
-        staging = (self.slots[0][0] if on_gpu and self.slots
-                   else torch.empty(lay.numel, device=self.device if on_gpu else "cpu"))
-        staging = staging[:lay.numel]
+        staging = torch.empty(lay.numel, device=self.device if on_gpu else "cpu")
         source.fill(lay.name, lay.named_views(staging), self.cfg.seed)
         self.transfer.store_fp32(host, staging)  # setup only: synchronous copies are fine here
         return host
@@ -145,14 +147,14 @@ class BlockStreamer:
             with s.on(s.upload):
                 s.wait(s.upload, self._offloaded.get(j))  # last step's offload wrote the host copy
                 if self.slots:
-                    flat, extra = self.slots[slot][0][:numel], self.slots[slot][1]
+                    flat, extra = tr.slot_view(self.slots[slot][0], numel), self.slots[slot][1]
                 else:  # reuse_buffers off: fresh buffers from the caching allocator each time
-                    flat, extra = torch.empty(numel, device=self.device), tr.slot_extra(numel)
+                    flat, extra = tr.slot_buffers(numel)
                 if share is not None:  # readers: the writer's last write-back has landed
                     share.before_upload(j, write_back)
                 self.bytes_h2d += tr.upload(group.flat, flat, extra, step, j, s.upload,
                                             # the slot's last block is done with it (its
-                                            # offload read it)
+                                            # offload, or a frozen block's decode, read it)
                                             lambda: s.wait(s.upload, self._slot_free.get(slot)))
                 inflight[j] = (flat, extra, s.record(s.upload), slot)
                 if share is not None and write_back:
@@ -172,12 +174,15 @@ class BlockStreamer:
             fresh = [flat, *extra.values()] if not self.slots and self.cuda else []
             for t in fresh:
                 t.record_stream(s.compute)  # fresh buffers: alive until compute is done
+            decoded: list = []  # a frozen block decoded on the compute stream frees its wire
+            tr.before_compute(group.flat, flat, extra, step, i, s.compute,
+                              lambda: decoded.append(s.record(s.compute)))
             self._bind_slot(i, flat, slot)
             with self.timer.span(op, "compute", s.compute, step, i):
                 compute(i, flat, tr.updater(extra, i))
             computed = s.record(s.compute)
             if not write_back:
-                self._slot_free[slot] = computed
+                self._slot_free[slot] = decoded[0] if decoded else computed
                 continue
             gate = self._gates.pop(i, None)
             if gate is not None:
@@ -203,14 +208,14 @@ class BlockStreamer:
 
     def _bind_slot(self, i: int, flat: torch.Tensor, slot: int) -> None:
         """Point block i's modules at its weights in the slot (views cached per slot)."""
-        lay = self.blocks[i].layout
+        lay, tr = self.blocks[i].layout, self.transfer
         if not self.slots:
-            lay.bind(lay.make_params(flat))
+            lay.bind(tr.make_params(lay, flat))
             return
         key = (slot, lay.signature())  # views of one slot serve every block of that shape
         params = self._slot_params.get(key)
         if params is None:
-            params = self._slot_params[key] = lay.make_params(flat)
+            params = self._slot_params[key] = tr.make_params(lay, flat)
         lay.bind(params)
 
     # --- state ------------------------------------------------------------------------------
@@ -225,7 +230,7 @@ class BlockStreamer:
 
     def _weights(self, i: int) -> torch.Tensor:
         group = self.blocks[i]
-        return group.flat if i in self.resident else self.transfer.to_fp32(group.flat)
+        return group.values() if i in self.resident else self.transfer.to_fp32(group.flat)
 
     def state_flats(self) -> LazyFlats:
         """Every group's fp32 weights in canonical order; a streamed block is decoded from the
@@ -243,7 +248,7 @@ class BlockStreamer:
         self.head.flat.copy_(flats[len(flats) - 1])
         for i in range(len(self.blocks)):
             if i in self.resident:
-                self.blocks[i].flat.copy_(flats[i + 1])
+                self.blocks[i].load(flats[i + 1])
             elif self.share is None or self.share.writer:  # one copy per node: one writer
                 self.transfer.store_fp32(self.blocks[i].flat, flats[i + 1])
         if self.share is not None:
@@ -338,7 +343,8 @@ class BlockStreamer:
                                   {})[t.data_ptr()] = nbytes(t)
         out = {"embedding + head": nbytes(self.embed.flat) + nbytes(self.head.flat),
                "resident blocks": sum(nbytes(self.blocks[i].flat) for i in self.resident),
-               "block slots": sum(nbytes(flat) for flat, _ in self.slots)}
+               "block slots": sum({flat.data_ptr(): nbytes(flat)  # a shared one once
+                                   for flat, _ in self.slots}.values())}
         out.update({k: sum(v.values()) for k, v in extras.items()})
         return out
 

@@ -5,7 +5,6 @@ SRTransfer        master compressed-sr: the host stores bf16/fp16 (2 B/param, ha
                   memory); up 2 B, decoded to fp32 on the GPU; the updated fp32 weights are
                   encoded with stochastic rounding on the GPU and sent down (2 B). Unbiased:
                   an update below a bf16 ulp survives in expectation, not always.
-FrozenTransfer    an adapter run's frozen base (``base_codec``): encoded once, up only.
 MirrorTransfer    master fp32, compressed codec: the host keeps an fp32 master and a
                   compressed mirror of it. Up: the mirror (2 B, or 1 B + scales for fp8); the
                   GPU applies the pending update on top of the decoded mirror for compute and
@@ -15,19 +14,18 @@ MirrorTransfer    master fp32, compressed codec: the host keeps an fp32 master a
                   its own size), but no update is lost to the master's precision, as it would be
                   in a bf16 master; at the cost of a pass over host memory per step.
 
-All GPU-side encode / decode runs on the stream of the transfer it belongs to.
+All GPU-side encode / decode here runs on the stream of the transfer it belongs to. (An adapter
+run's frozen base, up only and decoded on the compute stream, is ``frozen_transfer.py``'s.)
 """
 from __future__ import annotations
 
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from functools import partial
 from typing import Callable
 
 import torch
 
-from workbench.engine.base_codecs import BaseCodec, base_codec
 from workbench.engine.codecs import HALF, Codec, get_codec
 from workbench.engine.events import OpEvent
 from workbench.engine.groups import GroupLayout
@@ -67,6 +65,23 @@ class PlainTransfer:
         """The block's master weights copied into ``out`` (a reused host buffer of
         ``master_dtype``, (n,)): one pass, no conversion."""
         return out.copy_(self.to_fp32(host))
+
+    def slot_buffers(self, n: int, shared: bool = False) -> tuple[torch.Tensor, dict]:
+        """A slot of n elements (fp32, on the device) and the buffers beside it."""
+        return torch.empty(n, device=self.device), self.slot_extra(n, shared)
+
+    def slot_view(self, slot: torch.Tensor, numel: int) -> torch.Tensor:
+        """What a block of ``numel`` elements uses of ``slot``."""
+        return slot[:numel]
+
+    def make_params(self, layout: GroupLayout, slot: torch.Tensor) -> list:
+        """Parameter views of a block of ``layout`` in ``slot`` (the caller caches them)."""
+        return layout.make_params(slot)
+
+    def before_compute(self, host, slot, extra, step: int, block: int, stream,
+                       released: Callable[[], None]) -> None:
+        """On the compute stream before the block computes: nothing (the upload stream has
+        decoded the block into its slot)."""
 
     def slot_extra(self, n: int, shared: bool = False) -> dict[str, torch.Tensor]:
         """Device buffers beside a slot of n elements. ``shared`` (slots allocated once): the
@@ -275,112 +290,6 @@ class MirrorTransfer(PlainTransfer):
             self.wait_host(block)
         self.pool.shutdown(wait=True)
         self._wires.clear()
-        self.host.release()
-
-
-@dataclass
-class Encoded:
-    """A frozen base block on the host: its encoded bytes (pinned on CUDA) and its codec."""
-
-    buf: torch.Tensor
-    codec: BaseCodec
-
-
-class FrozenTransfer:
-    """An adapter run's frozen base (``base_codec``): encoded once at load, up only. Each
-    upload copies the encoded bytes into the wire buffer and decodes them into the fp32 slot on
-    the upload stream (fp32: straight into the slot); nothing is ever offloaded.
-
-    Args:
-        name: the base codec. layouts: the streamed blocks' layouts (the wire buffer is sized
-        for the largest encoding). device, timer: as the other transfers. share: the node's
-        one host copy under data parallel (the base is never written back, so the writer
-        fills it once and every rank only reads it).
-    """
-
-    master_dtype = torch.float32
-
-    #: GPU slots beyond prefetch_depth: the block computing (no offload ever reads a slot)
-    spare_slots = 1
-
-    def __init__(self, name: str, layouts: list[GroupLayout], device: torch.device, timer,
-                 share=None):
-        self.name, self.device, self.timer = name, device, timer
-        self.cuda = device.type == "cuda"
-        self.host = HostMemory(self.cuda, share)
-        self._codecs: dict[tuple, BaseCodec] = {}
-        self.wire_bytes = max((self.codec_for(lay).nbytes for lay in layouts), default=0)
-        self._wire: torch.Tensor | None = None  # shared by every upload (``slot_extra``)
-
-    def codec_for(self, layout: GroupLayout) -> BaseCodec:
-        key = layout.signature()
-        if key not in self._codecs:
-            self._codecs[key] = base_codec(self.name, layout)
-        return self._codecs[key]
-
-    def host_storage(self, layout: GroupLayout) -> Encoded:
-        codec = self.codec_for(layout)
-        return Encoded(self.host.empty(codec.nbytes, torch.uint8), codec)
-
-    def host_bytes(self, host: Encoded) -> int:
-        return host.buf.numel()
-
-    def store_fp32(self, host: Encoded, flat: torch.Tensor) -> None:
-        """Encode ``flat`` on its own device (on the GPU only the encoded bytes cross PCIe)."""
-        same = flat.device == host.buf.device
-        wire = host.buf if same else torch.empty_like(host.buf, device=flat.device)
-        host.codec.encode(flat, wire)
-        if wire is not host.buf:
-            host.buf.copy_(wire)
-
-    def to_fp32(self, host: Encoded) -> torch.Tensor:
-        out = torch.empty(host.codec.numel, dtype=torch.float32)
-        host.codec.decode(host.buf, out)
-        return out
-
-    def slot_extra(self, n: int, shared: bool = False) -> dict[str, torch.Tensor]:
-        """The wire buffer (none for fp32): with ``shared`` one for every upload, since the
-        upload stream runs them in order (the next copy into it queues behind the decode)."""
-        if self.name == "fp32":
-            return {}
-        if not shared:
-            return {"wire": torch.empty(self.wire_bytes, dtype=torch.uint8, device=self.device)}
-        if self._wire is None:
-            self._wire = torch.empty(self.wire_bytes, dtype=torch.uint8, device=self.device)
-        return {"wire": self._wire}
-
-    def updater(self, extra: dict[str, torch.Tensor], block: int) -> None:
-        return None  # nothing in the base is ever updated
-
-    def upload(self, host: Encoded, slot, extra, step: int, block: int, stream,
-               slot_ready: Callable[[], None] | None = None) -> int:
-        """Encoded bytes up, decoded into ``slot``; returns the bytes moved. ``slot_ready``:
-        as ``PlainTransfer.upload``."""
-        n = host.buf.numel()
-        if self.name == "fp32":
-            if slot_ready is not None:
-                slot_ready()  # the copy goes straight into the slot
-            with self.timer.span("upload", "upload", stream, step, block, n):
-                slot.copy_(host.buf.view(torch.float32), non_blocking=True)
-            return n
-        wire = extra["wire"][:n]
-        with self.timer.span("upload", "upload", stream, step, block, n):
-            wire.copy_(host.buf, non_blocking=True)
-        if slot_ready is not None:
-            slot_ready()  # the copy into the wire did not need the slot; the decode does
-        with self.timer.span("codec", "upload", stream, step, block, n, "decode"):
-            host.codec.decode(wire, slot)
-        return n
-
-    def offload(self, host, slot, extra, step, block, layout, stream, released=None) -> int:
-        raise RuntimeError("a frozen base block is never offloaded (stream it with "
-                           "write_back=False)")
-
-    def wait_host(self, block: int) -> None:
-        """No host-side work ever touches a frozen block."""
-
-    def close(self) -> None:
-        self._wire = None
         self.host.release()
 
 

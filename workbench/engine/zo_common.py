@@ -8,6 +8,7 @@ from typing import ContextManager
 
 import torch
 
+from workbench.engine.frozen_form import FrozenForm
 from workbench.engine.groups import GroupLayout
 from workbench.engine.perturb import PendingUpdate
 
@@ -31,11 +32,25 @@ def autocast(device: torch.device, amp: str) -> ContextManager:
 
 @dataclass
 class Group:
-    """A layout and the flat fp32 buffer holding it on one device, plus cached param views."""
+    """A layout and the flat fp32 buffer holding it on one device, plus cached param views.
+    A frozen base block may instead be held in a ``form`` (``frozen_form.py``: matrices in the
+    compute dtype), ``flat`` then being the form's byte buffer."""
 
     layout: GroupLayout
     flat: torch.Tensor
+    form: FrozenForm | None = None
     _params: dict = field(default_factory=dict)
+
+    def values(self) -> torch.Tensor:
+        """The weights held, as fp32 (n,) (a new tensor for a form, else ``flat`` itself)."""
+        return self.flat if self.form is None else self.form.to_fp32(self.flat)
+
+    def load(self, values: torch.Tensor) -> None:
+        """Set the weights from fp32 ``values`` (n,) (a form rounds its matrices)."""
+        if self.form is None:
+            self.flat.copy_(values)
+        else:
+            self.form.fill(self.flat, values)
 
     def bind(self, flat: torch.Tensor | None = None) -> None:
         """Point the model at ``flat`` (default: this group's own buffer; a long-lived buffer
@@ -43,7 +58,8 @@ class Group:
         flat = self.flat if flat is None else flat
         key = (flat.data_ptr(), flat.numel())
         if key not in self._params:
-            self._params[key] = self.layout.make_params(flat)
+            make = self.layout.make_params if self.form is None else self.form.make_params
+            self._params[key] = make(flat)
         self.layout.bind(self._params[key])
 
 
