@@ -310,7 +310,10 @@ def test_host_memory_covers_the_save_one_group_at_a_time():
                                    dict(codec="bf16", master="compressed-sr", amp="bf16"),
                                    dict(codec="bf16", master="compressed-sr", prefetch_depth=2),
                                    dict(codec="bf16"), dict(peft="lora"),
-                                   dict(peft="lora", base_codec="int8", prefetch_depth=2)])
+                                   dict(peft="lora", base_codec="int8", prefetch_depth=2),
+                                   dict(peft="lora", base_codec="fp8-e4m3", amp="bf16"),
+                                   dict(peft="lora", base_codec="bf16", amp="bf16",
+                                        resident_blocks=1)])
 def test_planned_device_buffers_are_the_engines_own(model, knobs):
     """The memory model's buffer items equal, byte for byte, the buffers the zo-offload engine
     allocates (built here on the CPU; the same tensors live on the GPU there): embedding + head,
@@ -354,6 +357,30 @@ def test_frozen_stream_bytes_by_hand(codec, per_block):
     assert "tied head weight copy" not in pl.gpu_breakdown  # a frozen embedding
     assert ("codec wire buffers" in pl.gpu_breakdown) == (codec != "fp32")
     assert "frozen stream: H2D only (the base never goes back down)" in pl.notes
+
+
+def test_frozen_block_device_form_by_hand():
+    """tiny-opt, peft=lora, base_codec fp8 under amp=bf16: a block on the GPU is 49152 matrix
+    elements in bf16 (98304 B, 16-aligned) + 832 fp32 (biases, norms). zo-offload holds one
+    decoded block and prefetch_depth + 1 = 2 wires of the fp8 encoding; mezo every block in the
+    form (was 4 B each)."""
+    form = 2 * 49152 + 4 * 832
+    wire = 49984 + 4 * 196  # fp8 values (16-aligned) + one fp32 scale per 256
+    lora = dict(model="tiny-opt", device="cuda", peft="lora", base_codec="fp8-e4m3", amp="bf16",
+                data="synthetic")
+    pl = plan(RunConfig(method="zo-offload", resident_blocks=1, **lora), gpu="h100",
+              calibration=HOST)
+    dev = pl.gpu_breakdown
+    assert (dev["block slots"], dev["codec wire buffers"], dev["resident blocks"]) == (
+        form, 2 * wire, form)
+    assert pl.h2d_bytes_per_step == 3 * wire and pl.d2h_bytes_per_step == 0  # unchanged
+    mezo = plan(RunConfig(method="mezo", **lora), gpu="h100", calibration=HOST)
+    assert mezo.gpu_breakdown["blocks"] == 4 * form
+    off = plan(RunConfig(method="mezo", **{**lora, "amp": "off"}), gpu="h100", calibration=HOST)
+    assert off.gpu_breakdown["blocks"] == 4 * (4 * 49152 + 4 * 832)  # fp32 without autocast
+    fresh = plan(RunConfig(method="zo-offload", reuse_buffers=False, overlap=False, **lora),
+                 gpu="h100", calibration=HOST).gpu_breakdown
+    assert (fresh["blocks in flight"], fresh["codec wire buffers"]) == (2 * form, 2 * wire)
 
 
 @pytest.mark.parametrize("model", ["tiny-opt", "tiny-llama"])

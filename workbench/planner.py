@@ -68,7 +68,7 @@ from typing import Any
 
 from workbench.config import ConfigError, RunConfig
 from workbench.flops import block_flops
-from workbench.planner_lora import codec_bytes, frozen_stream
+from workbench.planner_lora import codec_bytes, frozen_stream, matrix_bytes
 from workbench.presets import PRESETS, Preset
 
 GiB, MiB = 2 ** 30, 2 ** 20
@@ -154,21 +154,25 @@ def _pin(nbytes: int, cuda: bool) -> int:
     return 1 << (nbytes - 1).bit_length()
 
 
-def _moments(p: Preset, rows: int, t: int, amp: bool, masked: bool) -> dict[str, int]:
+def _moments(p: Preset, rows: int, t: int, amp: bool, masked: bool,
+             cast: bool = True) -> dict[str, int]:
     """Bytes of the largest moment of one pass of the embedding, a block and the head, on top of
-    the fp32 hidden states held outside it."""
+    the fp32 hidden states held outside it (``cast``: autocast casts the block's weights; not
+    those of a frozen block held in the compute dtype)."""
     a, wc = (2, 2) if amp else (4, 0)  # activation bytes; bf16 copy of the weight in use
     n, d, f, v = rows * t, p.hidden, p.ffn, p.vocab
     kv = p.hf.get("num_key_value_heads", p.heads) / p.heads
     mask = n * t * (2 * a + 1) if masked else 0  # bool mask -> additive float (+ aligned copy)
     if p.family == "opt":
-        attn = n * d * (4 + 5 * a) + mask + wc * d * d  # ln out, q k v, sdpa out + its copy
-        mlp = max(n * d * (8 + wc) + a * n * f + wc * d * f,  # fc1: h_mid, ln out (+cast), out
+        wb = wc * cast  # the weight's cast copy
+        attn = n * d * (4 + 5 * a) + mask + wb * d * d  # ln out, q k v, sdpa out + its copy
+        mlp = max(n * d * (8 + wc) + a * n * f + wb * d * f,  # fc1: h_mid, ln out (+cast), out
                   4 * n * d + 2 * a * n * f)  # relu: input and output beside h_mid
         embed = 12 * n * d  # token + position embeddings + their sum
     else:  # ln out, q k v, rotary q k (fp32 by type promotion) + temporaries, sdpa casts, out
-        attn = n * d * (4 + a * (2 + 3 * kv) + 4 * (1 + kv) + 4 + a) + mask + wc * d * d
-        mlp = 8 * n * d + 3 * a * n * f + wc * d * f  # h_mid, ln out, silu(gate), up, product
+        wb = wc * cast
+        attn = n * d * (4 + a * (2 + 3 * kv) + 4 * (1 + kv) + 4 + a) + mask + wb * d * d
+        mlp = 8 * n * d + 3 * a * n * f + wb * d * f  # h_mid, ln out, silu(gate), up, product
         embed = 4 * n * d
     head = 8 * rows * d + wc * v * p.hf.get("word_embed_proj_dim", d) + a * rows * v
     return {"embed": int(embed), "block": int(max(attn, mlp)), "head": int(head)}
@@ -314,7 +318,7 @@ def _zo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) -> Non
     if masked:  # evaluation: one pass over max(B, 16) rows
         er = max(rows, EVAL_ROWS)
         ehb = 4 * er * t * p.hidden
-        em = max(_moments(p, er, t, e["amp"], True).values())
+        em = max(_moments(p, er, t, e["amp"], True, e["cast"]).values())
         act = max(act, ehb + held // live * er // rows + em + er * t * t)
     dev["activations"] = act
     # time
@@ -356,13 +360,16 @@ def _plan(cfg: RunConfig, gpu: str | None, calib: dict | None,
     p, cuda, amp = preset_of(cfg.model), cfg.device == "cuda", cfg.amp != "off"
     prof, notes = _profile(cfg, gpu, calib)
     rows, t, masked = cfg.batch_size, cfg.seq_len, cfg.data != "synthetic"
+    held = matrix_bytes(cfg)  # a frozen base held in the compute dtype is read, never cast
+    cast, wb = amp and held is None, 2 if amp and held else 10 if amp else 4
     rate, bw, proj = prof["flops_bf16" if amp else "flops_fp32"], prof["gpu_mem_bps"], \
         p.hf.get("word_embed_proj_dim", p.hidden)
     e: dict[str, Any] = dict(
         dev={}, host={}, pinned=0, h2d=0, d2h=0, transfer=0.0, elastic=0, gpu_param_bytes=0,
-        amp=amp, masked=masked, hb=4 * rows * t * p.hidden, m=_moments(p, rows, t, amp, masked),
+        amp=amp, masked=masked, hb=4 * rows * t * p.hidden, cast=cast,
+        m=_moments(p, rows, t, amp, masked, cast),
         blk=max(block_flops(p, rows, t, not masked) / rate,
-                p.block_params() * (10 if amp else 4) / bw),  # fp32 read (+ bf16 cast)
+                p.block_params() * wb / bw),  # fp32 read (+ bf16 cast)
         eh=max(2 * rows * p.vocab * proj / rate, p.vocab * proj * (10 if amp else 4) / bw)
         + 12 * rows * t * p.hidden / bw)  # head on B rows (reads its weight) + embedding gather
     (_fo if cfg.method in ("fo", "fo-offload") else _zo)(cfg, p, prof, e, notes)

@@ -8,14 +8,19 @@ Per block (n elements, D hidden, F ffn, kv the key/value width, r the LoRA rank)
   Base bytes by ``base_codec`` (as ``engine/base_codecs.py``): fp32 4n, bf16 / fp16 2n,
   fp8-e4m3 codec bytes (1 B + an fp32 scale per 256), int8 1 B per matrix element (padded to
   4) + 4 B per matrix row + 4 B per 1-D element (biases, norms stay fp32).
+  Device form of a base block (``engine/frozen_form.py``, every method): fp32 4n for
+  base_codec=fp32; else the matrices in the amp dtype (2 B, fp32 without amp), padded to 16 B,
+  then the 1-D tail in fp32. Under amp those matrices are not cast again in each pass (no
+  autocast weight copy, 2 B read per weight instead of 4 + a cast).
   zo-offload: H2D = streamed blocks x base bytes per step, D2H = 0 (nothing goes down; an
   unfused update touches only the resident adapters). A streamed block costs max(its two
-  passes + the adapter perturbation, its upload + decode) with overlap (the link runs one
-  way, at the H2D rate), their sum without. Host: the encoded base, pinned. GPU:
-  prefetch_depth + 1 slots (``FrozenTransfer.spare_slots``: no offload reads a slot), one wire
-  buffer in all (non-fp32 codecs; one per slot without reuse_buffers), no tied head weight copy
-  (the embedding is frozen, never perturbed), the adapters. mezo keeps the base as fp32 values decoded from its codec, or in
-  bf16 / fp16 itself under the matching amp on CUDA.
+  passes + the adapter perturbation + its decode, its upload) with overlap (the link runs one
+  way, at the H2D rate; compressed blocks are decoded on the compute stream), their sum
+  without. Host: the encoded base, pinned. GPU: prefetch_depth + 1 slots
+  (``FrozenTransfer.spare_slots``): fp32 slots, or for compressed codecs one wire buffer per
+  slot and one decoded block in its device form shared by all (fresh ones per block in flight
+  without reuse_buffers); no tied head weight copy (the embedding is frozen, never perturbed);
+  the adapters. Resident blocks and mezo's blocks are held in the device form too.
 """
 from __future__ import annotations
 
@@ -64,6 +69,24 @@ def base_block_bytes(codec: str, p: Preset) -> int:
     return (n_mat + 3) // 4 * 4 + 4 * sum(o for o, _ in mats) + 4 * (n - n_mat)
 
 
+def form_bytes(cfg: RunConfig, p: Preset) -> int:
+    """Device bytes of one frozen base block in its form (as ``FrozenForm.nbytes``)."""
+    n = p.block_params()
+    item = matrix_bytes(cfg)
+    if item is None:
+        return 4 * n
+    n_mat = sum(o * i for o, i in block_matrices(p).values())
+    return (item * n_mat + 15) // 16 * 16 + 4 * (n - n_mat)
+
+
+def matrix_bytes(cfg: RunConfig) -> int | None:
+    """Bytes per matrix weight of a frozen block on the device (``frozen_form.matrix_dtype``):
+    None where no form applies (no adapters, or base_codec=fp32)."""
+    if cfg.peft != "lora" or cfg.base_codec == "fp32":
+        return None
+    return 2 if cfg.amp != "off" else 4
+
+
 def frozen_stream(cfg: RunConfig, p: Preset, prof: dict, e: dict[str, Any], notes: list[str],
                   pin) -> None:
     """Turn ``planner._zo``'s plan of the same run into the adapter run's (``e`` in place)."""
@@ -75,14 +98,16 @@ def frozen_stream(cfg: RunConfig, p: Preset, prof: dict, e: dict[str, Any], note
     e["gpu_param_bytes"] += cuda * 4 * nl
     c_blk = 2 * e["blk"] + 4 * nl / n_blocks / pr  # two passes + the adapter's perturbations
     e["compute"] = 2 * e["eh"] + n_blocks * c_blk
-    if cfg.method == "mezo":  # a bf16 / fp16 base under the matching amp on CUDA: 2 B/param
-        if cuda and cfg.base_codec in ("bf16", "fp16") and cfg.amp == cfg.base_codec:
-            e["gpu_param_bytes"] -= dev["blocks"] // 2
-            dev["blocks"] //= 2
+    held = form_bytes(cfg, p)
+    if cfg.method == "mezo":  # every block in its device form
+        e["gpu_param_bytes"] -= cuda * n_blocks * (4 * nb - held)
+        dev["blocks"] = n_blocks * held
         e["step"] = e["compute"]
         return
     r = min(cfg.resident_blocks, n_blocks)
     s = n_blocks - r
+    e["gpu_param_bytes"] -= cuda * r * (4 * nb - held)
+    dev["resident blocks"] = r * held
     if "tied head weight copy" in dev:  # the head reads the frozen embedding itself
         e["gpu_param_bytes"] -= cuda * dev.pop("tied head weight copy")
     up = base_block_bytes(cfg.base_codec, p)
@@ -91,16 +116,22 @@ def frozen_stream(cfg: RunConfig, p: Preset, prof: dict, e: dict[str, Any], note
     e["host"] = {f"block base ({cfg.base_codec})": e["pinned"], **e["host"]}
     notes.append("frozen stream: H2D only (the base never goes back down)")
     slots = cfg.prefetch_depth + 1 if s else 0  # ``planner._zo`` planned a plain transfer's + 2
-    if "block slots" in dev:
-        dev["block slots"] = 4 * slots * nb
-        e["gpu_param_bytes"] -= cuda * 4 * nb
-    if cfg.base_codec != "fp32" and slots:
-        dev["codec wire buffers"] = up if cfg.reuse_buffers else slots * up
-        e["gpu_param_bytes"] += cuda * up * cfg.reuse_buffers
+    compressed = cfg.base_codec != "fp32"
+    if "block slots" in dev:  # reuse_buffers: allocated once
+        e["gpu_param_bytes"] -= cuda * dev["block slots"]
+        dev["block slots"] = held if compressed else 4 * slots * nb
+        dev.update({"codec wire buffers": slots * up} if compressed else {})
+        e["gpu_param_bytes"] += cuda * (dev["block slots"] + dev.get("codec wire buffers", 0))
+    elif slots:  # fresh buffers for every block in flight (``planner._zo``'s count of them)
+        ahead = s if cuda and cfg.overlap else slots
+        dev["blocks in flight"] = ahead * held
+        e["elastic"] = (ahead - slots) * (held + up * compressed)
+        dev.update({"codec wire buffers": ahead * up} if compressed else {})
     e["h2d"], e["d2h"] = s * up, 0
     bu = prof["h2d_bps"] if cuda else prof["host_memcpy_bps"] / 2
-    x_up = up / bu + (up + 4 * nb) / prof["gpu_mem_bps"] * (cfg.base_codec != "fp32")
+    x_up = up / bu
+    decode = (up + held) / prof["gpu_mem_bps"] * compressed  # on the compute stream
     overlap = cfg.overlap and cuda
-    per = max(c_blk, x_up) if overlap else c_blk + x_up
+    per = max(c_blk + decode, x_up) if overlap else c_blk + decode + x_up
     e["step"] = 2 * e["eh"] + r * c_blk + s * per
     e["transfer"] = s * x_up

@@ -93,3 +93,26 @@ def test_a_zero_row_survives_int8():
 def test_unknown_base_codec_is_named():
     with pytest.raises(ValueError, match="base_codec: 'int4' is not one of"):
         base_codec("int4", layout([(2, 2)]))
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp16", "fp8-e4m3", "int8"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_decode_form_rounds_the_fp32_decoding_once(name, dtype):
+    """Into a ``FrozenForm``: each matrix element is its fp32 decoding rounded to nearest into
+    the form's dtype (what autocast does to the fp32 weight), the tail its fp32 decoding. The
+    matrix prefix (3931) ends inside an fp8 chunk, so a chunk's scale spans both parts."""
+    from workbench.engine.frozen_form import FrozenForm
+
+    lay = layout(SHAPES)
+    x = weights(lay)
+    codec, form = base_codec(name, lay), FrozenForm(lay, dtype)
+    wire = torch.empty(codec.nbytes, dtype=torch.uint8)
+    codec.encode(x, wire)
+    ref = torch.empty(lay.numel)
+    codec.decode(wire, ref)
+    buf = form.empty("cpu")
+    mats, tail = form.parts(buf)
+    codec.decode_form(wire, mats, tail)
+    n = lay.n_decay
+    assert n % CHUNK != 0
+    assert torch.equal(mats, ref[:n].to(dtype)) and torch.equal(tail, ref[n:])

@@ -2,7 +2,11 @@
 import pytest
 import torch
 
+from workbench.engine import base_codecs, build_engine
+from workbench.engine.events import EventBus
+from workbench.engine.frozen_form import FrozenForm
 from workbench.engine.groups import digest
+from workbench.models.build import build_skeleton
 
 from test_lora import STEPS, lora_cfg, lora_run
 from zo_helpers import KNOBS
@@ -11,9 +15,12 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module", params=[("tiny-opt", "fp32", "off"), ("tiny-opt", "bf16", "off"),
-                                        ("tiny-llama", "bf16", "bf16")])
+                                        ("tiny-llama", "bf16", "bf16"),
+                                        ("tiny-opt", "fp8-e4m3", "bf16"),
+                                        ("tiny-llama", "int8", "bf16")])
 def cuda_reference(request):
-    """MeZO + lora on CUDA; under amp=bf16 with base_codec=bf16 its base is held in bf16."""
+    """MeZO + lora on CUDA; under amp=bf16 its base matrices are held in bf16 (the fused
+    fp8 / int8 decode at setup, as zo-offload's before each block)."""
     model, codec, amp = request.param
     cfg = lora_cfg(model=model, base_codec=codec, amp=amp, device="cuda")
     return cfg, lora_run(cfg)
@@ -30,10 +37,92 @@ def test_lora_offload_equals_mezo_on_cuda(cuda_reference, overlap, reuse, fused,
     assert r["d2h"] == 0
 
 
-def test_mezo_holds_a_bf16_base_in_bf16_under_bf16_amp():
-    r = lora_run(lora_cfg(base_codec="bf16", amp="bf16", device="cuda"), steps=1)
-    assert {f.dtype for f in r["base"][1:-1]} == {torch.bfloat16}  # blocks
-    assert {r["base"][0].dtype, r["base"][-1].dtype} == {torch.float32}  # embedding, head
+@pytest.mark.parametrize("codec", ["bf16", "fp8-e4m3", "int8"])
+def test_mezo_holds_base_matrices_in_bf16_under_bf16_amp(codec):
+    cfg = lora_cfg(base_codec=codec, amp="bf16", device="cuda")
+    model, source = build_skeleton(cfg.model)
+    engine = build_engine(model, source, cfg, torch.device("cuda"), EventBus())
+    try:
+        blocks, ends = engine.frozen[1:-1], [engine.frozen[0], engine.frozen[-1]]
+        assert {g.form.dtype for g in blocks} == {torch.bfloat16}
+        params = dict(engine.adapter.blocks[0].named_parameters())
+        assert {(p.dtype, p.is_cuda) for n, p in params.items()
+                if p.dim() == 2 and ".lora_" not in n} == {(torch.bfloat16, True)}
+        assert {p.dtype for p in params.values() if p.dim() == 1} == {torch.float32}
+        assert all(g.form is None and g.flat.dtype == torch.float32 for g in ends)
+        n = sum(g.layout.numel for g in blocks)
+        assert sum(g.flat.numel() for g in blocks) < 2.1 * n  # ~2 B per base weight, was 4
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("codec", ["fp8-e4m3", "int8"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_fused_decode_equals_the_torch_path_bit_for_bit(codec, dtype):
+    """The Triton decode into a form (CUDA) gives the bits of the torch path (CPU): fp8 / int8
+    widened, times its fp32 scale, rounded once; over several kernel blocks, a matrix prefix
+    ending inside an fp8 chunk, rows of magnitudes 1e-4 .. 10."""
+    from test_base_codecs import layout, weights
+
+    assert base_codecs.fused() is not None  # the kernel path is what runs on CUDA
+    lay = layout([(300, 257), (257, 300), (17, 33), (300,), (257,)])
+    x = weights(lay, seed=3)
+    codec_, form = base_codecs.base_codec(codec, lay), FrozenForm(lay, dtype)
+    wire = torch.empty(codec_.nbytes, dtype=torch.uint8)
+    codec_.encode(x, wire)
+    out = {}
+    for device in ("cpu", "cuda"):
+        buf = form.empty(device)
+        codec_.decode_form(wire.to(device), *form.parts(buf))
+        out[device] = [part.cpu().view(torch.uint8) for part in form.parts(buf)]  # the bits
+    assert all(torch.equal(a, b) for a, b in zip(out["cpu"], out["cuda"]))
+
+
+@pytest.mark.parametrize("codec", ["fp8-e4m3", "int8"])
+def test_frozen_stream_is_warmed_and_never_syncs(codec):
+    """From an empty kernel cache, ``warm_kernels`` compiles every decode the steps launch, and
+    steady steps run under sync debug mode "error" (no stream or device sync, no pageable
+    copy)."""
+    from test_host_sync import _batch
+
+    from workbench.engine import base_kernels
+    from workbench.engine.warmup import warm_kernels
+
+    def compiled(clear: bool = False) -> int | None:
+        total = 0
+        for fn in (base_kernels.fp8_kernel, base_kernels.rows_kernel):
+            caches = getattr(fn, "device_caches", None)
+            if caches is None:
+                return None
+            for cache in caches.values():
+                if clear:
+                    cache[0].clear()
+                total += len(cache[0])
+        return total
+
+    compiled(clear=True)
+    cfg = lora_cfg(method="zo-offload", base_codec=codec, amp="bf16", device="cuda")
+    model, source = build_skeleton(cfg.model)
+    engine = build_engine(model, source, cfg, torch.device("cuda"), EventBus())
+    vocab = model.config.vocab_size
+    try:
+        warm_kernels(engine)
+        before = compiled()
+        assert before is None or before > 0
+        for t in range(2):  # warm-up steps: allocator growth, cuBLAS handles
+            engine.step(_batch(vocab, t, padded=t == 1, device="cuda"), t, 1e-3, 0.0)
+        batches = [_batch(vocab, t, padded=t % 2 == 0, device="cuda") for t in range(2, 5)]
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for t, batch in zip(range(2, 5), batches):
+                engine.step(batch, t, 1e-3, 0.0)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
+        assert compiled() == before  # nothing compiled after the warm-up
+    finally:
+        engine.close()
 
 
 @pytest.mark.parametrize("codec", ["fp8-e4m3", "int8"])

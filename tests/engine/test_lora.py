@@ -7,7 +7,9 @@ from workbench.config import ConfigError, RunConfig
 from workbench.data.batches import SyntheticData
 from workbench.engine import build_engine
 from workbench.engine.events import EventBus, OpEvent
-from workbench.engine.groups import digest
+from workbench.engine.base_codecs import base_codec
+from workbench.engine.frozen_form import FrozenForm
+from workbench.engine.groups import build_layouts, digest
 from workbench.models.build import build_skeleton
 
 from zo_helpers import CPU_KNOBS
@@ -58,11 +60,15 @@ def test_only_adapters_are_perturbed_and_updated(method):
     assert g[0] == 0.0 or any(abs(v) > 0 for v in g)  # B = 0 at first: L+ == L- is allowed
 
 
-@pytest.fixture(scope="module", params=[("tiny-opt", "fp32"), ("tiny-opt", "bf16"),
-                                        ("tiny-llama", "bf16")])
+@pytest.fixture(scope="module", params=[("tiny-opt", "fp32", "off"), ("tiny-opt", "bf16", "off"),
+                                        ("tiny-llama", "bf16", "off"),
+                                        # under autocast: matrices held in bf16 by both engines
+                                        ("tiny-opt", "bf16", "bf16"),
+                                        ("tiny-opt", "fp8-e4m3", "bf16"),
+                                        ("tiny-llama", "int8", "bf16")])
 def reference(request):
-    model, codec = request.param
-    cfg = lora_cfg(model=model, base_codec=codec)
+    model, codec, amp = request.param
+    cfg = lora_cfg(model=model, base_codec=codec, amp=amp)
     return cfg, lora_run(cfg)
 
 
@@ -82,22 +88,37 @@ def test_prefetch_depth_keeps_lora_equality(reference):
     assert digest(r["adapters"]) == digest(ref["adapters"])
 
 
-@pytest.mark.parametrize("codec", ["fp32", "bf16", "fp8-e4m3", "int8"])
+@pytest.mark.parametrize("codec, amp", [("fp32", "off"), ("bf16", "off"), ("fp8-e4m3", "off"),
+                                        ("int8", "off"), ("fp32", "bf16"), ("bf16", "bf16"),
+                                        ("fp8-e4m3", "bf16"), ("int8", "bf16")])
 @pytest.mark.parametrize("resident", [0, 1])
-def test_frozen_stream_moves_the_base_up_only(codec, resident):
+def test_frozen_stream_moves_the_base_up_only(codec, amp, resident):
     """No D2H byte and no offload or update pass over the base; H2D = each step (and the final
-    flush, which moves nothing) uploads every streamed block's encoded bytes once."""
+    flush, which moves nothing) uploads every streamed block's encoded bytes once. Uploads are
+    on the upload lane; a compressed block's decode is a ``codec`` span on the compute lane,
+    one per upload, each before its block's compute."""
     events = []
     bus = EventBus()
     bus.subscribe(lambda e: events.append(e) if isinstance(e, OpEvent) else None)
-    r = lora_run(lora_cfg(method="zo-offload", base_codec=codec, resident_blocks=resident),
-                 bus=bus)
+    r = lora_run(lora_cfg(method="zo-offload", base_codec=codec, amp=amp,
+                          resident_blocks=resident), bus=bus)
     assert r["d2h"] == 0
+    streamed = 4 - resident
+    layout = build_layouts(r["engine"].adapter)[1][0]
+    assert r["streamed_bytes"] == streamed * base_codec(codec, layout).nbytes
     assert r["h2d"] == STEPS * r["streamed_bytes"] > 0
     ops = {e.op for e in events}
     assert "offload" not in ops and "upload" in ops
     uploads = [e for e in events if e.op == "upload"]
-    assert len(uploads) == STEPS * (4 - resident)
+    assert len(uploads) == STEPS * streamed and {e.stream for e in uploads} == {"upload"}
+    decodes = [e for e in events if e.op == "codec"]
+    assert len(decodes) == (0 if codec == "fp32" else STEPS * streamed)
+    assert {(e.stream, e.detail) for e in decodes} <= {("compute", "decode")}
+    for d in decodes:  # each decode between its block's upload and its compute
+        up = next(e for e in uploads if (e.step, e.block) == (d.step, d.block))
+        comp = next(e for e in events if e.op == "compute" and (e.step, e.block) == (d.step,
+                                                                                    d.block))
+        assert up.end <= d.start and d.end <= comp.start
 
 
 def test_lora_checkpoint_round_trip(tmp_path):
@@ -146,3 +167,55 @@ def test_lora_targets_and_rank_shape_the_adapters():
     assert names == {"fc1"}
     # fc1: 64 -> 256 at rank 2: A (2 x 64) + B (256 x 2) per block
     assert sum(a.numel() for a in r["adapters"]) == 4 * (2 * 64 + 256 * 2)
+
+
+@pytest.mark.parametrize("method", ["mezo", "zo-offload"])
+def test_frozen_matrices_compute_in_bf16_under_bf16_amp(method):
+    """Every block computes with its base matrices in bf16 (decoded straight into that dtype),
+    its biases and norm weights in fp32 and its adapters in fp32; zo-offload's device buffers
+    are one decoded block in that form and a wire per slot."""
+    cfg = lora_cfg(method=method, base_codec="fp8-e4m3", amp="bf16",
+                   **({"resident_blocks": 1} if method == "zo-offload" else {}))
+    model, source = build_skeleton(cfg.model)
+    engine = build_engine(model, source, cfg, torch.device("cpu"), EventBus())
+    seen: dict[int, dict[str, torch.dtype]] = {}
+
+    def look(i: int, module) -> None:  # a pre-hook returning None leaves the inputs as they are
+        seen.setdefault(i, {n: p.dtype for n, p in module.named_parameters()})
+
+    for i, block in enumerate(engine.adapter.blocks):
+        block.register_forward_pre_hook(lambda m, a, i=i: look(i, m))
+    data = SyntheticData(model.config.vocab_size, 16)
+    engine.step(data.batch_for_step(0, 2, 0), 0, cfg.lr, cfg.weight_decay)
+    layout = build_layouts(engine.adapter)[1][0]
+    buffers = engine.buffer_bytes() if method == "zo-offload" else {}
+    engine.close()
+    assert sorted(seen) == [0, 1, 2, 3]  # block 0 resident, 1-3 streamed
+    for dtypes in seen.values():
+        want = {n: torch.float32 if ".lora_" in n or n.endswith("bias") or "layer_norm" in n
+                else torch.bfloat16 for n in dtypes}
+        assert dtypes == want
+        assert sum(d == torch.bfloat16 for d in dtypes.values()) == 6  # q k v out fc1 fc2
+    if method == "zo-offload":
+        form = FrozenForm(layout, torch.bfloat16)
+        assert buffers["block slots"] == form.nbytes  # one decoded block serves every slot
+        assert buffers["resident blocks"] == form.nbytes
+        assert buffers["codec wire buffers"] == 2 * base_codec("fp8-e4m3", layout).nbytes
+
+
+@pytest.mark.parametrize("codec", ["bf16", "fp8-e4m3", "int8"])
+def test_a_frozen_stream_step_reads_no_tensor_on_the_host(monkeypatch, codec):
+    """The decode on the compute stream reads nothing on the host (on a GPU each read is a
+    sync)."""
+    from test_host_sync import _batch, _no_host_reads
+
+    cfg = lora_cfg(method="zo-offload", base_codec=codec, amp="bf16", resident_blocks=1)
+    model, source = build_skeleton(cfg.model)
+    engine = build_engine(model, source, cfg, torch.device("cpu"), EventBus())
+    try:
+        for t in range(2):
+            batch = _batch(model.config.vocab_size, t, padded=t == 1, device="cpu")
+            with _no_host_reads(monkeypatch):
+                engine.step(batch, t, 1e-3, 0.0)
+    finally:
+        engine.close()

@@ -69,6 +69,13 @@ class FrozenTransfer:
             self._codecs[key] = (base_codec(self.name, layout), form)
         return self._codecs[key]
 
+    def warm(self) -> None:
+        """Compile the fused decode of every streamed layout (CUDA; nothing is launched)."""
+        if self.cuda:
+            for codec, form in self._codecs.values():
+                if form is not None:
+                    codec.warm(form.dtype, form.n_mat)
+
     def host_storage(self, layout: GroupLayout) -> Encoded:
         codec, form = self.codec_for(layout)
         return Encoded(self.host.empty(codec.nbytes, torch.uint8), codec, form)

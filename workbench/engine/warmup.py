@@ -9,19 +9,23 @@ types and sizes alone.
 from __future__ import annotations
 
 from workbench.engine.codecs import HALF, sr_kernels
+from workbench.engine.frozen_transfer import FrozenTransfer
 from workbench.engine.transfers import SRTransfer
 
 
 def warm_kernels(engine) -> int:
-    """Compile and load the fused ZO kernels for every parameter group of ``engine`` and, under
-    ``master=compressed-sr``, the stochastic-rounding encoder. Returns the number of group
-    sizes warmed (0 where no Triton kernel runs: the CPU, ``rng=torch``, first-order methods)."""
+    """Compile and load the fused ZO kernels for every parameter group of ``engine``, under
+    ``master=compressed-sr`` the stochastic-rounding encoder, and a frozen base's decoders.
+    Returns the number of group sizes warmed (0 where no Triton ZO kernel runs: the CPU,
+    ``rng=torch``, first-order methods)."""
+    transfer = getattr(getattr(engine, "streamer", None), "transfer", None)
+    if isinstance(transfer, FrozenTransfer):
+        transfer.warm()
     ops = getattr(engine, "ops", None)
     if ops is None or ops.kernels is None:
         return 0
     sizes = sorted({(lay.numel, lay.n_decay) for lay in engine.group_layouts() if lay.numel})
     # Only the compressed-sr master rounds stochastically (each offload of a streamed block).
-    transfer = getattr(getattr(engine, "streamer", None), "transfer", None)
     sr = sr_kernels() if isinstance(transfer, SRTransfer) else None
     for numel, n_decay in sizes:
         ops.kernels.warm(numel, n_decay)
