@@ -83,22 +83,13 @@ def test_frozen_stream_is_warmed_and_never_syncs(codec):
     """From an empty kernel cache, ``warm_kernels`` compiles every decode the steps launch, and
     steady steps run under sync debug mode "error" (no stream or device sync, no pageable
     copy)."""
-    from test_host_sync import _batch
+    from test_host_sync import _batch, _compiled, _steps_without_sync
 
     from workbench.engine import base_kernels
     from workbench.engine.warmup import warm_kernels
 
-    def compiled(clear: bool = False) -> int | None:
-        total = 0
-        for fn in (base_kernels.fp8_kernel, base_kernels.rows_kernel):
-            caches = getattr(fn, "device_caches", None)
-            if caches is None:
-                return None
-            for cache in caches.values():
-                if clear:
-                    cache[0].clear()
-                total += len(cache[0])
-        return total
+    decodes = (base_kernels.fp8_kernel, base_kernels.rows_kernel)
+    compiled = lambda clear=False: _compiled(clear, decodes)  # noqa: E731
 
     compiled(clear=True)
     cfg = lora_cfg(method="zo-offload", base_codec=codec, amp="bf16", device="cuda")
@@ -111,15 +102,7 @@ def test_frozen_stream_is_warmed_and_never_syncs(codec):
         assert before is None or before > 0
         for t in range(2):  # warm-up steps: allocator growth, cuBLAS handles
             engine.step(_batch(vocab, t, padded=t == 1, device="cuda"), t, 1e-3, 0.0)
-        batches = [_batch(vocab, t, padded=t % 2 == 0, device="cuda") for t in range(2, 5)]
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            for t, batch in zip(range(2, 5), batches):
-                engine.step(batch, t, 1e-3, 0.0)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        torch.cuda.synchronize()
+        _steps_without_sync(engine, vocab)
         assert compiled() == before  # nothing compiled after the warm-up
     finally:
         engine.close()

@@ -97,13 +97,15 @@ def test_context_is_rebuilt_for_another_batch():
 
 
 # --- on the GPU -----------------------------------------------------------------------------
-def _compiled(clear: bool = False) -> int | None:
-    """Triton kernel variants this process holds (None: this Triton keeps them elsewhere);
-    ``clear`` forgets them first, so the next launch of each compiles (or loads) it again."""
+def _compiled(clear: bool = False, kernels: tuple | None = None) -> int | None:
+    """Triton kernel variants this process holds of ``kernels`` (default: the ZO and SR ones;
+    None: this Triton keeps them elsewhere); ``clear`` forgets them first, so the next launch
+    of each compiles (or loads) it again."""
     from workbench.engine import codec_kernels, zo_kernels
 
     total = 0
-    for fn in (zo_kernels.zo_kernel, zo_kernels.normals_kernel, codec_kernels.sr_kernel):
+    for fn in kernels or (zo_kernels.zo_kernel, zo_kernels.normals_kernel,
+                          codec_kernels.sr_kernel):
         caches = getattr(fn, "device_caches", None)
         if caches is None:
             return None
@@ -129,19 +131,24 @@ def test_steps_after_warmup_never_sync_on_cuda(model, method, codec, master, amp
         warm_kernels(engine)
         for t in range(2):  # warm-up steps: allocator growth, cuBLAS handles, first launches
             engine.step(_batch(vocab, t, padded=t == 1, device="cuda"), t, 1e-3, 0.0)
-        batches = [_batch(vocab, t, padded=t % 2 == 0, device="cuda") for t in range(2, 5)]
-        torch.cuda.synchronize()
         compiled = _compiled()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            for t, batch in zip(range(2, 5), batches):
-                engine.step(batch, t, 1e-3, 0.0)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        torch.cuda.synchronize()
+        _steps_without_sync(engine, vocab)
         assert compiled is None or _compiled() == compiled  # warm_kernels left nothing to compile
     finally:
         engine.close()
+
+
+def _steps_without_sync(engine, vocab: int) -> None:
+    """Steps 2-4 (padded and unpadded batches) under sync debug mode "error"."""
+    batches = [_batch(vocab, t, padded=t % 2 == 0, device="cuda") for t in range(2, 5)]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for t, batch in zip(range(2, 5), batches):
+            engine.step(batch, t, 1e-3, 0.0)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
 
 
 @pytest.mark.gpu
