@@ -92,9 +92,10 @@ class FrozenTransfer:
             host.buf.copy_(wire)
 
     def to_fp32(self, host: Encoded) -> torch.Tensor:
-        """The block's values as it computes with them (its form's), fp32 (n,) on the host."""
+        """The block's values as it computes with them (its form's), a new fp32 (n,) on the
+        host."""
         if host.form is None:
-            return host.buf.view(torch.float32)
+            return host.buf.view(torch.float32).clone()
         buf = host.form.empty("cpu")
         host.codec.decode_form(host.buf, *host.form.parts(buf))
         return host.form.to_fp32(buf)
