@@ -62,7 +62,7 @@ def replay(flats: list[torch.Tensor], names: list[str], n_decay: list[int],
                 continue
             b = k - 1  # the block index, as the engine's transfer counts offloads
             transfer.wait_host(b)  # the mirror's host pass of the last offload has finished
-            slot, extra = torch.empty(lay.numel, device=device), transfer.slot_extra(lay.numel)
+            slot, extra = transfer.slot_buffers(lay.numel)
             transfer.upload(weights[k], slot, extra, t, b, None)
             fn(slot, lay, transfer.updater(extra, b))
             transfer.offload(weights[k], slot, extra, t, b, lay, None)
