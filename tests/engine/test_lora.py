@@ -65,7 +65,7 @@ def test_only_adapters_are_perturbed_and_updated(method):
                                         # under autocast: matrices held in bf16 by both engines
                                         ("tiny-opt", "bf16", "bf16"),
                                         ("tiny-opt", "fp8-e4m3", "bf16"),
-                                        ("tiny-llama", "int8", "bf16")])
+                                        ("tiny-llama", "int8", "bf16")], ids="-".join)
 def reference(request):
     model, codec, amp = request.param
     cfg = lora_cfg(model=model, base_codec=codec, amp=amp)
