@@ -14,6 +14,7 @@ from workbench.config import RunConfig
 from workbench.recipes.train import run
 from workbench.telemetry.evals import BY_KEY
 from workbench.telemetry.record import RunRecord
+from workbench.ui.dashboard import Dashboard
 from workbench.ui.report import main, write_report
 
 TINY = dict(model="tiny-opt", steps=3, batch_size=4, seq_len=32, eval_samples=8)
@@ -104,7 +105,8 @@ TOKEN_RUNS = {"completion": (["max_new_tokens=4"],
 
 def test_report_and_compare_show_completion_and_lm_dev_metrics(tmp_path):
     """A user trains a completion run and an lm run, then asks for a report and a comparison:
-    both show every dev metric of each objective, start and end, as run.json has it."""
+    both show every dev metric of each objective, start and end, as run.json has it; each run's
+    dashboard plots its objective's main dev metric."""
     dirs = []
     for objective, (extra, _) in TOKEN_RUNS.items():
         sets = [f"objective={objective}", "data=embedded", "model=tiny-opt", "method=mezo",
@@ -128,6 +130,13 @@ def test_report_and_compare_show_completion_and_lm_dev_metrics(tmp_path):
                 assert line.split()[-2 + i] == want, line
     # lm has no exact match: "-" beside completion's, and no such row in its own section
     assert shown["dev exact match end"][0][1] == "-" and len(shown["dev exact match end"]) == 2
+    # a saved run's dashboard plots the objective's main dev metric: exact match in %, lm's loss
+    for d, name, key, scale in ((dirs[0], "dev exact match", "exact_match", 100),
+                                (dirs[1], "dev loss", "loss", 1)):
+        fig = Dashboard(RunRecord.load(d)).figure
+        rec = json.loads((d / "run.json").read_text())
+        trace = next(t for t in fig.data if t.name == name)
+        assert list(trace.y) == pytest.approx([e["metrics"][key] * scale for e in rec["evals"]])
 
 
 def _cli(*args: str) -> str:
