@@ -17,7 +17,8 @@ STEPS = 4
 
 def lora_run(cfg: RunConfig, steps: int = STEPS, bus: EventBus | None = None) -> dict:
     """``steps`` steps on synthetic batches; adapter and base weights before and after, the
-    losses, and the engine's byte counters."""
+    losses per step ((L+, L-, g, loss) for ZO, (d, loss) forward-grad, (loss,) first-order),
+    and the engine's byte counters."""
     model, source = build_skeleton(cfg.model)
     engine = build_engine(model, source, cfg, torch.device(cfg.device), bus or EventBus())
     copy = lambda flats: [f.detach().cpu().clone() for f in flats]  # noqa: E731
@@ -26,7 +27,8 @@ def lora_run(cfg: RunConfig, steps: int = STEPS, bus: EventBus | None = None) ->
     losses = []
     for t in range(steps):
         o = engine.step(data.batch_for_step(t, 2, cfg.seed), t, cfg.lr, cfg.weight_decay)
-        losses.append((float(o.loss_plus), float(o.loss_minus), float(o.projected_grad)))
+        losses.append(tuple(float(x) for x in (o.loss_plus, o.loss_minus, o.projected_grad,
+                                               o.loss) if x is not None))
     engine.flush()
     out.update(adapters=copy(engine.state_flats()), base=copy(engine.base_flats()),
                losses=losses, h2d=engine.bytes_h2d, d2h=engine.bytes_d2h,
