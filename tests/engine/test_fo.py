@@ -263,6 +263,15 @@ def test_cuda_offload_equals_adamw(amp, stride, ratio):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("amp, codec", [("off", "fp32"), ("bf16", "bf16")])
+def test_cuda_lora_offload_equals_adamw(amp, codec):
+    _check_against_adamw(RunConfig(model="tiny-llama", method="fo-offload", device="cuda",
+                                   peft="lora", base_codec=codec, amp=amp, lr=LR,
+                                   weight_decay=WD, update_stride="-2", gpu_resident_ratio=0.25,
+                                   subgroup_size=1024))
+
+
+@pytest.mark.gpu
 def test_cuda_fo_matches_fo_offload():
     base = RunConfig(model="tiny-opt", device="cuda", lr=1e-3, weight_decay=WD)
     fo = _losses_cuda(base.replace(method="fo"))
