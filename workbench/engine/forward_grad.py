@@ -61,9 +61,10 @@ def finish_jvp(engine: StreamedEngine, step: int, st: ZOStep, loss: torch.Tensor
     return StepOutput(loss, d)
 
 
-class ForwardGradEngine(StreamedEngine):
-    """Method ``forward-grad``: the streamed pipeline with a jvp in place of the dual forward.
-    Same constructor and knobs as ``ZOOffloadEngine``."""
+class JVPStep:
+    """forward-grad's step for an engine over a ``BlockStreamer``. Full parameters: every group
+    carries a tangent and streamed blocks are written back; ``peft=lora``: only each block's
+    adapters (``_tangent_group``), over a frozen base that only comes up."""
 
     @torch.no_grad()
     def step(self, batch: Batch, step: int, lr: float, wd: float) -> StepOutput:
@@ -71,48 +72,44 @@ class ForwardGradEngine(StreamedEngine):
         adapter, s, ops = self.adapter, self.streamer, self.ops
         st = ZOStep(step_seed(self.cfg.seed, step), self.cfg.eps, self.pending)
         compute = s.streams.compute
+        trained = self.cfg.peft == "none"  # the embedding, head and base blocks train
+        ends = (s.embed, s.head) if trained else ()
         with fwAD.dual_level(), sdpa_kernel(SDPBackend.MATH), autocast(self.device, self.cfg.amp):
             with self.timer.span("jvp", "compute", compute, step, EMBED):
-                bind_dual(ops, s.embed.layout, s.embed.flat, st)
+                if trained:
+                    bind_dual(ops, s.embed.layout, s.embed.flat, st)
                 hidden, ctx = adapter.embed(batch)
             state = [hidden]
 
             def jvp_block(i: int, flat: torch.Tensor, apply: ApplyUpdate | None) -> None:
-                lay = s.blocks[i].layout
-                plain = bind_dual(ops, lay, flat, st, apply)
+                lay, weights, apply = self._tangent_group(i, flat, apply)
+                plain = bind_dual(ops, lay, weights, st, apply)
                 state[0] = adapter.run_block(adapter.blocks[i], state[0], ctx)
-                lay.bind(plain)  # drop the block's tangent now: one block's z alive at a time
+                lay.bind(plain)  # drop the group's tangent now: one block's z alive at a time
 
-            s.stream_blocks(step, jvp_block, write_back=True, op="jvp")
+            s.stream_blocks(step, jvp_block, write_back=trained, op="jvp")
             with self.timer.span("jvp", "compute", compute, step, HEAD):
-                bind_dual(ops, s.head.layout, s.head.flat, st)
+                if trained:
+                    bind_dual(ops, s.head.layout, s.head.flat, st)
                 loss, d = unpack(head_loss(self.objective, adapter, state[0], batch))
-        s.embed.bind()
-        s.head.bind()  # (blocks put their plain weights back as they ran)
+        for group in ends:
+            group.bind()  # (blocks put their plain weights back as they ran)
         return finish_jvp(self, step, st, loss, d, lr, wd)
 
+    def _tangent_group(self, i: int, flat: torch.Tensor, apply: ApplyUpdate | None):
+        """(layout, weights, update) of block i's group that carries the tangent: the block."""
+        return self.streamer.blocks[i].layout, flat, apply
 
-class LoRAForwardGradEngine(LoRAStreamedEngine):
+
+class ForwardGradEngine(JVPStep, StreamedEngine):
+    """Method ``forward-grad``: the streamed pipeline with a jvp in place of the dual forward.
+    Same constructor and knobs as ``ZOOffloadEngine``."""
+
+
+class LoRAForwardGradEngine(JVPStep, LoRAStreamedEngine):
     """Method ``forward-grad`` with ``peft=lora``: the jvp along a tangent on the adapters."""
 
-    @torch.no_grad()
-    def step(self, batch: Batch, step: int, lr: float, wd: float) -> StepOutput:
-        """One forward-gradient step on the adapters; returns the loss and d (0-d, device)."""
-        adapter, s, ops = self.adapter, self.streamer, self.ops
-        st = ZOStep(step_seed(self.cfg.seed, step), self.cfg.eps, self.pending)
-        compute = s.streams.compute
-        with fwAD.dual_level(), sdpa_kernel(SDPBackend.MATH), autocast(self.device, self.cfg.amp):
-            with self.timer.span("jvp", "compute", compute, step, EMBED):
-                hidden, ctx = adapter.embed(batch)  # frozen: no tangent
-            state = [hidden]
-
-            def jvp_block(i: int, base: torch.Tensor, apply: ApplyUpdate | None) -> None:
-                lora = self.loras[i]  # resident: its pending update is applied in place here
-                bind_dual(ops, lora.layout, lora.flat, st)
-                state[0] = adapter.run_block(adapter.blocks[i], state[0], ctx)
-                lora.bind()  # drop the adapter's tangent now: one block's z alive at a time
-
-            s.stream_blocks(step, jvp_block, write_back=False, op="jvp")
-            with self.timer.span("jvp", "compute", compute, step, HEAD):
-                loss, d = unpack(head_loss(self.objective, adapter, state[0], batch))
-        return finish_jvp(self, step, st, loss, d, lr, wd)
+    def _tangent_group(self, i: int, flat: torch.Tensor, apply: ApplyUpdate | None):
+        """Block i's adapters, resident: their pending update is applied in place."""
+        lora = self.loras[i]
+        return lora.layout, lora.flat, None
