@@ -26,7 +26,8 @@ def lora_run(cfg: RunConfig, steps: int = STEPS, bus: EventBus | None = None) ->
     data = SyntheticData(model.config.vocab_size, 16)
     losses = []
     for t in range(steps):
-        o = engine.step(data.batch_for_step(t, 2, cfg.seed), t, cfg.lr, cfg.weight_decay)
+        batch = data.batch_for_step(t, 2, cfg.seed).to(torch.device(cfg.device))  # as the recipe
+        o = engine.step(batch, t, cfg.lr, cfg.weight_decay)
         losses.append(tuple(float(x) for x in (o.loss_plus, o.loss_minus, o.projected_grad,
                                                o.loss) if x is not None))
     engine.flush()
