@@ -356,6 +356,42 @@ def test_frozen_stream_bytes_by_hand(codec, per_block):
     assert "frozen stream: H2D only (the base never goes back down)" in pl.notes
 
 
+def test_adapter_plans_of_the_other_methods_by_hand():
+    """tiny-opt: 4 blocks of 49,984 elements, 8,192 adapter elements (q and v at rank 8:
+    8 x (64 + 64) each, in each block); fo, fo-offload and forward-grad with peft=lora."""
+    p = PRESETS["tiny-opt"]
+    ne, nh, nb, nl = p.embed_params(), p.head_params(), p.block_params(), 4 * 2 * 8 * 128
+    lora = dict(model="tiny-opt", peft="lora")
+    # fo: AdamW over the adapters on the GPU, the whole fp32 base beside them, nothing moves
+    fo = plan(cfg_(method="fo", **lora), gpu="h100", calibration=HOST)
+    g = fo.gpu_breakdown
+    assert g["params + grads (fp32)"] == g["AdamW m, v"] == 8 * nl
+    assert g["frozen base"] == 4 * (ne + 4 * nb + nh) and g["autocast weight copies"] == 0
+    assert fo.pcie_bytes_per_step == 0
+    # fo-offload under bf16 with a bf16 base: adapters' masters, m, v, grads on the host; bf16
+    # compute weights + grads; the base's blocks in bf16, embedding and head fp32 (and their
+    # autocast casts saved for backward)
+    off = plan(cfg_(method="fo-offload", amp="bf16", base_codec="bf16", **lora), gpu="h100",
+               calibration=HOST)
+    g = off.gpu_breakdown
+    assert off.host_breakdown["fp32 master, m, v, grads"] == 16 * nl
+    assert g["compute weights + grads"] == 2 * 2 * nl
+    assert g["subgroups in flight"] == 2 * 16 * nl  # one subgroup: the adapters are < 2M
+    assert g["frozen base"] == 4 * (ne + nh) + 2 * 4 * nb
+    assert g["autocast weight copies"] == 2 * (ne + nh)
+    assert 0 < off.h2d_bytes_per_step <= 12 * nl and 0 < off.d2h_bytes_per_step <= 12 * nl
+    # forward-grad: the frozen stream of zo-offload (4 blocks of fp32 up, nothing down), a
+    # tangent on one block's adapters only
+    fg = plan(cfg_(method="forward-grad", **lora), gpu="h100", calibration=HOST)
+    zo = plan(cfg_(method="zo-offload", **lora), gpu="h100", calibration=HOST)
+    assert fg.h2d_bytes_per_step == zo.h2d_bytes_per_step == 4 * 4 * nb
+    assert fg.d2h_bytes_per_step == 0
+    assert fg.gpu_breakdown["tangents (one block's adapters)"] == 4 * nl // 4
+    assert "tangents (embedding, head, one block)" not in fg.gpu_breakdown
+    assert "frozen stream: H2D only (the base never goes back down)" in fg.notes
+    assert not any("embedding's and head's tangents" in n for n in fg.notes)
+
+
 @pytest.mark.parametrize("model", ["tiny-opt", "tiny-llama"])
 @pytest.mark.parametrize("codec", ["bf16", "fp8-e4m3", "int8"])
 def test_frozen_block_bytes_match_the_engine_codec(model, codec):

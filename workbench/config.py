@@ -141,9 +141,9 @@ class RunConfig:
                               hi=1e6, group="peft")
     lora_targets: str = _knob("", "comma-separated module names given adapters (empty: the "
                               "attention query and value projections of the family)", group="peft")
-    base_codec: BaseCodec = _knob("fp32", "format of the frozen base on the host (zo-offload) or "
-                                  "device (mezo): fp32 exact, fp8 per-block, int8 per-channel "
-                                  "scales", group="peft")
+    base_codec: BaseCodec = _knob("fp32", "format of the frozen base on the host (streamed "
+                                  "methods; other methods compute with its decoded values): fp32 "
+                                  "exact, fp8 per-block, int8 per-channel scales", group="peft")
     # telemetry
     telemetry: bool = _knob(True, "record per-block stream events", group="telemetry")
     sample_hz: float = _knob(20.0, "NVML / host sampling rate (0 = off)", lo=0.0, hi=1000.0,
@@ -287,7 +287,7 @@ def _check_values(cfg: RunConfig) -> list[str]:
     return problems
 
 
-PEFT_METHODS = ("mezo", "zo-offload")  # methods that train adapters today
+PEFT_METHODS = get_args(Method)  # every method trains adapters
 
 
 def _check_peft(cfg: RunConfig) -> list[str]:
@@ -296,9 +296,6 @@ def _check_peft(cfg: RunConfig) -> list[str]:
                 ("lora_rank", "lora_alpha", "lora_targets", "base_codec")
                 if getattr(cfg, name) != _default(name)]
     problems = []
-    if cfg.method not in PEFT_METHODS:
-        problems.append(f"peft: lora is built for {', '.join(PEFT_METHODS)}; method="
-                        f"{cfg.method} trains every weight (use peft=none)")
     if not all(t.strip() for t in cfg.lora_targets.split(",")) and cfg.lora_targets:
         problems.append(f"lora_targets: {cfg.lora_targets!r} has an empty name")
     for name in ("codec", "master"):

@@ -68,7 +68,7 @@ from typing import Any
 
 from workbench.config import ConfigError, RunConfig
 from workbench.flops import block_flops
-from workbench.planner_lora import codec_bytes, frozen_stream
+from workbench.planner_lora import adapter_params, codec_bytes, frozen_stream
 from workbench.presets import PRESETS, Preset
 
 GiB, MiB = 2 ** 30, 2 ** 20
@@ -209,7 +209,11 @@ def _profile(cfg: RunConfig, gpu: str | None, calib: dict | None) -> tuple[dict,
 
 def _fo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) -> None:
     """First-order methods: fill e (memory parts, PCIe bytes, times)."""
-    cuda, amp, P = cfg.device == "cuda", e["amp"], p.total_params()
+    cuda, amp = cfg.device == "cuda", e["amp"]
+    # Trained parameters P: with peft=lora the adapters (the frozen base: ``frozen_stream``),
+    # whose backward is the input gradients alone (rank-r weight gradients are negligible).
+    lora = cfg.peft == "lora"
+    P, bwd = (adapter_params(cfg, p), 1) if lora else (p.total_params(), 2)
     cw = 2 if amp else 4  # compute-dtype bytes
     rr = cfg.gpu_resident_ratio if cfg.method == "fo-offload" else 1.0
     if cfg.method == "fo" or not cuda:
@@ -218,14 +222,15 @@ def _fo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) -> Non
         e["gpu_param_bytes"] = 4 * P * cuda
     else:
         e["dev"].update({"compute weights + grads": 2 * cw * P, "resident optimizer share":
-                         int(12 * rr * P), "subgroups in flight": 2 * 16 * cfg.subgroup_size})
+                         int(12 * rr * P), "subgroups in flight":
+                         2 * 16 * min(cfg.subgroup_size, P)})
         e["host"]["fp32 master, m, v, grads"] = e["pinned"] = int(16 * (1 - rr) * P)
     e["dev"]["activations (saved + transient)"] = (
         p.num_layers * _saved(p, cfg.batch_size, cfg.seq_len, amp) + e["hb"]
         + 8 * cfg.batch_size * p.vocab + 2 * e["m"]["block"])
     fwd = p.num_layers * e["blk"] + e["eh"]
-    e["compute"] = 3 * fwd
-    e["step"] = 3 * fwd + P / prof["adamw_gpu_per_s" if cuda else "adamw_cpu_per_s"]
+    e["compute"] = (1 + bwd) * fwd
+    e["step"] = (1 + bwd) * fwd + P / prof["adamw_gpu_per_s" if cuda else "adamw_cpu_per_s"]
     if cfg.method == "fo-offload" and cuda:
         pn, k, duplex = (1 - rr) * P, cfg.update_stride, prof["duplex_bps"] / 2
         per_gpu = 12 / duplex + 1 / prof["adamw_gpu_per_s"]  # p, m, v up and down, then update
@@ -235,7 +240,7 @@ def _fo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) -> Non
         e["h2d"], e["d2h"] = pn * (12 * f + cw * (1 - f)), pn * (12 * f + 4 * (1 - f))
         update = max(f * pn * per_gpu, (1 - f) * pn * per_cpu, (1 - f) * pn * cw / prof["h2d_bps"])
         e["transfer"] = max(e["h2d"], e["d2h"]) / duplex
-        e["step"] = (fwd + max(2 * fwd, (1 - f) * pn * 4 / prof["d2h_bps"]) + update
+        e["step"] = (fwd + max(bwd * fwd, (1 - f) * pn * 4 / prof["d2h_bps"]) + update
                      + rr * P / prof["adamw_gpu_per_s"])
         notes.append(f"fo-offload: {f:.0%} of the optimizer subgroups updated on the GPU")
     e["host_t"] = prof["step_overhead_s"] + 3 * (p.num_layers + 2) * prof["launch_s"]

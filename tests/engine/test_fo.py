@@ -88,6 +88,7 @@ def _check_against_adamw(cfg: RunConfig, steps: int = STEPS) -> None:
     same weights, and the compute weights must be the (downcast) masters."""
     engine, data = _engine(cfg)
     flats0 = [f.clone() for f in engine.state_flats()]
+    base0 = [f.clone() for f in engine.base_flats()]  # peft=lora: the frozen base
     opt, slots = _reference(engine, flats0)
     for t in range(steps):
         engine.step(data.batch_for_step(t, 4, cfg.seed).to(cfg.device), t, LR, WD)
@@ -107,7 +108,20 @@ def _check_against_adamw(cfg: RunConfig, steps: int = STEPS) -> None:
     assert moved > 100 * ATOL  # the weights really trained
     # The weights the next forward reads are the masters: no stale or lost subgroup.
     assert torch.equal(engine.w.cpu(), torch.cat(got).to(engine.wdtype))
+    assert len(base0) == (6 if cfg.peft == "lora" else 0)
+    assert all(torch.equal(a, b) for a, b in zip(base0, engine.base_flats()))  # never updated
     engine.close()
+
+
+@pytest.mark.parametrize("model, stride, ratio, size", [
+    ("tiny-opt", "2", 0.0, 2000), ("tiny-llama", "-2", 0.25, 3000),
+    ("tiny-opt", "1000000", 0.0, 40000)])
+def test_lora_offload_equals_adamw_on_the_adapters(model, stride, ratio, size):
+    """peft=lora: the subgroups cut the adapters only (their p, m, v on the host), the base
+    stays as loaded."""
+    _check_against_adamw(RunConfig(model=model, method="fo-offload", peft="lora", lr=LR,
+                                   weight_decay=WD, update_stride=stride,
+                                   gpu_resident_ratio=ratio, subgroup_size=size))
 
 
 @pytest.mark.parametrize("model, stride, ratio, size", SCHEDULES)
@@ -246,6 +260,15 @@ def test_cuda_offload_equals_adamw(amp, stride, ratio):
     _check_against_adamw(RunConfig(model="tiny-llama", method="fo-offload", device="cuda",
                                    amp=amp, lr=LR, weight_decay=WD, update_stride=stride,
                                    gpu_resident_ratio=ratio, subgroup_size=4096))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("amp, codec", [("off", "fp32"), ("bf16", "bf16")])
+def test_cuda_lora_offload_equals_adamw(amp, codec):
+    _check_against_adamw(RunConfig(model="tiny-llama", method="fo-offload", device="cuda",
+                                   peft="lora", base_codec=codec, amp=amp, lr=LR,
+                                   weight_decay=WD, update_stride="-2", gpu_resident_ratio=0.25,
+                                   subgroup_size=1024))
 
 
 @pytest.mark.gpu

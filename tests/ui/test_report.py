@@ -155,3 +155,21 @@ def _table_rows(page: str) -> dict[str, list[list[str]]]:
         if cells:
             rows.setdefault(cells[0], []).append(cells[1:])
     return rows
+
+
+def test_report_of_a_lora_zo_offload_run_says_frozen_stream(tmp_path):
+    """An adapter run over the frozen stream, saved and reloaded: its section says the base
+    went host -> GPU only, with the bytes it counted; the full-parameter run's does not."""
+    from workbench.ui.report import stream_note
+
+    lora = run(RunConfig(method="zo-offload", peft="lora", base_codec="int8", **TINY),
+               out_dir=tmp_path / "lora", progress=False)
+    full = run(RunConfig(method="zo-offload", **TINY), out_dir=tmp_path / "full", progress=False)
+    text = write_report([tmp_path / "full", tmp_path / "lora"],
+                        tmp_path / "r.html").read_text(encoding="utf-8")
+    assert text.count("frozen stream: H2D only") == 1
+    note = stream_note(RunRecord.load(tmp_path / "lora"))
+    assert note.startswith("frozen stream: H2D only (base_codec int8, ")
+    assert f"{lora.summary['bytes_h2d'] / 1e6:,.2f} MB up per step, none down" in note
+    assert lora.base_digest in note and html.escape(note) in text
+    assert stream_note(full) == "" and lora.summary["bytes_d2h"] == 0

@@ -21,6 +21,11 @@ GPU-side dependency is an event; the host blocks only where it must read or reus
 that a copy is still writing or reading. On a CPU-only machine both sides run on the CPU and the
 streams are no-ops, so the schedule is tested in CI.
 
+Adapters (``peft=lora``): the range above is the adapter groups only (their p, m, v and
+gradients on the host, their compute weights in w); the frozen base is held on the device as
+``engine/peft.py`` builds it for every whole-model engine, never updated and never moved: the
+adapters are what an optimizer state would be offloaded for, and they are small.
+
 Longer than the usual module (about 600 lines) because the schedule, its gradient routing and
 its host memory only make sense together; the model and its measurements are in ``perfmodel``.
 """
@@ -43,12 +48,13 @@ from workbench.engine.fo import (FirstOrderContract, prompt_loss, refuse_unsuppo
                                  trainable_params)
 from workbench.engine.objective import Total, evaluate, objective_for
 from workbench.engine.protocol import StepOutput
-from workbench.engine.groups import GroupLayout, build_layouts, move_buffers
+from workbench.engine.groups import GroupLayout, adapter_layouts, build_layouts, move_buffers
+from workbench.engine.peft import block_adapter, frozen_groups
 from workbench.engine.streams import Streams
 from workbench.engine.timing import OpTimer
 from workbench.engine.zo_common import autocast
-from workbench.models.adapter import BlockAdapter
 from workbench.models.build import RandomInit
+from workbench.models.lora import LoRAInit
 
 N_SLOTS = 3  # GPU subgroup slots: one prefetching, one updating, one flushing out
 N_STAGES = 4  # pinned 16-bit staging buffers for uploads of CPU-updated weights
@@ -95,11 +101,16 @@ class FOOffloadEngine(FirstOrderContract):
         self.cuda = device.type == "cuda"
         self.wdtype = torch.bfloat16 if cfg.amp == "bf16" else torch.float32
         self.word = 2 if self.wdtype == torch.bfloat16 else 4
-        self.adapter = BlockAdapter(model)
+        self.adapter = block_adapter(model, cfg)
         self.objective = objective_for(cfg, model.config.vocab_size)
-        embed, blocks, head = build_layouts(self.adapter)
-        self.layouts = [embed, *blocks, head]
-        self.block_ids = [EMBED, *range(len(blocks)), HEAD]
+        if cfg.peft == "lora":  # AdamW over the adapters only; the frozen base stays put
+            self.frozen = frozen_groups(self.adapter, source, cfg, device)
+            self.layouts, source = adapter_layouts(self.adapter), LoRAInit()
+            self.block_ids = list(range(len(self.layouts)))
+        else:
+            embed, blocks, head = build_layouts(self.adapter)
+            self.frozen, self.layouts = [], [embed, *blocks, head]
+            self.block_ids = [EMBED, *range(len(blocks)), HEAD]
         self.offsets, n = [], 0
         for lay in self.layouts:
             self.offsets.append(n)
@@ -506,8 +517,8 @@ class FOOffloadEngine(FirstOrderContract):
         return [self.p32[o:o + lay.numel] for lay, o in zip(self.layouts, self.offsets)]
 
     def base_flats(self) -> list[torch.Tensor]:
-        """No frozen base: every weight trains."""
-        return []
+        """The frozen base groups' weights on the device (peft runs; else empty)."""
+        return [g.flat for g in self.frozen]
 
     def load_state_flats(self, flats: list[torch.Tensor]) -> None:
         """Load fp32 weights (Adam's m and v are kept) into the masters and the compute weights."""
@@ -532,11 +543,12 @@ class FOOffloadEngine(FirstOrderContract):
         return [full[o:o + lay.numel] for lay, o in zip(self.layouts, self.offsets)]
 
     def gpu_param_bytes(self) -> int:
-        """Compute weights, kept gradients, slots and resident (p, m, v) on the GPU."""
+        """Compute weights, kept gradients, slots, resident (p, m, v) and a frozen base on
+        the GPU."""
         if not self.cuda:
             return 0
         tensors = [self.w, self.keep, self.res_p, self.res_m, self.res_v, self._res_g,
-                   *(t for slot in self.slots for t in slot)]
+                   *(t for slot in self.slots for t in slot), *(g.flat for g in self.frozen)]
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
     def close(self) -> None:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Sequence
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
-from workbench.config import knob_info
+from workbench.config import STREAMING_METHODS, knob_info
 from workbench.telemetry.advice import next_knob
 from workbench.telemetry.evals import eval_rows
 from workbench.telemetry.record import RunRecord
@@ -109,6 +109,8 @@ def write_report(runs: Sequence[str | Path | RunRecord], path: str | Path,
         parts.append(f"<h2 id='run-{i}'>{html.escape(label)}</h2>")
         parts.append(why_html([rec], labels=False))
         metrics = summary_metrics(rec)
+        if stream_note(rec):
+            parts.append(f"<p><b>{html.escape(stream_note(rec))}</b></p>")
         parts.append(_table(["metric", "value"], [[lbl, _fmt(get(metrics), fmt)]
                                                   for lbl, get, fmt in summary_rows([rec])]))
         parts.append(_figure_html(figures.dashboard_figure(rec)))
@@ -164,6 +166,23 @@ def why_html(recs: Sequence[RunRecord], labels: bool = True) -> str:
         items.append(f"<li>{who}<b>{html.escape(verdict(rec).text)}</b> · next knob: "
                      f"{html.escape(next_knob(rec).text)}</li>")
     return f"<ul class=why>{''.join(items)}</ul>"
+
+
+def stream_note(rec: RunRecord) -> str:
+    """How an adapter run's frozen base moved, from its record ('' for other runs): a streamed
+    method with ``peft=lora`` sends the base host -> GPU only; the bytes are the ones counted."""
+    cfg = rec.config
+    if cfg.get("peft") != "lora" or cfg.get("method") not in STREAMING_METHODS:
+        return ""
+    m = summary_metrics(rec)
+    up, down = m["bytes_h2d"], m["bytes_d2h"]
+    codec = cfg.get("base_codec", "fp32")
+    if _finite(down) and down > 0:  # never expected: say what was counted, claim nothing
+        return f"adapter run with base_codec {codec}: {down / MB:,.2f} MB per step went D2H"
+    moved = f", {up / MB:,.2f} MB up per step, none down" if _finite(up) else ""
+    base = f"; base_digest {rec.base_digest}" if rec.base_digest else ""
+    return (f"frozen stream: H2D only (base_codec {codec}{moved}; adapters stay on the "
+            f"device){base}")
 
 
 def digest_note(recs: Sequence[RunRecord]) -> str:
