@@ -10,6 +10,7 @@ only this model instance.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -216,27 +217,33 @@ def fingerprint(flats: Iterable[torch.Tensor], hash_bytes: bool = True, with_nor
     ``default_threads()``) straight from its memory (no bytes copy), and dropped before the
     next group is decoded: the host holds one group's fp32 and ``threads * SCRATCH_BYTES``."""
     root, total = hashlib.sha256(), 0.0
-    with ThreadPoolExecutor(threads or default_threads()) as pool:
+    threads = threads or default_threads()
+    with ThreadPoolExecutor(threads) as pool:
         for flat in flats:
             host = _host_fp32(flat).reshape(-1).numpy()
             pieces = [host[i:i + PIECE] for i in range(0, host.size, PIECE)]  # views
             del flat, host  # the views in ``pieces`` are now the group's only owner
-            work = partial(_piece, pieces, hash_bytes, with_norm)
-            for piece_digest, squares in pool.map(work, range(len(pieces))):
-                root.update(piece_digest)
-                total += squares  # in piece order, whatever thread finished first
-            # A worker's task keeps ``pieces`` (the list) alive a moment after its result is
-            # in; emptying it frees the decoded group now, before the next is made.
+            found = [(b"", 0.0)] * len(pieces)
+            work = partial(_pieces, pieces, itertools.count(), found, hash_bytes, with_norm)
+            for task in [pool.submit(work) for _ in range(min(threads, len(pieces)))]:
+                task.result()  # raises what the thread raised
+            # A task keeps ``pieces`` (the list) alive a moment after its result is in;
+            # emptying it frees the decoded group now, before the next is made.
             pieces.clear()
+            for piece_digest, squares in found:  # in piece order, whichever thread made it
+                root.update(piece_digest)
+                total += squares
     return root.hexdigest(), total ** 0.5
 
 
-def _piece(pieces: list[np.ndarray], hash_bytes: bool, with_norm: bool,
-           k: int) -> tuple[bytes, float]:
-    """(SHA-256 digest, fp64 sum of squares) of piece ``k``; both release the GIL (hashlib on
-    large buffers, einsum without Python objects), the cast to fp64 goes through einsum's
-    small buffers (``SCRATCH_BYTES``)."""
-    piece = pieces[k]
-    found = hashlib.sha256(piece).digest() if hash_bytes else b""
-    squares = float(np.einsum("i,i->", piece, piece, dtype=np.float64)) if with_norm else 0.0
-    return found, squares
+def _pieces(pieces: list[np.ndarray], ticket: Iterator[int], found: list[tuple[bytes, float]],
+            hash_bytes: bool, with_norm: bool) -> None:
+    """One thread's share: takes the next piece number from ``ticket`` (shared by the threads)
+    until none is left, and puts (SHA-256 digest, fp64 sum of squares) of piece k at
+    ``found[k]``. Both release the GIL (hashlib on large buffers, einsum on plain numbers); the
+    cast to fp64 goes through einsum's small buffers (``SCRATCH_BYTES``)."""
+    while (k := next(ticket)) < len(pieces):
+        piece = pieces[k]
+        found[k] = (hashlib.sha256(piece).digest() if hash_bytes else b"",
+                    float(np.einsum("i,i->", piece, piece, dtype=np.float64)) if with_norm
+                    else 0.0)
