@@ -295,14 +295,14 @@ def test_host_memory_covers_the_save_one_group_at_a_time():
                master="compressed-sr", gpu_mem_limit_gb=24)
     pl = plan(cfg, calibration={"host_mem_available_bytes": 256 * GiB}, gpu="h200")
     group = 4 * max(p.block_params(), p.embed_params(), p.head_params())
-    assert pl.host_breakdown[SAVE_KEY] == group + 8 * 2 ** 22
+    assert pl.host_breakdown[SAVE_KEY] == group + 4 * 2 ** 20  # + the threads' fp64 buffers
     assert group == 4 * p.block_params() and pl.host_breakdown[SAVE_KEY] < 4 * GiB
     assert pl.host_mem_bytes == sum(pl.host_breakdown.values())  # counted in the total
     assert pl.fits_host  # the 2-GPU machine's host (256 GB) takes opt-66b
-    # the constant matches the engine's chunk (the planner itself never imports torch)
-    from workbench.engine.groups import NORM_CHUNK
+    # the constants match the engine's (the planner itself never imports torch)
+    from workbench.engine.groups import MAX_THREADS, SCRATCH_BYTES
 
-    assert 8 * NORM_CHUNK == 8 * 2 ** 22
+    assert MAX_THREADS * SCRATCH_BYTES == 4 * 2 ** 20
 
 
 @pytest.mark.parametrize("model", ["tiny-opt", "tiny-llama"])

@@ -42,7 +42,7 @@ Memory (n = elements of one block, B rows, T = seq_len, D hidden, F ffn, V vocab
   Host: the buffers above that live there; pinned ones of 64 MiB and more at their exact size
     (``engine/pinned.py``), smaller ones rounded up to a power of two as torch's pinned
     allocator does. The save's digest and norm, and a resume, hold one group in fp32 at a
-    time (plus a 32 MiB fp64 chunk). checkpoint_every > 0: a
+    time (plus 4 MiB of fp64 buffers). checkpoint_every > 0: a
     snapshot holds an fp32 copy of every group until it is written (pinned for GPU groups,
     pageable clones of streamed blocks). The fit check adds 3 GiB for the process (1 GiB on the
     CPU, without CUDA's libraries and context), and counts what the process already holds as
@@ -79,7 +79,8 @@ HOST_PROCESS_CPU_BYTES = 1 * GiB  # without CUDA (a tiny CPU run peaks near 0.5 
 EVAL_ROWS = 16  # the recipe evaluates in batches of max(batch_size, 16)
 OP_LAUNCH_S = 5e-5  # host time of one perturbation kernel or one transfer launch
 SAVE_KEY = "save / resume: one group as fp32"
-NORM_BYTES = 8 * 2 ** 22  # fp64 chunk of ``engine.groups.NORM_CHUNK`` elements
+# fp64 cast buffers of the digest's threads: ``engine.groups`` MAX_THREADS * SCRATCH_BYTES
+FINGERPRINT_SCRATCH_BYTES = 32 * 2 * 8192 * 8
 HOST_KEYS = ("adamw_cpu_per_s", "cpu_downcast_per_s", "host_update_per_s", "host_memcpy_bps",
              "host_ram_bytes", "host_mem_available_bytes")
 
@@ -387,9 +388,9 @@ def _plan(cfg: RunConfig, gpu: str | None, calib: dict | None,
         streamed = 2 if cfg.master == "compressed-sr" and cfg.method == "zo-offload" else 4
         host["checkpoint snapshot (master copy)"] = on_gpu + streamed * (n - r) * nb
     # End of run (digest + norm) and resume: one group at a time as fp32 on the host, plus the
-    # norm's fp64 chunk (``engine.groups.fingerprint``; a streamed engine decodes a block only
+    # threads' fp64 buffers (``engine.groups.fingerprint``; a streamed engine decodes a block only
     # when it is reached). It was the whole model once: opt-30b was OOM-killed in its save.
-    host[SAVE_KEY] = 4 * max(p.embed_params(), p.block_params(), p.head_params()) + NORM_BYTES
+    host[SAVE_KEY] = 4 * max(p.embed_params(), p.block_params(), p.head_params()) + FINGERPRINT_SCRATCH_BYTES
     peak, host_bytes = sum(dev.values()), sum(host.values())
     nvml = peak + CONTEXT_BYTES if cuda else 0
     if cuda:

@@ -377,8 +377,8 @@ class TrainRecipe:
     # --- save -------------------------------------------------------------------------------
     def save(self, digest_params: bool = True) -> RunRecord:
         """End sampling; summary, parameter digest and the run directory (if any). Speed
-        benchmarks pass ``digest_params=False``: hashing a 13B model's weights takes half a
-        minute."""
+        benchmarks pass ``digest_params=False``: the digest decodes and reads every weight once
+        (``benchmarks/digest_speed.py`` times it)."""
         rec, cfg = self.record, self.cfg
         if self.sampler is not None:
             self.sampler.stop()  # the samples saved are all the samples there will be
