@@ -20,6 +20,7 @@ from workbench.config import RunConfig
 from workbench.data.batches import SyntheticData
 from workbench.engine import build_engine, perfmodel
 from workbench.engine.events import EMBED, HEAD, EventBus, InfoEvent, OpEvent
+from workbench.engine.fo_host import threads_text
 from workbench.engine.fo_offload import make_schedule
 from workbench.models.build import build_skeleton
 
@@ -241,7 +242,7 @@ def test_timeline_has_every_subgroups_update_once_per_step(amp, cpu_downcast):
         assert set(of("grad-d2h")) == cpu  # one piece per (group, subgroup) overlap
         assert len(of("gpu-wait")) == 1
         details = {e.detail for e in events if e.op == "cpu-update" and e.step == t}
-        assert details == {f"{engine.host_side.threads} threads"}
+        assert details == {threads_text(engine.host_side.threads)}
     assert {e.stream for e in events if e.op == "cpu-update"} == {"cpu"}
     assert infos["fo_stride"] == 3
     assert infos["fo_perf_inputs"]["subgroups"] == n_sub

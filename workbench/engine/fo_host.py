@@ -36,6 +36,11 @@ def default_threads(cuda: bool) -> int:
     return max(1, n - 1) if cuda else n
 
 
+def threads_text(n: int) -> str:
+    """How a ``cpu-update`` span states its thread count."""
+    return f"{n} thread" + ("s" if n != 1 else "")
+
+
 def adamw(p, g, m, v, segments, wd: float, hyper: dict, step_t: torch.Tensor) -> None:
     """torch.optim.AdamW's step on one subgroup (flat fp32 tensors, on the CPU or the GPU):
     decoupled decay only on its decayed runs ``segments`` = [(lo, hi, decayed)]."""
@@ -132,7 +137,7 @@ class HostUpdates:
         t0 = e.timer.now()
         adamw(e.p32[a:b], e.g32[a:b], e.m[a:b], e.v[a:b], e.segments[j], self.wd, self.hyper,
               self.step_t)
-        self._host("cpu-update", "cpu", j, t0, f"{self.threads} threads")
+        self._host("cpu-update", "cpu", j, t0, threads_text(self.threads))
         src, stage = e.p32[a:b], None
         if self.cpu_downcast:
             stage, self._next = self._next, (self._next + 1) % len(self.stages)

@@ -197,12 +197,13 @@ class FOOffloadEngine(FirstOrderContract):
     def calibrate(self, stopwatch=None, reps: int = perfmodel.REPS) -> dict[str, perfmodel.Rate]:
         """The model's inputs measured with the step's own operations on one full subgroup
         (subgroup 0's pinned host buffers, the update worker and its threads), ``reps`` times
-        each after a warm-up (``perfmodel.calibrate``). The updates see zero gradients and no
-        decay, which leaves p, m and v bit-for-bit as they were: the state is untouched."""
+        each after a warm-up (``perfmodel.calibrate``), on zero gradients; subgroup 0's
+        state is put back afterwards, bit for bit."""
         self.sync()
         n, s, dev = self._size(0), self.streams, self.device
         p, g, m, v = (t[:n] for t in (self.p32, self.g32, self.m, self.v))
-        g.zero_()  # scratch until the first backward overwrites it
+        saved = [t.clone() for t in (p, g, m, v)]
+        g.zero_()
         hyper = dict(lr=1e-3, beta1=self.cfg.adam_beta1, beta2=self.cfg.adam_beta2,
                      eps=self.cfg.adam_eps)
         one_cpu, one_dev = torch.ones(()), torch.ones((), device=dev)
@@ -232,7 +233,9 @@ class FOOffloadEngine(FirstOrderContract):
         if stage is not None:  # a pinned 16-bit buffer, as the staging ones
             probes["Dc"] = perfmodel.Probe(n, partial(self.host_side.run, stage.copy_, p))
         rates = perfmodel.calibrate(probes, stopwatch or perfmodel.Stopwatch(), reps)
-        self.sync()
+        self.sync()  # the probes' copies are done: put subgroup 0 back
+        for t, keep in zip((p, g, m, v), saved):
+            t.copy_(keep)
         self.bus.publish(InfoEvent("fo_calibration", {k: r.as_dict() for k, r in rates.items()}))
         return rates
 
