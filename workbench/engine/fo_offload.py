@@ -254,19 +254,8 @@ class FOOffloadEngine(FirstOrderContract):
         self.slots = []
         self.host_side.slot = None
         sixteen = self.wdtype != torch.float32
-        sites = (False, True) if sixteen and cpu_downcast is None else (bool(cpu_downcast),)
-        best = None
-        for down in sites:
-            rates = perfmodel.site(self.perf, down)
-            stride = (perfmodel.stride(*rates[:4], word_bytes=rates[4])
-                      if str(update_stride) == "auto" else int(update_stride))
-            sched = make_schedule(self.n_sub, stride, resident_ratio)
-            split = self._split(sched)
-            t = perfmodel.predict_update_seconds(self.numel, split, *rates[:4],
-                                                 word_bytes=rates[4])
-            if best is None or t < best[0]:
-                best = (t, down and sixteen, sched, split, rates)
-        self.predicted_update_s, self.cpu_downcast, s, self.split, rates = best
+        self.predicted_update_s, self.cpu_downcast, s, self.split, rates = self.plan(
+            update_stride, resident_ratio, cpu_downcast)
         self.schedule = s
         r0 = s.resident.start * self.sub if len(s.resident) else self.numel
         self.res_p, self.res_m, self.res_v = (
@@ -301,6 +290,25 @@ class FOOffloadEngine(FirstOrderContract):
         self.bus.publish(InfoEvent("fo_update_predicted_s", self.predicted_update_s))
         self.update_seconds = []
         return s
+
+    def plan(self, update_stride: str | int, resident_ratio: float,
+             cpu_downcast: bool | None = None) -> tuple:
+        """The placement ``reschedule`` would make, without making it: (predicted update s,
+        CPU downcast?, schedule, split, the model's (B, Ug, Uc, Dc, word bytes))."""
+        sixteen = self.wdtype != torch.float32
+        sites = (False, True) if sixteen and cpu_downcast is None else (bool(cpu_downcast),)
+        best = None
+        for down in sites:
+            rates = perfmodel.site(self.perf, down)
+            stride = (perfmodel.stride(*rates[:4], word_bytes=rates[4])
+                      if str(update_stride) == "auto" else int(update_stride))
+            sched = make_schedule(self.n_sub, stride, resident_ratio)
+            split = self._split(sched)
+            t = perfmodel.predict_update_seconds(self.numel, split, *rates[:4],
+                                                 word_bytes=rates[4])
+            if best is None or t < best[0]:
+                best = (t, down and sixteen, sched, split, rates)
+        return best
 
     def _split(self, s: Schedule) -> perfmodel.Split:
         n = self.numel
