@@ -462,8 +462,8 @@ def main(argv=None) -> int:
         r = run_row(args, row, n)
         out["rows"].append(r)
         print("  " + (r.get("error") or r.get("skipped") or
-                      f"iteration {r['iteration_s']:.3f} s, peak {r['peak_gpu_bytes'] / GB:.1f} GB, "
-                      f"process {r.get('process_seconds', 0):.0f} s"), flush=True)
+                      f"iteration {r['iteration_s']:.3f} s, peak {r['peak_gpu_bytes'] / GB:.1f} "
+                      f"GB, process {r.get('process_seconds', 0):.0f} s"), flush=True)
         if args.device == "cuda":
             save(args.name, out)  # after every row: a timeout keeps what ran
     out["summary"] = summarise(out["rows"])

@@ -12,12 +12,7 @@ from workbench.engine.events import EventBus, OpEvent
 from workbench.models.build import build_skeleton
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models, 1 thread
 
 
 def _engine(bus: EventBus | None = None, **knobs):

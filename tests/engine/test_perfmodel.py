@@ -26,12 +26,7 @@ class FakeStopwatch:
         return self.seconds.pop(0)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models, 1 thread
 
 
 def test_calibrate_uses_the_median_of_the_timed_repetitions():

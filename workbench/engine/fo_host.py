@@ -87,11 +87,17 @@ class HostUpdates:
         e = self.e
         sixteen = e.wdtype != torch.float32
         self.cpu_downcast = cpu_downcast and sixteen
-        if self.cpu_downcast and not self.stages:
-            self.stages = [e.host.empty(e.sub, e.wdtype) for _ in range(N_STAGES)]
-        self._stage_free = [None] * len(self.stages)
+        if self.cpu_downcast:
+            self.stage(N_STAGES - 1)
+        self._stage_free = [None] * N_STAGES
         self.slot = (torch.empty(e.sub, device=e.device)
                      if sixteen and not self.cpu_downcast else None)
+
+    def stage(self, k: int) -> torch.Tensor:
+        """Pinned 16-bit staging buffer k (of one subgroup), allocated on first use and kept."""
+        while len(self.stages) <= k:
+            self.stages.append(self.e.host.empty(self.e.sub, self.e.wdtype))
+        return self.stages[k]
 
     def begin(self, step: int, wd: float, hyper: dict, step_t: torch.Tensor) -> None:
         """This step's AdamW settings (before its first ``submit``)."""
@@ -140,7 +146,7 @@ class HostUpdates:
         self._host("cpu-update", "cpu", j, t0, threads_text(self.threads))
         src, stage = e.p32[a:b], None
         if self.cpu_downcast:
-            stage, self._next = self._next, (self._next + 1) % len(self.stages)
+            stage, self._next = self._next, (self._next + 1) % N_STAGES
             if self._stage_free[stage] is not None:
                 self._stage_free[stage].synchronize()  # its last upload must have read it
             t0 = e.timer.now()

@@ -26,8 +26,9 @@ The timeline. Per subgroup and step: ``grad-d2h`` (offload), ``cpu-wait`` / ``cp
 ``downcast`` / ``upload-weights`` (the CPU side), ``prefetch`` / ``gpu-update`` / ``flush-out``
 (the GPU side), and one ``gpu-wait`` per step (the compute stream waiting for the CPU side).
 
-Longer than the usual module (about 500 lines) because the schedule, its gradient routing and
-its measurements only make sense together; the model is ``perfmodel``, the CPU side ``fo_host``.
+Longer than the usual module (about 600 lines) because the schedule, its gradient routing and
+the GPU side only make sense together; the model is ``perfmodel``, its measurement
+``fo_calibrate``, the CPU side ``fo_host``.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ import torch
 
 from workbench.config import RunConfig
 from workbench.data.batches import Batch
-from workbench.engine import perfmodel
+from workbench.engine import fo_calibrate, perfmodel
 from workbench.engine.events import EMBED, HEAD, EventBus, InfoEvent
 from workbench.engine.fo import (FirstOrderContract, prompt_loss, refuse_unsupported,
                                  trainable_params)
@@ -195,47 +196,9 @@ class FOOffloadEngine(FirstOrderContract):
         return j * self.sub, min((j + 1) * self.sub, self.numel)
 
     def calibrate(self, stopwatch=None, reps: int = perfmodel.REPS) -> dict[str, perfmodel.Rate]:
-        """The model's inputs measured with the step's own operations on one full subgroup
-        (subgroup 0's pinned host buffers, the update worker and its threads), ``reps`` times
-        each after a warm-up (``perfmodel.calibrate``), on zero gradients; subgroup 0's
-        state is put back afterwards, bit for bit."""
-        self.sync()
-        n, s, dev = self._size(0), self.streams, self.device
-        p, g, m, v = (t[:n] for t in (self.p32, self.g32, self.m, self.v))
-        saved = [t.clone() for t in (p, g, m, v)]
-        g.zero_()
-        hyper = dict(lr=1e-3, beta1=self.cfg.adam_beta1, beta2=self.cfg.adam_beta2,
-                     eps=self.cfg.adam_eps)
-        one_cpu, one_dev = torch.ones(()), torch.ones((), device=dev)
-        dp, dm, dv, scratch = (torch.empty(n, device=dev) for _ in range(4))
-        dp.copy_(p)
-        dm.zero_()
-        dv.zero_()
-        kept, out = torch.zeros(n, dtype=self.wdtype, device=dev), torch.empty_like(self.w[:n])
-        stage = self.host.empty(n, self.wdtype) if self.wdtype != torch.float32 else None
-        segs = self.segments[0]
-
-        def on(stream, fn):
-            with s.on(stream):
-                fn()
-
-        probes = {
-            "B": perfmodel.Probe(n, partial(on, s.upload, lambda: scratch.copy_(
-                p, non_blocking=self.cuda)), s.upload),
-            "Bd": perfmodel.Probe(n, partial(on, s.offload, lambda: self._d2h(kept, 0)),
-                                  s.offload),
-            "Ug": perfmodel.Probe(n, lambda: self._update_on_gpu(
-                dp, dm, dv, kept, scratch if self.word == 2 else None, out, segs, 0.0, hyper,
-                one_dev), s.compute),
-            "Uc": perfmodel.Probe(n, partial(self.host_side.run, adamw, p, g, m, v, segs, 0.0,
-                                             hyper, one_cpu)),
-        }
-        if stage is not None:  # a pinned 16-bit buffer, as the staging ones
-            probes["Dc"] = perfmodel.Probe(n, partial(self.host_side.run, stage.copy_, p))
-        rates = perfmodel.calibrate(probes, stopwatch or perfmodel.Stopwatch(), reps)
-        self.sync()  # the probes' copies are done: put subgroup 0 back
-        for t, keep in zip((p, g, m, v), saved):
-            t.copy_(keep)
+        """The model's inputs measured with the step's own operations (``fo_calibrate``);
+        published as ``fo_calibration`` (every repetition, median, spread)."""
+        rates = fo_calibrate.calibrate(self, stopwatch, reps)
         self.bus.publish(InfoEvent("fo_calibration", {k: r.as_dict() for k, r in rates.items()}))
         return rates
 
@@ -416,7 +379,7 @@ class FOOffloadEngine(FirstOrderContract):
             for lo, hi, j in host:
                 with self.timer.span("grad-d2h", "offload", s.offload, self._step, j,
                                      4 * (hi - lo)):
-                    self._d2h(flat[lo:hi], o + lo)
+                    self.grads_down(flat[lo:hi], o + lo)
                 done = s.record(s.offload)  # j's piece is on the host after this
                 self.bytes_d2h += 4 * (hi - lo)
                 self._waiting[j] -= 1
@@ -428,7 +391,7 @@ class FOOffloadEngine(FirstOrderContract):
             for g in grads:
                 g.record_stream(s.offload)  # allocated on the compute stream, read on this one
 
-    def _d2h(self, src: torch.Tensor, at: int) -> None:
+    def grads_down(self, src: torch.Tensor, at: int) -> None:
         """Gradients ``src`` (compute dtype, on the device) into ``g32[at:]`` as fp32, upcast
         a ``CHUNK`` at a time (bounded fp32 scratch on the GPU)."""
         for c in range(0, src.numel(), CHUNK):
@@ -463,7 +426,7 @@ class FOOffloadEngine(FirstOrderContract):
         for j in sched.resident:  # no transfers
             a, b = self.bounds(j)
             with self.timer.span("gpu-update", "compute", s.compute, step, j, 0, "resident"):
-                self._update_on_gpu(self.res_p[a - r0:b - r0], self.res_m[a - r0:b - r0],
+                self.update_on_gpu(self.res_p[a - r0:b - r0], self.res_m[a - r0:b - r0],
                                     self.res_v[a - r0:b - r0], self._kept(j), self._res_g,
                                     self.w_out[a:b], self.segments[j], self._wd, self._hyper,
                                     self._step_dev)
@@ -473,7 +436,7 @@ class FOOffloadEngine(FirstOrderContract):
             slot = self.slots[q]
             s.wait(s.compute, self._fetched.pop(k))  # update only once p, m, v have landed
             with self.timer.span("gpu-update", "compute", s.compute, step, j, 0, "interleaved"):
-                self._update_on_gpu(*(t[:n] for t in slot[:3]), self._kept(j),
+                self.update_on_gpu(*(t[:n] for t in slot[:3]), self._kept(j),
                                     slot[3] if len(slot) > 3 else None, self.w_out[a:b],
                                     self.segments[j], self._wd, self._hyper, self._step_dev)
             updated = s.record(s.compute)  # j's update and its compute weights are done
@@ -507,7 +470,7 @@ class FOOffloadEngine(FirstOrderContract):
         at = self._keep_at[j]
         return self.keep[at:at + self._size(j)]
 
-    def _update_on_gpu(self, p, m, v, kept, scratch, out, segments, wd, hyper, step_t) -> None:
+    def update_on_gpu(self, p, m, v, kept, scratch, out, segments, wd, hyper, step_t) -> None:
         """AdamW on a GPU-side subgroup from its kept gradients (upcast into ``scratch`` under
         bf16), then its compute weights ``out`` from the new p."""
         g = kept if scratch is None else scratch[:kept.numel()].copy_(kept)
