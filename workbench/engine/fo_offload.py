@@ -134,8 +134,9 @@ class FOOffloadEngine(FirstOrderContract):
         self.segments = [self._decay_segments(j) for j in range(self.n_sub)]
         self.streams = Streams(device, overlap=True)
         self.prefetch = torch.cuda.Stream(device) if self.cuda else None
-        self.evict = torch.cuda.Stream(device) if self.cuda else None  # flush-outs: not queued
-        self.timer = OpTimer(device, bus, cfg.telemetry)  # behind the gradients' D2H
+        # Flush-outs get a stream of their own: not queued behind the gradients' D2H.
+        self.evict = torch.cuda.Stream(device) if self.cuda else None
+        self.timer = OpTimer(device, bus, cfg.telemetry)
         self.bytes_h2d = self.bytes_d2h = 0
         self.adam_step = 0
         self._step_dev = torch.zeros((), device=device)
