@@ -26,7 +26,9 @@ wait for the CPU side. torchao is a benchmark-only dependency, imported only her
     python benchmarks/fo_offload.py --device cpu --model tiny-opt --steps 2    # plumbing
 
 Writes benchmarks/results/<--name>-<gpu>-<date>.json (default name fo_offload-<model>) after
-every row, and a copy to $OUT when set; a CPU run saves nothing.
+every row, and a copy to $OUT when set; a CPU run saves nothing. Rows measured in separate
+commands are summarised together with ``--with EARLIER.json``. Longer than our usual file:
+the two kinds of rows, their phases and the targets are one comparison.
 """
 from __future__ import annotations
 
@@ -61,6 +63,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--subgroup", type=int, default=50_000_000,
                     help="parameters per optimizer subgroup (default 50M)")
     ap.add_argument("--threads", type=int, default=0, help="update_threads (0: the default)")
+    ap.add_argument("--with", dest="earlier", action="append", default=[], metavar="JSON",
+                    help="rows of an earlier run of this benchmark (same model) to summarise "
+                         "beside these, e.g. the torchao rows measured in another command")
     ap.add_argument("--torchao-path", default="",
                     help="a folder holding torchao (pip install --target), put on the path of "
                          "the torchao rows only: transformers imports an installed torchao for "
@@ -363,6 +368,7 @@ def summarise(rows: list[dict]) -> list[dict]:
                                                   "cpu_wait_s", "downcast_s", "upload_s",
                                                   "prefetch_s", "gpu_update_s", "flush_out_s",
                                                   "gpu_wait_s", "optimizer_step_s")})
+            line["cpu_lead"] = ph.get("cpu_start_vs_backward_end_s")
             uc = ph.get("cpu_update_params_per_s")
             line["uc_step"] = uc / 1e9 if uc else None
             cal = (r.get("perf_inputs") or {}).get("Uc")
@@ -395,6 +401,7 @@ HEAD = [("row", "row", ""), ("iter s", "it_s", "{:.3f}"), ("x torchao-fp32", "x_
         ("upd meas s", "upd_meas", "{:.3f}"), ("pred err", "pred_err", "{:+.0%}"),
         ("targets", "targets", ""), ("error", "error", "")]
 PHASES = [("row", "row", ""), ("bwd", "backward_s", "{:.3f}"), ("D2H", "grad_d2h_s", "{:.3f}"),
+          ("cpu start-bwd end", "cpu_lead", "{:+.3f}"),
           ("cpu upd", "cpu_update_s", "{:.3f}"), ("threads", "threads", ""),
           ("Uc cal G/s", "uc_cal", "{:.2f}"), ("Uc step G/s", "uc_step", "{:.2f}"),
           ("cpu wait", "cpu_wait_s", "{:.3f}"), ("downcast", "downcast_s", "{:.3f}"),
@@ -457,6 +464,19 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     out = {"model": args.model, "params": n, "targets": TARGETS, "rows": [],
            "args": {k: v for k, v in vars(args).items() if k not in ("row", "result")}}
+    for path in args.earlier:  # refused before any row runs
+        try:
+            earlier = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            print(f"fo_offload benchmark: --with {path}: {e}", file=sys.stderr)
+            return 2
+        if not isinstance(earlier, dict) or earlier.get("model") != args.model \
+                or "rows" not in earlier:
+            print(f"fo_offload benchmark: --with {path}: not a run of this benchmark on "
+                  f"{args.model}", file=sys.stderr)
+            return 2
+        out["rows"] += [{**r, "from": Path(path).name} for r in earlier["rows"]
+                        if r.get("row") not in args.rows.split(",")]
     for row in args.rows.split(","):
         print(f"{args.model} {row} ...", flush=True)
         r = run_row(args, row, n)
