@@ -63,6 +63,8 @@ def torchrun(nproc: int, sets: list[str], out: Path, port: int) -> dict:
             "rank_digests_equal": (len({x.get("param_digest") for x in ranks}) == 1
                                    if len(ranks) > 1 else None),
             "param_digest": info.get("param_digest"),
+            "warmup_steps": s.get("warmup_steps"),
+            "step_seconds_all": [round(x["seconds"], 4) for x in info["steps"]],  # where a slow one is
             "host_gb": peak["pss"] / 1e9, "host_rss_gb": peak["rss"] / 1e9,
             "rank_host": [x.get("host") for x in ranks],
             "wall_seconds": time.perf_counter() - t}

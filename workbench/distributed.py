@@ -46,6 +46,12 @@ class DistContext:
 
         return shard(batch, self.rank, self.world)
 
+    def dev_share(self, dev):
+        """This rank's examples of the dev set (contiguous; ``data/shard.py::DevShare``)."""
+        from workbench.data.shard import DevShare
+
+        return DevShare(dev, self.rank, self.world)
+
     def mean(self, scalars: torch.Tensor) -> torch.Tensor:
         """Average a small tensor of scalars over ranks (the step's only communication)."""
         out = scalars.clone()

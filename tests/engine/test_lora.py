@@ -25,7 +25,8 @@ def lora_run(cfg: RunConfig, steps: int = STEPS, bus: EventBus | None = None) ->
     data = SyntheticData(model.config.vocab_size, 16)
     losses = []
     for t in range(steps):
-        o = engine.step(data.batch_for_step(t, 2, cfg.seed), t, cfg.lr, cfg.weight_decay)
+        batch = data.batch_for_step(t, 2, cfg.seed).to(torch.device(cfg.device))  # as the recipe
+        o = engine.step(batch, t, cfg.lr, cfg.weight_decay)
         losses.append((float(o.loss_plus), float(o.loss_minus), float(o.projected_grad)))
     engine.flush()
     out.update(adapters=copy(engine.state_flats()), base=copy(engine.base_flats()),

@@ -83,13 +83,17 @@ def test_cli_run_summary_compare_and_report_use_the_steady_steps(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("codec, master", [("fp32", "fp32"), ("bf16", "compressed-sr")])
-def test_fresh_process_reports_its_own_median_step(tmp_path, codec, master):
+# bf16 + SR at opt-1.3b: at opt-350m that step (~0.05 s) is bound by the host's kernel launches
+# and its times jitter by +-30% with host scheduling (H100, 2026-11-22: medians 0.053 and 0.069 s
+# in two identical runs), which says nothing about warm-up; at 1.3b the GPU sets the pace.
+@pytest.mark.parametrize("model, codec, master", [("opt-350m", "fp32", "fp32"),
+                                                  ("opt-1.3b", "bf16", "compressed-sr")])
+def test_fresh_process_reports_its_own_median_step(tmp_path, model, codec, master):
     """A fresh process (no kernel compiled yet in it): tokens/s in run.json is within 3% of
     tokens per step over the run's own median step, and step 2 (the first fused update) is
     no slower than the steady steps allow: its compile happened in setup."""
     out = tmp_path / "run"
-    r = _cli("run", "--set", "model=opt-350m", "--set", "method=zo-offload", "--set",
+    r = _cli("run", "--set", f"model={model}", "--set", "method=zo-offload", "--set",
              "device=cuda", "--set", "data=synthetic", "--set", "batch_size=16", "--set",
              "seq_len=128", "--set", "steps=20", "--set", f"codec={codec}", "--set",
              f"master={master}", "--set", "amp=bf16" if codec != "fp32" else "amp=off",

@@ -18,7 +18,7 @@ from workbench.data.batches import Batch
 from workbench.engine.checkpoint import Snapshot
 from workbench.engine.events import EMBED, HEAD, EventBus
 from workbench.engine.groups import GroupLayout, build_layouts, move_buffers
-from workbench.engine.objective import Objective, evaluate, head_loss, objective_for
+from workbench.engine.objective import Objective, Total, evaluate, head_loss, objective_for
 from workbench.engine.protocol import StepOutput
 from workbench.engine.timing import OpTimer
 from workbench.engine.zo_common import Group, autocast, materialise
@@ -150,9 +150,10 @@ class FOEngine(FirstOrderContract):
     def flush(self) -> None:
         """Nothing is ever pending: the update runs inside the step."""
 
-    def evaluate(self, dev, batch_size: int) -> dict[str, float]:
+    def evaluate(self, dev, batch_size: int, total: Total | None = None) -> dict[str, float]:
         """The objective's metrics on ``dev`` with the current weights."""
-        return evaluate(self.objective, self.adapter, dev, self.device, self.cfg.amp, batch_size)
+        return evaluate(self.objective, self.adapter, dev, self.device, self.cfg.amp, batch_size,
+                        total=total)
 
     # --- state ------------------------------------------------------------------------------
     def state_flats(self) -> list[torch.Tensor]:

@@ -48,7 +48,7 @@ from workbench.engine.fo import (FirstOrderContract, prompt_loss, refuse_unsuppo
                                  trainable_params)
 from workbench.engine.fo_host import HostUpdates, adamw, default_threads
 from workbench.engine.groups import GroupLayout, build_layouts, move_buffers
-from workbench.engine.objective import evaluate, objective_for
+from workbench.engine.objective import Total, evaluate, objective_for
 from workbench.engine.pinned import HostMemory
 from workbench.engine.protocol import StepOutput
 from workbench.engine.streams import Streams
@@ -524,9 +524,10 @@ class FOOffloadEngine(FirstOrderContract):
     def flush(self) -> None:
         """Nothing is pending between steps: each step's update is enqueued inside it."""
 
-    def evaluate(self, dev, batch_size: int) -> dict[str, float]:
+    def evaluate(self, dev, batch_size: int, total: Total | None = None) -> dict[str, float]:
         """The objective's metrics on ``dev`` with the current compute weights."""
-        return evaluate(self.objective, self.adapter, dev, self.device, self.cfg.amp, batch_size)
+        return evaluate(self.objective, self.adapter, dev, self.device, self.cfg.amp, batch_size,
+                        total=total)
 
     def sync(self) -> None:
         """Wait for every copy and kernel (outside steps: before reading host buffers); the

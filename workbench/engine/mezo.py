@@ -14,7 +14,7 @@ from workbench.data.batches import Batch
 from workbench.engine.checkpoint import Snapshot
 from workbench.engine.events import EMBED, HEAD, EventBus
 from workbench.engine.groups import build_layouts, move_buffers, release
-from workbench.engine.objective import evaluate, head_loss, objective_for
+from workbench.engine.objective import Total, evaluate, head_loss, objective_for
 from workbench.engine.peft import adapter_groups, block_adapter, frozen_groups
 from workbench.engine.perturb import PendingUpdate, ZOOps
 from workbench.engine.pinned import SnapshotBuffers
@@ -89,9 +89,10 @@ class MeZOEngine:
     def flush(self) -> None:
         """Nothing is ever pending in MeZO."""
 
-    def evaluate(self, dev, batch_size: int) -> dict[str, float]:
+    def evaluate(self, dev, batch_size: int, total: Total | None = None) -> dict[str, float]:
         """The objective's metrics on ``dev`` with the current weights."""
-        return evaluate(self.objective, self.adapter, dev, self.device, self.cfg.amp, batch_size)
+        return evaluate(self.objective, self.adapter, dev, self.device, self.cfg.amp, batch_size,
+                        total=total)
 
     # --- state ------------------------------------------------------------------------------
     def state_flats(self) -> list[torch.Tensor]:
