@@ -63,6 +63,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--subgroup", type=int, default=50_000_000,
                     help="parameters per optimizer subgroup (default 50M)")
     ap.add_argument("--threads", type=int, default=0, help="update_threads (0: the default)")
+    ap.add_argument("--host-gb", type=float, default=0.0,
+                    help="host memory a row may use, GB (0: what psutil sees available; where "
+                         "memory grows as it is used, say what the machine really has)")
     ap.add_argument("--with", dest="earlier", action="append", default=[], metavar="JSON",
                     help="rows of an earlier run of this benchmark (same model) to summarise "
                          "beside these, e.g. the torchao rows measured in another command")
@@ -423,10 +426,10 @@ def run_row(args, row: str, n: int) -> dict:
             return {"row": row, "skipped": "torchao not found (a benchmark-only dependency: "
                                            "pip install torchao==0.18.0, or --torchao-path)"}
     need = host_bytes_needed(row, n, args.subgroup)
-    avail = _host_available()
+    avail = args.host_gb * GB if args.host_gb else _host_available()
     if avail is not None and need > avail:
         return {"row": row, "skipped": f"needs ~{need / GB:.0f} GB of host memory, "
-                                       f"{avail / GB:.0f} GB available"}
+                                       f"{avail / GB:.0f} GB available (--host-gb)"}
     spec = {"row": row, "model": args.model, "device": args.device, "steps": args.steps,
             "batch": args.batch, "seq": args.seq, "subgroup": args.subgroup,
             "cap_gb": args.cap_gb, "threads": args.threads, "name": row,
