@@ -45,7 +45,8 @@ METHOD_KNOBS: dict[str, tuple[str, ...]] = {
                      "prefetch_depth", "codec", "master", "host_share"), STREAMING_METHODS),
     "rng": ZO_METHODS,
     "eps": ("mezo", "zo-offload"),
-    **dict.fromkeys(("subgroup_size", "update_stride", "gpu_resident_ratio"), ("fo-offload",)),
+    **dict.fromkeys(("subgroup_size", "update_stride", "gpu_resident_ratio", "update_threads"),
+                    ("fo-offload",)),
     **dict.fromkeys(("adam_beta1", "adam_beta2", "adam_eps"), ("fo", "fo-offload")),
 }
 #: Knobs a resumed run may change; every other one is fixed by the run's first start (it
@@ -163,6 +164,9 @@ class RunConfig:
                                "(negative -k: k of every k+1 on the GPU)", group="fo")
     gpu_resident_ratio: float = _knob(0.0, "share of subgroups kept on the GPU all along", lo=0.0,
                                       hi=1.0, group="fo")
+    update_threads: int = _knob(0, "threads of the CPU AdamW (0: torch's thread count, less one "
+                                "on a GPU run: that core launches kernels)", lo=0, hi=4096,
+                                group="fo")
     adam_beta1: float = _knob(0.9, "AdamW beta1", lo=0.0, hi=0.999999, group="fo")
     adam_beta2: float = _knob(0.999, "AdamW beta2", lo=0.0, hi=0.99999999, group="fo")
     adam_eps: float = _knob(1e-8, "AdamW epsilon", lo=0.0, hi=1.0, group="fo")

@@ -97,6 +97,30 @@ def test_timeline_real_run_rows_and_counts(offload_run):
     assert {b.name for b in _bars(fig)} == {e.op for e in want}
 
 
+def test_fo_offload_timeline_has_update_lanes_with_each_subgroup_once_per_step(tmp_path):
+    cfg = RunConfig(method="fo-offload", update_stride="3", gpu_resident_ratio=0.25,
+                    subgroup_size=20000, update_threads=1, **TINY)
+    rec = run(cfg, out_dir=tmp_path / "fo", progress=False)
+    n_sub = rec.info["fo_perf_inputs"]["subgroups"]
+    steps = sorted({e.step for e in rec.events})
+    assert len(steps) == 3
+    for fig in (F.timeline(rec, last_steps=None), F.dashboard_figure(rec, last_steps=None)):
+        bars = {b.name: b for b in _bars(fig)}
+        rows = list(fig.layout.yaxis.categoryarray)
+        assert rows.index("compute") < rows.index("gpu update") < rows.index("cpu update")
+        cpu, gpu = bars["cpu-update"], bars["gpu-update"]
+        assert set(cpu.y) == {"cpu update"} and set(gpu.y) == {"gpu update"}
+        assert set(bars["cpu-wait"].y if "cpu-wait" in bars else ["cpu update"]) == {"cpu update"}
+        assert set(bars["gpu-wait"].y) == {"gpu update"}
+        for step in steps:  # the number on each bar is its subgroup: each exactly once a step
+            ids = [int(t) for b in (cpu, gpu) for t, c in zip(b.text, b.customdata)
+                   if c[1] == step]
+            assert sorted(ids) == list(range(n_sub))
+        assert all(c[0] == f"subgroup {t}" for c, t in zip(cpu.customdata, cpu.text))
+        assert {c[4] for c in cpu.customdata} == {"1 thread"}
+        assert {c[4] for c in gpu.customdata} == {"resident", "interleaved"}
+
+
 def test_timeline_without_events_has_note():
     fig = F.timeline(RunRecord(), last_steps=3)
     assert not fig.data and _notes(fig) and fig.layout.xaxis.title.text == "time (s)"

@@ -38,9 +38,20 @@ from workbench.ui.series import (MAX_POINTS, col, downsample, finite, num,  # no
 
 GB, MB = 1e9, 1e6
 #: Timeline rows, top to bottom; streams not listed follow in name order.
-STREAM_ROWS = ("upload", "compute", "offload", "update", "checkpoint")
+STREAM_ROWS = ("upload", "compute", "gpu update", "cpu update", "offload", "update",
+               "checkpoint")
+#: fo-offload's optimizer ops drawn in lanes of their own (not their stream's row), so the GPU
+#: and CPU subgroup updates, and what each side waits for, interleave visibly; their bars carry
+#: the subgroup's number.
+LANES = {"gpu-update": "gpu update", "gpu-wait": "gpu update", "cpu-update": "cpu update",
+         "cpu-wait": "cpu update", "downcast": "cpu update"}
+#: fo-offload's per-subgroup ops: ``OpEvent.block`` is a subgroup, not a transformer block.
+SUBGROUP_OPS = ("grad-d2h", "cpu-wait", "cpu-update", "downcast", "upload-weights",
+                "prefetch", "gpu-update", "flush-out")
 OP_COLOURS = {"upload": "#1f77b4", "compute": "#2ca02c", "offload": "#ff7f0e",
-              "update": "#9467bd", "eval": "#7f7f7f", "checkpoint": "#8c564b"}
+              "update": "#9467bd", "eval": "#7f7f7f", "checkpoint": "#8c564b",
+              "gpu-update": "#2ca02c", "cpu-update": "#9467bd", "cpu-wait": "#c7c7c7",
+              "gpu-wait": "#c7c7c7"}
 RUN_COLOURS = qualitative.D3
 #: Loss smoothing (EMA weight) the figures start with; the slider offers others.
 SMOOTHING = 0.6
@@ -265,7 +276,7 @@ def _timeline_panel(rec: RunRecord, last_steps: int | None, align: bool = False,
     if not shown:
         p.note = "no stream events (telemetry off, or no step finished yet)"
         return p
-    streams = {e.stream for e in shown}
+    streams = {_lane(e) for e in shown}
     rows = [s for s in STREAM_ROWS if s in streams] + sorted(streams - set(STREAM_ROWS))
     t0 = min(e.start for e in shown) if align else 0.0
     least = MIN_BAR * (max(e.end for e in shown) - min(e.start for e in shown))
@@ -278,12 +289,15 @@ def _timeline_panel(rec: RunRecord, last_steps: int | None, align: bool = False,
         # An op drawn only on its own stream's row (upload, compute, offload) is named by the
         # row; the legend lists the others (update, codec, eval, ...), so it stays short.
         named = op not in legend and any(e.stream != op for e in evs)
+        lane = op in LANES
         p.add(dict(
-            type="bar", orientation="h", y=[e.stream for e in evs], base=[e.start - t0 for e in evs],
+            type="bar", orientation="h", y=[_lane(e) for e in evs], base=[e.start - t0 for e in evs],
             x=[max(e.end - e.start, least) for e in evs], width=0.8, name=op, legendgroup=op,
             showlegend=named, marker=dict(color=colour, line=dict(color=colour,
                                                                             width=1)),
-            customdata=[[block_label(e.block), e.step, e.nbytes / MB, (e.end - e.start) * 1e3,
+            **(dict(text=[str(e.block) for e in evs], textposition="inside",
+                    insidetextanchor="middle") if lane and op in SUBGROUP_OPS else {}),
+            customdata=[[_where(e), e.step, e.nbytes / MB, (e.end - e.start) * 1e3,
                          e.detail] for e in evs],
             hovertemplate=("%{customdata[0]} %{customdata[4]}<br>step %{customdata[1]}<br>"
                            "%{customdata[2]:.3f} MB<br>%{customdata[3]:.3f} ms"
@@ -294,6 +308,17 @@ def _timeline_panel(rec: RunRecord, last_steps: int | None, align: bool = False,
     p.yaxis = dict(type="category", categoryorder="array", categoryarray=rows,
                    autorange="reversed")
     return p
+
+
+def _lane(e) -> str:
+    return LANES.get(e.op, e.stream)
+
+
+def _where(e) -> str:
+    """What an event's ``block`` names: a subgroup, a block, or (a step-wide wait) nothing."""
+    if e.op in SUBGROUP_OPS:
+        return f"subgroup {e.block}"
+    return "" if e.op in LANES else block_label(e.block)
 
 
 def _memory_panel(rec: RunRecord) -> Panel:
