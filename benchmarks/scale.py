@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from common import pcie_bandwidth, save, table  # first: this checkout on sys.path
+from common import pcie_bandwidth, save, table, watch_tree  # first: this checkout on sys.path
 
 ROOT = Path(__file__).resolve().parent.parent
 CAP = {"gpu_mem_limit_gb": "24", "device": "cuda"}
@@ -45,33 +45,6 @@ def _sets(settings: dict) -> list[str]:
     return [x for k, v in settings.items() for x in ("--set", f"{k}={v}")]
 
 
-def _watch(proc: subprocess.Popen, gpu_index: int | None, peak: dict) -> None:
-    """Peak summed RSS / PSS of ``proc``'s tree and NVML used memory until it exits."""
-    import psutil
-
-    handle = nv = None
-    if gpu_index is not None:
-        try:
-            import pynvml as nv
-            nv.nvmlInit()
-            handle = nv.nvmlDeviceGetHandleByIndex(gpu_index)
-        except Exception as e:  # noqa: BLE001 - the row then says NVML was not read
-            peak["nvml_error"] = f"{type(e).__name__}: {e}"
-    root = psutil.Process(proc.pid)
-    while proc.poll() is None:
-        rss = pss = 0
-        try:
-            for p in [root, *root.children(recursive=True)]:
-                mem = p.memory_full_info()
-                rss, pss = rss + mem.rss, pss + mem.pss
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-        peak["rss"], peak["pss"] = max(peak["rss"], rss), max(peak["pss"], pss)
-        if handle is not None:
-            peak["nvml"] = max(peak["nvml"], nv.nvmlDeviceGetMemoryInfo(handle).used)
-        time.sleep(0.5)
-
-
 def plan_for(settings: dict) -> dict:
     """The planner's JSON for ``settings`` (a separate process: this one holds no model)."""
     r = subprocess.run([sys.executable, "-m", "workbench", "plan", *_sets(settings), "--json"],
@@ -89,7 +62,7 @@ def run_row(name: str, settings: dict, out: Path, gpu_index: int | None) -> dict
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, cwd=ROOT)
     peak = {"rss": 0, "pss": 0, "nvml": 0}
-    watcher = threading.Thread(target=_watch, args=(proc, gpu_index, peak), daemon=True)
+    watcher = threading.Thread(target=watch_tree, args=(proc, peak, gpu_index), daemon=True)
     watcher.start()
     stdout, stderr = proc.communicate()
     watcher.join()
