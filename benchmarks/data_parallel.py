@@ -30,7 +30,6 @@ import threading
 import time
 from pathlib import Path
 
-
 from common import save, table, watch_tree
 
 ROOT = Path(__file__).resolve().parent.parent
