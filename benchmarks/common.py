@@ -128,6 +128,34 @@ def save(name: str, payload: dict) -> Path:
     return path
 
 
+def watch_tree(proc: subprocess.Popen, peak: dict, gpu_index: int | None = None) -> None:
+    """Until ``proc`` exits, every 0.5 s: the peak summed RSS and PSS of it and its children
+    (``peak["rss"]``, ``peak["pss"]``, bytes) and, with ``gpu_index``, that GPU's used memory as
+    NVML sees it (``peak["nvml"]``; ``peak["nvml_error"]`` when NVML cannot be read)."""
+    import psutil
+
+    handle = nv = None
+    if gpu_index is not None:
+        try:
+            import pynvml as nv
+            nv.nvmlInit()
+            handle = nv.nvmlDeviceGetHandleByIndex(gpu_index)
+        except Exception as e:  # noqa: BLE001 - the row then says NVML was not read
+            peak["nvml_error"] = f"{type(e).__name__}: {e}"
+    root = psutil.Process(proc.pid)
+    while proc.poll() is None:
+        rss = pss = 0
+        try:
+            for q in [root, *root.children(recursive=True)]:
+                mem = q.memory_full_info()
+                rss, pss = rss + mem.rss, pss + mem.pss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+        peak["rss"], peak["pss"] = max(peak.get("rss", 0), rss), max(peak.get("pss", 0), pss)
+        if handle is not None:
+            peak["nvml"] = max(peak.get("nvml", 0), nv.nvmlDeviceGetMemoryInfo(handle).used)
+        time.sleep(0.5)
+
 def table(rows: list[dict], cols: list[tuple[str, str, str]]) -> str:
     """rows of dicts -> aligned text; cols: (header, key, format)."""
     out = [[h for h, _, _ in cols]]

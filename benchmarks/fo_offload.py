@@ -1,209 +1,504 @@
-"""fo-offload on one GPU under a memory cap: update throughput and iteration time per schedule.
+"""fo-offload against torchao's CPUOffloadOptimizer (issue 22): iteration time, peak GPU memory
+and where the update phase's time goes, every row in a fresh Python process.
 
-The model's Adam state (fp32 p, g, m, v: 16 bytes / parameter) does not fit the cap, so it
-lives in host memory and the schedules differ in where the update runs:
+Rows (``--rows``, comma-separated; default all five):
+    all-cpu        fo-offload, every subgroup updated on the CPU (ZeRO-Offload)
+    auto           fo-offload, interleaved: stride and downcast site from the calibrated model
+    static         fo-offload, the resident share (TwinFlow) the model predicts fastest among
+                   those predicted to fit ``--cap-gb`` (5% steps)
+    stride:K       fo-offload, interleaved stride K      static:R   resident share R
+    torchao-fp32   torchao ``CPUOffloadOptimizer(torch.optim.AdamW, offload_gradients=True,
+                   fused=True)``, fp32 model on the GPU (the CPU holds fp32 weights)
+    torchao-bf16   the same over a bf16 model (the CPU updates bf16 weights: no fp32 master)
+All rows: the same model with random weights, a synthetic 8 x 128 batch, bf16 autocast, the
+workbench's 2-label classification prompt loss, AdamW lr 1e-5, no weight decay. One warm-up
+step, then ``--steps`` timed ones: iteration s is their median (host clock, GPU synchronized),
+peak GPU memory the allocator's over all steps. fo-offload rows run under ``--cap-gb`` and also
+report the model's predicted update time against the measured one (from the end of backward to
+the end of the last update work) and per-phase times from the engine's timeline (median over
+the timed steps): gradient D2H, CPU update (its rate and thread count), CPU waits for
+gradients, downcast, weight uploads, prefetch, GPU update, flush-out, and the compute stream's
+wait for the CPU side. torchao is a benchmark-only dependency, imported only here.
 
-    all-cpu            ZeRO-Offload: every subgroup updated on the CPU
-    static 20% / 50%   TwinFlow: that share of subgroups resident on the GPU, the rest on the CPU
-    interleaved auto   Deep Optimizer States: the stride from the performance model
-    all-gpu            everything resident (only where it fits)
+    python benchmarks/fo_offload.py --model opt-1.3b                    # 5 rows (~2 min)
+    python benchmarks/fo_offload.py --model opt-6.7b --rows all-cpu,auto,static
+    python benchmarks/fo_offload.py --model opt-6.7b --rows torchao-fp32,torchao-bf16
+    python benchmarks/fo_offload.py --device cpu --model tiny-opt --steps 2    # plumbing
 
-One engine is built (host buffers are 16 bytes / parameter: 107 GB for opt-6.7b, pinned once)
-and rescheduled between runs. Each schedule runs one warm-up step and ``--steps`` timed steps
-of synthetic batches (8 x 128 tokens, bf16 autocast). A schedule whose predicted GPU memory
-exceeds the cap is reported as not fitting instead of run.
-
-    python benchmarks/fo_offload.py                      # opt-6.7b, 40 GB cap (~3 min, H200)
-    python benchmarks/fo_offload.py --model opt-125m --cap-gb 2 --steps 2   # smoke run
-
-Writes benchmarks/results/fo_offload-<gpu>-<date>.json (and a copy to $OUT if set).
+Writes benchmarks/results/<--name>-<gpu>-<date>.json (default name fo_offload-<model>) after
+every row, and a copy to $OUT when set; a CPU run saves nothing. Rows measured in separate
+commands are summarised together with ``--with EARLIER.json``. Longer than our usual file:
+the two kinds of rows, their phases and the targets are one comparison.
 """
 from __future__ import annotations
 
 import argparse
-import datetime
-import gc
+import importlib.util
 import json
-import os
-import re
+import math
+import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from workbench.config import RunConfig  # noqa: E402
-from workbench.data.batches import SyntheticData  # noqa: E402
-from workbench.engine import build_engine, perfmodel  # noqa: E402
-from workbench.engine.events import EventBus  # noqa: E402
-from workbench.engine.fo_offload import N_SLOTS, make_schedule  # noqa: E402
-from workbench.models.build import build_skeleton  # noqa: E402
-from workbench.presets import PRESETS  # noqa: E402
-
 GB = 1e9
-NO_GPU = perfmodel.NO_GPU
+WORKBENCH_ROWS = ("all-cpu", "auto", "static")
+TORCHAO_ROWS = ("torchao-fp32", "torchao-bf16")
+TARGETS = {"auto_vs_torchao_fp32_speed": 1.3, "auto_vs_torchao_fp32_memory": 0.5,
+           "auto_vs_torchao_bf16_speed": 1.0, "predicted_within": 0.15}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    from common import add_fresh_args
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="opt-6.7b", help="preset name (default opt-6.7b)")
-    ap.add_argument("--cap-gb", type=float, default=40.0, help="GPU memory cap, GB (default 40)")
-    ap.add_argument("--steps", type=int, default=3, help="timed steps per schedule (default 3)")
+    ap.add_argument("--rows", default=",".join(WORKBENCH_ROWS + TORCHAO_ROWS),
+                    help="comma-separated rows (see the module docstring)")
+    ap.add_argument("--steps", type=int, default=3, help="timed steps per row (default 3)")
+    ap.add_argument("--cap-gb", type=float, default=40.0,
+                    help="GPU memory cap of the fo-offload rows, GB (default 40)")
     ap.add_argument("--subgroup", type=int, default=50_000_000,
                     help="parameters per optimizer subgroup (default 50M)")
+    ap.add_argument("--threads", type=int, default=0, help="update_threads (0: the default)")
+    ap.add_argument("--host-gb", type=float, default=0.0,
+                    help="host memory a row may use, GB (0: what psutil sees available; where "
+                         "memory grows as it is used, say what the machine really has)")
+    ap.add_argument("--with", dest="earlier", action="append", default=[], metavar="JSON",
+                    help="rows of an earlier run of this benchmark (same model) to summarise "
+                         "beside these, e.g. the torchao rows measured in another command")
+    ap.add_argument("--torchao-path", default="",
+                    help="a folder holding torchao (pip install --target), put on the path of "
+                         "the torchao rows only: transformers imports an installed torchao for "
+                         "its quantizers, and the fo-offload rows should not")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=128)
-    ap.add_argument("--strides", default="",
-                    help="extra interleaved strides to measure, e.g. '-15,-3,2' (checks the model)")
-    return ap.parse_args(argv)
+    add_fresh_args(ap, "", 480.0)
+    args = ap.parse_args(argv)
+    args.name = args.name or f"fo_offload-{args.model}"
+    bad = [r for r in args.rows.split(",") if not _known(r)]
+    if bad:
+        ap.error(f"--rows: {', '.join(bad)} not among {', '.join(WORKBENCH_ROWS + TORCHAO_ROWS)}"
+                 ", stride:K, static:R")
+    return args
 
 
-def gpu_static_bytes(n: int, sub: int, stride: int, ratio: float) -> int:
-    """GPU bytes fo-offload (bf16) holds between steps for a schedule: compute weights, kept
-    gradients of GPU-updated subgroups, slots, resident (p, m, v) and upcast scratch."""
-    s = make_schedule(-(-n // sub), stride, ratio)
-    size = lambda j: min((j + 1) * sub, n) - j * sub  # noqa: E731
-    gpu = sum(size(j) for j in s.gpu)
-    res = sum(size(j) for j in s.resident)
-    slots = min(N_SLOTS, len(s.gpu)) * 4 * 4 * sub
-    return 2 * n + 2 * (gpu + res) + slots + 12 * res + (4 * sub if res else 0)
-
-
-def run_schedule(engine, data, args, name: str, stride, ratio: float, dynamic: int,
-                 cap: float) -> dict:
-    n = engine.numel
-    p = engine.perf
-    k = stride if stride != "auto" else perfmodel.stride(p.B, p.Ug, p.Uc, p.Dc,
-                                                         word_bytes=engine.word)
-    need = gpu_static_bytes(n, engine.sub, k, ratio) + dynamic
-    row = {"name": name, "stride": k, "gpu_resident_ratio": ratio,
-           "predicted_gpu_bytes": need}
-    if need > 0.97 * cap:
-        row["skipped"] = f"does not fit: needs ~{need / GB:.1f} GB > cap {cap / GB:.1f} GB"
-        return row
+def _known(row: str) -> bool:
+    kind, _, value = row.partition(":")
     try:
-        engine.reschedule(k, ratio)
-        torch.cuda.reset_peak_memory_stats()
-        seconds = []
-        for t in range(args.steps + 1):
-            batch = data.batch_for_step(t, args.batch, 0).to("cuda")
-            torch.cuda.synchronize()  # benchmark timing: whole steps, host clock
-            t0 = time.perf_counter()
-            engine.step(batch, t, 1e-5, 0.0)
-            torch.cuda.synchronize()
-            seconds.append(time.perf_counter() - t0)
-        engine.sync()  # resolves the last step's update time
-    except torch.cuda.OutOfMemoryError as e:
-        row["skipped"] = f"out of memory: {str(e).splitlines()[0]}"
-        gc.collect()
-        torch.cuda.empty_cache()
-        engine.reschedule(NO_GPU, 0.0)
-        return row
-    upd = engine.update_seconds[1:] or engine.update_seconds
-    measured = sum(upd) / len(upd)
-    row.update({
-        "split": {"cpu": engine.split.cpu, "gpu": engine.split.gpu,
-                  "resident": engine.split.resident},
+        return (row in WORKBENCH_ROWS + TORCHAO_ROWS or (kind == "stride" and int(value) != 0)
+                or (kind == "static" and 0.0 <= float(value) <= 1.0))
+    except ValueError:
+        return False
+
+
+def host_bytes_needed(row: str, n: int, sub: int) -> float:
+    """Host memory a row pins: fp32 p, g, m, v (16 B / param; torchao-bf16: 8), plus slack."""
+    per = 8 if row == "torchao-bf16" else 16
+    return per * n + 16 * sub + 4 * GB
+
+
+# --- one row, in its own process ------------------------------------------------------------
+def child(spec: dict, result: Path) -> None:
+    if spec.get("torchao_path"):
+        sys.path.insert(0, spec["torchao_path"])
+    torch.manual_seed(0)
+    row = (torchao_row if spec["row"] in TORCHAO_ROWS else workbench_row)(spec)
+    result.write_text(json.dumps(row, default=str))
+
+
+def _collect():
+    from workbench.engine.events import EventBus, InfoEvent, OpEvent
+
+    bus, events, info = EventBus(), [], {}
+    bus.subscribe(lambda e: events.append(e) if isinstance(e, OpEvent) else
+                  info.__setitem__(e.key, e.value) if isinstance(e, InfoEvent) else None)
+    return bus, events, info
+
+
+def _timed_steps(step_fn, spec: dict, data, device: torch.device) -> list[float]:
+    seconds = []
+    for t in range(spec["steps"] + 1):
+        batch = data.batch_for_step(t, spec["batch"], 0).to(device)
+        _sync(device)  # whole steps on the host clock
+        t0 = time.perf_counter()
+        step_fn(batch, t)
+        _sync(device)
+        seconds.append(time.perf_counter() - t0)
+    return seconds
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # benchmark timing only
+
+
+def workbench_row(spec: dict) -> dict:
+    from workbench.config import RunConfig
+    from workbench.data.batches import SyntheticData
+    from workbench.engine import build_engine, perfmodel
+    from workbench.models.build import build_skeleton
+
+    device, row = torch.device(spec["device"]), spec["row"]
+    kind, _, value = row.partition(":")
+    stride, ratio = ("auto" if row == "auto" else value if kind == "stride" else perfmodel.NO_GPU,
+                     float(value) if kind == "static" and value else 0.0)
+    cuda = device.type == "cuda"
+    cap = _cap(spec) if cuda else math.inf
+    cfg = RunConfig(model=spec["model"], method="fo-offload", device=spec["device"], amp="bf16",
+                    lr=1e-5, weight_decay=0.0, data="synthetic", batch_size=spec["batch"],
+                    seq_len=spec["seq"], subgroup_size=spec["subgroup"], update_stride=str(stride),
+                    gpu_resident_ratio=ratio, update_threads=spec["threads"])
+    bus, events, info = _collect()
+    t0 = time.perf_counter()
+    model, source = build_skeleton(cfg.model)
+    engine = build_engine(model, source, cfg, device, bus)
+    out = {"row": row, "build_s": time.perf_counter() - t0}
+    data = SyntheticData(model.config.vocab_size, cfg.seq_len)
+
+    def step(batch, t):
+        engine.step(batch, t, cfg.lr, 0.0)
+
+    try:
+        if row == "static":  # a step at all-CPU gives the step's transient GPU memory ...
+            _reset_peak(device)
+            _timed_steps(step, {**spec, "steps": 0}, data, device)
+            transient = _peak(device) - engine.gpu_param_bytes()
+            ratio = best_static(engine, transient, cap)  # ... then the fastest share that fits
+            out["static_transient_gpu_bytes"] = transient
+            engine.reschedule(perfmodel.NO_GPU, ratio)
+        _reset_peak(device)
+        seconds = _timed_steps(step, spec, data, device)
+        engine.sync()
+    except torch.OutOfMemoryError as e:
+        engine.close()
+        return {**out, "error": f"out of memory under the {cap / GB:.0f} GB cap: "
+                                f"{str(e).splitlines()[0]}"}
+    peak = _peak(device)
+    engine.close()  # drains the timing events
+    s, split, plan = engine.schedule, engine.split, info["fo_perf_inputs"]
+    upd = engine.update_seconds[1:]
+    out.update({
+        "iteration_s": statistics.median(seconds[1:]), "iteration_s_each": seconds,
+        "peak_gpu_bytes": peak, "fp32_master": True,
+        "params": engine.numel, "subgroups": engine.n_sub, "subgroup_size": engine.sub,
+        "stride": s.stride if s.stride != perfmodel.NO_GPU else None,
+        "gpu_resident_ratio": ratio, "split": {"cpu": split.cpu, "gpu": split.gpu,
+                                                "resident": split.resident},
+        "downcast": plan["downcast"],
+        "update_threads": engine.host_side.threads,
+        "calibration": info.get("fo_calibration"), "perf_inputs": engine.perf.as_dict(),
         "update_s_predicted": engine.predicted_update_s,
-        "update_s_measured": measured,
-        "update_params_per_s": n / measured,
-        "iteration_s": sum(seconds[1:]) / len(seconds[1:]),
-        "iteration_s_each": seconds,
+        "predicted_cpu_side_s": plan["predicted_cpu_s"],
+        "predicted_gpu_side_s": plan["predicted_gpu_s"],
+        "update_s_measured": statistics.median(upd) if upd else None,
         "update_s_each": engine.update_seconds,
-        "peak_gpu_bytes": torch.cuda.max_memory_allocated(),
-        "gpu_param_bytes": engine.gpu_param_bytes(),
+        "phases": phases(events, list(range(1, spec["steps"] + 1)), engine),
     })
-    return row
+    m = out["update_s_measured"]
+    out["prediction_error"] = (engine.predicted_update_s - m) / m if m else None
+    return out
+
+
+def _cap(spec: dict) -> float:
+    total = torch.cuda.get_device_properties(0).total_memory
+    cap = min(spec["cap_gb"] * GB, total)
+    torch.cuda.set_per_process_memory_fraction(cap / total)
+    return cap
+
+
+def _reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak(device: torch.device) -> int:
+    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
+
+
+def best_static(engine, transient: float, cap: float) -> float:
+    """The resident share (5% steps) with the smallest predicted update time among those whose
+    GPU memory (compute weights, resident p / m / v and kept gradients, scratch, and the step's
+    transient memory) is predicted to fit 97% of ``cap``."""
+    from workbench.engine import perfmodel
+
+    best = (math.inf, 0.0)
+    for r in [i / 20 for i in range(21)]:
+        t, down, sched, _, _ = engine.plan(perfmodel.NO_GPU, r)
+        res = sum(engine.bounds(j)[1] - engine.bounds(j)[0] for j in sched.resident)
+        need = (engine.word * engine.numel + (12 + engine.word) * res + transient
+                + 4 * engine.sub * ((res > 0) + (engine.word == 2 and not down)))
+        if need <= 0.97 * cap and t < best[0]:
+            best = (t, r)
+    return best[1]
+
+
+def phases(events, steps: list[int], engine=None) -> dict:
+    """Per-phase seconds of the timed steps (median over them): busy time (union of spans) of
+    transfers, summed time of updates and waits; rates where they mean something."""
+    per = []
+    for t in steps:
+        evs = [e for e in events if e.step == t]
+        total = lambda op: sum(e.end - e.start for e in evs if e.op == op)  # noqa: E731
+        row = {"forward_s": total("forward"), "backward_s": total("backward"),
+               "optimizer_step_s": total("optimizer-step")}
+        if engine is not None:
+            cpu_n = sum(engine.bounds(j)[1] - engine.bounds(j)[0] for j in engine.schedule.cpu)
+            gpu_n = engine.numel - cpu_n
+            row.update({
+                "grad_d2h_s": _busy(evs, "grad-d2h"), "cpu_update_s": total("cpu-update"),
+                "cpu_wait_s": total("cpu-wait"), "downcast_s": total("downcast"),
+                "upload_s": _busy(evs, "upload-weights"), "prefetch_s": _busy(evs, "prefetch"),
+                "gpu_update_s": total("gpu-update"), "flush_out_s": _busy(evs, "flush-out"),
+                "gpu_wait_s": total("gpu-wait"),
+                "cpu_update_params_per_s": cpu_n / total("cpu-update") if cpu_n else None,
+                "gpu_update_params_per_s": gpu_n / total("gpu-update") if gpu_n else None,
+                "grad_d2h_bytes_per_s": _rate(evs, "grad-d2h"),
+                "upload_bytes_per_s": _rate(evs, "upload-weights"),
+                "cpu_start_vs_backward_end_s": _lead(evs)})
+        per.append(row)
+    keys = per[0].keys() if per else []
+    return {k: _median([r[k] for r in per]) for k in keys}
+
+
+def _busy(evs, op: str) -> float:
+    spans = sorted((e.start, e.end) for e in evs if e.op == op)
+    busy, end = 0.0, -math.inf
+    for a, b in spans:
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    return busy
+
+
+def _rate(evs, op: str) -> float | None:
+    busy = _busy(evs, op)
+    return sum(e.nbytes for e in evs if e.op == op) / busy if busy > 0 else None
+
+
+def _lead(evs) -> float | None:
+    """First CPU update's start minus backward's end (negative: it started during backward)."""
+    cpu = [e.start for e in evs if e.op == "cpu-update"]
+    bwd = [e.end for e in evs if e.op == "backward"]
+    return min(cpu) - max(bwd) if cpu and bwd else None
+
+
+def _median(values: list):
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def torchao_row(spec: dict) -> dict:
+    """torchao's CPUOffloadOptimizer over the workbench's own model and loss."""
+    from torchao.optim import CPUOffloadOptimizer  # benchmark-only dependency
+
+    from workbench.config import RunConfig
+    from workbench.data.batches import SyntheticData
+    from workbench.engine.events import OpEvent
+    from workbench.engine.fo import prompt_loss, trainable_params
+    from workbench.engine.groups import build_layouts, move_buffers
+    from workbench.engine.objective import objective_for
+    from workbench.engine.timing import OpTimer
+    from workbench.engine.zo_common import autocast, materialise
+    from workbench.models.adapter import BlockAdapter
+    from workbench.models.build import build_skeleton
+
+    device = torch.device(spec["device"])
+    dtype = torch.float32 if spec["row"] == "torchao-fp32" else torch.bfloat16
+    cfg = RunConfig(model=spec["model"], method="fo", device=spec["device"], amp="bf16", lr=1e-5,
+                    data="synthetic", batch_size=spec["batch"], seq_len=spec["seq"])
+    bus, events, _ = _collect()
+    t0 = time.perf_counter()
+    model, source = build_skeleton(cfg.model)
+    adapter = BlockAdapter(model)
+    objective = objective_for(cfg, model.config.vocab_size)
+    embed, blocks, head = build_layouts(adapter)
+    params = []
+    for lay in (embed, *blocks, head):
+        flat = materialise(lay, source, cfg.seed, device).to(dtype)
+        params += trainable_params(lay, flat)
+    move_buffers([model], device)
+    opt = CPUOffloadOptimizer(params, torch.optim.AdamW, offload_gradients=True, fused=True,
+                              lr=cfg.lr, weight_decay=0.0,
+                              betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps)
+    timer = OpTimer(device, bus, True)
+    out = {"row": spec["row"], "build_s": time.perf_counter() - t0,
+           "fp32_master": dtype == torch.float32, "params": sum(p.numel() for p in params)}
+    data = SyntheticData(model.config.vocab_size, cfg.seq_len)
+    stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+
+    def step(batch, t):
+        with autocast(device, "bf16"):
+            loss = prompt_loss(adapter, objective, batch, timer, t, stream)
+        with timer.span("backward", "compute", stream, t, -1):
+            loss.backward()
+        a = timer.now()
+        opt.step()  # waits for the gradients' D2H, updates on the CPU, uploads, synchronizes
+        opt.zero_grad()
+        bus.publish(OpEvent("optimizer-step", "cpu", t, -1, 0, a, timer.now()))
+        timer.poll()
+
+    _reset_peak(device)
+    seconds = _timed_steps(step, spec, data, device)
+    timer.poll(wait=True)
+    out.update({"iteration_s": statistics.median(seconds[1:]), "iteration_s_each": seconds,
+                "peak_gpu_bytes": _peak(device),
+                "phases": phases(events, list(range(1, spec["steps"] + 1)))})
+    return out
+
+
+# --- the parent: one process per row, the tables ---------------------------------------------
+def summarise(rows: list[dict]) -> list[dict]:
+    """Table lines: each row against the torchao rows (where they ran) and its targets."""
+    by = {r["row"]: r for r in rows if "iteration_s" in r}
+    ref32, ref16 = by.get("torchao-fp32"), by.get("torchao-bf16")
+    static = by.get("static")
+    out = []
+    for r in rows:
+        line = {"row": r["row"], "error": r.get("error") or r.get("skipped")}
+        if "iteration_s" in r:
+            ph = r.get("phases", {})
+            line.update(it_s=r["iteration_s"], peak_gb=r["peak_gpu_bytes"] / GB,
+                        master="yes" if r.get("fp32_master") else "no",
+                        upd_pred=r.get("update_s_predicted"), upd_meas=r.get("update_s_measured"),
+                        pred_err=r.get("prediction_error"), stride=r.get("stride"),
+                        gpu_pct=100 * r["split"]["gpu"] if "split" in r else None,
+                        res_pct=100 * r["split"]["resident"] if "split" in r else None,
+                        downcast=r.get("downcast"), threads=r.get("update_threads"),
+                        **{k: ph.get(k) for k in ("backward_s", "grad_d2h_s", "cpu_update_s",
+                                                  "cpu_wait_s", "downcast_s", "upload_s",
+                                                  "prefetch_s", "gpu_update_s", "flush_out_s",
+                                                  "gpu_wait_s", "optimizer_step_s")})
+            line["cpu_lead"] = ph.get("cpu_start_vs_backward_end_s")
+            uc = ph.get("cpu_update_params_per_s")
+            line["uc_step"] = uc / 1e9 if uc else None
+            cal = (r.get("perf_inputs") or {}).get("Uc")
+            line["uc_cal"] = cal / 1e9 if cal else None
+            for ref, key in ((ref32, "x_fp32"), (ref16, "x_bf16")):
+                if ref:
+                    line[key] = ref["iteration_s"] / r["iteration_s"]
+            if ref32:
+                line["mem_x_fp32"] = r["peak_gpu_bytes"] / ref32["peak_gpu_bytes"]
+            checks = []
+            if r["row"] == "auto" and ref32:
+                checks.append(line["x_fp32"] >= TARGETS["auto_vs_torchao_fp32_speed"]
+                              and line["mem_x_fp32"] <= TARGETS["auto_vs_torchao_fp32_memory"])
+            if r["row"] == "auto" and ref16:
+                checks.append(line["x_bf16"] >= TARGETS["auto_vs_torchao_bf16_speed"])
+            if r["row"] == "auto" and static:
+                checks.append(r["iteration_s"] <= static["iteration_s"])
+            if line.get("pred_err") is not None:
+                checks.append(abs(line["pred_err"]) <= TARGETS["predicted_within"])
+            line["targets"] = " ".join("met" if c else "missed" for c in checks)
+        out.append(line)
+    return out
+
+
+HEAD = [("row", "row", ""), ("iter s", "it_s", "{:.3f}"), ("x torchao-fp32", "x_fp32", "{:.2f}"),
+        ("x torchao-bf16", "x_bf16", "{:.2f}"), ("peak GB", "peak_gb", "{:.1f}"),
+        ("mem x fp32", "mem_x_fp32", "{:.2f}"), ("fp32 master", "master", ""),
+        ("stride", "stride", ""), ("gpu%", "gpu_pct", "{:.0f}"), ("res%", "res_pct", "{:.0f}"),
+        ("downcast", "downcast", ""), ("upd pred s", "upd_pred", "{:.3f}"),
+        ("upd meas s", "upd_meas", "{:.3f}"), ("pred err", "pred_err", "{:+.0%}"),
+        ("targets", "targets", ""), ("error", "error", "")]
+PHASES = [("row", "row", ""), ("bwd", "backward_s", "{:.3f}"), ("D2H", "grad_d2h_s", "{:.3f}"),
+          ("cpu start-bwd end", "cpu_lead", "{:+.3f}"),
+          ("cpu upd", "cpu_update_s", "{:.3f}"), ("threads", "threads", ""),
+          ("Uc cal G/s", "uc_cal", "{:.2f}"), ("Uc step G/s", "uc_step", "{:.2f}"),
+          ("cpu wait", "cpu_wait_s", "{:.3f}"), ("downcast", "downcast_s", "{:.3f}"),
+          ("upload", "upload_s", "{:.3f}"), ("prefetch", "prefetch_s", "{:.3f}"),
+          ("gpu upd", "gpu_update_s", "{:.3f}"), ("flush-out", "flush_out_s", "{:.3f}"),
+          ("gpu wait", "gpu_wait_s", "{:.3f}"), ("opt.step", "optimizer_step_s", "{:.3f}")]
+
+
+def run_row(args, row: str, n: int) -> dict:
+    from common import in_fresh_process
+
+    if row in TORCHAO_ROWS:
+        if args.device != "cuda" or not torch.cuda.is_available():
+            return {"row": row, "skipped": "needs CUDA: torchao's CPUOffloadOptimizer offloads "
+                                           "from a CUDA (or XPU) device"}
+        where = Path(args.torchao_path) if args.torchao_path else None
+        if not (where / "torchao").is_dir() if where else importlib.util.find_spec(
+                "torchao") is None:
+            return {"row": row, "skipped": "torchao not found (a benchmark-only dependency: "
+                                           "pip install torchao==0.18.0, or --torchao-path)"}
+    need = host_bytes_needed(row, n, args.subgroup)
+    avail = args.host_gb * GB if args.host_gb else _host_available()
+    if avail is not None and need > avail:
+        return {"row": row, "skipped": f"needs ~{need / GB:.0f} GB of host memory, "
+                                       f"{avail / GB:.0f} GB available (--host-gb)"}
+    spec = {"row": row, "model": args.model, "device": args.device, "steps": args.steps,
+            "batch": args.batch, "seq": args.seq, "subgroup": args.subgroup,
+            "cap_gb": args.cap_gb, "threads": args.threads, "name": row,
+            "torchao_path": args.torchao_path if row in TORCHAO_ROWS else ""}
+    out = in_fresh_process(Path(__file__), spec, args.timeout)
+    out["row"] = row
+    return out
+
+
+def _host_available() -> float | None:
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return float(psutil.virtual_memory().available)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if not torch.cuda.is_available():
-        print("fo_offload benchmark: needs a CUDA GPU", file=sys.stderr)
+    if args.row:
+        child(json.loads(args.row), Path(args.result))
+        return 0
+    from common import save, table
+
+    from workbench.presets import PRESETS
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("fo_offload benchmark: --device cuda needs a CUDA GPU (use --device cpu for a "
+              "plumbing run)", file=sys.stderr)
         return 2
-    preset = PRESETS[args.model]
-    n = preset.total_params()
-    host_need = 16 * n + 4 * 2 * args.subgroup + 4 * GB
-    try:
-        import psutil
-
-        avail = psutil.virtual_memory().available
-        if avail < host_need:
-            print(f"fo_offload benchmark: {args.model} needs ~{host_need / GB:.0f} GB of host "
-                  f"memory (16 bytes / parameter), {avail / GB:.0f} GB available; use a smaller "
-                  "--model", file=sys.stderr)
+    if args.model not in PRESETS:
+        print(f"fo_offload benchmark: --model {args.model!r} is not a preset", file=sys.stderr)
+        return 2
+    n = PRESETS[args.model].total_params()
+    start = time.perf_counter()
+    out = {"model": args.model, "params": n, "targets": TARGETS, "rows": [],
+           "args": {k: v for k, v in vars(args).items() if k not in ("row", "result")}}
+    for path in args.earlier:  # refused before any row runs
+        try:
+            earlier = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            print(f"fo_offload benchmark: --with {path}: {e}", file=sys.stderr)
             return 2
-    except ImportError:
-        avail = None
-    total = torch.cuda.get_device_properties(0).total_memory
-    cap = min(args.cap_gb * GB, total)
-    torch.cuda.set_per_process_memory_fraction(cap / total)
-    cfg = RunConfig(model=args.model, method="fo-offload", device="cuda", amp="bf16", lr=1e-5,
-                    data="synthetic", batch_size=args.batch, seq_len=args.seq,
-                    subgroup_size=args.subgroup, update_stride=str(NO_GPU), telemetry=False)
-    print(f"building fo-offload {args.model} ({n / 1e9:.2f} B params, host {16 * n / GB:.0f} GB, "
-          f"GPU cap {cap / GB:.0f} GB) ...", flush=True)
-    t0 = time.perf_counter()
-    model, source = build_skeleton(cfg.model)
-    engine = build_engine(model, source, cfg, torch.device("cuda"), EventBus())
-    build_s = time.perf_counter() - t0
-    data = SyntheticData(preset.vocab, args.seq)
-    p = engine.perf
-    k = perfmodel.balance_ratio(p.B, p.Ug, p.Uc, p.Dc, word_bytes=engine.word)
-    auto = perfmodel.stride(p.B, p.Ug, p.Uc, p.Dc, word_bytes=engine.word)
-    print(f"built in {build_s:.0f} s; B {p.B / 1e9:.2f}  Ug {p.Ug / 1e9:.1f}  Uc {p.Uc / 1e9:.2f}  "
-          f"Dc {p.Dc / 1e9:.2f} G params/s -> k = {k:.3f}, auto stride {auto}", flush=True)
-
-    # Baseline first: it also measures the step's transient GPU memory (activations, grads).
-    base_static = gpu_static_bytes(n, engine.sub, NO_GPU, 0.0)
-    rows = [run_schedule(engine, data, args, "all-cpu (ZeRO-Offload)", NO_GPU, 0.0, 0, cap)]
-    dynamic = max(0, rows[0].get("peak_gpu_bytes", base_static) - base_static)
-    plan = [("interleaved auto", "auto", 0.0), ("static 20% (TwinFlow)", NO_GPU, 0.2),
-            ("static 50% (TwinFlow)", NO_GPU, 0.5), ("all-gpu", 1, 1.0)]
-    plan += [(f"interleaved {s}", int(s), 0.0) for s in args.strides.split(",") if s.strip()]
-    for name, stride, ratio in plan:
-        print(f"  {name} ...", flush=True)
-        rows.append(run_schedule(engine, data, args, name, stride, ratio, dynamic, cap))
-    engine.close()
-
-    head = (f"{'schedule':<24}{'stride':>11}{'gpu%':>6}{'res%':>6}{'upd pred s':>11}"
-            f"{'upd meas s':>11}{'upd Gp/s':>9}{'iter s':>8}{'peak GB':>8}")
-    print("\n" + head + "\n" + "-" * len(head))
-    for r in rows:
-        stride = "none" if r["stride"] == NO_GPU else str(r["stride"])
-        if "skipped" in r:
-            print(f"{r['name']:<24}{stride:>11}  {r['skipped']}")
-            continue
-        sp = r["split"]
-        print(f"{r['name']:<24}{stride:>11}{100 * sp['gpu']:>6.0f}{100 * sp['resident']:>6.0f}"
-              f"{r['update_s_predicted']:>11.3f}{r['update_s_measured']:>11.3f}"
-              f"{r['update_params_per_s'] / 1e9:>9.2f}{r['iteration_s']:>8.3f}"
-              f"{r['peak_gpu_bytes'] / GB:>8.1f}")
-
-    import transformers
-
-    gpu = torch.cuda.get_device_name(0)
-    date = datetime.datetime.now().strftime("%Y-%m-%d")
-    out = {
-        "benchmark": "fo_offload", "gpu": gpu, "date": datetime.datetime.now().isoformat(),
-        "torch": torch.__version__, "transformers": transformers.__version__,
-        "cuda": torch.version.cuda, "cpu_threads": torch.get_num_threads(),
-        "host_available_bytes": avail, "args": vars(args), "params": n,
-        "subgroups": engine.n_sub, "build_s": build_s, "gpu_cap_bytes": cap,
-        "perf_inputs": p.as_dict(), "k": k, "auto_stride": auto,
-        "step_transient_gpu_bytes": dynamic, "schedules": rows,
-    }
-    slug = re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-")
-    name = f"fo_offload-{slug}-{date}.json"
-    paths = [Path(__file__).resolve().parent / "results" / name]
-    if os.environ.get("OUT"):
-        paths.append(Path(os.environ["OUT"]) / name)
-    for path in paths:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(out, indent=2, default=str))
-        print(f"wrote {path}")
+        if not isinstance(earlier, dict) or earlier.get("model") != args.model \
+                or "rows" not in earlier:
+            print(f"fo_offload benchmark: --with {path}: not a run of this benchmark on "
+                  f"{args.model}", file=sys.stderr)
+            return 2
+        out["rows"] += [{**r, "from": Path(path).name} for r in earlier["rows"]
+                        if r.get("row") not in args.rows.split(",")]
+    for row in args.rows.split(","):
+        print(f"{args.model} {row} ...", flush=True)
+        r = run_row(args, row, n)
+        out["rows"].append(r)
+        print("  " + (r.get("error") or r.get("skipped") or
+                      f"iteration {r['iteration_s']:.3f} s, peak {r['peak_gpu_bytes'] / GB:.1f} "
+                      f"GB, process {r.get('process_seconds', 0):.0f} s"), flush=True)
+        if args.device == "cuda":
+            save(args.name, out)  # after every row: a timeout keeps what ran
+    out["summary"] = summarise(out["rows"])
+    out["seconds"] = time.perf_counter() - start
+    saved = save(args.name, out) if args.device == "cuda" else "nothing (a CPU plumbing run)"
+    print("\n" + table(out["summary"], HEAD) + "\n\n" + table(out["summary"], PHASES))
+    print(f"\nphases: seconds per step (median of timed steps); D2H, upload, prefetch, flush-out "
+          f"are busy time; targets (auto): >= {TARGETS['auto_vs_torchao_fp32_speed']}x "
+          f"torchao-fp32 at <= {TARGETS['auto_vs_torchao_fp32_memory']}x its peak, >= "
+          f"{TARGETS['auto_vs_torchao_bf16_speed']}x torchao-bf16, not slower than static; "
+          f"every fo-offload row: predicted update within "
+          f"{TARGETS['predicted_within']:.0%}\nsaved {saved} ({out['seconds']:.0f} s)")
     return 0
 
 

@@ -81,6 +81,8 @@ def test_cli_cuda_without_gpu(tmp_path):
     ({"codec": "bf16"}, "codec: 'bf16' does not apply to method=mezo"),
     ({"method": "zo-offload", "adam_beta1": 0.8}, "adam_beta1: 0.8 does not apply"),
     ({"method": "fo", "subgroup_size": 4096}, "subgroup_size: 4096 does not apply to method=fo"),
+    ({"method": "fo", "update_threads": 4}, "update_threads: 4 does not apply to method=fo"),
+    ({"method": "fo-offload", "update_threads": -1}, "update_threads: -1"),
     ({"data": "synthetic", "eval_every": 5}, "eval_every: data=synthetic has no dev split"),
 ])
 def test_values_that_cannot_work_are_refused(changes, line):

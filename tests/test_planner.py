@@ -295,14 +295,14 @@ def test_host_memory_covers_the_save_one_group_at_a_time():
                master="compressed-sr", gpu_mem_limit_gb=24)
     pl = plan(cfg, calibration={"host_mem_available_bytes": 256 * GiB}, gpu="h200")
     group = 4 * max(p.block_params(), p.embed_params(), p.head_params())
-    assert pl.host_breakdown[SAVE_KEY] == group + 8 * 2 ** 22
+    assert pl.host_breakdown[SAVE_KEY] == group + 4 * 2 ** 20  # + the threads' fp64 buffers
     assert group == 4 * p.block_params() and pl.host_breakdown[SAVE_KEY] < 4 * GiB
     assert pl.host_mem_bytes == sum(pl.host_breakdown.values())  # counted in the total
     assert pl.fits_host  # the 2-GPU machine's host (256 GB) takes opt-66b
-    # the constant matches the engine's chunk (the planner itself never imports torch)
-    from workbench.engine.groups import NORM_CHUNK
+    # the constants match the engine's (the planner itself never imports torch)
+    from workbench.engine.groups import MAX_THREADS, SCRATCH_BYTES
 
-    assert 8 * NORM_CHUNK == 8 * 2 ** 22
+    assert MAX_THREADS * SCRATCH_BYTES == 4 * 2 ** 20
 
 
 @pytest.mark.parametrize("model", ["tiny-opt", "tiny-llama"])
@@ -381,6 +381,42 @@ def test_frozen_block_device_form_by_hand():
     fresh = plan(RunConfig(method="zo-offload", reuse_buffers=False, overlap=False, **lora),
                  gpu="h100", calibration=HOST).gpu_breakdown
     assert (fresh["blocks in flight"], fresh["codec wire buffers"]) == (2 * form, 2 * wire)
+
+
+def test_adapter_plans_of_the_other_methods_by_hand():
+    """tiny-opt: 4 blocks of 49,984 elements, 8,192 adapter elements (q and v at rank 8:
+    8 x (64 + 64) each, in each block); fo, fo-offload and forward-grad with peft=lora."""
+    p = PRESETS["tiny-opt"]
+    ne, nh, nb, nl = p.embed_params(), p.head_params(), p.block_params(), 4 * 2 * 8 * 128
+    lora = dict(model="tiny-opt", peft="lora")
+    # fo: AdamW over the adapters on the GPU, the whole fp32 base beside them, nothing moves
+    fo = plan(cfg_(method="fo", **lora), gpu="h100", calibration=HOST)
+    g = fo.gpu_breakdown
+    assert g["params + grads (fp32)"] == g["AdamW m, v"] == 8 * nl
+    assert g["frozen base"] == 4 * (ne + 4 * nb + nh) and g["autocast weight copies"] == 0
+    assert fo.pcie_bytes_per_step == 0
+    # fo-offload under bf16 with a bf16 base: adapters' masters, m, v, grads on the host; bf16
+    # compute weights + grads; the base's block matrices in bf16 (biases, norms: 832 fp32 per
+    # block), embedding and head fp32 (and their autocast casts saved for backward)
+    off = plan(cfg_(method="fo-offload", amp="bf16", base_codec="bf16", **lora), gpu="h100",
+               calibration=HOST)
+    g = off.gpu_breakdown
+    assert off.host_breakdown["fp32 master, m, v, grads"] == 16 * nl
+    assert g["compute weights + grads"] == 2 * 2 * nl
+    assert g["subgroups in flight"] == 2 * 16 * nl  # one subgroup: the adapters are < 2M
+    assert g["frozen base"] == 4 * (ne + nh) + 4 * (2 * 49152 + 4 * 832)
+    assert g["autocast weight copies"] == 2 * (ne + nh)
+    assert 0 < off.h2d_bytes_per_step <= 12 * nl and 0 < off.d2h_bytes_per_step <= 12 * nl
+    # forward-grad: the frozen stream of zo-offload (4 blocks of fp32 up, nothing down), a
+    # tangent on one block's adapters only
+    fg = plan(cfg_(method="forward-grad", **lora), gpu="h100", calibration=HOST)
+    zo = plan(cfg_(method="zo-offload", **lora), gpu="h100", calibration=HOST)
+    assert fg.h2d_bytes_per_step == zo.h2d_bytes_per_step == 4 * 4 * nb
+    assert fg.d2h_bytes_per_step == 0
+    assert fg.gpu_breakdown["tangents (one block's adapters)"] == 4 * nl // 4
+    assert "tangents (embedding, head, one block)" not in fg.gpu_breakdown
+    assert "frozen stream: H2D only (the base never goes back down)" in fg.notes
+    assert not any("embedding's and head's tangents" in n for n in fg.notes)
 
 
 @pytest.mark.parametrize("model", ["tiny-opt", "tiny-llama"])

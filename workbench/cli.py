@@ -13,6 +13,7 @@ import warnings
 from pathlib import Path
 
 from workbench.config import ConfigError, RunConfig, check_environment, load_config, parse_sets
+from workbench.telemetry.evals import eval_rows, eval_value
 from workbench.telemetry.steady import STEADY_NOTE
 
 DEMO = {"model": "tiny-opt", "data": "embedded", "steps": "40", "batch_size": "16",
@@ -285,27 +286,10 @@ def format_summary(records) -> str:
     return "\n".join(lines + [f"note: {STEADY_NOTE} MB = 10^6 bytes."])
 
 
-#: The objectives' dev metrics (``data/objectives.py``), as the summary table labels them.
-EVAL_METRICS = {"accuracy": ("dev acc", "{:.3f}"), "loss": ("dev loss", "{:.4f}"),
-                "perplexity": ("dev perplexity", "{:.3f}"),
-                "exact_match": ("dev exact match", "{:.3f}"), "token_f1": ("dev token F1", "{:.3f}")}
-
-
-def _eval_metric(rec, key: str, when: str) -> float | None:
-    """A dev metric at the first (``when="start"``) or last eval; runs saved before objectives
-    recorded only ``eval_accuracy(_start)``."""
-    s = rec.summary
-    if "eval" not in s and key == "accuracy":
-        return s.get("eval_accuracy_start" if when == "start" else "eval_accuracy")
-    return s.get("eval_start" if when == "start" else "eval", {}).get(key)
-
-
 def _eval_rows(records) -> list:
-    """Start and end rows of every dev metric some run recorded."""
-    return [(f"{label} {when}", lambda r, k=key, w=when: _eval_metric(r, k, w), fmt)
-            for key, (label, fmt) in EVAL_METRICS.items()
-            if any(_eval_metric(r, key, "end") is not None for r in records)
-            for when in ("start", "end")]
+    """Start and end rows of every dev metric some run recorded (``telemetry/evals.py``)."""
+    return [(label, lambda r, k=key, w=when: eval_value(r, k, w), fmt)
+            for label, key, when, fmt in eval_rows(records)]
 
 
 def build_parser() -> argparse.ArgumentParser:

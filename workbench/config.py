@@ -45,7 +45,8 @@ METHOD_KNOBS: dict[str, tuple[str, ...]] = {
                      "prefetch_depth", "codec", "master", "host_share"), STREAMING_METHODS),
     "rng": ZO_METHODS,
     "eps": ("mezo", "zo-offload"),
-    **dict.fromkeys(("subgroup_size", "update_stride", "gpu_resident_ratio"), ("fo-offload",)),
+    **dict.fromkeys(("subgroup_size", "update_stride", "gpu_resident_ratio", "update_threads"),
+                    ("fo-offload",)),
     **dict.fromkeys(("adam_beta1", "adam_beta2", "adam_eps"), ("fo", "fo-offload")),
 }
 #: Knobs a resumed run may change; every other one is fixed by the run's first start (it
@@ -141,9 +142,9 @@ class RunConfig:
                               hi=1e6, group="peft")
     lora_targets: str = _knob("", "comma-separated module names given adapters (empty: the "
                               "attention query and value projections of the family)", group="peft")
-    base_codec: BaseCodec = _knob("fp32", "format of the frozen base on the host (zo-offload) or "
-                                  "device (mezo): fp32 exact, fp8 per-block, int8 per-channel "
-                                  "scales", group="peft")
+    base_codec: BaseCodec = _knob("fp32", "format of the frozen base on the host (streamed "
+                                  "methods; other methods compute with its decoded values): fp32 "
+                                  "exact, fp8 per-block, int8 per-channel scales", group="peft")
     # telemetry
     telemetry: bool = _knob(True, "record per-block stream events", group="telemetry")
     sample_hz: float = _knob(20.0, "NVML / host sampling rate (0 = off)", lo=0.0, hi=1000.0,
@@ -163,6 +164,9 @@ class RunConfig:
                                "(negative -k: k of every k+1 on the GPU)", group="fo")
     gpu_resident_ratio: float = _knob(0.0, "share of subgroups kept on the GPU all along", lo=0.0,
                                       hi=1.0, group="fo")
+    update_threads: int = _knob(0, "threads of the CPU AdamW (0: torch's thread count, less one "
+                                "on a GPU run: that core launches kernels)", lo=0, hi=4096,
+                                group="fo")
     adam_beta1: float = _knob(0.9, "AdamW beta1", lo=0.0, hi=0.999999, group="fo")
     adam_beta2: float = _knob(0.999, "AdamW beta2", lo=0.0, hi=0.99999999, group="fo")
     adam_eps: float = _knob(1e-8, "AdamW epsilon", lo=0.0, hi=1.0, group="fo")
@@ -287,7 +291,7 @@ def _check_values(cfg: RunConfig) -> list[str]:
     return problems
 
 
-PEFT_METHODS = ("mezo", "zo-offload")  # methods that train adapters today
+PEFT_METHODS = get_args(Method)  # every method trains adapters
 
 
 def _check_peft(cfg: RunConfig) -> list[str]:
@@ -296,9 +300,6 @@ def _check_peft(cfg: RunConfig) -> list[str]:
                 ("lora_rank", "lora_alpha", "lora_targets", "base_codec")
                 if getattr(cfg, name) != _default(name)]
     problems = []
-    if cfg.method not in PEFT_METHODS:
-        problems.append(f"peft: lora is built for {', '.join(PEFT_METHODS)}; method="
-                        f"{cfg.method} trains every weight (use peft=none)")
     if not all(t.strip() for t in cfg.lora_targets.split(",")) and cfg.lora_targets:
         problems.append(f"lora_targets: {cfg.lora_targets!r} has an empty name")
     for name in ("codec", "master"):

@@ -46,6 +46,12 @@ class DistContext:
 
         return shard(batch, self.rank, self.world)
 
+    def dev_share(self, dev):
+        """This rank's examples of the dev set (contiguous; ``data/shard.py::DevShare``)."""
+        from workbench.data.shard import DevShare
+
+        return DevShare(dev, self.rank, self.world)
+
     def mean(self, scalars: torch.Tensor) -> torch.Tensor:
         """Average a small tensor of scalars over ranks (the step's only communication)."""
         out = scalars.clone()
@@ -121,8 +127,8 @@ def from_env(cfg: RunConfig) -> DistContext | None:
 
 
 def quick_digest(flats: Iterable[torch.Tensor], stride: int = 1021) -> str:
-    """SHA-256 of every ``stride``-th element of each group: cheap enough to run during
-    training, and any divergence between ranks (a different g moves every element) shows.
+    """``groups.digest`` of every ``stride``-th element of each group: cheap enough to run
+    during training, and any divergence between ranks (a different g moves every element) shows.
     One group at a time: the strided copy is made before the decoded group is dropped."""
     return digest(_strided(flats, stride))
 

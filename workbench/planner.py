@@ -42,7 +42,7 @@ Memory (n = elements of one block, B rows, T = seq_len, D hidden, F ffn, V vocab
   Host: the buffers above that live there; pinned ones of 64 MiB and more at their exact size
     (``engine/pinned.py``), smaller ones rounded up to a power of two as torch's pinned
     allocator does. The save's digest and norm, and a resume, hold one group in fp32 at a
-    time (plus a 32 MiB fp64 chunk). checkpoint_every > 0: a
+    time (plus 4 MiB of fp64 buffers). checkpoint_every > 0: a
     snapshot holds an fp32 copy of every group until it is written (pinned for GPU groups,
     pageable clones of streamed blocks). The fit check adds 3 GiB for the process (1 GiB on the
     CPU, without CUDA's libraries and context), and counts what the process already holds as
@@ -68,7 +68,7 @@ from typing import Any
 
 from workbench.config import ConfigError, RunConfig
 from workbench.flops import block_flops
-from workbench.planner_lora import codec_bytes, frozen_stream, matrix_bytes
+from workbench.planner_lora import adapter_params, codec_bytes, frozen_stream, matrix_bytes
 from workbench.presets import PRESETS, Preset
 
 GiB, MiB = 2 ** 30, 2 ** 20
@@ -79,7 +79,8 @@ HOST_PROCESS_CPU_BYTES = 1 * GiB  # without CUDA (a tiny CPU run peaks near 0.5 
 EVAL_ROWS = 16  # the recipe evaluates in batches of max(batch_size, 16)
 OP_LAUNCH_S = 5e-5  # host time of one perturbation kernel or one transfer launch
 SAVE_KEY = "save / resume: one group as fp32"
-NORM_BYTES = 8 * 2 ** 22  # fp64 chunk of ``engine.groups.NORM_CHUNK`` elements
+# fp64 cast buffers of the digest's threads: ``engine.groups`` MAX_THREADS * SCRATCH_BYTES
+FINGERPRINT_SCRATCH_BYTES = 32 * 2 * 8192 * 8
 HOST_KEYS = ("adamw_cpu_per_s", "cpu_downcast_per_s", "host_update_per_s", "host_memcpy_bps",
              "host_ram_bytes", "host_mem_available_bytes")
 
@@ -213,7 +214,11 @@ def _profile(cfg: RunConfig, gpu: str | None, calib: dict | None) -> tuple[dict,
 
 def _fo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) -> None:
     """First-order methods: fill e (memory parts, PCIe bytes, times)."""
-    cuda, amp, P = cfg.device == "cuda", e["amp"], p.total_params()
+    cuda, amp = cfg.device == "cuda", e["amp"]
+    # Trained parameters P: with peft=lora the adapters (the frozen base: ``frozen_stream``),
+    # whose backward is the input gradients alone (rank-r weight gradients are negligible).
+    lora = cfg.peft == "lora"
+    P, bwd = (adapter_params(cfg, p), 1) if lora else (p.total_params(), 2)
     cw = 2 if amp else 4  # compute-dtype bytes
     rr = cfg.gpu_resident_ratio if cfg.method == "fo-offload" else 1.0
     if cfg.method == "fo" or not cuda:
@@ -222,14 +227,15 @@ def _fo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) -> Non
         e["gpu_param_bytes"] = 4 * P * cuda
     else:
         e["dev"].update({"compute weights + grads": 2 * cw * P, "resident optimizer share":
-                         int(12 * rr * P), "subgroups in flight": 2 * 16 * cfg.subgroup_size})
+                         int(12 * rr * P), "subgroups in flight":
+                         2 * 16 * min(cfg.subgroup_size, P)})
         e["host"]["fp32 master, m, v, grads"] = e["pinned"] = int(16 * (1 - rr) * P)
     e["dev"]["activations (saved + transient)"] = (
         p.num_layers * _saved(p, cfg.batch_size, cfg.seq_len, amp) + e["hb"]
         + 8 * cfg.batch_size * p.vocab + 2 * e["m"]["block"])
     fwd = p.num_layers * e["blk"] + e["eh"]
-    e["compute"] = 3 * fwd
-    e["step"] = 3 * fwd + P / prof["adamw_gpu_per_s" if cuda else "adamw_cpu_per_s"]
+    e["compute"] = (1 + bwd) * fwd
+    e["step"] = (1 + bwd) * fwd + P / prof["adamw_gpu_per_s" if cuda else "adamw_cpu_per_s"]
     if cfg.method == "fo-offload" and cuda:
         pn, k, duplex = (1 - rr) * P, cfg.update_stride, prof["duplex_bps"] / 2
         per_gpu = 12 / duplex + 1 / prof["adamw_gpu_per_s"]  # p, m, v up and down, then update
@@ -239,7 +245,7 @@ def _fo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) -> Non
         e["h2d"], e["d2h"] = pn * (12 * f + cw * (1 - f)), pn * (12 * f + 4 * (1 - f))
         update = max(f * pn * per_gpu, (1 - f) * pn * per_cpu, (1 - f) * pn * cw / prof["h2d_bps"])
         e["transfer"] = max(e["h2d"], e["d2h"]) / duplex
-        e["step"] = (fwd + max(2 * fwd, (1 - f) * pn * 4 / prof["d2h_bps"]) + update
+        e["step"] = (fwd + max(bwd * fwd, (1 - f) * pn * 4 / prof["d2h_bps"]) + update
                      + rr * P / prof["adamw_gpu_per_s"])
         notes.append(f"fo-offload: {f:.0%} of the optimizer subgroups updated on the GPU")
     e["host_t"] = prof["step_overhead_s"] + 3 * (p.num_layers + 2) * prof["launch_s"]
@@ -389,9 +395,9 @@ def _plan(cfg: RunConfig, gpu: str | None, calib: dict | None,
         streamed = 2 if cfg.master == "compressed-sr" and cfg.method == "zo-offload" else 4
         host["checkpoint snapshot (master copy)"] = on_gpu + streamed * (n - r) * nb
     # End of run (digest + norm) and resume: one group at a time as fp32 on the host, plus the
-    # norm's fp64 chunk (``engine.groups.fingerprint``; a streamed engine decodes a block only
+    # threads' fp64 buffers (``engine.groups.fingerprint``; a streamed engine decodes a block only
     # when it is reached). It was the whole model once: opt-30b was OOM-killed in its save.
-    host[SAVE_KEY] = 4 * max(p.embed_params(), p.block_params(), p.head_params()) + NORM_BYTES
+    host[SAVE_KEY] = 4 * max(p.embed_params(), p.block_params(), p.head_params()) + FINGERPRINT_SCRATCH_BYTES
     peak, host_bytes = sum(dev.values()), sum(host.values())
     nvml = peak + CONTEXT_BYTES if cuda else 0
     if cuda:

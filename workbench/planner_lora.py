@@ -21,6 +21,13 @@ Per block (n elements, D hidden, F ffn, kv the key/value width, r the LoRA rank)
   slot and one decoded block in its device form shared by all (fresh ones per block in flight
   without reuse_buffers); no tied head weight copy (the embedding is frozen, never perturbed);
   the adapters. Resident blocks and mezo's blocks are held in the device form too.
+  forward-grad streams the same way; its jvp runs primal and tangent through the frozen base
+  (2x forward FLOPs: no weight tangent but the adapters'), regenerates z twice per element
+  (tangent, update), and holds one block's adapter tangent (4 B/param).
+  fo / fo-offload: ``planner._fo`` plans AdamW over the adapters (backward = input gradients,
+  1x forward); the frozen base lies on the device as mezo holds it (blocks in their device
+  form), and under autocast the bf16 / fp16 casts of its fp32-held weights (embedding, head;
+  the blocks too with base_codec=fp32) are saved for backward (2 B/param).
 """
 from __future__ import annotations
 
@@ -59,6 +66,11 @@ def lora_block_params(cfg: RunConfig, p: Preset) -> int:
     return sum(cfg.lora_rank * sum(mats[t]) for t in names if t in mats)
 
 
+def adapter_params(cfg: RunConfig, p: Preset) -> int:
+    """Adapter elements of the whole model."""
+    return p.num_layers * lora_block_params(cfg, p)
+
+
 def base_block_bytes(codec: str, p: Preset) -> int:
     """Encoded bytes of one frozen block in ``codec``."""
     n = p.block_params()
@@ -89,16 +101,36 @@ def matrix_bytes(cfg: RunConfig) -> int | None:
 
 def frozen_stream(cfg: RunConfig, p: Preset, prof: dict, e: dict[str, Any], notes: list[str],
                   pin) -> None:
-    """Turn ``planner._zo``'s plan of the same run into the adapter run's (``e`` in place)."""
+    """Turn ``planner._zo``'s (or ``_fo``'s) plan of the same run into the adapter run's
+    (``e`` in place)."""
     cuda, dev, n_blocks, nb = cfg.device == "cuda", e["dev"], p.num_layers, p.block_params()
-    nl = n_blocks * lora_block_params(cfg, p)
+    held = form_bytes(cfg, p)  # one base block on the device (``FrozenForm``)
+    if cfg.method in ("fo", "fo-offload"):  # the adapters are ``_fo``'s trained parameters
+        cast = matrix_bytes(cfg) != 2  # blocks not held in the compute dtype are cast
+        held32 = p.embed_params() + p.head_params() + (n_blocks * nb if cast else 0)
+        dev["frozen base"] = 4 * (p.embed_params() + p.head_params()) + n_blocks * held
+        e["gpu_param_bytes"] += cuda * dev["frozen base"]
+        # autocast's casts of the fp32-held base, saved by autograd for the input gradients
+        dev["autocast weight copies"] = dev.get("autocast weight copies", 0) + 2 * held32 * e["amp"]
+        return
+    nl = adapter_params(cfg, p)
     pr = prof["perturb_fused_per_s" if cuda and prof.get("fused_kernel") else
               "perturb_torch_per_s" if cfg.rng == "torch" else "perturb_philox_torch_per_s"]
     dev["adapters (fp32)"] = 4 * nl
     e["gpu_param_bytes"] += cuda * 4 * nl
-    c_blk = 2 * e["blk"] + 4 * nl / n_blocks / pr  # two passes + the adapter's perturbations
+    regens = 4  # z per adapter element: + (with the update), -2, + (restore) ...
+    if cfg.method == "forward-grad":  # ... or tangent and update; tangents of one block only
+        regens = 2
+        for item in ("tangents (embedding, head, one block)", "forward-AD transients"):
+            dev.pop(item, None)
+        dev["tangents (one block's adapters)"] = 4 * nl // n_blocks
+        dev["forward-AD transients"] = 16 * nl // n_blocks  # as ``planner._zo``, per dual param
+        notes[:] = [n for n in notes if not n.startswith("forward-grad:")]
+        notes.append("forward-grad: only the adapters carry a tangent, one block's at a time; "
+                     "jvp taken as 2x forward FLOPs through the frozen base")
+    # two passes (or primal + tangent) through the frozen base + the adapters' z
+    c_blk = 2 * e["blk"] + regens * nl / n_blocks / pr
     e["compute"] = 2 * e["eh"] + n_blocks * c_blk
-    held = form_bytes(cfg, p)
     if cfg.method == "mezo":  # every block in its device form
         e["gpu_param_bytes"] -= cuda * n_blocks * (4 * nb - held)
         dev["blocks"] = n_blocks * held

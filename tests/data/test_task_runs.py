@@ -28,7 +28,7 @@ def test_a_run_on_a_csv_with_its_own_field_names(tmp_path):
 #: Per objective: a method to run it with, its dev metrics and the summary rows the CLI prints.
 CLI_CASES = {
     "classify": ("fo", ["label_words= bad, fine, great"], {"accuracy", "loss"},
-                 ["dev acc start", "dev acc end", "dev loss end"]),
+                 ["dev accuracy start", "dev accuracy end", "dev loss end"]),
     "completion": ("zo-offload", ["max_new_tokens=6"],
                    {"loss", "perplexity", "exact_match", "token_f1"},
                    ["dev perplexity end", "dev exact match end", "dev token F1 end"]),

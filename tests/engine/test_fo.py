@@ -20,6 +20,7 @@ from workbench.config import RunConfig
 from workbench.data.batches import SyntheticData
 from workbench.engine import build_engine, perfmodel
 from workbench.engine.events import EMBED, HEAD, EventBus, InfoEvent, OpEvent
+from workbench.engine.fo_host import threads_text
 from workbench.engine.fo_offload import make_schedule
 from workbench.models.build import build_skeleton
 
@@ -83,11 +84,15 @@ SCHEDULES = [  # (model, update_stride, gpu_resident_ratio, subgroup_size)
 ]
 
 
-def _check_against_adamw(cfg: RunConfig, steps: int = STEPS) -> None:
+def _check_against_adamw(cfg: RunConfig, steps: int = STEPS,
+                         cpu_downcast: bool | None = None) -> None:
     """``steps`` steps of ``cfg``; torch's AdamW fed the engine's own gradients must end with the
     same weights, and the compute weights must be the (downcast) masters."""
     engine, data = _engine(cfg)
+    if cpu_downcast is not None:
+        engine.reschedule(cfg.update_stride, cfg.gpu_resident_ratio, cpu_downcast)
     flats0 = [f.clone() for f in engine.state_flats()]
+    base0 = [f.clone() for f in engine.base_flats()]  # peft=lora: the frozen base
     opt, slots = _reference(engine, flats0)
     for t in range(steps):
         engine.step(data.batch_for_step(t, 4, cfg.seed).to(cfg.device), t, LR, WD)
@@ -107,7 +112,20 @@ def _check_against_adamw(cfg: RunConfig, steps: int = STEPS) -> None:
     assert moved > 100 * ATOL  # the weights really trained
     # The weights the next forward reads are the masters: no stale or lost subgroup.
     assert torch.equal(engine.w.cpu(), torch.cat(got).to(engine.wdtype))
+    assert len(base0) == (6 if cfg.peft == "lora" else 0)
+    assert all(torch.equal(a, b) for a, b in zip(base0, engine.base_flats()))  # never updated
     engine.close()
+
+
+@pytest.mark.parametrize("model, stride, ratio, size", [
+    ("tiny-opt", "2", 0.0, 2000), ("tiny-llama", "-2", 0.25, 3000),
+    ("tiny-opt", "1000000", 0.0, 40000)])
+def test_lora_offload_equals_adamw_on_the_adapters(model, stride, ratio, size):
+    """peft=lora: the subgroups cut the adapters only (their p, m, v on the host), the base
+    stays as loaded."""
+    _check_against_adamw(RunConfig(model=model, method="fo-offload", peft="lora", lr=LR,
+                                   weight_decay=WD, update_stride=stride,
+                                   gpu_resident_ratio=ratio, subgroup_size=size))
 
 
 @pytest.mark.parametrize("model, stride, ratio, size", SCHEDULES)
@@ -117,10 +135,19 @@ def test_offload_equals_adamw_on_the_same_gradients(model, stride, ratio, size):
                                    subgroup_size=size))
 
 
+@pytest.mark.parametrize("cpu_downcast", [True, False])
+@pytest.mark.parametrize("stride, ratio", [("1000000", 0.0), ("-2", 0.2)])
+def test_bf16_offload_equals_adamw_for_both_downcast_sites(stride, ratio, cpu_downcast):
+    # bf16 compute weights, downcast on the CPU before the upload or on the "GPU" after it.
+    _check_against_adamw(RunConfig(model="tiny-opt", method="fo-offload", lr=LR, weight_decay=WD,
+                                   amp="bf16", update_stride=stride, gpu_resident_ratio=ratio,
+                                   subgroup_size=6000), steps=3, cpu_downcast=cpu_downcast)
+
+
 def test_multithreaded_cpu_side_equals_adamw(all_threads):
     _check_against_adamw(RunConfig(model="tiny-opt", method="fo-offload", lr=LR, weight_decay=WD,
                                    update_stride="-2", gpu_resident_ratio=0.2,
-                                   subgroup_size=16384), steps=3)
+                                   subgroup_size=16384, update_threads=THREADS), steps=3)
 
 
 def _losses(cfg: RunConfig, steps: int = STEPS) -> list[float]:
@@ -192,31 +219,49 @@ def test_schedule_places_subgroups_as_algorithm_1():
     assert make_schedule(5, 1, 1.0).cpu == ()
 
 
-def test_timeline_shows_each_subgroup_where_it_was_scheduled():
+def _recorded(cfg: RunConfig, steps: int, cpu_downcast: bool | None = None):
+    """``steps`` steps of ``cfg``: (engine, op events, info) as the bus carried them."""
     events, infos = [], {}
     bus = EventBus()
     bus.subscribe(lambda e: events.append(e) if isinstance(e, OpEvent) else
                   infos.__setitem__(e.key, e.value) if isinstance(e, InfoEvent) else None)
-    cfg = RunConfig(model="tiny-opt", method="fo-offload", update_stride="3",
-                    gpu_resident_ratio=0.25, subgroup_size=20000, lr=LR)
     engine, data = _engine(cfg, bus)
+    if cpu_downcast is not None:
+        engine.reschedule(cfg.update_stride, cfg.gpu_resident_ratio, cpu_downcast)
+    for t in range(steps):
+        engine.step(data.batch_for_step(t, 4, 0), t, LR, 0.0)
+    engine.close()
+    return engine, events, infos
+
+
+@pytest.mark.parametrize("amp, cpu_downcast", [("off", None), ("bf16", True), ("bf16", False)])
+def test_timeline_has_every_subgroups_update_once_per_step(amp, cpu_downcast):
+    cfg = RunConfig(model="tiny-opt", method="fo-offload", update_stride="3", amp=amp,
+                    gpu_resident_ratio=0.25, subgroup_size=20000, lr=LR)
+    engine, events, infos = _recorded(cfg, 3, cpu_downcast)
     n_sub = engine.n_sub
     r = int(0.25 * n_sub)
     gpu = {i for i in range(n_sub - r) if (i + 1) % 3 == 0}
     resident = set(range(n_sub - r, n_sub))
     cpu = set(range(n_sub)) - gpu - resident
-    for t in range(2):
-        engine.step(data.batch_for_step(t, 4, 0), t, LR, 0.0)
-    engine.close()
-    for t in range(2):
-        of = lambda op: {e.block for e in events if e.op == op and e.step == t}  # noqa: E731
-        assert of("gpu-update") == gpu | resident
-        assert of("prefetch") == of("flush-out") == gpu
-        assert of("cpu-update") == of("upload-weights") == cpu
-        assert of("grad-flush") == {EMBED, *range(4), HEAD}
-        assert {e.stream for e in events if e.op == "cpu-update"} == {"cpu"}
+    assert gpu and cpu and resident
+    for t in range(3):
+        of = lambda op: sorted(e.block for e in events if e.op == op and e.step == t)  # noqa: E731
+        # Every subgroup's update exactly once per step, on the side the schedule put it.
+        assert sorted(of("cpu-update") + of("gpu-update")) == list(range(n_sub))
+        assert of("gpu-update") == sorted(gpu | resident)
+        assert of("prefetch") == of("flush-out") == sorted(gpu)
+        assert of("upload-weights") == sorted(cpu)
+        assert of("downcast") == (sorted(cpu) if cpu_downcast else [])
+        assert set(of("grad-d2h")) == cpu  # one piece per (group, subgroup) overlap
+        assert len(of("gpu-wait")) == 1
+        details = {e.detail for e in events if e.op == "cpu-update" and e.step == t}
+        assert details == {threads_text(engine.host_side.threads)}
+    assert {e.stream for e in events if e.op == "cpu-update"} == {"cpu"}
     assert infos["fo_stride"] == 3
     assert infos["fo_perf_inputs"]["subgroups"] == n_sub
+    assert infos["fo_perf_inputs"]["downcast"] == {None: "none", True: "cpu", False: "gpu"}[
+        cpu_downcast]
     assert infos["fo_update_predicted_s"] > 0 and infos["fo_update_measured_s"] > 0
 
 
@@ -240,12 +285,23 @@ def test_fp16_needs_a_gpu():
 
 # --- CUDA ------------------------------------------------------------------------------------
 @pytest.mark.gpu
-@pytest.mark.parametrize("amp, stride, ratio", [("off", "-2", 0.2), ("bf16", "2", 0.0),
-                                                ("bf16", "auto", 0.3)])
-def test_cuda_offload_equals_adamw(amp, stride, ratio):
+@pytest.mark.parametrize("amp, stride, ratio, cpu_downcast", [
+    ("off", "-2", 0.2, None), ("bf16", "2", 0.0, True), ("bf16", "2", 0.0, False),
+    ("bf16", "auto", 0.3, None), ("bf16", str(perfmodel.NO_GPU), 0.0, False)])
+def test_cuda_offload_equals_adamw(amp, stride, ratio, cpu_downcast):
     _check_against_adamw(RunConfig(model="tiny-llama", method="fo-offload", device="cuda",
                                    amp=amp, lr=LR, weight_decay=WD, update_stride=stride,
-                                   gpu_resident_ratio=ratio, subgroup_size=4096))
+                                   gpu_resident_ratio=ratio, subgroup_size=4096),
+                         cpu_downcast=cpu_downcast)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("amp, codec", [("off", "fp32"), ("bf16", "bf16")])
+def test_cuda_lora_offload_equals_adamw(amp, codec):
+    _check_against_adamw(RunConfig(model="tiny-llama", method="fo-offload", device="cuda",
+                                   peft="lora", base_codec=codec, amp=amp, lr=LR,
+                                   weight_decay=WD, update_stride="-2", gpu_resident_ratio=0.25,
+                                   subgroup_size=1024))
 
 
 @pytest.mark.gpu

@@ -19,7 +19,8 @@ STEPS = 4
 
 def lora_run(cfg: RunConfig, steps: int = STEPS, bus: EventBus | None = None) -> dict:
     """``steps`` steps on synthetic batches; adapter and base weights before and after, the
-    losses, and the engine's byte counters."""
+    losses per step ((L+, L-, g, loss) for ZO, (d, loss) forward-grad, (loss,) first-order),
+    and the engine's byte counters."""
     model, source = build_skeleton(cfg.model)
     engine = build_engine(model, source, cfg, torch.device(cfg.device), bus or EventBus())
     copy = lambda flats: [f.detach().cpu().clone() for f in flats]  # noqa: E731
@@ -29,7 +30,8 @@ def lora_run(cfg: RunConfig, steps: int = STEPS, bus: EventBus | None = None) ->
     for t in range(steps):
         batch = data.batch_for_step(t, 2, cfg.seed).to(torch.device(cfg.device))  # as the recipe
         o = engine.step(batch, t, cfg.lr, cfg.weight_decay)
-        losses.append((float(o.loss_plus), float(o.loss_minus), float(o.projected_grad)))
+        losses.append(tuple(float(x) for x in (o.loss_plus, o.loss_minus, o.projected_grad,
+                                               o.loss) if x is not None))
     engine.flush()
     out.update(adapters=copy(engine.state_flats()), base=copy(engine.base_flats()),
                losses=losses, h2d=engine.bytes_h2d, d2h=engine.bytes_d2h,
@@ -47,17 +49,21 @@ def lora_cfg(**kw) -> RunConfig:
     return RunConfig(**{**base, **kw})
 
 
-@pytest.mark.parametrize("method", ["mezo", "zo-offload"])
+@pytest.mark.parametrize("method", ["mezo", "zo-offload", "forward-grad", "fo", "fo-offload"])
 def test_only_adapters_are_perturbed_and_updated(method):
-    r = lora_run(lora_cfg(method=method))
-    assert all(torch.equal(a, b) for a, b in zip(r["base0"], r["base"]))  # base bytes unchanged
+    lr = 1e-3 if method in ("fo", "fo-offload") else 5e-2  # AdamW steps are lr-sized
+    r = lora_run(lora_cfg(method=method, lr=lr))
+    # base bytes unchanged: embedding, every block, head
+    assert len(r["base"]) == 6 and all(f.numel() for f in r["base"])
+    assert all(torch.equal(a, b) for a, b in zip(r["base0"], r["base"]))
     assert all(not torch.equal(a, b) for a, b in zip(r["adapters0"], r["adapters"]))
     assert all(".lora_" in e.name for lay in r["layouts"] for e in lay.entries)
     assert len(r["layouts"]) == 4  # one adapter group per block of tiny-opt
     # q and v of 4 blocks, rank 8, hidden 64: (8 x 64 + 64 x 8) x 2 x 4
     assert sum(a.numel() for a in r["adapters"]) == 2 * 8 * 64 * 2 * 4
-    g = [x[2] for x in r["losses"]]
-    assert g[0] == 0.0 or any(abs(v) > 0 for v in g)  # B = 0 at first: L+ == L- is allowed
+    if method in ("mezo", "zo-offload"):
+        g = [x[2] for x in r["losses"]]
+        assert g[0] == 0.0 or any(abs(v) > 0 for v in g)  # B = 0 at first: L+ == L- is allowed
 
 
 @pytest.fixture(scope="module", params=[("tiny-opt", "fp32", "off"), ("tiny-opt", "bf16", "off"),
@@ -145,9 +151,13 @@ def test_lora_checkpoint_round_trip(tmp_path):
 
 def test_lora_settings_are_checked_at_once():
     with pytest.raises(ConfigError) as e:
-        RunConfig(method="fo", peft="lora", codec="bf16")
-    text = str(e.value)
-    assert "peft: lora is built for mezo, zo-offload" in text and "codec: with peft=lora" in text
+        RunConfig(method="forward-grad", peft="lora", codec="bf16", lora_targets="q_proj,")
+    assert e.value.problems == [
+        "lora_targets: 'q_proj,' has an empty name",
+        "codec: with peft=lora the adapters stay on the GPU and the base never goes down; set "
+        "the base's format with base_codec"]
+    for method in ("mezo", "zo-offload", "forward-grad", "fo", "fo-offload"):
+        RunConfig(method=method, peft="lora", base_codec="int8")  # every method trains adapters
     with pytest.raises(ConfigError, match="base_codec: applies only with peft=lora"):
         RunConfig(base_codec="int8")
     with pytest.raises(ConfigError, match="base_codec: 'int4' is not one of"):

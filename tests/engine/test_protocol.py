@@ -11,13 +11,16 @@ from workbench.engine import Engine, build_engine
 from workbench.engine.events import EventBus
 from workbench.engine.fo import FOEngine
 from workbench.engine.fo_offload import FOOffloadEngine
-from workbench.engine.forward_grad import ForwardGradEngine
+from workbench.engine.forward_grad import ForwardGradEngine, LoRAForwardGradEngine
+from workbench.engine.lora_offload import LoRAOffloadEngine
 from workbench.engine.mezo import MeZOEngine
 from workbench.engine.offload import ZOOffloadEngine
 from workbench.models.build import build_skeleton
 
 ENGINES = {"mezo": MeZOEngine, "zo-offload": ZOOffloadEngine, "forward-grad": ForwardGradEngine,
            "fo": FOEngine, "fo-offload": FOOffloadEngine}
+#: peft=lora: the streamed methods have engines of their own over the frozen stream.
+LORA_ENGINES = {**ENGINES, "zo-offload": LoRAOffloadEngine, "forward-grad": LoRAForwardGradEngine}
 METHODS = [n for n, v in vars(Engine).items() if callable(v) and not n.startswith("_")]
 ATTRIBUTES = list(Engine.__annotations__)
 
@@ -48,9 +51,10 @@ def test_the_protocol_covers_the_contract():
     assert {"timer", "bytes_h2d", "bytes_d2h", "reduce", "objective"} == set(ATTRIBUTES)
 
 
-@pytest.mark.parametrize("method", ENGINES)
-def test_engine_class_has_the_protocols_methods(method):
-    assert mismatches(ENGINES[method]) == []
+@pytest.mark.parametrize("cls", dict.fromkeys([*ENGINES.values(), *LORA_ENGINES.values()]),
+                         ids=lambda c: c.__name__)
+def test_engine_class_has_the_protocols_methods(cls):
+    assert mismatches(cls) == []
 
 
 def test_signature_check_can_fail():
@@ -65,18 +69,25 @@ def test_signature_check_can_fail():
     assert mismatches(object) == [f"{name}: missing" for name in METHODS]
 
 
+@pytest.mark.parametrize("peft", ["none", "lora"])
 @pytest.mark.parametrize("method", ENGINES)
-def test_built_engine_keeps_the_contract(method):
-    cfg = RunConfig(model="tiny-opt", method=method)
+def test_built_engine_keeps_the_contract(method, peft):
+    cfg = RunConfig(model="tiny-opt", method=method, peft=peft)
     model, source = build_skeleton(cfg.model)
     engine = build_engine(model, source, cfg, torch.device("cpu"), EventBus())
     try:
-        assert type(engine) is ENGINES[method] and isinstance(engine, Engine)
+        assert type(engine) is (LORA_ENGINES if peft == "lora" else ENGINES)[method]
+        assert isinstance(engine, Engine)
         assert engine.reduce is None and (engine.bytes_h2d, engine.bytes_d2h) == (0, 0)
         layouts = engine.group_layouts()
         flats = [f.detach().clone() for f in engine.state_flats()]
         assert [f.numel() for f in flats] == [lay.numel for lay in layouts]
-        assert [lay.name for lay in layouts][::len(layouts) - 1] == ["embed", "head"]
+        names = [lay.name for lay in layouts]
+        if peft == "lora":  # one adapter group per block; the base is frozen apart
+            assert names == [f"block.{i}.lora" for i in range(4)]
+            assert len(engine.base_flats()) == 6
+        else:
+            assert names[::len(layouts) - 1] == ["embed", "head"] and not engine.base_flats()
         batch = SyntheticData(model.config.vocab_size, 16).batch_for_step(0, 4, 0)
         out = engine.step(batch, 0, cfg.lr, cfg.weight_decay)
         assert out.loss.dim() == 0 and torch.isfinite(out.loss)

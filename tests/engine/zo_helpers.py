@@ -72,6 +72,9 @@ REPLAYED = {
     "sr": dict(method="zo-offload", master="compressed-sr", codec="bf16"),
     "sr-unfused": dict(method="forward-grad", master="compressed-sr", codec="fp16",
                        fused_update=False),
+    # adapters (resident, over a frozen stream): the replay runs on the adapter groups alone
+    "lora": dict(method="zo-offload", peft="lora", base_codec="int8"),
+    "lora-forward-grad": dict(method="forward-grad", peft="lora", resident_blocks=1),
 }
 
 

@@ -13,6 +13,7 @@ from workbench.engine.events import EMBED, HEAD, OpEvent
 from workbench.recipes.train import run
 from workbench.telemetry.record import RunRecord
 from workbench.ui import figures as F
+from workbench.ui.dashboard import _status_html
 
 TINY = dict(model="tiny-opt", steps=3, batch_size=4, seq_len=32, eval_samples=8)
 
@@ -96,6 +97,30 @@ def test_timeline_real_run_rows_and_counts(offload_run):
     assert {b.name for b in _bars(fig)} == {e.op for e in want}
 
 
+def test_fo_offload_timeline_has_update_lanes_with_each_subgroup_once_per_step(tmp_path):
+    cfg = RunConfig(method="fo-offload", update_stride="3", gpu_resident_ratio=0.25,
+                    subgroup_size=20000, update_threads=1, **TINY)
+    rec = run(cfg, out_dir=tmp_path / "fo", progress=False)
+    n_sub = rec.info["fo_perf_inputs"]["subgroups"]
+    steps = sorted({e.step for e in rec.events})
+    assert len(steps) == 3
+    for fig in (F.timeline(rec, last_steps=None), F.dashboard_figure(rec, last_steps=None)):
+        bars = {b.name: b for b in _bars(fig)}
+        rows = list(fig.layout.yaxis.categoryarray)
+        assert rows.index("compute") < rows.index("gpu update") < rows.index("cpu update")
+        cpu, gpu = bars["cpu-update"], bars["gpu-update"]
+        assert set(cpu.y) == {"cpu update"} and set(gpu.y) == {"gpu update"}
+        assert set(bars["cpu-wait"].y if "cpu-wait" in bars else ["cpu update"]) == {"cpu update"}
+        assert set(bars["gpu-wait"].y) == {"gpu update"}
+        for step in steps:  # the number on each bar is its subgroup: each exactly once a step
+            ids = [int(t) for b in (cpu, gpu) for t, c in zip(b.text, b.customdata)
+                   if c[1] == step]
+            assert sorted(ids) == list(range(n_sub))
+        assert all(c[0] == f"subgroup {t}" for c, t in zip(cpu.customdata, cpu.text))
+        assert {c[4] for c in cpu.customdata} == {"1 thread"}
+        assert {c[4] for c in gpu.customdata} == {"resident", "interleaved"}
+
+
 def test_timeline_without_events_has_note():
     fig = F.timeline(RunRecord(), last_steps=3)
     assert not fig.data and _notes(fig) and fig.layout.xaxis.title.text == "time (s)"
@@ -167,6 +192,31 @@ def test_progress_loss_accuracy_and_tokens_per_s():
                 if k.startswith("xaxis"))
     assert acc.side == "right"
     assert fig.layout[by["loss"].xaxis.replace("x", "xaxis")].domain[1] == right
+
+
+@pytest.mark.parametrize("objective, name, y, right", [
+    ("completion", "dev exact match", [20.0, 60.0], True),  # a fraction: in %, right-hand axis
+    ("lm", "dev loss", [5.5, 4.25], False)])  # the training loss's units: its axis
+def test_loss_panel_plots_the_objectives_main_dev_metric(objective, name, y, right):
+    rec = synthetic(steps=5)
+    rec.config["objective"] = objective
+    metrics = ({"loss": 5.5, "perplexity": 244.7, "exact_match": 0.2, "token_f1": 0.3},
+               {"loss": 4.25, "perplexity": 70.1, "exact_match": 0.6, "token_f1": 0.7})
+    rec.evals = [{"step": s, "accuracy": None, "loss": m["loss"], "examples": 5,
+                  "metrics": {k: v for k, v in m.items()
+                              if objective == "completion" or k in ("loss", "perplexity")}}
+                 for s, m in zip((0, 5), metrics)]
+    fig = F.progress(rec)
+    by = {t.name: t for t in fig.data}
+    assert "dev accuracy" not in by
+    np.testing.assert_allclose(by[name].y, y)
+    assert (by[name].yaxis != by["loss"].yaxis) == right
+    titles = {a.text for a in fig.layout.annotations}
+    assert f"loss, {name}" in titles
+    if right:
+        assert fig.layout[by[name].yaxis.replace("y", "yaxis")].title.text == f"{name} (%)"
+    header = f"{name} {y[-1]:.1f} %" if right else f"{name} {y[-1]:.4f}"
+    assert header in _status_html(rec)  # the dashboard's header line says it too
 
 
 def _ema_reference(ys, w):

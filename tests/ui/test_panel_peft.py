@@ -1,4 +1,4 @@
-"""The knob panel's peft group (issue 19): shown for the methods that train adapters."""
+"""The knob panel's peft group (issue 19): shown for every method (each trains adapters)."""
 import ipywidgets as widgets
 
 from workbench.config import RunConfig
@@ -15,6 +15,8 @@ def test_the_peft_group_is_shown_for_adapter_methods_and_builds_the_run():
     c["peft"].value, c["base_codec"].value, c["lora_rank"].value = "lora", "int8", 4
     assert p.config() == RunConfig(method="zo-offload", steps=3, peft="lora", base_codec="int8",
                                    lora_rank=4)
-    c["peft"].value, c["base_codec"].value, c["lora_rank"].value = "none", "fp32", 8
-    c["method"].value = "fo"
-    assert "peft" not in shown()
+    for method in ("mezo", "forward-grad", "fo", "fo-offload"):  # every method trains adapters
+        c["method"].value = method
+        assert "peft" in shown()
+        assert p.config() == RunConfig(method=method, steps=3, peft="lora", base_codec="int8",
+                                       lora_rank=4)

@@ -87,10 +87,11 @@ class StepData:
         """Items ``[step*B, (step+1)*B)`` of the epoch-wise shuffled order."""
         return self.collate(step_indices(len(self), step, batch_size, seed))
 
-    def eval_batches(self, batch_size: int):
-        """Every item once, in order."""
-        for start in range(0, len(self), batch_size):
-            yield self.collate(list(range(start, min(start + batch_size, len(self)))))
+    def eval_batches(self, batch_size: int, lo: int = 0, hi: int | None = None):
+        """Every item of ``[lo, hi)`` (default: all) once, in order."""
+        hi = len(self) if hi is None else hi
+        for start in range(lo, hi, batch_size):
+            yield self.collate(list(range(start, min(start + batch_size, hi))))
 
 
 def step_indices(n: int, step: int, batch_size: int, seed: int) -> list[int]:

@@ -10,10 +10,14 @@ Engine integration (issue 18, phase B: the engines call only these; nothing here
   ctx, after binding the head group; a tied head must see the embedding it is tied to). The loss
   never builds R x T x V logits: token losses run the head ``chunk`` positions at a time
   (``models/head_loss.py``), and with autograd each chunk is recomputed in backward.
-- Eval: ``objective.evaluate(task.dev, forward, head, device, batch_size)`` -> dict of floats
-  (``metric_names``). ``forward(input_ids, attention_mask)`` -> final hidden states (R, T, D) with
-  the current weights (a streaming engine streams its blocks inside it; ``adapter_forward`` is the
-  resident version). Completion eval also decodes greedily through the same ``forward``.
+- Eval: ``objective.evaluate(task.dev, forward, head, device, batch_size, total)`` -> dict of
+  floats (``metric_names``). ``forward(input_ids, attention_mask)`` -> final hidden states
+  (R, T, D) with the current weights (a streaming engine streams its blocks inside it;
+  ``adapter_forward`` is the resident version). Completion eval also decodes greedily through the
+  same ``forward``. Every metric is a ratio of sums (token losses and token count, correct or
+  matched answers and example count); under data parallel ``dev`` is one rank's share
+  (``data/shard.py::DevShare``) and ``total`` sums those sums over ranks before the ratios, so
+  the metrics are the whole dev set's, token-weighted (never a mean of the ranks' means).
 - Decoding alone: ``models/generate.py::greedy_decode(forward, head, prompts, max_new_tokens,
   eos_id, pad_id, device)``: one ``forward`` over the whole batch per new token (no KV cache).
 - Batches: classify gives ``Batch`` (every label word one token: logits at the last position,
@@ -25,7 +29,7 @@ Engine integration (issue 18, phase B: the engines call only these; nothing here
 from __future__ import annotations
 
 import math
-from typing import Iterable, Protocol
+from typing import Callable, Iterable, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +41,9 @@ from workbench.data.sequences import CompletionData, TokenBatch
 from workbench.models.generate import Forward, greedy_decode
 from workbench.models.head_loss import Head, token_logprobs
 
+#: Sums each of a list of floats over the data-parallel ranks (every rank calls it, once per eval).
+Total = Callable[[list[float]], list[float]]
+
 
 class Objective(Protocol):
     name: str
@@ -46,8 +53,14 @@ class Objective(Protocol):
         """0-d float32 training loss of ``batch`` from the final hidden states (R, T, D)."""
 
     def evaluate(self, dev, forward: Forward, head: Head, device: torch.device | str,
-                 batch_size: int) -> dict[str, float]:
-        """Metrics over every dev example with the current weights."""
+                 batch_size: int, total: Total | None = None) -> dict[str, float]:
+        """Metrics over every dev example with the current weights; with ``total``, ``dev`` is
+        this rank's share and the metrics are of every rank's examples."""
+
+
+def _summed(total: Total | None, sums: list[float]) -> list[float]:
+    """``sums`` over every rank (data parallel: one all-reduce), else as they are."""
+    return total(sums) if total is not None else sums
 
 
 class Classify:
@@ -74,17 +87,18 @@ class Classify:
         return F.cross_entropy(self.scores(hidden, batch, head), batch.labels)
 
     @torch.no_grad()
-    def evaluate(self, dev, forward: Forward, head: Head, device,
-                 batch_size: int) -> dict[str, float]:
-        correct = total = 0
+    def evaluate(self, dev, forward: Forward, head: Head, device, batch_size: int,
+                 total: Total | None = None) -> dict[str, float]:
+        correct = count = 0
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         for batch in dev.eval_batches(batch_size):
             batch = batch.to(device)
             scores = self.scores(forward(batch.input_ids, batch.attention_mask), batch, head)
             loss_sum += F.cross_entropy(scores, batch.labels, reduction="sum")
             correct += int((scores.argmax(-1) == batch.labels).sum())
-            total += len(batch.labels)
-        return {"accuracy": correct / max(total, 1), "loss": float(loss_sum) / max(total, 1)}
+            count += len(batch.labels)
+        correct, loss, count = _summed(total, [correct, float(loss_sum), count])
+        return {"accuracy": correct / max(count, 1), "loss": loss / max(count, 1)}
 
 
 class LM:
@@ -101,7 +115,8 @@ class LM:
         lp = token_logprobs(hidden, batch.positions, batch.target_ids, head, self.chunk)
         return -(lp.sum() / batch.mean_over if batch.mean_over else lp.mean())
 
-    def _nll(self, dev, forward: Forward, head: Head, device, batch_size: int) -> dict[str, float]:
+    def _nll(self, dev, forward: Forward, head: Head, device, batch_size: int) -> list[float]:
+        """[summed negative log-likelihood of the scored tokens, their count] over ``dev``."""
         nll = torch.zeros((), dtype=torch.float64, device=device)
         count = 0
         for batch in dev.eval_batches(batch_size):
@@ -109,13 +124,18 @@ class LM:
             batch = batch.to(device)
             hidden = forward(batch.input_ids, batch.attention_mask)
             nll -= token_logprobs(hidden, batch.positions, batch.target_ids, head, self.chunk).sum()
-        loss = float(nll) / max(count, 1)
+        return [float(nll), count]
+
+    @staticmethod
+    def _loss(nll: float, count: float) -> dict[str, float]:
+        """Mean token loss and its perplexity from the (summed) NLL and token count."""
+        loss = nll / max(count, 1)
         return {"loss": loss, "perplexity": math.exp(min(loss, 700.0))}
 
     @torch.no_grad()
-    def evaluate(self, dev, forward: Forward, head: Head, device,
-                 batch_size: int) -> dict[str, float]:
-        return self._nll(dev, forward, head, device, batch_size)
+    def evaluate(self, dev, forward: Forward, head: Head, device, batch_size: int,
+                 total: Total | None = None) -> dict[str, float]:
+        return self._loss(*_summed(total, self._nll(dev, forward, head, device, batch_size)))
 
 
 class Completion(LM):
@@ -131,14 +151,14 @@ class Completion(LM):
 
     @torch.no_grad()
     def evaluate(self, dev: CompletionData, forward: Forward, head: Head, device,
-                 batch_size: int) -> dict[str, float]:
-        out = self._nll(dev, forward, head, device, batch_size)
+                 batch_size: int, total: Total | None = None) -> dict[str, float]:
+        sums = self._nll(dev, forward, head, device, batch_size)
         answers = self.decode(dev.prompts, forward, head, device, batch_size)
         em = [exact_match(a, r) for a, r in zip(answers, dev.references)]
         f1 = [token_f1(a, r) for a, r in zip(answers, dev.references)]
-        out["exact_match"] = sum(em) / max(len(em), 1)
-        out["token_f1"] = sum(f1) / max(len(f1), 1)
-        return out
+        nll, count, em, f1, n = _summed(total, [*sums, sum(em), sum(f1), len(answers)])
+        return {**self._loss(nll, count), "exact_match": em / max(n, 1),
+                "token_f1": f1 / max(n, 1)}
 
     def decode(self, prompts: Iterable[list[int]], forward: Forward, head: Head, device,
                batch_size: int) -> list[str]:

@@ -1,4 +1,5 @@
-"""One rank's slice of a global batch (data parallel), for every kind of batch.
+"""One rank's slice of a global batch (data parallel), for every kind of batch; and its share of
+the dev set (``DevShare``: the eval's sums are all-reduced, ``data/objectives.py``).
 
 The ranks average their shard losses with one all-reduce. For a loss that is a mean over
 examples (classify) equal slices of examples make that average the global loss. A token loss is
@@ -35,3 +36,30 @@ def shard(batch: Batch | TokenBatch, rank: int, world: int) -> Batch | TokenBatc
     if isinstance(batch, ChoiceBatch):
         return replace(batch, **fields, labels=batch.labels[rank * per:(rank + 1) * per])
     return replace(batch, **fields, mean_over=batch.target_ids.numel() / world)
+
+
+class DevShare:
+    """One rank's share of a dev set under data parallel: examples ``[lo, hi)``, contiguous.
+
+    ``world`` shares of n examples differ by one example at most when n does not divide (a rank
+    may have none when n < world: it still takes part in the eval's all-reduce). The objective's
+    ``evaluate`` reads ``eval_batches`` and, for completion data, ``prompts`` and ``references``;
+    each is the share's slice of the whole set's."""
+
+    def __init__(self, dev, rank: int, world: int):
+        n = len(dev)
+        self.dev, self.lo, self.hi = dev, rank * n // world, (rank + 1) * n // world
+
+    def __len__(self) -> int:
+        return self.hi - self.lo
+
+    def eval_batches(self, batch_size: int):
+        return self.dev.eval_batches(batch_size, self.lo, self.hi)
+
+    @property
+    def prompts(self) -> list[list[int]]:
+        return self.dev.prompts[self.lo:self.hi]
+
+    @property
+    def references(self) -> list[str]:
+        return self.dev.references[self.lo:self.hi]

@@ -51,7 +51,8 @@ def _engine(model, source, cfg: RunConfig, device: torch.device, bus: EventBus,
 
         return FOOffloadEngine(model, source, cfg, device, bus)
     if cfg.method == "forward-grad":
-        from workbench.engine.forward_grad import ForwardGradEngine
+        from workbench.engine.forward_grad import ForwardGradEngine, LoRAForwardGradEngine
 
-        return ForwardGradEngine(model, source, cfg, device, bus, share)
+        cls = LoRAForwardGradEngine if cfg.peft == "lora" else ForwardGradEngine
+        return cls(model, source, cfg, device, bus, share)
     raise ValueError(f"method: {cfg.method!r} has no engine")

@@ -6,9 +6,13 @@ thing), every group has a flat gradient buffer of the same layout that autograd 
 into, and the loss is the ZO engines' prompt loss over embed -> blocks -> head, so losses are
 comparable across methods. Weight decay is AdamW's decoupled decay on the first ``n_decay``
 elements of each group (the matrices), as in the ZO engines: each group is handed to the
-optimizer as two tensors, its decayed prefix and the rest, in two parameter groups.
+optimizer as two tensors, its decayed prefix and the rest, in two parameter groups. With
+``peft=lora`` the groups are the adapters (``engine/peft.py``); the frozen base is bound as
+plain tensors that never require grad, so backprop reaches only the adapters.
 """
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -17,11 +21,12 @@ from workbench.config import ConfigError, RunConfig
 from workbench.data.batches import Batch
 from workbench.engine.checkpoint import Snapshot
 from workbench.engine.events import EMBED, HEAD, EventBus
-from workbench.engine.groups import GroupLayout, build_layouts, move_buffers
-from workbench.engine.objective import Objective, evaluate, head_loss, objective_for
+from workbench.engine.groups import GroupLayout, move_buffers
+from workbench.engine.objective import Objective, Total, evaluate, head_loss, objective_for
+from workbench.engine.peft import base_values, block_adapter, model_groups
 from workbench.engine.protocol import StepOutput
 from workbench.engine.timing import OpTimer
-from workbench.engine.zo_common import Group, autocast, materialise
+from workbench.engine.zo_common import autocast
 from workbench.models.adapter import BlockAdapter
 
 
@@ -99,11 +104,10 @@ class FOEngine(FirstOrderContract):
         refuse_unsupported(cfg, device)
         self.cfg, self.device = cfg, device
         self.cuda = device.type == "cuda"
-        self.adapter = BlockAdapter(model)
+        self.adapter = block_adapter(model, cfg)
         self.objective = objective_for(cfg, model.config.vocab_size)
-        embed, blocks, head = build_layouts(self.adapter)
-        self.groups = [Group(lay, materialise(lay, source, cfg.seed, device))
-                       for lay in (embed, *blocks, head)]
+        # peft=lora: only the adapters train; the base (``frozen``) never requires grad
+        self.frozen, self.groups = model_groups(self.adapter, source, cfg, device)
         self.grads = [torch.zeros_like(g.flat) for g in self.groups]
         for group, grad in zip(self.groups, self.grads):
             trainable_params(group.layout, group.flat, grad)
@@ -150,18 +154,19 @@ class FOEngine(FirstOrderContract):
     def flush(self) -> None:
         """Nothing is ever pending: the update runs inside the step."""
 
-    def evaluate(self, dev, batch_size: int) -> dict[str, float]:
+    def evaluate(self, dev, batch_size: int, total: Total | None = None) -> dict[str, float]:
         """The objective's metrics on ``dev`` with the current weights."""
-        return evaluate(self.objective, self.adapter, dev, self.device, self.cfg.amp, batch_size)
+        return evaluate(self.objective, self.adapter, dev, self.device, self.cfg.amp, batch_size,
+                        total=total)
 
     # --- state ------------------------------------------------------------------------------
     def state_flats(self) -> list[torch.Tensor]:
         """Every group's fp32 weights in canonical order (device tensors; callers copy)."""
         return [g.flat for g in self.groups]
 
-    def base_flats(self) -> list[torch.Tensor]:
-        """No frozen base: every weight trains."""
-        return []
+    def base_flats(self) -> Sequence[torch.Tensor]:
+        """The frozen base groups' weights as fp32, one at a time (peft runs; else empty)."""
+        return base_values(self.frozen)
 
     def load_state_flats(self, flats: list[torch.Tensor]) -> None:
         with torch.no_grad():
@@ -176,8 +181,10 @@ class FOEngine(FirstOrderContract):
         return list(self.grads)
 
     def gpu_param_bytes(self) -> int:
-        """Weights, gradients and Adam's m and v on the GPU: 16 bytes per parameter."""
-        return 16 * sum(g.layout.numel for g in self.groups) if self.cuda else 0
+        """Weights, gradients and Adam's m and v on the GPU: 16 bytes per trained parameter,
+        plus a frozen base as held."""
+        frozen = sum(g.flat.numel() * g.flat.element_size() for g in self.frozen)
+        return 16 * sum(g.layout.numel for g in self.groups) + frozen if self.cuda else 0
 
     def close(self) -> None:
         self.timer.poll(wait=True)

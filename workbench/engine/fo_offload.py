@@ -8,27 +8,39 @@ fp32) the forward and backward passes read, the gradients of GPU-updated subgrou
 subgroup slots, and the (p, m, v) of the static resident share (``gpu_resident_ratio``, the
 last subgroups, TwinFlow-style).
 
-A step. Forward and backward on w. As each group's gradients complete (post-accumulate-grad
-hooks), they are concatenated, the CPU-updated parts upcast to fp32 and flushed to the host on
-the offload stream while the backward pass goes on; the GPU-updated parts stay on the GPU.
-Update phase, per the schedule (``perfmodel``): resident subgroups update in place; every
-interleaved GPU subgroup is prefetched (p, m, v) into a slot on the prefetch stream, updated
-with the fused AdamW kernel on the compute stream, written into w, and flushed out on the
-offload stream, the slots rotating; meanwhile the host thread updates the CPU subgroups with
-torch's multi-threaded fused CPU AdamW, last subgroup first (their gradients arrive first),
-downcasts each into a pinned staging buffer and uploads it into w on the upload stream. Every
-GPU-side dependency is an event; the host blocks only where it must read or reuse host memory
-that a copy is still writing or reading. On a CPU-only machine both sides run on the CPU and the
-streams are no-ops, so the schedule is tested in CI.
+A step. Forward and backward on w; the first interleaved subgroups' (p, m, v) are prefetched
+into their slots meanwhile. As each group's gradients complete (post-accumulate-grad hooks),
+the GPU-updated parts are copied aside on the compute stream and the CPU-updated parts upcast
+to fp32 and sent to the host on the offload stream, subgroup by subgroup; a CPU subgroup whose
+gradients are all on their way goes to the host worker (``fo_host``), which updates it with
+torch's fused CPU AdamW as soon as they land, while backward goes on, and sends the result up
+into w. After backward: resident subgroups update in place; every interleaved GPU subgroup is
+updated in its slot with the fused AdamW kernel on the compute stream, written into w and
+evicted (p, m, v back to the host) on its own stream, the slots rotating behind further
+prefetches. The next forward waits for the last upload. Every GPU-side dependency is an event;
+the host blocks only where it must read or reuse host memory that a copy is still writing or
+reading, and at the end of the step for the worker. On a CPU-only machine both sides run on the
+CPU and the streams are no-ops, so the schedule is tested in CI.
+
+The timeline. Per subgroup and step: ``grad-d2h`` (offload), ``cpu-wait`` / ``cpu-update`` /
+``downcast`` / ``upload-weights`` (the CPU side), ``prefetch`` / ``gpu-update`` / ``flush-out``
+(the GPU side), and one ``gpu-wait`` per step (the compute stream waiting for the CPU side).
+
+Adapters (``peft=lora``): the range above is the adapter groups only (their p, m, v and
+gradients on the host, their compute weights in w); the frozen base is held on the device as
+``engine/peft.py`` builds it for every whole-model engine, never updated and never moved: the
+adapters are what an optimizer state would be offloaded for, and they are small.
 
 Longer than the usual module (about 600 lines) because the schedule, its gradient routing and
-its host memory only make sense together; the model and its measurements are in ``perfmodel``.
+the GPU side only make sense together; the model is ``perfmodel``, its measurement
+``fo_calibrate``, the CPU side ``fo_host``.
 """
 from __future__ import annotations
 
 import math
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -36,28 +48,30 @@ import torch
 
 from workbench.config import RunConfig
 from workbench.data.batches import Batch
-from workbench.engine import perfmodel
-from workbench.engine.pinned import HostMemory
-from workbench.engine.events import EMBED, HEAD, EventBus, InfoEvent, OpEvent
+from workbench.engine import fo_calibrate, perfmodel
+from workbench.engine.events import EMBED, HEAD, EventBus, InfoEvent
 from workbench.engine.fo import (FirstOrderContract, prompt_loss, refuse_unsupported,
                                  trainable_params)
-from workbench.engine.objective import evaluate, objective_for
+from workbench.engine.fo_host import HostUpdates, adamw, default_threads
+from workbench.engine.groups import GroupLayout, adapter_layouts, build_layouts, move_buffers
+from workbench.engine.objective import Total, evaluate, objective_for
+from workbench.engine.peft import base_values, block_adapter, frozen_groups
+from workbench.engine.pinned import HostMemory
 from workbench.engine.protocol import StepOutput
-from workbench.engine.groups import GroupLayout, build_layouts, move_buffers
 from workbench.engine.streams import Streams
 from workbench.engine.timing import OpTimer
 from workbench.engine.zo_common import autocast
-from workbench.models.adapter import BlockAdapter
 from workbench.models.build import RandomInit
+from workbench.models.lora import LoRAInit
 
 N_SLOTS = 3  # GPU subgroup slots: one prefetching, one updating, one flushing out
-N_STAGES = 4  # pinned 16-bit staging buffers for uploads of CPU-updated weights
 CHUNK = 1 << 24  # elements upcast to fp32 at a time for a gradient flush (64 MB)
 
 
 @dataclass(frozen=True)
 class Schedule:
-    """Where each subgroup is updated. ``gpu`` and ``cpu`` are in processing order."""
+    """Where each subgroup is updated. ``gpu`` and ``cpu`` are in processing order (the CPU
+    side takes its subgroups as their gradients land: last first)."""
 
     stride: int
     resident: range  # static GPU residents: the last subgroups
@@ -82,11 +96,14 @@ class FOOffloadEngine(FirstOrderContract):
     """Args:
         model, source, device, bus: as ``FOEngine``.
         cfg: the run config; besides the FO knobs (amp, adam_*), ``subgroup_size``,
-            ``update_stride`` ("auto": from the performance model) and ``gpu_resident_ratio``.
+            ``update_stride`` ("auto": from the performance model), ``gpu_resident_ratio`` and
+            ``update_threads``.
 
-    Attributes beyond the engine protocol: ``schedule``, ``perf`` (measured model inputs),
-    ``predicted_update_s`` and ``update_seconds`` (measured per step: from the end of the
-    backward pass on the GPU to the end of the last update work on either side).
+    Attributes beyond the engine protocol: ``schedule``, ``calibration`` (measured rates,
+    ``perfmodel.Rate`` by name: B, Bd, Ug, Uc, Dc), ``perf`` (the model's inputs from them),
+    ``cpu_downcast`` (where 16-bit weights are downcast), ``predicted_update_s`` and
+    ``update_seconds`` (measured per step: from the end of the backward pass on the GPU to the
+    end of the last update work on either side).
     """
 
     def __init__(self, model, source, cfg: RunConfig, device: torch.device, bus: EventBus):
@@ -95,11 +112,16 @@ class FOOffloadEngine(FirstOrderContract):
         self.cuda = device.type == "cuda"
         self.wdtype = torch.bfloat16 if cfg.amp == "bf16" else torch.float32
         self.word = 2 if self.wdtype == torch.bfloat16 else 4
-        self.adapter = BlockAdapter(model)
+        self.adapter = block_adapter(model, cfg)
         self.objective = objective_for(cfg, model.config.vocab_size)
-        embed, blocks, head = build_layouts(self.adapter)
-        self.layouts = [embed, *blocks, head]
-        self.block_ids = [EMBED, *range(len(blocks)), HEAD]
+        if cfg.peft == "lora":  # AdamW over the adapters only; the frozen base stays put
+            self.frozen = frozen_groups(self.adapter, source, cfg, device)
+            self.layouts, source = adapter_layouts(self.adapter), LoRAInit()
+            self.block_ids = list(range(len(self.layouts)))
+        else:
+            embed, blocks, head = build_layouts(self.adapter)
+            self.frozen, self.layouts = [], [embed, *blocks, head]
+            self.block_ids = [EMBED, *range(len(blocks)), HEAD]
         self.offsets, n = [], 0
         for lay in self.layouts:
             self.offsets.append(n)
@@ -111,6 +133,10 @@ class FOOffloadEngine(FirstOrderContract):
         self.m.zero_()
         self.v.zero_()
         self.w = torch.empty(n, dtype=self.wdtype, device=device)
+        # Updates write w through this alias: the same memory, but a version counter of its
+        # own, so uploading block j while backward still holds saved views of earlier blocks'
+        # weights trips no autograd check (backward is done with j once its grads are in).
+        self.w_out = self.w.data
         self._materialise(source)
         self.params = [trainable_params(lay, self.w[o:o + lay.numel])
                        for lay, o in zip(self.layouts, self.offsets)]
@@ -120,17 +146,16 @@ class FOOffloadEngine(FirstOrderContract):
         self.segments = [self._decay_segments(j) for j in range(self.n_sub)]
         self.streams = Streams(device, overlap=True)
         self.prefetch = torch.cuda.Stream(device) if self.cuda else None
+        # Flush-outs get a stream of their own: not queued behind the gradients' D2H.
+        self.evict = torch.cuda.Stream(device) if self.cuda else None
         self.timer = OpTimer(device, bus, cfg.telemetry)
         self.bytes_h2d = self.bytes_d2h = 0
         self.adam_step = 0
         self._step_dev = torch.zeros((), device=device)
         self._step_cpu = torch.zeros(())
         self.scale, self._good_steps = (2.0 ** 16 if cfg.amp == "fp16" else 1.0), 0
-        self._found_inf = torch.zeros((), device=device)
+        self._found_inf = torch.zeros(2, device=device)  # [offload stream, compute stream]
         self._inv_scale = torch.full((), 1.0 / self.scale, device=device)
-        self._stages = [self.host.empty(self.sub, self.wdtype) for _ in range(N_STAGES)] \
-            if self.wdtype != torch.float32 else []
-        self._stage_free: list = [None] * len(self._stages)
         self._flushed: dict[int, object] = {}  # subgroup -> its last flush-out (host copy valid)
         self._slot_free: list = [None] * N_SLOTS
         self._clock: deque = deque()
@@ -141,7 +166,9 @@ class FOOffloadEngine(FirstOrderContract):
             self._origin.record()  # time zero of the update clock on the GPU ...
             torch.cuda.synchronize(device)  # ... read with the host clock right after it passed
             self._origin_host = time.perf_counter()
-        self.perf = perfmodel.measure(device, self.wdtype, self._cpu_bench, self._dev_bench)
+        self.host_side = HostUpdates(self, cfg.update_threads or default_threads(self.cuda))
+        self.calibration = self.calibrate()
+        self.perf = perfmodel.inputs(self.calibration, self.word)
         self.res_p = self.res_m = self.res_v = None
         self.schedule: Schedule | None = None
         self.reschedule(cfg.update_stride, cfg.gpu_resident_ratio)
@@ -165,7 +192,7 @@ class FOOffloadEngine(FirstOrderContract):
 
     def _decay_segments(self, j: int) -> list[tuple[int, int, bool]]:
         """(lo, hi, decayed) runs of subgroup j, relative to its start."""
-        a, b = self._bounds(j)
+        a, b = self.bounds(j)
         cuts = []
         for lay, o in zip(self.layouts, self.offsets):
             for lo, hi, d in ((o, o + lay.n_decay, True), (o + lay.n_decay, o + lay.numel, False)):
@@ -177,12 +204,22 @@ class FOOffloadEngine(FirstOrderContract):
                         cuts.append((lo - a, hi - a, d))
         return cuts
 
-    def _bounds(self, j: int) -> tuple[int, int]:
+    def bounds(self, j: int) -> tuple[int, int]:
+        """Subgroup j's [start, end) in the flat parameter order."""
         return j * self.sub, min((j + 1) * self.sub, self.numel)
 
-    def reschedule(self, update_stride: str | int, resident_ratio: float) -> Schedule:
-        """(Re)place subgroups: "auto" or a stride, and the resident share. Moves resident
-        state between host and GPU; waits for all pending work (call between steps)."""
+    def calibrate(self, stopwatch=None, reps: int = perfmodel.REPS) -> dict[str, perfmodel.Rate]:
+        """The model's inputs measured with the step's own operations (``fo_calibrate``);
+        published as ``fo_calibration`` (every repetition, median, spread)."""
+        rates = fo_calibrate.calibrate(self, stopwatch, reps)
+        self.bus.publish(InfoEvent("fo_calibration", {k: r.as_dict() for k, r in rates.items()}))
+        return rates
+
+    def reschedule(self, update_stride: str | int, resident_ratio: float,
+                   cpu_downcast: bool | None = None) -> Schedule:
+        """(Re)place subgroups: "auto" or a stride, the resident share, and where 16-bit
+        weights are downcast (None: the site the model predicts faster). Moves resident state
+        between host and GPU; waits for all pending work (call between steps)."""
         self.sync()
         if self.res_p is not None:  # bring the old residents' state home
             r0 = self.schedule.resident.start * self.sub
@@ -191,10 +228,11 @@ class FOOffloadEngine(FirstOrderContract):
         # Free the old placement's GPU buffers before allocating the new ones (memory caps).
         self.res_p = self.res_m = self.res_v = self._res_g = self.keep = None
         self.slots = []
-        k = perfmodel.balance_ratio(*self._rates(), word_bytes=self.word)
-        stride = (perfmodel.stride(*self._rates(), word_bytes=self.word)
-                  if str(update_stride) == "auto" else int(update_stride))
-        s = self.schedule = make_schedule(self.n_sub, stride, resident_ratio)
+        self.host_side.slot = None
+        sixteen = self.wdtype != torch.float32
+        self.predicted_update_s, self.cpu_downcast, s, self.split, rates = self.plan(
+            update_stride, resident_ratio, cpu_downcast)
+        self.schedule = s
         r0 = s.resident.start * self.sub if len(s.resident) else self.numel
         self.res_p, self.res_m, self.res_v = (
             tuple(t[r0:].to(self.device, copy=True) for t in (self.p32, self.m, self.v))
@@ -203,56 +241,76 @@ class FOOffloadEngine(FirstOrderContract):
         kept = 0
         for j in sorted((*s.gpu, *s.resident)):
             self._keep_at[j] = kept
-            kept += self._bounds(j)[1] - self._bounds(j)[0]
+            kept += self._size(j)
         self.keep = torch.empty(kept, dtype=self.wdtype, device=self.device)
         convert = self.wdtype != torch.float32
         self.slots = [tuple(torch.empty(self.sub, device=self.device) for _ in range(3 + convert))
                       for _ in range(min(N_SLOTS, len(s.gpu)))]
         self._res_g = (torch.empty(self.sub, device=self.device)
                        if convert and len(s.resident) else None)
+        self.host_side.place(self.cpu_downcast)
         self._routes = [self._route(gi) for gi in range(len(self.layouts))]
         self._flushed.clear()
         self._slot_free = [None] * N_SLOTS
-        n = self.numel
-        share = perfmodel.Split(sum(self._size(j) for j in s.cpu) / n,
-                                sum(self._size(j) for j in s.gpu) / n,
-                                sum(self._size(j) for j in s.resident) / n)
-        self.split = share
-        self.predicted_update_s = perfmodel.predict_update_seconds(n, share, *self._rates(),
-                                                                   word_bytes=self.word)
-        self.bus.publish(InfoEvent("fo_stride", stride))
+        k = perfmodel.balance_ratio(*rates[:4], word_bytes=rates[4])
+        t_cpu, t_gpu = perfmodel.sides(self.numel, self.split, *rates[:4], word_bytes=rates[4])
+        self.bus.publish(InfoEvent("fo_stride", s.stride))
         self.bus.publish(InfoEvent("fo_perf_inputs", {
             **self.perf.as_dict(), "k": k if math.isfinite(k) else None, "subgroups": self.n_sub,
             "subgroup_size": self.sub, "gpu_subgroups": len(s.gpu),
-            "resident_subgroups": len(s.resident), "cpu_subgroups": len(s.cpu)}))
+            "resident_subgroups": len(s.resident), "cpu_subgroups": len(s.cpu),
+            "downcast": "cpu" if self.cpu_downcast else "gpu" if sixteen else "none",
+            "update_threads": self.host_side.threads, "predicted_cpu_s": t_cpu,
+            "predicted_gpu_s": t_gpu,
+            "spread": {name: r.spread for name, r in self.calibration.items()}}))
         self.bus.publish(InfoEvent("fo_update_predicted_s", self.predicted_update_s))
         self.update_seconds = []
         return s
 
-    def _rates(self) -> tuple[float, float, float, float]:
-        return self.perf.B, self.perf.Ug, self.perf.Uc, self.perf.Dc
+    def plan(self, update_stride: str | int, resident_ratio: float,
+             cpu_downcast: bool | None = None) -> tuple:
+        """The placement ``reschedule`` would make, without making it: (predicted update s,
+        CPU downcast?, schedule, split, the model's (B, Ug, Uc, Dc, word bytes))."""
+        sixteen = self.wdtype != torch.float32
+        sites = (False, True) if sixteen and cpu_downcast is None else (bool(cpu_downcast),)
+        best = None
+        for down in sites:
+            rates = perfmodel.site(self.perf, down)
+            stride = (perfmodel.stride(*rates[:4], word_bytes=rates[4])
+                      if str(update_stride) == "auto" else int(update_stride))
+            sched = make_schedule(self.n_sub, stride, resident_ratio)
+            split = self._split(sched)
+            t = perfmodel.predict_update_seconds(self.numel, split, *rates[:4],
+                                                 word_bytes=rates[4])
+            if best is None or t < best[0]:
+                best = (t, down and sixteen, sched, split, rates)
+        return best
+
+    def _split(self, s: Schedule) -> perfmodel.Split:
+        n = self.numel
+        return perfmodel.Split(sum(self._size(j) for j in s.cpu) / n,
+                               sum(self._size(j) for j in s.gpu) / n,
+                               sum(self._size(j) for j in s.resident) / n)
 
     def _size(self, j: int) -> int:
-        a, b = self._bounds(j)
+        a, b = self.bounds(j)
         return b - a
 
     def _route(self, gi: int) -> tuple[list, list, dict]:
-        """Group gi's gradient routing: host ranges (lo, hi) and kept ranges (lo, hi, keep
-        offset), relative to the group, and how many of its host ranges each CPU subgroup has."""
+        """Group gi's gradient routing, ranges relative to the group: host pieces (lo, hi, j),
+        one per CPU subgroup j it overlaps; kept pieces (lo, hi, keep offset); and how many
+        host pieces each CPU subgroup gets from it."""
         o, n = self.offsets[gi], self.layouts[gi].numel
         host, kept, touches = [], [], {}
         cpu = set(self.schedule.cpu)
         for j in range(o // self.sub, -(-(o + n) // self.sub) if n else o // self.sub):
-            a, b = self._bounds(j)
+            a, b = self.bounds(j)
             lo, hi = max(a, o) - o, min(b, o + n) - o
             if hi <= lo:
                 continue
             if j in cpu:
                 touches[j] = touches.get(j, 0) + 1
-                if host and host[-1][1] == lo:
-                    host[-1] = (host[-1][0], hi)
-                else:
-                    host.append((lo, hi))
+                host.append((lo, hi, j))
             else:
                 kept.append((lo, hi, self._keep_at[j] + (lo + o - a)))
         return host, kept, touches
@@ -265,13 +323,21 @@ class FOOffloadEngine(FirstOrderContract):
         self._step = step
         self._grads = [[None] * len(ps) for ps in self.params]
         self._left = [len(ps) for ps in self.params]
-        self._waiting = {}  # CPU subgroup -> group flushes still to come
-        for host, kept, touches in self._routes:
+        self._waiting = {}  # CPU subgroup -> host pieces still to be flushed
+        for _, _, touches in self._routes:
             for j, c in touches.items():
                 self._waiting[j] = self._waiting.get(j, 0) + c
-        self._ready: dict[int, object] = {}
-        if self.scale != 1.0:
+        self._ready: dict[int, object] = {}  # CPU subgroup -> its gradients' D2H, as they come
+        # Loss scaling (fp16) decides whether to skip only once every gradient is in: then the
+        # CPU side starts after backward; otherwise each CPU subgroup as its gradients land.
+        self._early = self.scale == 1.0
+        if self._early:
+            self._begin_update(step, lr, wd)
+        else:
             self._found_inf.zero_()
+        self._fetched: dict[int, object] = {}
+        for k in range(len(self.slots)):  # the first slots fill during forward and backward
+            self._prefetch(k)
         with autocast(self.device, self.cfg.amp):
             loss = prompt_loss(self.adapter, self.objective, batch, self.timer, step, compute)
         with self.timer.span("backward", "compute", compute, step, EMBED):
@@ -282,6 +348,15 @@ class FOOffloadEngine(FirstOrderContract):
         self._update(step, lr, wd)
         self.timer.poll()
         return StepOutput(loss.detach())
+
+    def _begin_update(self, step: int, lr: float, wd: float) -> None:
+        self.adam_step += 1
+        self._step_dev.fill_(self.adam_step)
+        self._step_cpu.fill_(self.adam_step)
+        cfg = self.cfg
+        self._hyper = dict(lr=lr, beta1=cfg.adam_beta1, beta2=cfg.adam_beta2, eps=cfg.adam_eps)
+        self._wd = wd
+        self.host_side.begin(step, wd, self._hyper, self._step_cpu)
 
     def _on_grad(self, gi: int, ei: int, param: torch.Tensor) -> None:
         """Post-accumulate-grad hook (on the autograd thread): take the gradient; flush the
@@ -295,149 +370,132 @@ class FOOffloadEngine(FirstOrderContract):
         s, lay = self.streams, self.layouts[gi]
         grads = [g if g is not None else torch.zeros(e.shape, dtype=self.wdtype, device=self.device)
                  for g, e in zip(self._grads[gi], lay.entries)]
-        self._left[gi] = -1  # flushed
-        host, kept, touches = self._routes[gi]
-        o, nbytes = self.offsets[gi], 4 * sum(hi - lo for lo, hi in host)
+        self._grads[gi], self._left[gi] = [], -1  # flushed
+        host, kept, _ = self._routes[gi]
+        for lo, hi, at in kept:  # on the compute stream, where backward wrote them
+            _gather(grads, lo, hi, self.keep[at:at + hi - lo])
+        if kept and self.scale != 1.0:  # fp32 grads of a scaled loss: unscale, note inf / nan
+            torch._amp_foreach_non_finite_check_and_unscale_(
+                [self.keep[at:at + hi - lo] for lo, hi, at in kept], self._found_inf[1],
+                self._inv_scale)
+        if not host:
+            return
+        o = self.offsets[gi]
         # The grads are complete where backward has got to on its (compute) stream.
         produced = s.record(torch.cuda.current_stream(self.device) if self.cuda else None)
         with s.on(s.offload):
             s.wait(s.offload, produced)  # the backward kernels that wrote these grads must finish
-            with self.timer.span("grad-flush", "offload", s.offload, self._step,
-                                 self.block_ids[gi], nbytes):
-                flat = torch.cat([g.reshape(-1) for g in grads])
-                if self.scale != 1.0:  # fp32 grads of a scaled loss: unscale, note inf / nan
-                    torch._amp_foreach_non_finite_check_and_unscale_([flat], self._found_inf,
-                                                                     self._inv_scale)
-                for lo, hi, at in kept:
-                    self.keep[at:at + hi - lo].copy_(flat[lo:hi])
-                for lo, hi in host:  # upcast in chunks: bounded fp32 scratch on the GPU
-                    for c in range(lo, hi, CHUNK):
-                        e = min(c + CHUNK, hi)
-                        self.g32[o + c:o + e].copy_(flat[c:e].float(), non_blocking=self.cuda)
-            done = s.record(s.offload)  # host waits on it before the CPU reads these grads
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            if self.scale != 1.0:
+                torch._amp_foreach_non_finite_check_and_unscale_([flat], self._found_inf[0],
+                                                                 self._inv_scale)
+            for lo, hi, j in host:
+                with self.timer.span("grad-d2h", "offload", s.offload, self._step, j,
+                                     4 * (hi - lo)):
+                    self.grads_down(flat[lo:hi], o + lo)
+                done = s.record(s.offload)  # j's piece is on the host after this
+                self.bytes_d2h += 4 * (hi - lo)
+                self._waiting[j] -= 1
+                if self._waiting[j] == 0:
+                    self._ready[j] = done
+                    if self._early:
+                        self.host_side.submit(j, done)
         if self.cuda:
             for g in grads:
                 g.record_stream(s.offload)  # allocated on the compute stream, read on this one
-        self._grads[gi] = []
-        self.bytes_d2h += nbytes
-        for j, c in touches.items():
-            self._waiting[j] -= c
-            if self._waiting[j] == 0:
-                self._ready[j] = done
+
+    def grads_down(self, src: torch.Tensor, at: int) -> None:
+        """Gradients ``src`` (compute dtype, on the device) into ``g32[at:]`` as fp32, upcast
+        a ``CHUNK`` at a time (bounded fp32 scratch on the GPU)."""
+        for c in range(0, src.numel(), CHUNK):
+            e = min(c + CHUNK, src.numel())
+            self.g32[at + c:at + e].copy_(src[c:e].float(), non_blocking=self.cuda)
 
     # --- the update phase -------------------------------------------------------------------
     def _update(self, step: int, lr: float, wd: float) -> None:
         s = self.streams
         start = self._mark(s.compute)  # the backward pass has been enqueued up to here
-        grads_done = s.record(s.offload)  # every gradient flushed or kept
-        if self.scale != 1.0 and self._skip_step(grads_done):
-            return
-        self.adam_step += 1
-        self._step_dev.fill_(self.adam_step)
-        self._step_cpu.fill_(self.adam_step)
-        cfg = self.cfg
-        hyper = dict(lr=lr, beta1=cfg.adam_beta1, beta2=cfg.adam_beta2, eps=cfg.adam_eps)
-        s.wait(s.compute, grads_done)  # GPU updates read the kept grads the offload stream wrote
-        self._gpu_side(step, wd, hyper)
-        self._cpu_side(step, wd, hyper, start)
-        s.wait(s.compute, s.record(s.upload))  # the next forward reads the uploaded weights
-        ends = [self._mark(st) for st in (s.compute, s.offload, s.upload)]
+        if not self._early:
+            if self._skip_step(s.record(s.offload), s.record(s.compute)):
+                return
+            self._begin_update(step, lr, wd)
+            for j, ready in self._ready.items():  # in the order their gradients landed
+                self.host_side.submit(j, ready)
+        self._gpu_side(step)
+        if self.cuda:
+            self.host_side.finish()  # the host waits for the worker to enqueue every upload
+            with self.timer.span("gpu-wait", "wait", s.compute, step, EMBED):
+                s.wait(s.compute, s.record(s.upload))  # the next forward reads uploaded weights
+        else:
+            with self.timer.span("gpu-wait", "wait", None, step, EMBED):
+                self.host_side.finish()  # this thread (the "GPU") waits for the CPU side
+        ends = [self._mark(st) for st in (s.compute, s.offload, s.upload, self.evict)]
         self._clock.append((start, ends, time.perf_counter()))
         self._resolve_clock()
 
-    def _gpu_side(self, step: int, wd: float, hyper: dict) -> None:
+    def _gpu_side(self, step: int) -> None:
         s, sched = self.streams, self.schedule
         r0 = sched.resident.start * self.sub
-        for j in sched.resident:  # no transfers: these go first while the prefetches fly
-            a, b = self._bounds(j)
-            with self.timer.span("gpu-update", "compute", s.compute, step, j):
-                p = self.res_p[a - r0:b - r0]
-                self._adamw(p, self._grad32(j, self._res_g), self.res_m[a - r0:b - r0],
-                            self.res_v[a - r0:b - r0], j, wd, hyper, self._step_dev)
-                self.w[a:b].copy_(p)
+        for j in sched.resident:  # no transfers
+            a, b = self.bounds(j)
+            with self.timer.span("gpu-update", "compute", s.compute, step, j, 0, "resident"):
+                self.update_on_gpu(self.res_p[a - r0:b - r0], self.res_m[a - r0:b - r0],
+                                    self.res_v[a - r0:b - r0], self._kept(j), self._res_g,
+                                    self.w_out[a:b], self.segments[j], self._wd, self._hyper,
+                                    self._step_dev)
         for k, j in enumerate(sched.gpu):
-            a, b = self._bounds(j)
-            n, slot, q = b - a, self.slots[k % len(self.slots)], k % len(self.slots)
-            sp, sm, sv = (t[:n] for t in slot[:3])
-            with s.on(self.prefetch):
-                s.wait(self.prefetch, self._slot_free[q])  # its last user has flushed it out
-                s.wait(self.prefetch, self._flushed.get(j))  # last flush-out wrote j's host copy
-                with self.timer.span("prefetch", "upload", self.prefetch, step, j, 12 * n):
-                    for dst, src in ((sp, self.p32), (sm, self.m), (sv, self.v)):
-                        dst.copy_(src[a:b], non_blocking=self.cuda)
-                fetched = s.record(self.prefetch)  # p, m, v of j are on the GPU
-            s.wait(s.compute, fetched)  # update only once p, m, v have landed
-            with self.timer.span("gpu-update", "compute", s.compute, step, j):
-                g = self._grad32(j, slot[3] if len(slot) > 3 else None)
-                self._adamw(sp, g, sm, sv, j, wd, hyper, self._step_dev)
-                self.w[a:b].copy_(sp)  # the next forward's weights, downcast on the GPU
+            a, b = self.bounds(j)
+            n, q = b - a, k % len(self.slots)
+            slot = self.slots[q]
+            s.wait(s.compute, self._fetched.pop(k))  # update only once p, m, v have landed
+            with self.timer.span("gpu-update", "compute", s.compute, step, j, 0, "interleaved"):
+                self.update_on_gpu(*(t[:n] for t in slot[:3]), self._kept(j),
+                                    slot[3] if len(slot) > 3 else None, self.w_out[a:b],
+                                    self.segments[j], self._wd, self._hyper, self._step_dev)
             updated = s.record(s.compute)  # j's update and its compute weights are done
-            with s.on(s.offload):
-                s.wait(s.offload, updated)  # flush out only the updated values
-                with self.timer.span("flush-out", "offload", s.offload, step, j, 12 * n):
-                    for src, dst in ((sp, self.p32), (sm, self.m), (sv, self.v)):
-                        dst[a:b].copy_(src, non_blocking=self.cuda)
+            with s.on(self.evict):
+                s.wait(self.evict, updated)  # flush out only the updated values
+                with self.timer.span("flush-out", "offload", self.evict, step, j, 12 * n):
+                    for src, dst in zip(slot[:3], (self.p32, self.m, self.v)):
+                        dst[a:b].copy_(src[:n], non_blocking=self.cuda)
                 # The slot may be refilled, and j's host copy read, after this point.
-                self._slot_free[q] = self._flushed[j] = s.record(s.offload)
-            self.bytes_h2d += 12 * n
+                self._slot_free[q] = self._flushed[j] = s.record(self.evict)
             self.bytes_d2h += 12 * n
+            if k + len(self.slots) < len(sched.gpu):
+                self._prefetch(k + len(self.slots))
 
-    def _grad32(self, j: int, scratch: torch.Tensor | None) -> torch.Tensor:
-        """GPU-side subgroup j's fp32 gradient (upcast into ``scratch`` under bf16)."""
-        at, n = self._keep_at[j], self._size(j)
-        g = self.keep[at:at + n]
-        return g if scratch is None else scratch[:n].copy_(g)
+    def _prefetch(self, k: int) -> None:
+        """(p, m, v) of the k-th interleaved subgroup into its slot, on the prefetch stream."""
+        s, j = self.streams, self.schedule.gpu[k]
+        a, b = self.bounds(j)
+        slot = self.slots[k % len(self.slots)]
+        with s.on(self.prefetch):
+            s.wait(self.prefetch, self._slot_free[k % len(self.slots)])  # last user flushed it
+            s.wait(self.prefetch, self._flushed.get(j))  # last flush-out wrote j's host copy
+            with self.timer.span("prefetch", "upload", self.prefetch, self._step, j,
+                                 12 * (b - a)):
+                for dst, src in zip(slot[:3], (self.p32, self.m, self.v)):
+                    dst[:b - a].copy_(src[a:b], non_blocking=self.cuda)
+            self._fetched[k] = s.record(self.prefetch)  # p, m, v of j are on the GPU
+        self.bytes_h2d += 12 * (b - a)
 
-    def _cpu_side(self, step: int, wd: float, hyper: dict, start) -> None:
-        s, stage = self.streams, 0
-        for i, j in enumerate(self.schedule.cpu):
-            a, b = self._bounds(j)
-            ready = self._ready.get(j)
-            if ready is not None:
-                ready.synchronize()  # the CPU reads host grads the offload stream is writing
-            t0 = self.timer.now()
-            self._adamw(self.p32[a:b], self.g32[a:b], self.m[a:b], self.v[a:b], j, wd, hyper,
-                        self._step_cpu)
-            self._publish("cpu-update", step, j, 0, t0)
-            src = self.p32[a:b]
-            if self._stages:
-                if self._stage_free[stage] is not None:
-                    self._stage_free[stage].synchronize()  # its last upload must have read it
-                t0 = self.timer.now()
-                src = self._stages[stage][:b - a]
-                src.copy_(self.p32[a:b])  # fp32 -> bf16 on the CPU: half the PCIe bytes
-                self._publish("downcast", step, j, 0, t0)
-            with s.on(s.upload):
-                if i == 0:
-                    s.wait(s.upload, start)  # the backward pass must be done reading w
-                with self.timer.span("upload-weights", "upload", s.upload, step, j,
-                                     (b - a) * self.word):
-                    self.w[a:b].copy_(src, non_blocking=self.cuda)
-                if self._stages:
-                    self._stage_free[stage] = s.record(s.upload)  # staging reusable after it
-                    stage = (stage + 1) % len(self._stages)
-            self.bytes_h2d += (b - a) * self.word
+    def _kept(self, j: int) -> torch.Tensor:
+        at = self._keep_at[j]
+        return self.keep[at:at + self._size(j)]
 
-    def _adamw(self, p, g, m, v, j: int, wd: float, hyper: dict, step_t: torch.Tensor) -> None:
-        """torch.optim.AdamW's step on one subgroup: decoupled decay only on its decayed runs."""
-        segs = self.segments[j]
-        if wd == 0.0:  # one launch over the whole subgroup
-            parts = [(0.0, [(0, p.numel())])]
-        else:
-            parts = [(wd, [(lo, hi) for lo, hi, d in segs if d]),
-                     (0.0, [(lo, hi) for lo, hi, d in segs if not d])]
-        for decay, runs in parts:
-            if runs:
-                torch._fused_adamw_([p[lo:hi] for lo, hi in runs], [g[lo:hi] for lo, hi in runs],
-                                    [m[lo:hi] for lo, hi in runs], [v[lo:hi] for lo, hi in runs],
-                                    [], [step_t] * len(runs), weight_decay=decay,
-                                    amsgrad=False, maximize=False, **hyper)
+    def update_on_gpu(self, p, m, v, kept, scratch, out, segments, wd, hyper, step_t) -> None:
+        """AdamW on a GPU-side subgroup from its kept gradients (upcast into ``scratch`` under
+        bf16), then its compute weights ``out`` from the new p."""
+        g = kept if scratch is None else scratch[:kept.numel()].copy_(kept)
+        adamw(p, g, m, v, segments, wd, hyper, step_t)
+        out.copy_(p)  # the next forward's weights, downcast on the GPU
 
-    def _skip_step(self, grads_done) -> bool:
+    def _skip_step(self, *landed) -> bool:
         """fp16 loss scaling: skip the update and halve the scale on inf / nan gradients."""
-        if grads_done is not None:
-            grads_done.synchronize()  # found_inf is written by the flushes on the offload stream
-        if float(self._found_inf) > 0:
+        for event in landed:
+            if event is not None:
+                event.synchronize()  # found_inf is written on the offload and compute streams
+        if float(self._found_inf.sum()) > 0:
             self.scale, self._good_steps = self.scale / 2, 0
         else:
             self._good_steps += 1
@@ -447,11 +505,6 @@ class FOOffloadEngine(FirstOrderContract):
         return self._good_steps == 0
 
     # --- timing -----------------------------------------------------------------------------
-    def _publish(self, op: str, step: int, j: int, nbytes: int, t0: float) -> None:
-        """A host-side (CPU) operation on the timeline, timed with the host clock."""
-        if self.timer.enabled:
-            self.bus.publish(OpEvent(op, "cpu", step, j, nbytes, t0, self.timer.now()))
-
     def _mark(self, stream):
         """A timing mark: a CUDA event on ``stream``, or the host clock on a CPU."""
         if not self.cuda:
@@ -483,9 +536,10 @@ class FOOffloadEngine(FirstOrderContract):
     def flush(self) -> None:
         """Nothing is pending between steps: each step's update is enqueued inside it."""
 
-    def evaluate(self, dev, batch_size: int) -> dict[str, float]:
+    def evaluate(self, dev, batch_size: int, total: Total | None = None) -> dict[str, float]:
         """The objective's metrics on ``dev`` with the current compute weights."""
-        return evaluate(self.objective, self.adapter, dev, self.device, self.cfg.amp, batch_size)
+        return evaluate(self.objective, self.adapter, dev, self.device, self.cfg.amp, batch_size,
+                        total=total)
 
     def sync(self) -> None:
         """Wait for every copy and kernel (outside steps: before reading host buffers); the
@@ -504,9 +558,9 @@ class FOOffloadEngine(FirstOrderContract):
         self._home_residents()
         return [self.p32[o:o + lay.numel] for lay, o in zip(self.layouts, self.offsets)]
 
-    def base_flats(self) -> list[torch.Tensor]:
-        """No frozen base: every weight trains."""
-        return []
+    def base_flats(self) -> Sequence[torch.Tensor]:
+        """The frozen base groups' weights as fp32, one at a time (peft runs; else empty)."""
+        return base_values(self.frozen)
 
     def load_state_flats(self, flats: list[torch.Tensor]) -> None:
         """Load fp32 weights (Adam's m and v are kept) into the masters and the compute weights."""
@@ -525,22 +579,25 @@ class FOOffloadEngine(FirstOrderContract):
         self.sync()
         full = torch.empty(self.numel)
         for j in range(self.n_sub):
-            a, b = self._bounds(j)
-            full[a:b] = (self.keep[self._keep_at[j]:self._keep_at[j] + b - a].float().cpu()
-                         if j in self._keep_at else self.g32[a:b])
+            a, b = self.bounds(j)
+            full[a:b] = self._kept(j).float().cpu() if j in self._keep_at else self.g32[a:b]
         return [full[o:o + lay.numel] for lay, o in zip(self.layouts, self.offsets)]
 
     def gpu_param_bytes(self) -> int:
-        """Compute weights, kept gradients, slots and resident (p, m, v) on the GPU."""
+        """Compute weights, kept gradients, slots, resident (p, m, v) and a frozen base on
+        the GPU."""
         if not self.cuda:
             return 0
         tensors = [self.w, self.keep, self.res_p, self.res_m, self.res_v, self._res_g,
-                   *(t for slot in self.slots for t in slot)]
+                   self.host_side.slot, *(t for slot in self.slots for t in slot),
+                   *(g.flat for g in self.frozen)]
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
     def close(self) -> None:
-        """Drain copies and timing events, drop the hooks, unregister host memory."""
+        """Drain copies, the update worker and timing events, drop the hooks, unregister host
+        memory."""
         self.sync()
+        self.host_side.close()
         self.timer.poll(wait=True)
         self._resolve_clock(wait=True)
         self._home_residents()
@@ -549,10 +606,14 @@ class FOOffloadEngine(FirstOrderContract):
         self._hooks = []
         self.host.release()
 
-    # --- micro-benchmark kernels for the performance model ----------------------------------
-    def _dev_bench(self, p, g, m, v) -> None:
-        torch._fused_adamw_([p], [g], [m], [v], [], [torch.ones((), device=p.device)], lr=1e-3,
-                            beta1=0.9, beta2=0.999, weight_decay=0.0, eps=1e-8, amsgrad=False,
-                            maximize=False)
 
-    _cpu_bench = _dev_bench
+def _gather(parts: list[torch.Tensor], lo: int, hi: int, out: torch.Tensor) -> None:
+    """``out`` = elements [lo, hi) of the concatenation of ``parts`` (no concatenated copy)."""
+    pos = 0
+    for t in parts:
+        a, b = max(lo, pos), min(hi, pos + t.numel())
+        if b > a:
+            out[a - lo:b - lo].copy_(t.reshape(-1)[a - pos:b - pos])
+        pos += t.numel()
+        if pos >= hi:
+            return

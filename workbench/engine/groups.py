@@ -10,9 +10,14 @@ only this model instance.
 from __future__ import annotations
 
 import hashlib
+import itertools
+import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -148,7 +153,14 @@ def move_buffers(modules: list[nn.Module], device: torch.device) -> None:
                                           else buf.to(device))
 
 
-NORM_CHUNK = 1 << 22  # elements squared in fp64 at once by ``norm`` (32 MiB of temporaries)
+#: Elements per hashed piece (64 MiB of fp32). ``param_digest`` is defined over pieces of this
+#: size, so it does not depend on how many threads hash them: changing it changes every digest.
+PIECE = 1 << 24
+#: Threads that hash and square pieces at most (``fingerprint``; fewer where fewer cores).
+MAX_THREADS = 32
+#: Host bytes a thread holds beside the group while it squares a piece: numpy's einsum casts
+#: each of its two operands to fp64 through one 8192-element buffer.
+SCRATCH_BYTES = 2 * 8192 * 8
 
 
 class LazyFlats(Sequence[torch.Tensor]):
@@ -179,34 +191,59 @@ def _host_fp32(flat: torch.Tensor) -> torch.Tensor:
     return flat.detach().to("cpu", torch.float32).contiguous()
 
 
-def digest(flats: Iterable[torch.Tensor]) -> str:
-    """SHA-256 of the groups' fp32 bytes in canonical order (the run's ``param_digest``)."""
-    return fingerprint(flats, with_norm=False)[0]
+def default_threads() -> int:
+    """Threads for ``fingerprint``: the cores this process may run on, at most ``MAX_THREADS``."""
+    return max(1, min(MAX_THREADS, len(os.sched_getaffinity(0))))
 
 
-def norm(flats: Iterable[torch.Tensor]) -> float:
-    """L2 norm of all trainable parameters (the run's ``param_norm``), fp64 sums of
-    ``NORM_CHUNK`` elements at a time."""
-    return fingerprint(flats, hash_bytes=False)[1]
+def digest(flats: Iterable[torch.Tensor], threads: int | None = None) -> str:
+    """The run's ``param_digest``: SHA-256 over the concatenated SHA-256 digests (32 bytes
+    each) of the ``PIECE``-element pieces of each group's fp32 bytes, groups in canonical
+    order, each group's pieces from its start (the last one shorter). 64 hex digits; the same
+    for any ``threads``."""
+    return fingerprint(flats, with_norm=False, threads=threads)[0]
 
 
-def fingerprint(flats: Iterable[torch.Tensor], hash_bytes: bool = True,
-                with_norm: bool = True) -> tuple[str, float]:
-    """(digest, norm) in one pass over ``flats``: each group is decoded, hashed straight from
-    its memory (no bytes copy), squared in chunks and dropped before the next, so the host
-    holds one group's fp32 at a time."""
-    h, total = hashlib.sha256(), 0.0
-    for flat in flats:
-        host = _host_fp32(flat).reshape(-1)
-        if hash_bytes:
-            h.update(host.numpy())
-        if with_norm:
-            total += _sum_squares(host)
-        del flat, host  # the decoded group goes before the next is made, not after
-    return h.hexdigest(), total ** 0.5
+def norm(flats: Iterable[torch.Tensor], threads: int | None = None) -> float:
+    """L2 norm of all trainable parameters (the run's ``param_norm``): fp64 sums of squares
+    per piece, added in piece order."""
+    return fingerprint(flats, hash_bytes=False, threads=threads)[1]
 
 
-def _sum_squares(flat: torch.Tensor) -> float:
-    """Sum of squares in fp64, ``NORM_CHUNK`` elements at a time (a function, so no chunk view
-    outlives the call and keeps the group alive)."""
-    return sum(float(chunk.double().square_().sum()) for chunk in flat.split(NORM_CHUNK))
+def fingerprint(flats: Iterable[torch.Tensor], hash_bytes: bool = True, with_norm: bool = True,
+                threads: int | None = None) -> tuple[str, float]:
+    """(digest, norm) in one pass over ``flats`` (see ``digest`` and ``norm``). Each group is
+    decoded, its pieces hashed and squared by ``threads`` threads (default
+    ``default_threads()``) straight from its memory (no bytes copy), and dropped before the
+    next group is decoded: the host holds one group's fp32 and ``threads * SCRATCH_BYTES``."""
+    root, total = hashlib.sha256(), 0.0
+    threads = threads or default_threads()
+    with ThreadPoolExecutor(threads) as pool:
+        for flat in flats:
+            host = _host_fp32(flat).reshape(-1).numpy()
+            pieces = [host[i:i + PIECE] for i in range(0, host.size, PIECE)]  # views
+            del flat, host  # the views in ``pieces`` are now the group's only owner
+            found = [(b"", 0.0)] * len(pieces)
+            work = partial(_pieces, pieces, itertools.count(), found, hash_bytes, with_norm)
+            for task in [pool.submit(work) for _ in range(min(threads, len(pieces)))]:
+                task.result()  # raises what the thread raised
+            # A task keeps ``pieces`` (the list) alive a moment after its result is in;
+            # emptying it frees the decoded group now, before the next is made.
+            pieces.clear()
+            for piece_digest, squares in found:  # in piece order, whichever thread made it
+                root.update(piece_digest)
+                total += squares
+    return root.hexdigest(), total ** 0.5
+
+
+def _pieces(pieces: list[np.ndarray], ticket: Iterator[int], found: list[tuple[bytes, float]],
+            hash_bytes: bool, with_norm: bool) -> None:
+    """One thread's share: takes the next piece number from ``ticket`` (shared by the threads)
+    until none is left, and puts (SHA-256 digest, fp64 sum of squares) of piece k at
+    ``found[k]``. Both release the GIL (hashlib on large buffers, einsum on plain numbers); the
+    cast to fp64 goes through einsum's small buffers (``SCRATCH_BYTES``)."""
+    while (k := next(ticket)) < len(pieces):
+        piece = pieces[k]
+        found[k] = (hashlib.sha256(piece).digest() if hash_bytes else b"",
+                    float(np.einsum("i,i->", piece, piece, dtype=np.float64)) if with_norm
+                    else 0.0)

@@ -1,5 +1,9 @@
 """zo-offload with ``peft=lora``: ZO steps on adapters over a frozen, streamed base.
 
+``LoRAStreamedEngine`` is the engine contract for adapters over the frozen stream (resident
+adapters, their pending update, state and snapshots); ``LoRAOffloadEngine`` adds the ZO step,
+``forward_grad.LoRAForwardGradEngine`` the forward-gradient step.
+
 The base never changes, so each streamed block comes up (host -> GPU, in its ``base_codec``,
 decoded into the slot) and is never sent back: no offload pass, no update pass over base
 weights, no D2H traffic at all. The adapter groups (one per block, ``block.{i}.lora``) stay on
@@ -29,9 +33,10 @@ from workbench.engine.zo_common import (autocast, device_copies, pending_dict, p
 from workbench.engine.zo_step import MINUS, PLUS, ZOStep, apply_update, zo_passes
 
 
-class LoRAOffloadEngine(StreamedEngine):
-    """Method ``zo-offload`` with ``peft=lora``. Args: as ``StreamedEngine`` (``share``: the
-    node's one host copy of the frozen base under data parallel; only local rank 0 fills it)."""
+class LoRAStreamedEngine(StreamedEngine):
+    """Everything but ``step`` for adapters over the frozen stream. Args: as
+    ``StreamedEngine`` (``share``: the node's one host copy of the frozen base under data
+    parallel; only local rank 0 fills it)."""
 
     def __init__(self, model, source, cfg: RunConfig, device: torch.device, bus: EventBus,
                  share: NodeShare | None = None):
@@ -39,28 +44,6 @@ class LoRAOffloadEngine(StreamedEngine):
         self.loras = adapter_groups(self.adapter, cfg, device)
         if cfg.checkpoint_every:
             self._snapshot_buffers()  # at setup, not in the first snapshot's step
-
-    @torch.no_grad()
-    def step(self, batch: Batch, step: int, lr: float, wd: float) -> StepOutput:
-        """One ZO step on the adapters; returns (L+, L-, g) as 0-d device tensors."""
-        adapter, s, ops = self.adapter, self.streamer, self.ops
-        st = ZOStep(step_seed(self.cfg.seed, step), self.cfg.eps, self.pending)
-        compute = s.streams.compute
-        with autocast(self.device, self.cfg.amp):
-            with self.timer.span("compute", "compute", compute, step, EMBED):
-                h, ctx = adapter.embed(batch)  # frozen: one pass serves + and -
-            hidden = [h, h]
-
-            def dual_forward(i: int, base: torch.Tensor, apply) -> None:
-                lora = self.loras[i]  # the pending update is fused into the + perturbation
-                for sign in zo_passes(ops, lora.flat, lora.layout, st):
-                    hidden[sign] = adapter.run_block(adapter.blocks[i], hidden[sign], ctx)
-
-            s.stream_blocks(step, dual_forward, write_back=False)
-            with self.timer.span("compute", "compute", compute, step, HEAD):
-                losses = [head_loss(self.objective, adapter, hidden[k], batch)
-                          for k in (PLUS, MINUS)]
-        return self.finish_zo(step, st, losses, lr, wd)
 
     @torch.no_grad()
     def flush(self, step: int = -1) -> None:
@@ -132,3 +115,29 @@ class LoRAOffloadEngine(StreamedEngine):
             release(group.layout)
         self.loras = []
         super().close()
+
+
+class LoRAOffloadEngine(LoRAStreamedEngine):
+    """Method ``zo-offload`` with ``peft=lora``."""
+
+    @torch.no_grad()
+    def step(self, batch: Batch, step: int, lr: float, wd: float) -> StepOutput:
+        """One ZO step on the adapters; returns (L+, L-, g) as 0-d device tensors."""
+        adapter, s, ops = self.adapter, self.streamer, self.ops
+        st = ZOStep(step_seed(self.cfg.seed, step), self.cfg.eps, self.pending)
+        compute = s.streams.compute
+        with autocast(self.device, self.cfg.amp):
+            with self.timer.span("compute", "compute", compute, step, EMBED):
+                h, ctx = adapter.embed(batch)  # frozen: one pass serves + and -
+            hidden = [h, h]
+
+            def dual_forward(i: int, base: torch.Tensor, apply) -> None:
+                lora = self.loras[i]  # the pending update is fused into the + perturbation
+                for sign in zo_passes(ops, lora.flat, lora.layout, st):
+                    hidden[sign] = adapter.run_block(adapter.blocks[i], hidden[sign], ctx)
+
+            s.stream_blocks(step, dual_forward, write_back=False)
+            with self.timer.span("compute", "compute", compute, step, HEAD):
+                losses = [head_loss(self.objective, adapter, hidden[k], batch)
+                          for k in (PLUS, MINUS)]
+        return self.finish_zo(step, st, losses, lr, wd)

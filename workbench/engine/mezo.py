@@ -15,14 +15,14 @@ from workbench.config import RunConfig
 from workbench.data.batches import Batch
 from workbench.engine.checkpoint import Snapshot
 from workbench.engine.events import EMBED, HEAD, EventBus
-from workbench.engine.groups import build_layouts, move_buffers, release
-from workbench.engine.objective import evaluate, head_loss, objective_for
-from workbench.engine.peft import adapter_groups, base_values, block_adapter, frozen_groups
+from workbench.engine.groups import move_buffers, release
+from workbench.engine.objective import Total, evaluate, head_loss, objective_for
+from workbench.engine.peft import base_values, block_adapter, model_groups
 from workbench.engine.perturb import PendingUpdate, ZOOps
 from workbench.engine.pinned import SnapshotBuffers
 from workbench.engine.protocol import StepOutput
 from workbench.engine.timing import OpTimer
-from workbench.engine.zo_common import Group, autocast, device_copies, materialise, step_seed
+from workbench.engine.zo_common import autocast, device_copies, step_seed
 from workbench.engine.zo_step import ZOStep, apply_update, lockstep, projected_grad, zo_passes
 
 
@@ -39,15 +39,7 @@ class MeZOEngine:
         self.cfg, self.device = cfg, device
         self.adapter = block_adapter(model, cfg)
         # The groups that train (``groups``) and those that stay as loaded (``frozen``).
-        if cfg.peft == "lora":
-            self.frozen = frozen_groups(self.adapter, source, cfg, device)
-            self.groups = adapter_groups(self.adapter, cfg, device)
-        else:
-            embed, blocks, head = build_layouts(self.adapter)
-            self.frozen, self.groups = [], [Group(lay, materialise(lay, source, cfg.seed, device))
-                                            for lay in (embed, *blocks, head)]
-            for group in self.groups:
-                group.bind()
+        self.frozen, self.groups = model_groups(self.adapter, source, cfg, device)
         move_buffers([model], device)
         self.ops = ZOOps(cfg.rng, device)
         self.timer = OpTimer(device, bus, cfg.telemetry)
@@ -91,9 +83,10 @@ class MeZOEngine:
     def flush(self) -> None:
         """Nothing is ever pending in MeZO."""
 
-    def evaluate(self, dev, batch_size: int) -> dict[str, float]:
+    def evaluate(self, dev, batch_size: int, total: Total | None = None) -> dict[str, float]:
         """The objective's metrics on ``dev`` with the current weights."""
-        return evaluate(self.objective, self.adapter, dev, self.device, self.cfg.amp, batch_size)
+        return evaluate(self.objective, self.adapter, dev, self.device, self.cfg.amp, batch_size,
+                        total=total)
 
     # --- state ------------------------------------------------------------------------------
     def state_flats(self) -> list[torch.Tensor]:

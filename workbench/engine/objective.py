@@ -15,13 +15,13 @@ import torch.nn.functional as F
 
 from workbench.config import RunConfig
 from workbench.data.batches import Batch
-from workbench.data.objectives import Objective
+from workbench.data.objectives import Objective, Total
 from workbench.data.task import make_objective
 from workbench.engine.zo_common import autocast
 from workbench.models.adapter import BlockAdapter
 from workbench.models.generate import Forward, adapter_forward
 
-__all__ = ["Objective", "evaluate", "head_loss", "label_loss", "objective_for"]
+__all__ = ["Objective", "Total", "evaluate", "head_loss", "label_loss", "objective_for"]
 
 
 def label_loss(logits_last: torch.Tensor, batch: Batch) -> torch.Tensor:
@@ -45,9 +45,11 @@ def head_loss(objective: Objective, adapter: BlockAdapter, hidden: torch.Tensor,
 
 @torch.no_grad()
 def evaluate(objective: Objective, adapter: BlockAdapter, dev, device: torch.device, amp: str,
-             batch_size: int, forward: Forward | None = None) -> dict[str, float]:
+             batch_size: int, forward: Forward | None = None,
+             total: Total | None = None) -> dict[str, float]:
     """The objective's metrics over every example of ``dev`` with the current weights;
-    ``forward``: how the engine runs the blocks (default: all resident on ``device``)."""
+    ``forward``: how the engine runs the blocks (default: all resident on ``device``);
+    ``total``: data parallel's sum over ranks (``dev`` is then this rank's share)."""
     with autocast(device, amp):
         return objective.evaluate(dev, forward or adapter_forward(adapter), adapter.head, device,
-                                  batch_size)
+                                  batch_size, total)

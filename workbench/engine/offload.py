@@ -23,7 +23,7 @@ from workbench.data.batches import Batch
 from workbench.engine.checkpoint import Snapshot
 from workbench.engine.events import EMBED, HEAD, EventBus
 from workbench.engine.groups import GroupLayout, tied_with_embed
-from workbench.engine.objective import evaluate, head_loss, objective_for
+from workbench.engine.objective import Total, evaluate, head_loss, objective_for
 from workbench.engine.peft import block_adapter
 from workbench.engine.perturb import PendingUpdate, ZOOps
 from workbench.engine.shared_host import NodeShare
@@ -99,12 +99,12 @@ class StreamedEngine:
                         write_back=True, op="update")
 
     @torch.no_grad()
-    def evaluate(self, dev, batch_size: int) -> dict[str, float]:
+    def evaluate(self, dev, batch_size: int, total: Total | None = None) -> dict[str, float]:
         """The objective's metrics on ``dev`` with the current weights; every forward pass
         (one per eval batch, one per generated token) streams the blocks read-only."""
         self.flush()
         return evaluate(self.objective, self.adapter, dev, self.device, self.cfg.amp, batch_size,
-                        self.streamed_forward)
+                        self.streamed_forward, total)
 
     def streamed_forward(self, input_ids: torch.Tensor,
                          attention_mask: torch.Tensor) -> torch.Tensor:

@@ -26,6 +26,21 @@ def block_adapter(model, cfg: RunConfig) -> BlockAdapter:
     return BlockAdapter(model)
 
 
+def model_groups(adapter: BlockAdapter, source, cfg: RunConfig,
+                 device: torch.device) -> tuple[list[Group], list[Group]]:
+    """(frozen, trainable) groups of a model held whole on ``device``, bound: with
+    ``peft=lora`` the base (``frozen_groups``) and the adapters (``adapter_groups``), else
+    nothing frozen and every (embedding, block, head) group trainable."""
+    if cfg.peft == "lora":
+        return frozen_groups(adapter, source, cfg, device), adapter_groups(adapter, cfg, device)
+    embed, blocks, head = build_layouts(adapter)
+    groups = [Group(lay, materialise(lay, source, cfg.seed, device))
+              for lay in (embed, *blocks, head)]
+    for group in groups:
+        group.bind()
+    return [], groups
+
+
 def adapter_groups(adapter: BlockAdapter, cfg: RunConfig, device: torch.device) -> list[Group]:
     """The trainable adapter groups, initialised (``models/lora.py``) on ``device``, bound."""
     groups = [Group(lay, materialise(lay, LoRAInit(), cfg.seed, device))

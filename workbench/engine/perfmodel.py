@@ -1,6 +1,8 @@
 """The update-phase performance model of interleaved optimizer states, and its measured inputs.
 
-Inputs, all in parameters per second (Deep Optimizer States, section 4.2):
+Inputs, all in parameters per second (Deep Optimizer States, section 4.2), each measured by
+the engine on its own buffers with the step's own code (``calibrate``: one subgroup, the
+update thread count, pinned memory; the median of ``REPS`` runs, their spread recorded):
     B   host <-> GPU link: pinned H2D of fp32, bytes / 4
     Ug  AdamW update on the GPU (fused kernel)
     Uc  AdamW update on the CPU (the engine's multi-threaded CPU path)
@@ -15,7 +17,9 @@ k CPU-updated subgroups, k S / 2B, on the H2D link, plus S / Ug of update:
     k = (3/B + 1/Ug) / (1/Uc + 1/Dc - 1/(2B))
 
 Here the upload term is ``w / B`` with w = (bytes of a compute weight) / 4: 1/2 for bf16/fp16
-weights as in the paper, 1 for fp32 weights (then nothing is downcast: Dc = inf).
+weights as in the paper, 1 for fp32 weights (then nothing is downcast: Dc = inf). 16-bit
+weights may also go up as fp32 masters and be downcast on the GPU (``site``): no CPU pass,
+twice the bytes, the fp32 case of the model; the engine takes the site predicted faster.
 
 Reading k. The derivation defines k as the CPU : GPU ratio of subgroup counts (k : 1), which is
 what the model balances. Algorithm 1's test ``(i + 1) % k == 0`` sends every k-th subgroup to
@@ -43,8 +47,10 @@ the GPU: ``NO_GPU``.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 import torch
 
@@ -123,72 +129,100 @@ def stride(B: float, Ug: float, Uc: float, Dc: float, *, word_bytes: int = 2) ->
     return min(cands, key=lambda s: _cost(gpu_fraction(s), a, b, c))
 
 
+def site(p: "PerfInputs", cpu_downcast: bool) -> tuple[float, float, float, float, int]:
+    """(B, Ug, Uc, Dc, word_bytes) as the model sees a downcast site: on the CPU before the
+    upload (16-bit words go up), or on the GPU after it (fp32 goes up, Dc = inf)."""
+    if cpu_downcast:
+        return p.B, p.Ug, p.Uc, p.Dc, p.word_bytes
+    return p.B, p.Ug, p.Uc, math.inf, 4
+
+
+def sides(n_params: int, split: Split, B: float, Ug: float, Uc: float, Dc: float, *,
+          word_bytes: int = 2) -> tuple[float, float]:
+    """(CPU side, GPU side) of the update phase in seconds, for ``n_params`` parameters split as
+    ``split``: n cpu (1/Uc + 1/Dc), and n (gpu (3/B + 1/Ug) + cpu w/B + resident/Ug)."""
+    a, b, c = _terms(B, Ug, Uc, Dc, word_bytes)
+    return (n_params * split.cpu * a,
+            n_params * (split.gpu * b + split.cpu * c + split.resident / Ug))
+
+
 def predict_update_seconds(n_params: int, split: Split, B: float, Ug: float, Uc: float,
                            Dc: float, *, word_bytes: int = 2) -> float:
-    """Predicted update-phase seconds for ``n_params`` parameters split as ``split``: the
-    slower of the CPU side, n (cpu) (1/Uc + 1/Dc), and the GPU side,
-    n (gpu (3/B + 1/Ug) + cpu w/B + resident/Ug)."""
-    a, b, c = _terms(B, Ug, Uc, Dc, word_bytes)
-    t_cpu = n_params * split.cpu * a
-    t_gpu = n_params * (split.gpu * b + split.cpu * c + split.resident / Ug)
-    return max(t_cpu, t_gpu)
+    """Predicted update-phase seconds: the slower of the two ``sides``."""
+    return max(sides(n_params, split, B, Ug, Uc, Dc, word_bytes=word_bytes))
 
 
 # --- measurement ------------------------------------------------------------------------------
-_CACHE: dict[tuple, PerfInputs] = {}
+#: Timed repetitions of each probe (after ``WARMUP`` untimed ones); the rate is their median.
+REPS, WARMUP = 5, 1
 
 
-def measure(device: torch.device, compute_dtype: torch.dtype, cpu_update, gpu_update) -> PerfInputs:
-    """Micro-benchmarks of B, Ug, Uc, Dc (short: well under 2 s on a CPU), cached per process
-    and (device, compute dtype, CPU threads).
+@dataclass(frozen=True)
+class Probe:
+    """One repetition of a step operation on one subgroup: ``run()`` moves or updates ``n``
+    parameters; it is timed on the host clock (``stream`` None) or by CUDA events on
+    ``stream`` (work it enqueues there)."""
 
-    Args:
-        device: where the "GPU side" runs (on a CPU-only machine, the CPU: then B is a host
-            memcpy and Ug the same kernel as Uc).
-        compute_dtype: the compute weights' dtype; fp32 means nothing is downcast (Dc = inf).
-        cpu_update / gpu_update: ``fn(p, g, m, v)`` applying one AdamW step to flat fp32
-            tensors, exactly as the engine's CPU and GPU paths do.
-    """
-    device = torch.device(device)
-    key = (str(device), compute_dtype, torch.get_num_threads())
-    if key in _CACHE:
-        return _CACHE[key]
-    cuda = device.type == "cuda"
-    n_link = 1 << 25 if cuda else 1 << 22  # 128 MB / 16 MB of fp32
-    n_upd = 1 << 25 if cuda else 1 << 21
-    n_cpu = 1 << 23 if cuda else 1 << 21  # the H200 host updates ~0.8 G/s: ~10 ms a run
+    n: int
+    run: Callable[[], None]
+    stream: object = None
 
-    def timed(fn, reps: int = 3) -> float:
-        fn()  # warm-up (first-touch of pages, kernel selection)
-        best = math.inf
-        for _ in range(reps):
-            if cuda:
-                torch.cuda.synchronize(device)  # measurement only, outside training
+
+@dataclass(frozen=True)
+class Rate:
+    """A measured rate: ``n`` parameters per repetition, ``seconds`` of each timed one."""
+
+    n: int
+    seconds: tuple[float, ...]
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def per_s(self) -> float:
+        """Parameters per second at the median repetition."""
+        return self.n / max(self.median_s, 1e-12)
+
+    @property
+    def spread(self) -> float:
+        """(slowest - fastest) / median repetition: 0.1 means the runs lie within 10%."""
+        return (max(self.seconds) - min(self.seconds)) / max(self.median_s, 1e-12)
+
+    def as_dict(self) -> dict:
+        return {"per_s": self.per_s, "median_s": self.median_s, "spread": self.spread,
+                "n": self.n, "seconds": list(self.seconds)}
+
+
+class Stopwatch:
+    """Seconds of one probe run: the host clock around it, or CUDA events on its stream."""
+
+    def __call__(self, probe: Probe) -> float:
+        if probe.stream is None:
             t = time.perf_counter()
-            fn()
-            if cuda:
-                torch.cuda.synchronize(device)  # the copies / kernels must have finished
-            best = min(best, time.perf_counter() - t)
-        return max(best, 1e-9)
+            probe.run()
+            return time.perf_counter() - t
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(probe.stream)
+        probe.run()
+        end.record(probe.stream)
+        end.synchronize()  # calibration only, before training: the time is read right away
+        return start.elapsed_time(end) / 1e3
 
-    src = torch.empty(n_link, dtype=torch.float32, pin_memory=cuda).fill_(1.0)
-    dst = torch.empty(n_link, dtype=torch.float32, device=device)
-    B = n_link / timed(lambda: dst.copy_(src, non_blocking=cuda))
-    del src, dst
 
-    def rates(n: int, dev: torch.device, fn) -> float:
-        p, g = torch.randn(n, device=dev) * 0.02, torch.randn(n, device=dev) * 1e-3
-        m, v = torch.zeros(n, device=dev), torch.zeros(n, device=dev)
-        return n / timed(lambda: fn(p, g, m, v))
+def calibrate(probes: dict[str, Probe], stopwatch: Callable[[Probe], float],
+              reps: int = REPS, warmup: int = WARMUP) -> dict[str, Rate]:
+    """Each probe run ``warmup + reps`` times; its ``Rate`` keeps the timed ``reps`` (the rate
+    is their median, so one slow or fast outlier does not move it)."""
+    out = {}
+    for name, probe in probes.items():
+        seconds = [stopwatch(probe) for _ in range(warmup + reps)][warmup:]
+        out[name] = Rate(probe.n, tuple(max(s, 1e-12) for s in seconds))
+    return out
 
-    Ug = rates(n_upd, device, gpu_update)
-    Uc = rates(n_cpu, torch.device("cpu"), cpu_update)
-    if compute_dtype == torch.float32:
-        Dc = math.inf
-    else:
-        x = torch.randn(n_cpu)
-        y = torch.empty(n_cpu, dtype=compute_dtype)
-        Dc = n_cpu / timed(lambda: y.copy_(x))
-    word = torch.empty((), dtype=compute_dtype).element_size()
-    _CACHE[key] = PerfInputs(B, Ug, Uc, Dc, word)
-    return _CACHE[key]
+
+def inputs(rates: dict[str, Rate], word_bytes: int) -> PerfInputs:
+    """The model's inputs from measured rates ("B" is fp32 parameters per second up the link;
+    no "Dc" probe means nothing is downcast: Dc = inf)."""
+    dc = rates["Dc"].per_s if "Dc" in rates else math.inf
+    return PerfInputs(rates["B"].per_s, rates["Ug"].per_s, rates["Uc"].per_s, dc, word_bytes)

@@ -12,7 +12,7 @@ import torch
 
 if TYPE_CHECKING:
     from workbench.data.batches import Batch
-    from workbench.engine.objective import Objective
+    from workbench.engine.objective import Objective, Total
     from workbench.engine.checkpoint import Snapshot
     from workbench.engine.groups import GroupLayout
     from workbench.engine.timing import OpTimer
@@ -57,9 +57,11 @@ class Engine(Protocol):
         """Apply anything pending (a ZO update deferred into the next step), so the weights
         are those after the last step."""
 
-    def evaluate(self, dev, batch_size: int) -> dict[str, float]:
+    def evaluate(self, dev, batch_size: int, total: Total | None = None) -> dict[str, float]:
         """The objective's metrics (``objective.metric_names``) over every example of ``dev``
-        (a task's dev data) with the current weights, ``batch_size`` examples per forward."""
+        (a task's dev data) with the current weights, ``batch_size`` examples per forward.
+        ``total``: under data parallel, sums over ranks (``dev`` is then this rank's share, and
+        every rank calls this)."""
 
     def state_flats(self) -> Sequence[torch.Tensor]:
         """Every trainable group's fp32 weights in canonical order (``group_layouts``; an

@@ -40,7 +40,9 @@ def replay(flats: list[torch.Tensor], names: list[str], n_decay: list[int],
     layouts = [GroupLayout(n, [], f.numel(), d) for n, f, d in zip(names, flats, n_decay)]
     n_blocks = len(layouts) - 2
     resident = min(int(config.get("resident_blocks", 0)), n_blocks)
-    streamed = set() if method == "mezo" else set(range(1 + resident, 1 + n_blocks))
+    # an adapter run's groups (its adapters) are resident in every engine: nothing streams
+    streamed = (set() if method == "mezo" or config.get("peft", "none") == "lora"
+                else set(range(1 + resident, 1 + n_blocks)))
     transfer = None
     if streamed:
         timer = OpTimer(device, EventBus(), enabled=False)

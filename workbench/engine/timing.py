@@ -59,6 +59,12 @@ class OpTimer:
         begin.record(stream)
         yield
         end.record(stream)
+        self.track(op, stream_name, step, block, nbytes, begin, end, detail)
+
+    def track(self, op: str, stream_name: str, step: int, block: int, nbytes: int,
+              begin: torch.cuda.Event, end: torch.cuda.Event, detail: str = "") -> None:
+        """Publish, once ``end`` has completed, an operation timed by CUDA events recorded
+        elsewhere (e.g. by another thread, which hands them over here on this one)."""
         self._pending.append((op, stream_name, step, block, nbytes, detail, begin, end))
 
     def poll(self, wait: bool = False) -> None:

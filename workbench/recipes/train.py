@@ -364,9 +364,12 @@ class TrainRecipe:
 
     def evaluate(self) -> dict[str, float]:
         """The objective's dev metrics with the current weights; publishes an EvalEvent. Under
-        torchrun every rank evaluates the whole dev set (identical engines, identical metrics),
-        so every rank applies the same pending update and the ranks stay identical."""
-        metrics = self.engine.evaluate(self.dev_data, max(self.cfg.batch_size, 16))
+        torchrun every rank scores its share of the dev set and the sums are all-reduced; every
+        rank calls the engine's eval, so each applies the same pending update (stays identical)."""
+        dev, total = self.dev_data, None
+        if self.dist is not None:
+            dev, total = self.dist.dev_share(dev), lambda v: self.dist.sum(v, self.device)
+        metrics = self.engine.evaluate(dev, max(self.cfg.batch_size, 16), total)
         self.bus.publish(EvalEvent(self.step, metrics.get("accuracy"), metrics["loss"],
                                    len(self.dev_data), metrics))
         return metrics
@@ -374,8 +377,8 @@ class TrainRecipe:
     # --- save -------------------------------------------------------------------------------
     def save(self, digest_params: bool = True) -> RunRecord:
         """End sampling; summary, parameter digest and the run directory (if any). Speed
-        benchmarks pass ``digest_params=False``: hashing a 13B model's weights takes half a
-        minute."""
+        benchmarks pass ``digest_params=False``: the digest decodes and reads every weight once
+        (``benchmarks/digest_speed.py`` times it)."""
         rec, cfg = self.record, self.cfg
         if self.sampler is not None:
             self.sampler.stop()  # the samples saved are all the samples there will be
@@ -396,6 +399,7 @@ class TrainRecipe:
             mine = {"rank": self.dist.rank, "device": str(self.device),
                     "param_digest": rec.param_digest, "summary": rec.summary,
                     "step_seconds": [s["seconds"] for s in rec.steps],
+                    "dev_examples": len(self.dist.dev_share(self.dev_data or [])),  # its share
                     "host": getattr(self.engine, "host_report", dict)()}
             ranks = self.dist.gather(mine)
             with rec.lock:

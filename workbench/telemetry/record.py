@@ -41,11 +41,11 @@ class RunRecord:
     samples: list[dict[str, float]] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
-    param_digest: str = ""
+    param_digest: str = ""  # engine.groups.digest of the trainable weights (64 hex digits)
     param_norm: float = float("nan")
     status: str = "new"  # new | running | done | stopped | failed | diverged
     error: str = ""  # one line: why the run failed, diverged or stopped
-    base_digest: str = ""  # adapter runs: SHA-256 of the frozen base (unchanged by training)
+    base_digest: str = ""  # adapter runs: the same digest of the frozen base (never trained)
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
 
     @property

@@ -25,6 +25,7 @@ import numpy as np
 from plotly.basedatatypes import Undefined
 
 from workbench.telemetry.advice import Advice, next_knob
+from workbench.telemetry.evals import eval_value, main_metric
 from workbench.telemetry.record import RunRecord
 from workbench.telemetry.steady import throughput
 from workbench.telemetry.verdict import Verdict, verdict
@@ -280,10 +281,11 @@ def _status_html(rec: RunRecord, v: Verdict | None = None, advice: Advice | None
             # report say how many warm-up steps were left out)
             parts.append(f"{speed['tokens_per_s']:,.0f} tokens/s steady, step "
                          f"{speed['step_seconds']:.3f} s")
-    if rec.evals and rec.evals[-1]["accuracy"] is not None:
-        parts.append(f"dev accuracy {rec.evals[-1]['accuracy'] * 100:.1f} %")
-    elif rec.evals:
-        parts.append(f"dev loss {rec.evals[-1]['loss']:.4f}")
+    main = main_metric(rec.config)  # the objective's main dev metric, as the loss panel plots
+    value = eval_value(rec, main.key, "end")
+    if value is not None:
+        parts.append(f"{main.label} {value * 100:.1f} %" if main.fraction
+                     else f"{main.label} {value:.4f}")
     nvml = str(rec.environment.get("nvml", "ok"))
     if nvml != "ok":
         off = nvml.split(":")[0] if nvml.startswith("NVML unavailable") else nvml

@@ -26,6 +26,7 @@ from plotly.colors import qualitative
 from workbench.config import ConfigError, RunConfig
 from workbench.planner import plan
 from workbench.telemetry.advice import run_config
+from workbench.telemetry.evals import main_metric, metrics_of
 from workbench.telemetry.record import RunRecord
 from workbench.telemetry.steady import throughput
 from workbench.telemetry.trace import block_label
@@ -37,9 +38,20 @@ from workbench.ui.series import (MAX_POINTS, col, downsample, finite, num,  # no
 
 GB, MB = 1e9, 1e6
 #: Timeline rows, top to bottom; streams not listed follow in name order.
-STREAM_ROWS = ("upload", "compute", "offload", "update", "checkpoint")
+STREAM_ROWS = ("upload", "compute", "gpu update", "cpu update", "offload", "update",
+               "checkpoint")
+#: fo-offload's optimizer ops drawn in lanes of their own (not their stream's row), so the GPU
+#: and CPU subgroup updates, and what each side waits for, interleave visibly; their bars carry
+#: the subgroup's number.
+LANES = {"gpu-update": "gpu update", "gpu-wait": "gpu update", "cpu-update": "cpu update",
+         "cpu-wait": "cpu update", "downcast": "cpu update"}
+#: fo-offload's per-subgroup ops: ``OpEvent.block`` is a subgroup, not a transformer block.
+SUBGROUP_OPS = ("grad-d2h", "cpu-wait", "cpu-update", "downcast", "upload-weights",
+                "prefetch", "gpu-update", "flush-out")
 OP_COLOURS = {"upload": "#1f77b4", "compute": "#2ca02c", "offload": "#ff7f0e",
-              "update": "#9467bd", "eval": "#7f7f7f", "checkpoint": "#8c564b"}
+              "update": "#9467bd", "eval": "#7f7f7f", "checkpoint": "#8c564b",
+              "gpu-update": "#2ca02c", "cpu-update": "#9467bd", "cpu-wait": "#c7c7c7",
+              "gpu-wait": "#c7c7c7"}
 RUN_COLOURS = qualitative.D3
 #: Loss smoothing (EMA weight) the figures start with; the slider offers others.
 SMOOTHING = 0.6
@@ -60,8 +72,9 @@ def summary_metrics(rec: RunRecord) -> dict[str, Any]:
         ``tokens_per_s`` and ``step_seconds`` (s, median) over steady steps,
         ``wall_tokens_per_s`` over all steps, ``warmup_steps`` (``telemetry.steady``),
         ``peak_gpu_mem_bytes``, ``bytes_h2d`` and ``bytes_d2h`` (bytes per step),
-        ``final_loss``, ``eval_accuracy_start`` and ``eval_accuracy`` (fractions), ``steps``,
-        ``status``, ``param_digest``; NaN where unknown.
+        ``final_loss``, ``steps``, ``status``, ``param_digest``; NaN where unknown; ``dev``:
+        the first and last evals' metrics, ``{"start": {...}, "end": {...}}``
+        (``telemetry/evals.py``; empty without evals).
     """
     s, steps = rec.summary, rec.steps
     speed = throughput(steps)
@@ -80,13 +93,13 @@ def summary_metrics(rec: RunRecord) -> dict[str, Any]:
         "bytes_h2d": s.get("bytes_h2d", sum(num(r.get("bytes_h2d"), 0.0) for r in steps) / n),
         "bytes_d2h": s.get("bytes_d2h", sum(num(r.get("bytes_d2h"), 0.0) for r in steps) / n),
         "final_loss": s.get("final_loss", sum(tail) / len(tail) if tail else math.nan),
-        "eval_accuracy_start": rec.evals[0]["accuracy"] if rec.evals else math.nan,
-        "eval_accuracy": rec.evals[-1]["accuracy"] if rec.evals else math.nan,
+        "dev": {w: metrics_of(rec.evals[i]) if rec.evals else {}
+                for w, i in (("start", 0), ("end", -1))},
         "steps": len(steps),
         "status": rec.status,
         "param_digest": rec.param_digest,
     }
-    return {k: num(v) if k not in ("status", "param_digest", "steps", "warmup_steps") else v
+    return {k: num(v) if k not in ("status", "param_digest", "steps", "warmup_steps", "dev") else v
             for k, v in out.items()}
 
 
@@ -138,8 +151,8 @@ def host_memory(rec: RunRecord) -> go.Figure:
 
 
 def progress(rec: RunRecord, smoothing: float = SMOOTHING) -> go.Figure:
-    """Tokens/s per step, and loss per step (raw, faint, and an EMA with a slider) with dev
-    accuracy in % on its own, right-hand axis."""
+    """Tokens/s per step, and loss per step (raw, faint, and an EMA with a slider) with the
+    objective's main dev metric (``_loss_panel``)."""
     return compose([[_throughput_panel(rec), _loss_panel(rec, smoothing)]], slider=True,
                    smoothing=smoothing)
 
@@ -263,7 +276,7 @@ def _timeline_panel(rec: RunRecord, last_steps: int | None, align: bool = False,
     if not shown:
         p.note = "no stream events (telemetry off, or no step finished yet)"
         return p
-    streams = {e.stream for e in shown}
+    streams = {_lane(e) for e in shown}
     rows = [s for s in STREAM_ROWS if s in streams] + sorted(streams - set(STREAM_ROWS))
     t0 = min(e.start for e in shown) if align else 0.0
     least = MIN_BAR * (max(e.end for e in shown) - min(e.start for e in shown))
@@ -276,12 +289,15 @@ def _timeline_panel(rec: RunRecord, last_steps: int | None, align: bool = False,
         # An op drawn only on its own stream's row (upload, compute, offload) is named by the
         # row; the legend lists the others (update, codec, eval, ...), so it stays short.
         named = op not in legend and any(e.stream != op for e in evs)
+        lane = op in LANES
         p.add(dict(
-            type="bar", orientation="h", y=[e.stream for e in evs], base=[e.start - t0 for e in evs],
+            type="bar", orientation="h", y=[_lane(e) for e in evs], base=[e.start - t0 for e in evs],
             x=[max(e.end - e.start, least) for e in evs], width=0.8, name=op, legendgroup=op,
             showlegend=named, marker=dict(color=colour, line=dict(color=colour,
                                                                             width=1)),
-            customdata=[[block_label(e.block), e.step, e.nbytes / MB, (e.end - e.start) * 1e3,
+            **(dict(text=[str(e.block) for e in evs], textposition="inside",
+                    insidetextanchor="middle") if lane and op in SUBGROUP_OPS else {}),
+            customdata=[[_where(e), e.step, e.nbytes / MB, (e.end - e.start) * 1e3,
                          e.detail] for e in evs],
             hovertemplate=("%{customdata[0]} %{customdata[4]}<br>step %{customdata[1]}<br>"
                            "%{customdata[2]:.3f} MB<br>%{customdata[3]:.3f} ms"
@@ -292,6 +308,17 @@ def _timeline_panel(rec: RunRecord, last_steps: int | None, align: bool = False,
     p.yaxis = dict(type="category", categoryorder="array", categoryarray=rows,
                    autorange="reversed")
     return p
+
+
+def _lane(e) -> str:
+    return LANES.get(e.op, e.stream)
+
+
+def _where(e) -> str:
+    """What an event's ``block`` names: a subgroup, a block, or (a step-wide wait) nothing."""
+    if e.op in SUBGROUP_OPS:
+        return f"subgroup {e.block}"
+    return "" if e.op in LANES else block_label(e.block)
 
 
 def _memory_panel(rec: RunRecord) -> Panel:
@@ -387,19 +414,26 @@ def _pinned(cfg: RunConfig) -> float:
 
 
 def _loss_panel(rec: RunRecord, smoothing: float = SMOOTHING) -> Panel:
-    p = Panel("loss, dev accuracy", "step", "loss", y2title="dev accuracy (%)",
-              # plotly.js >= 3 syncs an overlaying axis's ticks to the primary's grid
-              # (ticks at 16.5, 35, ... %); fixed quarters read better, without a second grid.
-              y2axis={"range": [0, 100], "tickmode": "linear", "dtick": 25, "showgrid": False})
+    """Training loss per step, with the objective's main dev metric (``telemetry/evals.py``):
+    a fraction (classify's accuracy, completion's exact match) in % on its own right-hand axis;
+    lm's dev loss on the loss axis, beside the training loss it is measured like."""
+    main = main_metric(rec.config)
+    p = Panel(f"loss, {main.label}", "step", "loss")
+    if main.fraction:
+        # plotly.js >= 3 syncs an overlaying axis's ticks to the primary's grid (ticks at 16.5,
+        # 35, ... %); fixed quarters read better, without a second grid.
+        p.y2title, p.y2axis = f"{main.label} (%)", {"range": [0, 100], "tickmode": "linear",
+                                                    "dtick": 25, "showgrid": False}
     x, y = xy(rec.steps, "step", "loss")
     if np.isfinite(y).any():
         _add_smoothed(p, x, y, "loss", "#1f77b4", smoothing)
-    x, y = xy(rec.evals, "step", "accuracy")
+    x, y = xy([{"step": e["step"], **metrics_of(e)} for e in rec.evals], "step", main.key)
     if np.isfinite(y).any():
-        p.add(dict(type="scatter", x=x, y=y * 100, mode="lines+markers", name="dev accuracy",
-                         line=dict(color="#d62728"),
-                         hovertemplate="step %{x}<br>%{y:.1f} %<extra>dev accuracy</extra>"),
-              secondary=True)
+        scale, hover = (100, "%{y:.1f} %") if main.fraction else (1, "%{y:.4f}")
+        p.add(dict(type="scatter", x=x, y=y * scale, mode="lines+markers", name=main.label,
+                   line=dict(color="#d62728"),
+                   hovertemplate=f"step %{{x}}<br>{hover}<extra>{main.label}</extra>"),
+              secondary=main.fraction)
     p.note = "" if p.traces else "no finished steps yet"
     return p
 

@@ -19,8 +19,9 @@ from typing import Any, Callable, Iterable, Sequence
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
-from workbench.config import knob_info
+from workbench.config import STREAMING_METHODS, knob_info
 from workbench.telemetry.advice import next_knob
+from workbench.telemetry.evals import eval_rows
 from workbench.telemetry.record import RunRecord
 from workbench.telemetry.steady import STEADY_NOTE
 from workbench.telemetry.verdict import verdict
@@ -39,8 +40,7 @@ SUMMARY_ROWS: list[tuple[str, Callable[[dict[str, Any]], Any], str | None]] = [
     ("H2D per step (MB)", lambda m: m["bytes_h2d"] / MB, "{:,.2f}"),
     ("D2H per step (MB)", lambda m: m["bytes_d2h"] / MB, "{:,.2f}"),
     ("final loss", lambda m: m["final_loss"], "{:.4f}"),
-    ("dev accuracy start", lambda m: m["eval_accuracy_start"], "{:.3f}"),
-    ("dev accuracy end", lambda m: m["eval_accuracy"], "{:.3f}"),
+    # here: the dev metrics the runs recorded, start and end (``summary_rows``)
     ("param_digest", lambda m: m["param_digest"] or None, None),
 ]
 RATIO_ROWS = ("tokens/s (steady)", "peak GPU memory (MB)")
@@ -109,8 +109,10 @@ def write_report(runs: Sequence[str | Path | RunRecord], path: str | Path,
         parts.append(f"<h2 id='run-{i}'>{html.escape(label)}</h2>")
         parts.append(why_html([rec], labels=False))
         metrics = summary_metrics(rec)
-        parts.append(_table(["metric", "value"],
-                            [[lbl, _fmt(get(metrics), fmt)] for lbl, get, fmt in SUMMARY_ROWS]))
+        if stream_note(rec):
+            parts.append(f"<p><b>{html.escape(stream_note(rec))}</b></p>")
+        parts.append(_table(["metric", "value"], [[lbl, _fmt(get(metrics), fmt)]
+                                                  for lbl, get, fmt in summary_rows([rec])]))
         parts.append(_figure_html(figures.dashboard_figure(rec)))
         parts.append("<div class=tables><div><h3>config</h3>" + config_table_html(rec)
                      + "</div><div><h3>environment</h3>"
@@ -127,12 +129,22 @@ def write_report(runs: Sequence[str | Path | RunRecord], path: str | Path,
     return path
 
 
+def summary_rows(recs: Sequence[RunRecord]) -> list[tuple[str, Callable, str | None]]:
+    """``SUMMARY_ROWS`` with, after the final loss, the start and end of each dev metric some
+    run of ``recs`` recorded (classify: accuracy, loss; completion: loss, perplexity, exact
+    match, token F1; lm: loss, perplexity)."""
+    dev = [(label, lambda m, k=key, w=when: m["dev"][w].get(k), fmt)
+           for label, key, when, fmt in eval_rows(recs)]
+    at = [label for label, _, _ in SUMMARY_ROWS].index("final loss") + 1
+    return SUMMARY_ROWS[:at] + dev + SUMMARY_ROWS[at:]
+
+
 def summary_table_html(recs: Sequence[RunRecord]) -> str:
     """Runs side by side (one column per run), with ratios to the first for tokens/s and peak
     GPU memory; digests shortened to their first ``DIGEST_CHARS`` hex digits."""
     metrics = [summary_metrics(r) for r in recs]
     rows = []
-    for label, get, fmt in SUMMARY_ROWS:
+    for label, get, fmt in summary_rows(recs):
         cells, base = [label], get(metrics[0])
         for i, m in enumerate(metrics):
             v = get(m)
@@ -154,6 +166,23 @@ def why_html(recs: Sequence[RunRecord], labels: bool = True) -> str:
         items.append(f"<li>{who}<b>{html.escape(verdict(rec).text)}</b> · next knob: "
                      f"{html.escape(next_knob(rec).text)}</li>")
     return f"<ul class=why>{''.join(items)}</ul>"
+
+
+def stream_note(rec: RunRecord) -> str:
+    """How an adapter run's frozen base moved, from its record ('' for other runs): a streamed
+    method with ``peft=lora`` sends the base host -> GPU only; the bytes are the ones counted."""
+    cfg = rec.config
+    if cfg.get("peft") != "lora" or cfg.get("method") not in STREAMING_METHODS:
+        return ""
+    m = summary_metrics(rec)
+    up, down = m["bytes_h2d"], m["bytes_d2h"]
+    codec = cfg.get("base_codec", "fp32")
+    if _finite(down) and down > 0:  # never expected: say what was counted, claim nothing
+        return f"adapter run with base_codec {codec}: {down / MB:,.2f} MB per step went D2H"
+    moved = f", {up / MB:,.2f} MB up per step, none down" if _finite(up) else ""
+    base = f"; base_digest {rec.base_digest}" if rec.base_digest else ""
+    return (f"frozen stream: H2D only (base_codec {codec}{moved}; adapters stay on the "
+            f"device){base}")
 
 
 def digest_note(recs: Sequence[RunRecord]) -> str:

@@ -1,0 +1,152 @@
+"""The largest models on one GPU, through the real CLI (issue 21, parts 1 and 2).
+
+Each row is ``python -m workbench run --set ... --out DIR`` (the command a user types), its
+process tree watched from outside every 0.5 s: peak host RSS / PSS (psutil) and peak GPU memory
+as NVML sees it (the whole device, so run it on an otherwise idle GPU). Read back from the run's
+own run.json: steady tokens/s and median step, torch peak, bytes per step, build seconds. Beside
+each row, the planner's prediction for the same settings (``workbench plan --json``, this
+machine's calibration) and the step's transfer bound (bytes per step / pinned PCIe rate, both
+directions at once when blocks also go down; one way for a frozen stream).
+
+    python benchmarks/scale.py --rows opt-66b-full        # one GPU of the 2-GPU machine
+    python benchmarks/scale.py --rows opt-175b-lora-fp8 --gpu-index 0
+    python benchmarks/scale.py --rows tiny --device cpu   # plumbing (no GPU figures)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from common import pcie_bandwidth, save, table, watch_tree  # first: this checkout on sys.path
+
+ROOT = Path(__file__).resolve().parent.parent
+CAP = {"gpu_mem_limit_gb": "24", "device": "cuda"}
+FULL = {"method": "zo-offload", "amp": "bf16", "codec": "bf16", "master": "compressed-sr",
+        "data": "synthetic", "batch_size": "8", "seq_len": "128", "sample_hz": "0"}
+LORA = {**FULL, "peft": "lora", "codec": "fp32", "master": "fp32"}
+#: row name -> settings (strings, as --set takes them)
+ROWS = {"opt-66b-full": {**FULL, **CAP, "model": "opt-66b", "steps": "13"},
+        "opt-175b-lora-fp8": {**LORA, **CAP, "model": "opt-175b", "base_codec": "fp8-e4m3",
+                              "steps": "7"},
+        "opt-175b-lora-int8": {**LORA, **CAP, "model": "opt-175b", "base_codec": "int8",
+                               "steps": "7"},
+        "tiny": {**FULL, "model": "tiny-opt", "device": "cpu", "amp": "off", "codec": "fp32",
+                 "master": "fp32", "steps": "4", "batch_size": "2", "seq_len": "16"}}
+
+
+def _sets(settings: dict) -> list[str]:
+    return [x for k, v in settings.items() for x in ("--set", f"{k}={v}")]
+
+
+def plan_for(settings: dict) -> dict:
+    """The planner's JSON for ``settings`` (a separate process: this one holds no model)."""
+    r = subprocess.run([sys.executable, "-m", "workbench", "plan", *_sets(settings), "--json"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=600)
+    if r.returncode != 0:
+        return {"error": (r.stderr or r.stdout).strip().splitlines()[-1:]}
+    return json.loads(r.stdout)
+
+
+def run_row(name: str, settings: dict, out: Path, gpu_index: int | None) -> dict:
+    cmd = [sys.executable, "-m", "workbench", "run", *_sets(settings), "--out", str(out),
+           "--quiet"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    t = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=ROOT)
+    peak = {"rss": 0, "pss": 0, "nvml": 0}
+    watcher = threading.Thread(target=watch_tree, args=(proc, peak, gpu_index), daemon=True)
+    watcher.start()
+    stdout, stderr = proc.communicate()
+    watcher.join()
+    row = {"name": name, "settings": settings, "wall_seconds": time.perf_counter() - t,
+           "host_rss_gb": peak["rss"] / 1e9, "host_pss_gb": peak["pss"] / 1e9,
+           "nvml_peak_gb": peak["nvml"] / 1e9 if gpu_index is not None else None,
+           "nvml_error": peak.get("nvml_error"), "stdout_tail": stdout[-1500:]}
+    record = out / "run.json"
+    if not record.exists():
+        return {**row, "error": f"exit {proc.returncode}, no run.json: {stderr[-1500:]}"}
+    rec = json.loads(record.read_text())
+    s = rec["summary"]
+    steps = rec["steps"]
+    row.update(status=rec.get("status"), tokens_per_s=s.get("tokens_per_s"),
+               step_seconds=s.get("step_seconds"), warmup_steps=s.get("warmup_steps"),
+               steady_steps=len(steps) - (s.get("warmup_steps") or 0),
+               torch_peak_gb=s.get("peak_gpu_mem_bytes", 0) / 1e9,
+               h2d_gb_step=(steps[-1].get("bytes_h2d") or 0) / 1e9 if steps else None,
+               d2h_gb_step=(steps[-1].get("bytes_d2h") or 0) / 1e9 if steps else None,
+               build_seconds=rec["info"].get("build_seconds"),
+               step_seconds_all=[round(x["seconds"], 4) for x in steps],
+               param_digest=rec.get("param_digest"), base_digest=rec.get("base_digest"))
+    if proc.returncode != 0 or rec.get("status") != "done":
+        row["error"] = f"exit {proc.returncode}, status {rec.get('status')}: {stderr[-800:]}"
+    return row
+
+
+def add_bound_and_plan(row: dict, bw: dict | None, plan: dict) -> None:
+    """Transfer bound of the measured bytes and the planner's figures beside the row."""
+    if bw and row.get("h2d_gb_step") is not None:
+        up, down = row["h2d_gb_step"] * 1e9, row["d2h_gb_step"] * 1e9
+        rate = bw["both_per_direction"] if down else bw["h2d"]
+        row["bound_s"] = max(up, down) / rate
+        row["vs_bound"] = row["step_seconds"] / row["bound_s"] if row.get("step_seconds") else None
+    row["plan"] = plan
+    if "error" not in plan:
+        row["plan_step_s"] = plan["step_seconds"]
+        row["plan_torch_gb"] = plan["peak_gpu_mem_bytes"] / 1e9
+        row["plan_nvml_gb"] = plan["nvml_gpu_mem_bytes"] / 1e9
+        row["plan_host_gb"] = plan["host_mem_bytes"] / 1e9
+        row["plan_fits"] = {"gpu": plan["fits_gpu"], "host": plan["fits_host"]}
+
+COLS = [("row", "name", ""), ("status", "status", ""), ("tok/s", "tokens_per_s", "{:,.0f}"),
+        ("step s", "step_seconds", "{:.3f}"), ("plan s", "plan_step_s", "{:.3f}"),
+        ("bound s", "bound_s", "{:.3f}"), ("step/bound", "vs_bound", "{:.2f}"),
+        ("torch GB", "torch_peak_gb", "{:.2f}"), ("plan GB", "plan_torch_gb", "{:.2f}"),
+        ("NVML GB", "nvml_peak_gb", "{:.2f}"), ("plan NVML", "plan_nvml_gb", "{:.2f}"), ("host RSS GB", "host_rss_gb", "{:.1f}"),
+        ("plan host GB", "plan_host_gb", "{:.1f}"), ("build s", "build_seconds", "{:.0f}"),
+        ("steady", "steady_steps", "{}"), ("error", "error", "")]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", default="opt-66b-full", help=f"comma list of {', '.join(ROWS)}")
+    p.add_argument("--gpu-index", type=int, default=0, help="the GPU NVML watches")
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    p.add_argument("--name", default="scale")
+    args = p.parse_args()
+    names = args.rows.split(",")
+    unknown = [n for n in names if n not in ROWS]
+    if unknown:
+        sys.exit(f"--rows: {', '.join(unknown)} not one of {', '.join(ROWS)}")
+    cuda = args.device == "cuda"
+    bw = pcie_bandwidth() if cuda else None
+    if bw:
+        import torch
+        torch.cuda.empty_cache()  # the probe's buffers go before the runs start
+        print(f"PCIe pinned: H2D {bw['h2d'] / 1e9:.1f} GB/s, both {bw['both_per_direction'] / 1e9:.1f}"
+              " GB/s per direction", flush=True)
+    rows = []
+    for name in names:
+        settings = ROWS[name] if cuda else {**ROWS[name], "device": "cpu"}
+        plan = plan_for(settings)
+        with tempfile.TemporaryDirectory() as tmp:
+            row = run_row(name, settings, Path(tmp) / "run", args.gpu_index if cuda else None)
+        add_bound_and_plan(row, bw, plan)
+        rows.append(row)
+        print(table([row], COLS), flush=True)
+    print("\n" + table(rows, COLS))
+    print("GB = 10^9 B; NVML: the device's used memory (all processes); host: the run's process "
+          "tree; bound: bytes per step / pinned PCIe (both directions at once when blocks go down)")
+    path = save(args.name, {"rows": rows, "pcie": bw, "args": vars(args)})
+    print(f"saved {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""benchmarks/fo_offload.py: its phase times and target checks from known inputs, and a CPU
+plumbing run through its command line (rows in fresh processes, torchao skipped without CUDA)."""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from workbench.engine.events import OpEvent
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "fo_offload.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("fo_offload_bench", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_phases_are_busy_unions_sums_and_medians(bench):
+    ev = lambda op, s, a, b, nbytes=0: OpEvent(op, "x", s, 0, nbytes, a, b)  # noqa: E731
+    events = []
+    for s, k in ((1, 1.0), (2, 2.0), (3, 3.0)):  # step s scaled by k: the median is step 2
+        events += [ev("backward", s, 0.0, 1.0 * k),
+                   ev("grad-d2h", s, 0.5 * k, 1.5 * k, 100), ev("grad-d2h", s, 1.0 * k,
+                                                                 2.0 * k, 100),
+                   ev("cpu-update", s, 0.8 * k, 1.0 * k), ev("cpu-update", s, 1.2 * k, 1.6 * k),
+                   ev("gpu-wait", s, 2.0 * k, 2.1 * k)]
+    ph = bench.phases(events, [1, 2, 3])
+    assert ph["backward_s"] == pytest.approx(2.0)
+    assert ph["optimizer_step_s"] == 0.0
+    events.append(ev("optimizer-step", 2, 3.0, 3.5))
+    assert bench.phases(events, [2])["optimizer_step_s"] == pytest.approx(0.5)
+    # The engine's phases: D2H busy is the union (1.5 k), not the sum (2 k).
+    assert bench._busy([e for e in events if e.step == 2], "grad-d2h") == pytest.approx(3.0)
+    assert bench._rate([e for e in events if e.step == 2], "grad-d2h") == pytest.approx(200 / 3)
+    assert bench._lead([e for e in events if e.step == 2]) == pytest.approx(1.6 - 2.0)
+
+
+def test_summary_checks_the_targets_against_the_torchao_rows(bench):
+    split = {"cpu": 0.5, "gpu": 0.5, "resident": 0.0}
+    base = {"fp32_master": True, "split": split, "phases": {}}
+    rows = [
+        {"row": "torchao-fp32", "iteration_s": 1.5, "peak_gpu_bytes": 40e9, "fp32_master": True},
+        {"row": "torchao-bf16", "iteration_s": 1.1, "peak_gpu_bytes": 18e9, "fp32_master": False},
+        {"row": "static", "iteration_s": 1.2, "peak_gpu_bytes": 30e9, **base,
+         "update_s_predicted": 1.0, "update_s_measured": 1.0, "prediction_error": 0.0},
+        {"row": "auto", "iteration_s": 1.0, "peak_gpu_bytes": 19e9, **base,
+         "update_s_predicted": 0.9, "update_s_measured": 1.0, "prediction_error": -0.1},
+        {"row": "all-cpu", "error": "out of memory"},
+    ]
+    lines = {x["row"]: x for x in bench.summarise(rows)}
+    auto = lines["auto"]
+    assert auto["x_fp32"] == pytest.approx(1.5) and auto["x_bf16"] == pytest.approx(1.1)
+    assert auto["mem_x_fp32"] == pytest.approx(19 / 40)
+    assert auto["targets"] == "met met met met"
+    assert lines["static"]["targets"] == "met"  # its prediction only
+    assert lines["all-cpu"]["error"] == "out of memory"
+    rows[3] = {**rows[3], "iteration_s": 1.15, "prediction_error": 0.2}  # < 1x torchao-bf16
+    auto = {x["row"]: x for x in bench.summarise(rows)}["auto"]
+    assert auto["targets"] == "met missed met missed"
+
+
+def test_unknown_rows_are_refused_in_one_line():
+    out = subprocess.run([sys.executable, str(SCRIPT), "--rows", "auto,bogus,stride:0"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2
+    assert "--rows: bogus, stride:0 not among" in out.stderr
+
+
+def test_cpu_plumbing_run_prints_the_table_and_skips_torchao():
+    out = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--model", "tiny-opt",
+                          "--steps", "1", "--subgroup", "20000", "--threads", "1",
+                          "--rows", "all-cpu,torchao-bf16"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    text = out.stdout
+    assert "torchao-bf16 ...\n  needs CUDA" in text
+    line = next(x for x in text.splitlines() if x.strip().startswith("all-cpu") and "yes" in x)
+    assert float(line.split()[1]) > 0  # the iteration seconds
+    assert "saved nothing (a CPU plumbing run)" in text
