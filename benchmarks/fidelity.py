@@ -205,6 +205,8 @@ def main() -> None:
     p.add_argument("--completion-lr", type=float, default=3e-5)
     p.add_argument("--completion-steps", type=int, default=60)
     p.add_argument("--report", nargs="*", help="saved JSON files to combine (nothing is run)")
+    p.add_argument("--name", default="", help="results file stem (default fidelity-<suites>); "
+                   "lets several invocations run side by side on one GPU")
     args = p.parse_args()
     if args.report:
         return report(args.report)
@@ -222,7 +224,7 @@ def main() -> None:
             out[name] = fn(args)
     if "lora" in out and "zo" in out:
         print("\n== closing note\n" + "\n".join(lora_notes(out["lora"], out["zo"])))
-    path = save("fidelity-" + "-".join(suites), out)
+    path = save(args.name or "fidelity-" + "-".join(suites), out)
     print(f"saved {path}")
 
 

@@ -7,6 +7,8 @@ with the tokenizer, which later runs load in a second. The package is located, n
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from importlib import metadata
 from pathlib import Path
 
@@ -47,8 +49,10 @@ def smollm2_folder() -> Path:
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                                  dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    tmp = out.with_name(out.name + ".partial")
-    tmp.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Each process converts into its own folder: several runs started at once on an empty
+    # cache (a grid of runs side by side on one GPU) must not write into one another's files.
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".partial-", dir=out.parent))
     # A GGUF-loaded model counts as quantized and refuses save_pretrained; its tensors are
     # already dequantized to fp32, so write them and a config without the quantization entry.
     config = model.config
@@ -60,5 +64,17 @@ def smollm2_folder() -> Path:
         state.pop("lm_head.weight", None)  # tied: stored once, as the embedding
     save_file(state, str(tmp / "model.safetensors"))
     tokenizer.save_pretrained(tmp)
-    tmp.replace(out)  # complete folders only: a crash mid-way leaves .partial behind
+    return publish(tmp, out)
+
+
+def publish(tmp: Path, out: Path) -> Path:
+    """Move the complete folder ``tmp`` to ``out`` (a rename: readers only ever see complete
+    folders; a crash mid-way leaves a ``.partial-*`` folder behind). If another process
+    published ``out`` first, its copy is kept and ``tmp`` dropped: both hold the same files."""
+    try:
+        tmp.rename(out)
+    except OSError:
+        if not (out / "config.json").is_file():
+            raise  # not the race: a real failure (permissions, a full disk)
+        shutil.rmtree(tmp, ignore_errors=True)
     return out

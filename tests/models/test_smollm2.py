@@ -1,0 +1,35 @@
+"""The SmolLM2 cache folder is published whole, once, even when several runs convert at once."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from workbench.models.smollm2 import publish
+
+
+def folder(path: Path, text: str) -> Path:
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(text)
+    return path
+
+
+def test_publish_moves_the_complete_folder(tmp_path):
+    out = publish(folder(tmp_path / "m.partial-1", "mine"), tmp_path / "m")
+    assert (out / "config.json").read_text() == "mine"
+    assert [p.name for p in tmp_path.iterdir()] == ["m"]
+
+
+def test_a_second_converter_keeps_the_first_copy_and_drops_its_own(tmp_path):
+    first = publish(folder(tmp_path / "m.partial-1", "first"), tmp_path / "m")
+    second = publish(folder(tmp_path / "m.partial-2", "second"), tmp_path / "m")
+    assert first == second and (second / "config.json").read_text() == "first"
+    assert [p.name for p in tmp_path.iterdir()] == ["m"]
+
+
+def test_an_incomplete_target_is_an_error_not_a_silent_keep(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "junk").write_text("x")
+    with pytest.raises(OSError):
+        publish(folder(tmp_path / "m.partial-1", "mine"), tmp_path / "m")
+    assert (tmp_path / "m.partial-1" / "config.json").is_file()  # nothing lost
