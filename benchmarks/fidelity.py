@@ -90,11 +90,12 @@ def run_fo(args) -> dict:
 def run_zo(args) -> dict:
     lr, grid = tune(args, "mezo", args.zo_grid)
     out = {"grid": grid}
-    for method in ("mezo", "zo-offload"):
+    for method in args.zo_methods:
         out[method] = one(args, method, lr, args.zo_steps, args.eval_every, f"{method} lr={lr:g}")
-    same = out["mezo"]["curve"]["accuracy"] == out["zo-offload"]["curve"]["accuracy"]
-    out["zo_offload_curve_equals_mezo"] = same
-    print(f"zo-offload's accuracy curve equals mezo's: {same}")
+    if len(args.zo_methods) == 2:
+        same = out["mezo"]["curve"]["accuracy"] == out["zo-offload"]["curve"]["accuracy"]
+        out["zo_offload_curve_equals_mezo"] = same
+        print(f"zo-offload's accuracy curve equals mezo's: {same}")
     return out
 
 
@@ -106,9 +107,11 @@ def run_lora(args) -> dict:
     and steps for each base codec (end-of-run dev accuracy)."""
     kw = dict(peft="lora", eps=args.lora_eps)
     lr, grid = tune(args, "mezo", args.lora_grid, "mezo+lora", **kw)
-    out = {"grid": grid, "mezo+lora": one(args, "mezo", lr, args.lora_steps, args.eval_every,
-                                          f"mezo+lora lr={lr:g}", **kw)}
-    for codec in LORA_CODECS:
+    out: dict = {"grid": grid}
+    if not args.lora_codecs_only:
+        out["mezo+lora"] = one(args, "mezo", lr, args.lora_steps, args.eval_every,
+                               f"mezo+lora lr={lr:g}", **kw)
+    for codec in args.lora_codecs:
         out[f"zo-offload+lora {codec}"] = one(args, "zo-offload", lr, args.lora_steps, 0,
                                               f"zo-offload+lora {codec} lr={lr:g}",
                                               base_codec=codec, **kw)
@@ -120,9 +123,9 @@ def run_lora(args) -> dict:
 def lora_notes(lora: dict, zo: dict | None) -> list[str]:
     """The closing comparisons: ZO-LoRA against full-parameter ZO at the same step (target
     within 3 points), each compressed base against the bf16 one (target within 1 point)."""
-    lines, long = [], lora["mezo+lora"]
-    steps, acc = long["curve"]["step"][-1], long["curve"]["accuracy"][-1]
-    if zo is not None and "mezo" in zo:
+    lines, long = [], lora.get("mezo+lora")
+    if long is not None and zo is not None and "mezo" in zo:
+        steps, acc = long["curve"]["step"][-1], long["curve"]["accuracy"][-1]
         c = zo["mezo"]["curve"]
         if steps in c["step"]:
             full = c["accuracy"][c["step"].index(steps)]
@@ -160,9 +163,11 @@ def run_completion(args) -> dict:
 
 def report(paths: list[str]) -> None:
     """One table from saved suites: zero-shot, each method's long run, and their curves."""
-    data = {}
-    for p in paths:
-        data.update({k: v for k, v in json.loads(open(p).read()).items() if isinstance(v, dict)})
+    data: dict = {}
+    for p in paths:  # suites split over several files (runs side by side) merge per suite
+        for k, v in json.loads(open(p).read()).items():
+            if isinstance(v, dict):
+                data.setdefault(k, {}).update(v)
     runs = [data[k][m] for k in ("fo", "zo", "lora") if k in data
             for m in ("fo", "mezo", "zo-offload", "mezo+lora",
                       *(f"zo-offload+lora {c}" for c in LORA_CODECS)) if m in data[k]]
@@ -199,9 +204,15 @@ def main() -> None:
     p.add_argument("--fo-steps", type=int, default=500)
     p.add_argument("--zo-grid", default="1e-5,3e-5,1e-4")
     p.add_argument("--zo-steps", type=int, default=2000)
+    p.add_argument("--zo-methods", default="mezo,zo-offload", choices=("mezo,zo-offload", "mezo"),
+                   help="'mezo' alone for a longer curve (zo-offload's equals it, step for step)")
     p.add_argument("--lora-grid", default="3e-4,1e-3,3e-3,1e-2")
     p.add_argument("--lora-eps", type=float, default=1e-2, help="(MeZO's LoRA setting)")
     p.add_argument("--lora-steps", type=int, default=600)
+    p.add_argument("--lora-codecs", default=",".join(LORA_CODECS),
+                   help="zo-offload + lora base codecs to run at the chosen lr ('' for none)")
+    p.add_argument("--lora-codecs-only", action="store_true",
+                   help="skip the mezo+lora long run (it runs in another invocation)")
     p.add_argument("--completion-lr", type=float, default=3e-5)
     p.add_argument("--completion-steps", type=int, default=60)
     p.add_argument("--report", nargs="*", help="saved JSON files to combine (nothing is run)")
@@ -213,6 +224,11 @@ def main() -> None:
     args.fo_grid = [float(x) for x in args.fo_grid.split(",")]
     args.zo_grid = [float(x) for x in args.zo_grid.split(",")]
     args.lora_grid = [float(x) for x in args.lora_grid.split(",")]
+    args.zo_methods = args.zo_methods.split(",")
+    args.lora_codecs = [c for c in args.lora_codecs.split(",") if c]
+    bad = set(args.lora_codecs) - set(LORA_CODECS)
+    if bad:
+        p.error(f"--lora-codecs: {', '.join(sorted(bad))} is not one of {', '.join(LORA_CODECS)}")
     suites = args.suite.split(",")
     unknown = set(suites) - {"fo", "zo", "lora", "completion"}
     if unknown:
