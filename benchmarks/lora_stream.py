@@ -69,6 +69,25 @@ COLS = [("model", "model", ""), ("shape", "shape", ""), ("row", "kind", ""),
         ("step/bound", "vs_bound", "{:.3f}"), ("targets", "targets", ""), ("error", "error", "")]
 
 
+def report(paths: list[str]) -> None:
+    """One table from the runs of saved files, each file's (model, shape) against its own
+    mezo+lora row and PCIe rate."""
+    import json
+
+    from common import table
+
+    lines = []
+    for path in paths:
+        saved = json.loads(open(path).read())
+        groups: dict = {}
+        for r in saved["runs"]:
+            groups.setdefault((r["model"], r["shape"]), {})[r["kind"]] = r
+        for (model, shape), rows in groups.items():
+            h2d = (saved.get("pcie") or {}).get("h2d")
+            lines += [{"model": model, "shape": shape, **x} for x in summarise(rows, h2d)]
+    print(table(lines, COLS))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="opt-6.7b,opt-13b")
@@ -77,7 +96,11 @@ def main() -> None:
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--timeout", type=float, default=400.0, help="seconds per row")
     p.add_argument("--name", default="lora-stream")
+    p.add_argument("--report", nargs="*", help="saved JSON files: one table from their runs "
+                   "(rows cut short by a timeout included; nothing is run)")
     args = p.parse_args()
+    if args.report:
+        return report(args.report)
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
 
     from common import save, table
