@@ -69,13 +69,17 @@ COLS = [("model", "model", ""), ("shape", "shape", ""), ("row", "kind", ""),
         ("step/bound", "vs_bound", "{:.3f}"), ("targets", "targets", ""), ("error", "error", "")]
 
 
-def report(paths: list[str]) -> None:
+def report(paths: list[str], calibration_path: str | None = None) -> None:
     """One table from the runs of saved files, each file's (model, shape) against its own
-    mezo+lora row and PCIe rate."""
+    mezo+lora row and PCIe rate; with a calibration, the planner's predictions over the
+    measurements."""
     import json
 
     from common import table
 
+    calibration = None
+    if calibration_path:  # a calibration of the same machine (planner_check saves one)
+        calibration = json.loads(open(calibration_path).read())["calibration"]
     lines = []
     for path in paths:
         saved = json.loads(open(path).read())
@@ -84,8 +88,29 @@ def report(paths: list[str]) -> None:
             groups.setdefault((r["model"], r["shape"]), {})[r["kind"]] = r
         for (model, shape), rows in groups.items():
             h2d = (saved.get("pcie") or {}).get("h2d")
-            lines += [{"model": model, "shape": shape, **x} for x in summarise(rows, h2d)]
-    print(table(lines, COLS))
+            found = [{"model": model, "shape": shape, **x} for x in summarise(rows, h2d)]
+            if calibration:
+                for line in found:
+                    line.update(predicted(rows[line["kind"]], calibration))
+            lines += found
+    cols = COLS[:-2] + PLAN_COLS if calibration else COLS
+    print(table(lines, cols))
+
+
+PLAN_COLS = [("plan mem x", "plan_mem", "{:.3f}"), ("plan time x", "plan_time", "{:.3f}")]
+
+
+def predicted(run: dict, calibration: dict) -> dict:
+    """The planner's peak memory and step time for a measured run, over the measurement."""
+    from workbench.config import RunConfig
+    from workbench.planner import plan
+
+    if "error" in run:
+        return {}
+    cfg = {k: v for k, v in run["full_config"].items() if k not in ("steps", "lr")}
+    p = plan(RunConfig(**cfg), calibration=calibration).to_dict()
+    return {"plan_mem": p["peak_gpu_mem_bytes"] / run["peak_gpu_mem_bytes"],
+            "plan_time": p["step_seconds"] / run["step_seconds"]}
 
 
 def main() -> None:
@@ -98,9 +123,11 @@ def main() -> None:
     p.add_argument("--name", default="lora-stream")
     p.add_argument("--report", nargs="*", help="saved JSON files: one table from their runs "
                    "(rows cut short by a timeout included; nothing is run)")
+    p.add_argument("--calibration", help="with --report: a JSON with this machine's "
+                   "'calibration' (planner_check's results): adds the planner's predictions")
     args = p.parse_args()
     if args.report:
-        return report(args.report)
+        return report(args.report, args.calibration)
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
 
     from common import save, table
