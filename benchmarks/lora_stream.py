@@ -44,7 +44,7 @@ def summarise(rows: dict[str, dict], h2d: float | None) -> list[dict]:
         line = {"kind": kind, "tps": r.get("tokens_per_s"), "peak_gb": r.get("peak_gpu_mem_gb"),
                 "step_s": r.get("step_seconds"), "h2d_gb": (r.get("bytes_h2d") or 0) / 1e9,
                 "d2h_gb": (r.get("bytes_d2h") or 0) / 1e9, "error": r.get("error")}
-        if not line["error"] and not ref.get("error") and kind != "mezo+lora":
+        if not line["error"] and ref and not ref.get("error") and kind != "mezo+lora":
             line["tps_ratio"] = r["tokens_per_s"] / ref["tokens_per_s"]
             line["mem_ratio"] = (r["peak_gpu_mem_bytes"] / ref["peak_gpu_mem_bytes"]
                                  if ref.get("peak_gpu_mem_bytes") else None)  # CPU: no GPU peak
@@ -70,8 +70,9 @@ COLS = [("model", "model", ""), ("shape", "shape", ""), ("row", "kind", ""),
 
 
 def report(paths: list[str], calibration_path: str | None = None) -> None:
-    """One table from the runs of saved files, each file's (model, shape) against its own
-    mezo+lora row and PCIe rate; with a calibration, the planner's predictions over the
+    """One table from the runs of saved files, each (model, shape) against its mezo+lora row
+    (rows of one shape may come from several files, e.g. one re-run with --kinds) and the PCIe
+    rate of the first file holding it; with a calibration, the planner's predictions over the
     measurements."""
     import json
 
@@ -80,19 +81,21 @@ def report(paths: list[str], calibration_path: str | None = None) -> None:
     calibration = None
     if calibration_path:  # a calibration of the same machine (planner_check saves one)
         calibration = json.loads(open(calibration_path).read())["calibration"]
-    lines = []
+    groups: dict = {}  # (model, shape) -> kind -> run; rows of one shape may span files
+    rates: dict = {}  # (model, shape) -> the first file's pinned H2D rate for that shape
     for path in paths:
         saved = json.loads(open(path).read())
-        groups: dict = {}
         for r in saved["runs"]:
-            groups.setdefault((r["model"], r["shape"]), {})[r["kind"]] = r
-        for (model, shape), rows in groups.items():
-            h2d = (saved.get("pcie") or {}).get("h2d")
-            found = [{"model": model, "shape": shape, **x} for x in summarise(rows, h2d)]
-            if calibration:
-                for line in found:
-                    line.update(predicted(rows[line["kind"]], calibration))
-            lines += found
+            key = (r["model"], r["shape"])
+            groups.setdefault(key, {})[r["kind"]] = r
+            rates.setdefault(key, (saved.get("pcie") or {}).get("h2d"))
+    lines = []
+    for (model, shape), rows in groups.items():
+        found = [{"model": model, "shape": shape, **x} for x in summarise(rows, rates[model, shape])]
+        if calibration:
+            for line in found:
+                line.update(predicted(rows[line["kind"]], calibration))
+        lines += found
     cols = COLS[:-2] + PLAN_COLS if calibration else COLS
     print(table(lines, cols))
 
@@ -120,6 +123,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=8, help="steps per run (warm-up left out)")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--timeout", type=float, default=400.0, help="seconds per row")
+    p.add_argument("--kinds", default="", help="only these rows (comma list of mezo+lora, "
+                   "lora bf16, lora fp8-e4m3, lora int8, full; default all); --report merges")
     p.add_argument("--name", default="lora-stream")
     p.add_argument("--report", nargs="*", help="saved JSON files: one table from their runs "
                    "(rows cut short by a timeout included; nothing is run)")
@@ -146,6 +151,8 @@ def main() -> None:
         for b, t in shapes:
             rows = {}
             for spec in specs_for(model, b, t, args):
+                if args.kinds and spec["kind"] not in args.kinds.split(","):
+                    continue
                 r = run_fresh(spec, args.timeout)
                 r.update(kind=spec["kind"], model=model, shape=f"{b}x{t}",
                          full_config=spec["config"])

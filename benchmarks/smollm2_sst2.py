@@ -20,6 +20,7 @@ import torch
 from common import save, table
 
 from workbench.config import RunConfig
+from workbench.recipes.signals import graceful_stop
 from workbench.recipes.train import TrainRecipe
 
 
@@ -30,13 +31,15 @@ def train_run(cfg: RunConfig, name: str, keep_weights: bool = False) -> dict:
     t = time.perf_counter()
     try:
         recipe.setup()
-        recipe.train()
+        with graceful_stop(recipe):  # `timeout`'s SIGTERM ends the run after a step, recorded
+            recipe.train()
         rec = recipe.save()
         flats = ([f.detach().cpu().clone() for f in recipe.engine.state_flats()]
                  if keep_weights else None)
     finally:
         recipe.cleanup()
     out = {"name": name, "wall_seconds": time.perf_counter() - t, **rec.summary,
+           "status": rec.status,
            "lr": cfg.lr, "method": cfg.method, "codec": cfg.codec, "master": cfg.master,
            "losses": [s["loss"] for s in rec.steps],
            "step_end_s": [s["end"] for s in rec.steps],

@@ -51,6 +51,26 @@ def test_fp8_scales_handle_tiny_and_huge(name):
     assert torch.allclose(out, x, rtol=0.13, atol=0)  # small values not flushed to zero
 
 
+@pytest.mark.parametrize("name", ["fp8-e4m3", "fp8-e5m2"])
+def test_fp8_encode_in_pieces_gives_the_same_bytes(name, monkeypatch):
+    """A large group is encoded a piece at a time (bounded temporaries): the bytes equal an
+    encode of the whole, whose per-chunk scales are computed here independently."""
+    from workbench.engine import codecs
+
+    codec = get_codec(name)
+    x = _weights(10_007) * torch.linspace(0.1, 10.0, 10_007)  # scales differ chunk to chunk
+    whole = codec.empty(x.numel(), "cpu")
+    codec.encode(x, whole)
+    monkeypatch.setattr(codecs, "ENCODE_PIECE", 4 * CHUNK)  # 10 pieces, the last one ragged
+    pieces = codec.empty(x.numel(), "cpu")
+    codec.encode(x, pieces)
+    (v1, s1), (v2, scales) = codec.views(pieces, x.numel()), codec.views(whole, x.numel())
+    assert torch.equal(v1.view(torch.uint8), v2.view(torch.uint8)) and torch.equal(s1, scales)
+    padded = torch.cat([x, x.new_zeros(-x.numel() % CHUNK)]).view(-1, CHUNK)
+    fmax = torch.finfo(torch.float8_e4m3fn if name == "fp8-e4m3" else torch.float8_e5m2).max
+    assert torch.equal(scales, padded.abs().amax(1) / fmax)
+
+
 @pytest.mark.parametrize("name, fraction", [("bf16", 0.5), ("fp16", 0.5), ("fp8-e4m3", 0.25),
                                             ("fp8-e5m2", 0.25)])
 def test_encoded_bytes(name, fraction):

@@ -84,3 +84,29 @@ def test_form_computes_what_autocast_computes_from_fp32(model, codec, amp):
     """The reference: the same decoded values in fp32, cast by autocast in each pass."""
     cfg = lora_cfg(model=model, base_codec=codec, amp=amp)
     assert _losses(cfg, as_fp32=False) == _losses(cfg, as_fp32=True)
+
+
+@pytest.mark.parametrize("codec", ["fp8-e4m3", "int8", "bf16", "fp16"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_host_decode_to_fp32_equals_the_form_the_block_computes_with(codec, dtype):
+    """``FrozenTransfer.to_fp32`` (digests, checkpoints: decode in place, round the matrices)
+    gives exactly the values of ``decode_form`` into the device form, read back as fp32."""
+    from workbench.engine.frozen_transfer import FrozenTransfer
+
+    lay = layout([(48, 40), (40, 48), (7, 13), (48,), (40,)])
+    tr = FrozenTransfer(codec, [lay], torch.device("cpu"), None, dtype)
+    host = tr.host_storage(lay)
+    tr.store_fp32(host, weights(lay))
+    form = FrozenForm(lay, dtype)
+    buf = form.empty("cpu")
+    host.codec.decode_form(host.buf, *form.parts(buf))
+    assert torch.equal(tr.to_fp32(host), form.to_fp32(buf))
+
+
+def test_round_in_pieces_covers_the_whole_matrix_prefix():
+    lay = layout([(48, 40), (40, 48), (7, 13), (48,), (40,)])
+    x = weights(lay)
+    y = x.clone()
+    FrozenForm(lay, torch.bfloat16).round_(y, piece=1000)  # 4 pieces, the last one ragged
+    n = lay.n_decay
+    assert torch.equal(y[:n], x[:n].to(torch.bfloat16).float()) and torch.equal(y[n:], x[n:])

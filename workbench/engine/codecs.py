@@ -68,13 +68,21 @@ class Codec:
                 sr_kernels().stochastic_round_into(x, values, sr_seed, SR_KEY)
             else:
                 values.copy_(stochastic_round(x, HALF[self.name], sr_seed))
-        else:
-            dtype, fmax = FP8[self.name]
-            chunks, tail = _chunked(x, n)
-            amax = chunks.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny)
-            scales.copy_(amax / fmax)
-            scaled = (chunks / scales[:, None]).clamp_(-fmax, fmax).reshape(-1)[:n]
-            values.copy_(scaled.to(dtype))
+        else:  # in pieces of whole chunks: each chunk's scale is its own, so the bytes are
+            # the same, and the temporaries stay small (a 175B model's 7 GB block on a capped GPU)
+            step = ENCODE_PIECE
+            for lo in range(0, n, step):
+                hi = min(n, lo + step)
+                self._encode_fp8(x[lo:hi], values[lo:hi], scales[lo // CHUNK:(hi + CHUNK - 1) // CHUNK])
+
+    def _encode_fp8(self, x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor) -> None:
+        """fp32 x (m,) -> fp8 values (m,) and one fp32 scale per CHUNK (the last one padded)."""
+        dtype, fmax = FP8[self.name]
+        chunks, _ = _chunked(x, x.numel())
+        amax = chunks.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny)
+        scales.copy_(amax / fmax)
+        scaled = (chunks / scales[:, None]).clamp_(-fmax, fmax).reshape(-1)[:x.numel()]
+        values.copy_(scaled.to(dtype))
 
     def decode(self, buf: torch.Tensor, out: torch.Tensor) -> None:
         """buf -> fp32 out (n,)."""
@@ -87,6 +95,11 @@ class Codec:
         out[:full].view(-1, CHUNK).copy_(values[:full].view(-1, CHUNK)).mul_(scales[:n // CHUNK, None])
         if full < n:
             out[full:].copy_(values[full:]).mul_(scales[-1])
+
+
+#: elements an fp8 encode handles at once (a multiple of CHUNK): 64 Mi = 256 MiB of fp32, so
+#: its temporaries are about 0.8 GB however large the group
+ENCODE_PIECE = 1 << 26
 
 
 def _chunked(x: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
