@@ -74,20 +74,32 @@ def run_row(name: str, settings: dict, out: Path, gpu_index: int | None) -> dict
     if not record.exists():
         return {**row, "error": f"exit {proc.returncode}, no run.json: {stderr[-1500:]}"}
     rec = json.loads(record.read_text())
-    s = rec["summary"]
-    steps = rec["steps"]
-    row.update(status=rec.get("status"), tokens_per_s=s.get("tokens_per_s"),
-               step_seconds=s.get("step_seconds"), warmup_steps=s.get("warmup_steps"),
-               steady_steps=len(steps) - (s.get("warmup_steps") or 0),
-               torch_peak_gb=s.get("peak_gpu_mem_bytes", 0) / 1e9,
-               h2d_gb_step=(steps[-1].get("bytes_h2d") or 0) / 1e9 if steps else None,
-               d2h_gb_step=(steps[-1].get("bytes_d2h") or 0) / 1e9 if steps else None,
-               build_seconds=rec["info"].get("build_seconds"),
-               step_seconds_all=[round(x["seconds"], 4) for x in steps],
-               param_digest=rec.get("param_digest"), base_digest=rec.get("base_digest"))
+    row.update(from_record(rec))
     if proc.returncode != 0 or rec.get("status") != "done":
         row["error"] = f"exit {proc.returncode}, status {rec.get('status')}: {stderr[-800:]}"
     return row
+
+
+def from_record(rec: dict) -> dict:
+    """A row's figures from a run.json. A run that ended before its summary (stopped during
+    the end-of-run save) is summarised here the way the recipe does: steady steps are those
+    after the warm-up steps the record names, else after the first."""
+    import statistics
+
+    s, steps = rec.get("summary") or {}, rec["steps"]
+    warm = s.get("warmup_steps", 1 if len(steps) > 1 else 0)
+    steady = steps[warm:]
+    median = s.get("step_seconds") or (statistics.median(x["seconds"] for x in steady)
+                                       if steady else None)
+    tokens = s.get("tokens_per_s") or (steady[-1]["tokens"] / median if median else None)
+    peak = s.get("peak_gpu_mem_bytes") or max((x.get("mem_peak") or 0 for x in steps), default=0)
+    return dict(status=rec.get("status"), tokens_per_s=tokens, step_seconds=median,
+                warmup_steps=warm, steady_steps=len(steady), torch_peak_gb=peak / 1e9,
+                h2d_gb_step=(steps[-1].get("bytes_h2d") or 0) / 1e9 if steps else None,
+                d2h_gb_step=(steps[-1].get("bytes_d2h") or 0) / 1e9 if steps else None,
+                build_seconds=rec["info"].get("build_seconds"),
+                step_seconds_all=[round(x["seconds"], 4) for x in steps],
+                param_digest=rec.get("param_digest"), base_digest=rec.get("base_digest"))
 
 
 def add_bound_and_plan(row: dict, bw: dict | None, plan: dict) -> None:
@@ -120,12 +132,19 @@ def main() -> None:
     p.add_argument("--gpu-index", type=int, default=0, help="the GPU NVML watches")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--name", default="scale")
+    p.add_argument("--from-run", metavar="RUN_JSON", help="no run: the row of a saved run.json "
+                   "of --rows' one row (e.g. one whose process was ended during its save), "
+                   "beside the planner; with --h2d-gbps, its transfer bound")
+    p.add_argument("--h2d-gbps", type=float, default=0.0,
+                   help="with --from-run: the pinned H2D rate that run's machine measured")
     args = p.parse_args()
     names = args.rows.split(",")
     unknown = [n for n in names if n not in ROWS]
     if unknown:
         sys.exit(f"--rows: {', '.join(unknown)} not one of {', '.join(ROWS)}")
     cuda = args.device == "cuda"
+    if args.from_run:
+        return from_saved(args, names)
     bw = pcie_bandwidth() if cuda else None
     if bw:
         import torch
@@ -146,6 +165,21 @@ def main() -> None:
           "tree; bound: bytes per step / pinned PCIe (both directions at once when blocks go down)")
     path = save(args.name, {"rows": rows, "pcie": bw, "args": vars(args)})
     print(f"saved {path}")
+
+
+def from_saved(args, names: list[str]) -> None:
+    """--from-run: one row from a saved record (no host RSS / NVML: nothing watched it)."""
+    if len(names) != 1:
+        sys.exit("--from-run: name the record's one row in --rows")
+    rec = json.loads(Path(args.from_run).read_text())
+    row = {"name": names[0], "settings": ROWS[names[0]], "from_run": args.from_run,
+           **from_record(rec)}
+    bw = {"h2d": args.h2d_gbps * 1e9, "both_per_direction": None} if args.h2d_gbps else None
+    add_bound_and_plan(row, bw, plan_for(ROWS[names[0]]))
+    print(table([row], COLS))
+    saved = save(args.name, {"rows": [row], "pcie": bw, "args": vars(args),
+                             "run_environment": rec.get("environment")})
+    print(f"saved {saved}")
 
 
 if __name__ == "__main__":

@@ -57,3 +57,19 @@ def test_report_reads_runs_a_timeout_cut_short(tmp_path):
            for kind in ("lora bf16", "lora int8")}
     assert "0.400" in row["lora bf16"] and "1.250" in row["lora bf16"]  # ratio, step/bound
     assert "timed out" in row["lora int8"]
+
+
+def test_report_compares_a_row_rerun_alone_with_the_first_files_reference(tmp_path):
+    """A row measured later with --kinds (its own file) is set against the mezo+lora row of
+    the file that holds it, at that file's PCIe rate."""
+    first, later = tmp_path / "a.json", tmp_path / "b.json"
+    first.write_text(json.dumps({"pcie": {"h2d": 50e9}, "rows": [], "runs": [
+        dict(run("mezo+lora", 1000.0, 10e9, 0.1, 0.0), model="m", shape="1x8")]}))
+    later.write_text(json.dumps({"pcie": {"h2d": 40e9}, "rows": [], "runs": [
+        dict(run("full", 300.0, 4e9, 0.3, 10e9, 10e9), model="m", shape="1x8")]}))
+    r = subprocess.run([sys.executable, str(SCRIPT), "--report", str(first), str(later)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    full = next(line for line in r.stdout.splitlines() if " full " in line)
+    assert "0.300" in full and "0.400" in full  # x mezo+lora; memory ratio
+    assert "1.500" in full  # 0.3 s over 10 GB / 50 GB/s (the first file's rate)
