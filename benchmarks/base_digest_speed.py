@@ -5,15 +5,14 @@ opt-175b's ZO-LoRA run over an fp8 base (H200, 2026-11-23) trained its steps at 
 then still in its end-of-run save after 415 s: ``base_digest`` decodes each of 96 blocks (1.8 B
 elements) to fp32 on the host and hashes it. The old decode went through the block's device form
 (a bf16 buffer, an fp32 block for the fp8 decode, the bf16 matrices widened again, and a
-concatenation: four fresh block-sized allocations); the new one decodes into one fp32 block
-(pinned on CUDA, so the host allocator hands the same buffer back for the next block) and rounds
-the matrices in place. Both must give the same digest (the run stops with an error if not).
+concatenation: four fresh block-sized allocations); the new one decodes into one fp32 block and
+rounds the matrices in place. Both must give the same digest (the run stops with an error if not).
 
 Rows: ``old`` / ``new`` decode followed by ``groups.fingerprint`` (the digest the recipe takes),
 and ``new, decode only``. Synthetic blocks with opt-175b's block shapes by default.
 
-    python benchmarks/base_digest_speed.py --blocks 4                 # H100: ~1.5 min
-    python benchmarks/base_digest_speed.py --blocks 2 --hidden 256    # plumbing (CPU)
+    python benchmarks/base_digest_speed.py --blocks 4                 # opt-175b blocks (GPU)
+    python benchmarks/base_digest_speed.py --blocks 3 --hidden 4096   # 2-core CPU: ~30 s
 """
 from __future__ import annotations
 
@@ -94,8 +93,7 @@ def main() -> None:
     print(f"{args.blocks} blocks of {lay.numel / 1e9:.2f} B elements ({args.codec}); GB/s = fp32 "
           f"GB (1e9 B) decoded per second; threads {torch.get_num_threads()} (torch), "
           f"{groups.default_threads()} (hash); same digest both ways")
-    if cuda:
-        print(f"saved {save(args.name, {'rows': rows, 'args': vars(args)})}")
+    print(f"saved {save(args.name, {'rows': rows, 'args': vars(args)})}")
 
 
 COLS = [("row", "row", ""), ("s", "seconds", "{:.2f}"), ("s / block", "per_block_s", "{:.3f}"),

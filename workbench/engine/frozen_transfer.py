@@ -98,10 +98,8 @@ class FrozenTransfer:
             return host.buf.view(torch.float32).clone()
         # Decode to fp32 in place, then round the matrices as the form holds them: the same
         # values as decode_form + to_fp32 with one block-sized allocation, not four (a 175B
-        # model's base digest decodes 96 blocks of 7 GB each). Pinned on CUDA runs: the host
-        # allocator caches a freed pinned block, so a walk over the blocks reuses one buffer
-        # instead of faulting in fresh pages for every block.
-        out = torch.empty(host.codec.numel, dtype=torch.float32, pin_memory=self.cuda)
+        # model's base digest decodes 96 blocks of 7 GB each)
+        out = torch.empty(host.codec.numel, dtype=torch.float32)
         host.codec.decode(host.buf, out)
         host.form.round_(out)
         return out
