@@ -110,3 +110,24 @@ def test_round_in_pieces_covers_the_whole_matrix_prefix():
     FrozenForm(lay, torch.bfloat16).round_(y, piece=1000)  # 4 pieces, the last one ragged
     n = lay.n_decay
     assert torch.equal(y[:n], x[:n].to(torch.bfloat16).float()) and torch.equal(y[n:], x[n:])
+
+
+@pytest.mark.parametrize("codec", ["fp8-e4m3", "int8", "bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_frozen_block_read_by_ranges_equals_its_fp32_values(codec, dtype):
+    """``FrozenTransfer.reader``: any ranges starting on a 256-element chunk (int8: cutting
+    rows, crossing matrices and the tail) give exactly ``to_fp32``'s values."""
+    from workbench.engine.frozen_transfer import FrozenTransfer
+
+    lay = layout([(48, 40), (40, 48), (7, 13), (48,), (40,)])
+    tr = FrozenTransfer(codec, [lay], torch.device("cpu"), None,
+                        None if codec == "fp32" else dtype)
+    host = tr.host_storage(lay)
+    tr.store_fp32(host, weights(lay))
+    want, reader = tr.to_fp32(host), tr.reader(host)
+    for step in (256, 512, 1024, lay.numel):
+        got = torch.full((lay.numel,), float("nan"))
+        for lo in range(0, lay.numel, step):
+            hi = min(lay.numel, lo + step)
+            reader.read(lo, hi, got[lo:hi])
+        assert torch.equal(got, want), step

@@ -51,6 +51,17 @@ class FlatBaseCodec:
         """buf -> fp32 out (n,)."""
         self.codec.decode(buf, out)
 
+    def decode_range(self, buf: torch.Tensor, lo: int, hi: int, out: torch.Tensor) -> None:
+        """Elements [lo, hi) of ``decode`` into fp32 ``out`` (hi - lo,); lo a multiple of
+        ``CHUNK`` (each fp8 chunk has its own scale)."""
+        values, scales = self.codec.views(buf, self.numel)
+        out.copy_(values[lo:hi])
+        if scales is not None:
+            full = (hi - lo) // CHUNK * CHUNK
+            out[:full].view(-1, CHUNK).mul_(scales[lo // CHUNK:(lo + full) // CHUNK, None])
+            if full < hi - lo:  # the group's last, ragged chunk
+                out[full:].mul_(scales[(lo + full) // CHUNK])
+
     def decode_form(self, buf: torch.Tensor, mats: torch.Tensor, tail: torch.Tensor) -> None:
         """buf -> a ``FrozenForm``'s parts: ``mats`` (n_mat,) in its dtype, each value rounded
         once from its fp32 decoding; ``tail`` fp32. On buf's device and current stream."""
@@ -113,6 +124,24 @@ class Int8BaseCodec:
             dst.mul_(scales[row:row + rows, None])
             row += rows
         out[self.n_mat:].copy_(tail)
+
+    def decode_range(self, buf: torch.Tensor, lo: int, hi: int, out: torch.Tensor) -> None:
+        """Elements [lo, hi) of ``decode`` into fp32 ``out`` (hi - lo,): each matrix's part of
+        the range times its rows' scales (a range may start or end inside a row), then the
+        tail's part."""
+        values, scales, tail = self._views(buf)
+        row = 0
+        for off, rows, cols in self.mats:
+            a, b = max(lo, off), min(hi, off + rows * cols)
+            if a < b:
+                r0, r1 = (a - off) // cols, (b - off - 1) // cols  # first and last row touched
+                per = scales[row + r0:row + r1 + 1].repeat_interleave(cols)
+                seg = out[a - lo:b - lo].copy_(values[a:b])
+                seg.mul_(per[a - off - r0 * cols:b - off - r0 * cols])
+            row += rows
+        if hi > self.n_mat:
+            a = max(lo, self.n_mat)
+            out[a - lo:].copy_(tail[a - self.n_mat:hi - self.n_mat])
 
     def decode_form(self, buf: torch.Tensor, mats: torch.Tensor, tail: torch.Tensor) -> None:
         """As ``FlatBaseCodec.decode_form``: each matrix row times its scale, in fp32, rounded

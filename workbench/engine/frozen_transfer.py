@@ -104,6 +104,11 @@ class FrozenTransfer:
         host.form.round_(out)
         return out
 
+    def reader(self, host: Encoded) -> "BlockReader":
+        """The block's ``to_fp32`` values read a range at a time (``groups.fingerprint``: a
+        digest never holds a decoded block)."""
+        return BlockReader(host)
+
     # --- slots --------------------------------------------------------------------------------
     def slot_buffers(self, n: int, shared: bool = False) -> tuple[torch.Tensor, dict]:
         """A slot for blocks of up to n elements and the buffers beside it. fp32: an fp32 slot.
@@ -169,3 +174,18 @@ class FrozenTransfer:
     def close(self) -> None:
         self._decoded = None
         self.host.release()
+
+
+class BlockReader:
+    """A frozen block's fp32 values (as ``FrozenTransfer.to_fp32`` gives them) by range: the
+    codec's decode of the range, its matrix part rounded as the block's form holds it."""
+
+    def __init__(self, host: Encoded):
+        self.host, self.numel = host, host.codec.numel
+
+    def read(self, lo: int, hi: int, out: torch.Tensor) -> None:
+        self.host.codec.decode_range(self.host.buf, lo, hi, out)
+        form = self.host.form
+        if form is not None and form.dtype != torch.float32 and lo < form.n_mat:
+            part = out[:min(hi, form.n_mat) - lo]
+            part.copy_(part.to(form.dtype))

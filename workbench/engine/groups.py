@@ -13,6 +13,7 @@ import hashlib
 import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Protocol
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -163,12 +164,26 @@ MAX_THREADS = 32
 SCRATCH_BYTES = 2 * 8192 * 8
 
 
+class PieceReader(Protocol):
+    """A group's fp32 values read a range at a time, never the whole group at once (a frozen
+    block decoded from its host bytes straight into ``fingerprint``'s piece buffers)."""
+
+    numel: int
+
+    def read(self, lo: int, hi: int, out: torch.Tensor) -> None:
+        """Elements [lo, hi) as fp32 into ``out`` ((hi - lo,), CPU); lo is a multiple of
+        ``PIECE``."""
+
+
 class LazyFlats(Sequence[torch.Tensor]):
     """``n`` groups made one at a time by ``get(i)`` (a streamed block decoded to fp32, a
-    checkpoint group read from disk): iterating holds one group at once, never the model."""
+    checkpoint group read from disk): iterating holds one group at once, never the model.
+    ``reader(i)``, where given, may return a ``PieceReader`` for group i (else None):
+    ``fingerprint`` then reads that group a piece at a time instead of calling ``get(i)``."""
 
-    def __init__(self, n: int, get: Callable[[int], torch.Tensor]):
-        self._n, self._get = n, get
+    def __init__(self, n: int, get: Callable[[int], torch.Tensor],
+                 reader: Callable[[int], PieceReader | None] | None = None):
+        self._n, self._get, self.reader = n, get, reader or (lambda i: None)
 
     def __len__(self) -> int:
         return self._n
@@ -180,7 +195,8 @@ class LazyFlats(Sequence[torch.Tensor]):
     def __getitem__(self, i):  # type: ignore[override]
         if isinstance(i, slice):
             picked = range(self._n)[i]
-            return LazyFlats(len(picked), lambda k: self._get(picked[k]))
+            return LazyFlats(len(picked), lambda k: self._get(picked[k]),
+                             lambda k: self.reader(picked[k]))
         if not -self._n <= i < self._n:
             raise IndexError(f"group {i} of {self._n}")
         return self._get(i % self._n)
@@ -215,25 +231,76 @@ def fingerprint(flats: Iterable[torch.Tensor], hash_bytes: bool = True, with_nor
     """(digest, norm) in one pass over ``flats`` (see ``digest`` and ``norm``). Each group is
     decoded, its pieces hashed and squared by ``threads`` threads (default
     ``default_threads()``) straight from its memory (no bytes copy), and dropped before the
-    next group is decoded: the host holds one group's fp32 and ``threads * SCRATCH_BYTES``."""
+    next group is decoded: the host holds one group's fp32 and ``threads * SCRATCH_BYTES``.
+    A group a ``LazyFlats`` has a ``PieceReader`` for is read piece by piece into buffers
+    reused from group to group (no group-sized allocation), while the threads hash."""
     root, total = hashlib.sha256(), 0.0
     threads = threads or default_threads()
+    bufs: list[np.ndarray] = []  # piece buffers of readers' groups, made once, reused
     with ThreadPoolExecutor(threads) as pool:
-        for flat in flats:
-            host = _host_fp32(flat).reshape(-1).numpy()
-            pieces = [host[i:i + PIECE] for i in range(0, host.size, PIECE)]  # views
-            del flat, host  # the views in ``pieces`` are now the group's only owner
-            found = [(b"", 0.0)] * len(pieces)
-            work = partial(_pieces, pieces, itertools.count(), found, hash_bytes, with_norm)
-            for task in [pool.submit(work) for _ in range(min(threads, len(pieces)))]:
-                task.result()  # raises what the thread raised
-            # A task keeps ``pieces`` (the list) alive a moment after its result is in;
-            # emptying it frees the decoded group now, before the next is made.
-            pieces.clear()
+        for flat in _flats_or_readers(flats):
+            found = (_hash_group(flat, pool, threads, hash_bytes, with_norm)
+                     if isinstance(flat, torch.Tensor) else
+                     _read_pieces(flat, pool, bufs, threads, hash_bytes, with_norm))
+            del flat
             for piece_digest, squares in found:  # in piece order, whichever thread made it
                 root.update(piece_digest)
                 total += squares
     return root.hexdigest(), total ** 0.5
+
+
+def _flats_or_readers(flats: Iterable[torch.Tensor]) -> Iterator[torch.Tensor | PieceReader]:
+    """Each group as its ``PieceReader`` where a ``LazyFlats`` has one (its tensor is then
+    never made), else its tensor."""
+    if not isinstance(flats, LazyFlats):
+        yield from flats
+        return
+    for i in range(len(flats)):
+        reader = flats.reader(i)
+        yield flats[i] if reader is None else reader
+
+
+def _hash_group(flat: torch.Tensor, pool: ThreadPoolExecutor, threads: int, hash_bytes: bool,
+                with_norm: bool) -> list[tuple[bytes, float]]:
+    """(digest, squares) of each piece of a whole group, the pieces shared out to the pool."""
+    host = _host_fp32(flat).reshape(-1).numpy()
+    pieces = [host[i:i + PIECE] for i in range(0, host.size, PIECE)]  # views
+    del flat, host  # the views in ``pieces`` are now the group's only owner
+    found = [(b"", 0.0)] * len(pieces)
+    work = partial(_pieces, pieces, itertools.count(), found, hash_bytes, with_norm)
+    for task in [pool.submit(work) for _ in range(min(threads, len(pieces)))]:
+        task.result()  # raises what the thread raised
+    # A task keeps ``pieces`` (the list) alive a moment after its result is in; emptying it
+    # frees the decoded group now, before the next is made.
+    pieces.clear()
+    return found
+
+
+def _read_pieces(reader: PieceReader, pool: ThreadPoolExecutor, bufs: list[np.ndarray],
+                 threads: int, hash_bytes: bool, with_norm: bool) -> list[tuple[bytes, float]]:
+    """(digest, squares) of each piece of a reader's group: this thread reads piece k into
+    buffer k mod len(bufs) while the pool hashes the pieces read before it. Buffers: at most
+    threads + 1 pieces, and no more than the group has (never more than one group's fp32)."""
+    count = -(-reader.numel // PIECE)
+    while len(bufs) < min(threads + 1, count):
+        bufs.append(np.empty(PIECE, dtype=np.float32))
+    found: list[tuple[bytes, float]] = [(b"", 0.0)] * count
+    busy: list = [None] * len(bufs)  # (piece number, its hash task) last given each buffer
+
+    def collect(slot: int) -> None:
+        if busy[slot] is not None:
+            k, task = busy[slot]
+            found[k] = task.result()  # raises what the thread raised
+
+    for k in range(count):
+        lo, hi, slot = k * PIECE, min(reader.numel, (k + 1) * PIECE), k % len(bufs)
+        collect(slot)  # that buffer's last piece is hashed: it may be overwritten
+        piece = bufs[slot][:hi - lo]
+        reader.read(lo, hi, torch.from_numpy(piece))
+        busy[slot] = (k, pool.submit(_fingerprint_piece, piece, hash_bytes, with_norm))
+    for slot in range(len(bufs)):
+        collect(slot)
+    return found
 
 
 def _pieces(pieces: list[np.ndarray], ticket: Iterator[int], found: list[tuple[bytes, float]],
@@ -243,7 +310,10 @@ def _pieces(pieces: list[np.ndarray], ticket: Iterator[int], found: list[tuple[b
     ``found[k]``. Both release the GIL (hashlib on large buffers, einsum on plain numbers); the
     cast to fp64 goes through einsum's small buffers (``SCRATCH_BYTES``)."""
     while (k := next(ticket)) < len(pieces):
-        piece = pieces[k]
-        found[k] = (hashlib.sha256(piece).digest() if hash_bytes else b"",
-                    float(np.einsum("i,i->", piece, piece, dtype=np.float64)) if with_norm
-                    else 0.0)
+        found[k] = _fingerprint_piece(pieces[k], hash_bytes, with_norm)
+
+
+def _fingerprint_piece(piece: np.ndarray, hash_bytes: bool, with_norm: bool) -> tuple[bytes, float]:
+    """(SHA-256 digest, fp64 sum of squares) of one piece; both release the GIL."""
+    return (hashlib.sha256(piece).digest() if hash_bytes else b"",
+            float(np.einsum("i,i->", piece, piece, dtype=np.float64)) if with_norm else 0.0)

@@ -237,8 +237,14 @@ class BlockStreamer:
         host when it is reached, so iterating holds one decoded block at a time."""
         self.sync()
         n = len(self.blocks)
+
+        def reader(k: int):  # a streamed block the transfer reads piece by piece, or None
+            i = k - 1
+            return (self.transfer.reader(self.blocks[i].flat)
+                    if 0 <= i < n and i not in self.resident else None)
+
         return LazyFlats(n + 2, lambda k: self.embed.flat if k == 0 else self.head.flat
-                         if k == n + 1 else self._weights(k - 1))
+                         if k == n + 1 else self._weights(k - 1), reader)
 
     def load_state_flats(self, flats: Sequence[torch.Tensor]) -> None:
         """Set every group from ``flats`` (fp32, canonical order), read one group at a time

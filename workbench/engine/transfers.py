@@ -59,6 +59,11 @@ class PlainTransfer:
     def to_fp32(self, host: torch.Tensor) -> torch.Tensor:
         return host
 
+    def reader(self, host: torch.Tensor) -> None:
+        """A piece-at-a-time reader of the block for digests (``FrozenTransfer`` has one);
+        None: ``to_fp32`` gives the whole block."""
+        return None
+
     master_dtype = torch.float32  # what the host keeps, and so what a checkpoint stores
 
     def read_master(self, host: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
