@@ -89,3 +89,26 @@ def test_tied_head_copy_keeps_equality_under_amp(amp):
         assert engine.tied.buf.dtype == (torch.bfloat16 if amp == "bf16" else torch.float32)
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("codec, master", [("bf16", "compressed-sr"), ("fp16", "compressed-sr"),
+                                           ("fp32", "fp32")])
+def test_state_fingerprint_reads_compressed_blocks_by_piece(monkeypatch, codec, master):
+    """A compressed-SR master's streamed blocks are read a piece at a time for the run's
+    digest (never widened whole); the fingerprint equals that of the decoded groups."""
+    from workbench.engine import build_engine, groups
+    from workbench.models.build import build_skeleton
+
+    monkeypatch.setattr(groups, "PIECE", 512)
+    cfg = RunConfig(model="tiny-opt", method="zo-offload", codec=codec, master=master)
+    model, source = build_skeleton(cfg.model)
+    engine = build_engine(model, source, cfg, torch.device("cpu"), EventBus())
+    try:
+        flats = engine.state_flats()
+        readers = [flats.reader(i) for i in range(len(flats))]
+        assert (readers[0], readers[-1]) == (None, None)  # embedding and head: tensors
+        assert all(r is not None for r in readers[1:-1]) == (master == "compressed-sr")
+        whole = [f.clone() for f in flats]
+        assert groups.fingerprint(flats, threads=2) == groups.fingerprint(whole, threads=2)
+    finally:
+        engine.close()

@@ -140,6 +140,16 @@ class PlainTransfer:
         self.host.release()
 
 
+class HalfReader:
+    """A bf16 / fp16 host block's values widened to fp32 a range at a time (exact)."""
+
+    def __init__(self, values: torch.Tensor):
+        self.values, self.numel = values, values.numel()
+
+    def read(self, lo: int, hi: int, out: torch.Tensor) -> None:
+        out.copy_(self.values[lo:hi])
+
+
 class SRTransfer(PlainTransfer):
     """Compressed host storage (bf16 / fp16) with stochastic rounding."""
 
@@ -164,6 +174,10 @@ class SRTransfer(PlainTransfer):
         out = torch.empty(host.numel() // 2, dtype=torch.float32)
         self.codec.decode(host, out)
         return out
+
+    def reader(self, host) -> "HalfReader":
+        """The block's fp32 values by range (digests never hold a decoded 66B-model block)."""
+        return HalfReader(host.view(HALF[self.codec.name]))
 
     @property
     def master_dtype(self) -> torch.dtype:
