@@ -114,9 +114,11 @@ def test_round_in_pieces_covers_the_whole_matrix_prefix():
 
 @pytest.mark.parametrize("codec", ["fp8-e4m3", "int8", "bf16", "fp16", "fp32"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_a_frozen_block_read_by_ranges_equals_its_fp32_values(codec, dtype):
+def test_a_frozen_block_read_by_ranges_equals_its_fp32_values(codec, dtype, monkeypatch):
     """``FrozenTransfer.reader``: any ranges starting on a 256-element chunk (int8: cutting
-    rows, crossing matrices and the tail) give exactly ``to_fp32``'s values."""
+    rows, crossing matrices and the tail) give exactly ``to_fp32``'s values, and its strided
+    sample (read a piece at a time) equals ``to_fp32``'s every k-th value."""
+    from workbench.engine import groups
     from workbench.engine.frozen_transfer import FrozenTransfer
 
     lay = layout([(48, 40), (40, 48), (7, 13), (48,), (40,)])
@@ -131,3 +133,6 @@ def test_a_frozen_block_read_by_ranges_equals_its_fp32_values(codec, dtype):
             hi = min(lay.numel, lo + step)
             reader.read(lo, hi, got[lo:hi])
         assert torch.equal(got, want), step
+    monkeypatch.setattr(groups, "PIECE", 1024)  # 4 pieces and a bit; strides cross them
+    for stride in (1, 7, 1021, lay.numel + 5):
+        assert torch.equal(reader.sample(stride), want[::stride]), stride

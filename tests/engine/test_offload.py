@@ -110,5 +110,8 @@ def test_state_fingerprint_reads_compressed_blocks_by_piece(monkeypatch, codec, 
         assert all(r is not None for r in readers[1:-1]) == (master == "compressed-sr")
         whole = [f.clone() for f in flats]
         assert groups.fingerprint(flats, threads=2) == groups.fingerprint(whole, threads=2)
+        for reader, flat in zip(readers, whole):
+            if reader is not None:
+                assert torch.equal(reader.sample(1021), flat[::1021])
     finally:
         engine.close()

@@ -1,5 +1,6 @@
-"""End-of-run and checkpoint paths hold one parameter group at a time on the host (issue 21,
-part 0): the save's digest and norm, the ranks' quick digest, and a resume from a checkpoint.
+"""End-of-run and checkpoint paths hold at most one parameter group at a time on the host
+(issue 21, part 0): the save's digest and norm and the ranks' quick digest (streamed blocks read
+by piece: not even one decoded block), and a resume from a checkpoint (one group).
 
 Peak host bytes are measured with the torch profiler (every CPU allocation and free, in order)
 and tracemalloc (Python / numpy buffers, e.g. a ``tobytes`` copy, the digest threads' fp64
@@ -86,19 +87,22 @@ def test_save_decodes_one_block_at_a_time(trained):
     torch_peak, py_peak = peak_bytes(trained.save)
     rec = trained.record
     assert rec.param_digest == want and rec.param_norm == pytest.approx(want_norm, rel=1e-12)
-    # One decoded block, never two (the threads' pieces are views of it).
-    assert group <= torch_peak < 1.5 * group, (torch_peak, group, model)
-    # The probe sees the threads' fp64 cast buffers (einsum's: 3 x 32 KiB here), and no bytes
-    # copy of a group on the Python heap.
+    # No decoded block at all: each streamed block is read a piece at a time into buffers
+    # reused from block to block (``PieceReader``), so torch allocates nothing block-sized.
+    assert torch_peak < group / 4, (torch_peak, group, model)
+    # The probe sees the piece buffers (threads + 1 of 8 KiB), the threads' fp64 cast buffers
+    # (einsum's: 3 x 32 KiB here), and no bytes copy of a group on the Python heap.
     assert 2 * 8 * PIECE < py_peak < group / 2, (py_peak, group)
 
 
-def test_rank_digest_check_holds_one_block(trained):
+def test_rank_digest_check_decodes_only_its_samples(trained):
+    """The ranks' in-sync check widens only every 1021st element of a bf16 block: no decoded
+    block (decoding opt-6.7b whole stalled 2-GPU bf16-SR runs ~14 s at each check)."""
     group = max(lay.nbytes for lay in trained.engine.group_layouts())
     found = []
     torch_peak, _ = peak_bytes(lambda: found.append(
         distributed.quick_digest(trained.engine.state_flats())))
-    assert torch_peak < 1.5 * group
+    assert torch_peak < group / 100, (torch_peak, group)
     assert found[0] == tree_digest(f.clone()[::1021] for f in trained.engine.state_flats())
 
 

@@ -22,7 +22,7 @@ import torch
 
 from workbench.engine.base_codecs import BaseCodec, base_codec
 from workbench.engine.frozen_form import FrozenForm
-from workbench.engine.groups import GroupLayout
+from workbench.engine.groups import GroupLayout, sample_by_pieces
 from workbench.engine.pinned import HostMemory
 
 
@@ -182,6 +182,9 @@ class BlockReader:
 
     def __init__(self, host: Encoded):
         self.host, self.numel = host, host.codec.numel
+
+    def sample(self, stride: int) -> torch.Tensor:
+        return sample_by_pieces(self, stride)
 
     def read(self, lo: int, hi: int, out: torch.Tensor) -> None:
         self.host.codec.decode_range(self.host.buf, lo, hi, out)

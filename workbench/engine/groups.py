@@ -174,6 +174,24 @@ class PieceReader(Protocol):
         """Elements [lo, hi) as fp32 into ``out`` ((hi - lo,), CPU); lo is a multiple of
         ``PIECE``."""
 
+    def sample(self, stride: int) -> torch.Tensor:
+        """Every ``stride``-th fp32 value from element 0 (a new (ceil(numel / stride),)
+        tensor): the ranks' cheap in-sync check."""
+
+
+def sample_by_pieces(reader: PieceReader, stride: int) -> torch.Tensor:
+    """``PieceReader.sample`` for any reader: each piece read into one reused buffer and its
+    elements at multiples of ``stride`` kept (the group is decoded, never held whole)."""
+    out = torch.empty(-(-reader.numel // stride))
+    buf = torch.empty(min(PIECE, reader.numel))
+    for lo in range(0, reader.numel, PIECE):
+        hi = min(reader.numel, lo + PIECE)
+        reader.read(lo, hi, buf[:hi - lo])
+        first = -lo % stride  # the piece's first element at a multiple of stride
+        picked = buf[first:hi - lo:stride]
+        out[(lo + first) // stride:(lo + first) // stride + picked.numel()] = picked
+    return out
+
 
 class LazyFlats(Sequence[torch.Tensor]):
     """``n`` groups made one at a time by ``get(i)`` (a streamed block decoded to fp32, a

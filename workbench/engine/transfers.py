@@ -149,6 +149,9 @@ class HalfReader:
     def read(self, lo: int, hi: int, out: torch.Tensor) -> None:
         out.copy_(self.values[lo:hi])
 
+    def sample(self, stride: int) -> torch.Tensor:
+        return self.values[::stride].float()  # only the sampled elements are widened
+
 
 class SRTransfer(PlainTransfer):
     """Compressed host storage (bf16 / fp16) with stochastic rounding."""
