@@ -13,10 +13,10 @@ import hashlib
 import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Protocol
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Protocol
 
 import numpy as np
 import torch
