@@ -27,7 +27,8 @@ wait for the CPU side. torchao is a benchmark-only dependency, imported only her
 
 Writes benchmarks/results/<--name>-<gpu>-<date>.json (default name fo_offload-<model>) after
 every row, and a copy to $OUT when set; a CPU run saves nothing. Rows measured in separate
-commands are summarised together with ``--with EARLIER.json``. Longer than our usual file:
+commands are summarised together with ``--with EARLIER.json``; ``--rows '' --with A --with B``
+runs nothing and saves the merged summary. Longer than our usual file:
 the two kinds of rows, their phases and the targets are one comparison.
 """
 from __future__ import annotations
@@ -56,7 +57,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="opt-6.7b", help="preset name (default opt-6.7b)")
     ap.add_argument("--rows", default=",".join(WORKBENCH_ROWS + TORCHAO_ROWS),
-                    help="comma-separated rows (see the module docstring)")
+                    help="comma-separated rows (see the module docstring); '' with --with: "
+                         "nothing runs, the earlier rows are summarised and saved together")
     ap.add_argument("--steps", type=int, default=3, help="timed steps per row (default 3)")
     ap.add_argument("--cap-gb", type=float, default=40.0,
                     help="GPU memory cap of the fo-offload rows, GB (default 40)")
@@ -78,7 +80,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_fresh_args(ap, "", 480.0)
     args = ap.parse_args(argv)
     args.name = args.name or f"fo_offload-{args.model}"
-    bad = [r for r in args.rows.split(",") if not _known(r)]
+    args.rows = ",".join(r for r in args.rows.split(",") if r)
+    if not args.rows and not args.earlier:
+        ap.error("--rows: name at least one row (or pass --with files to summarise)")
+    bad = [r for r in args.rows.split(",") if r and not _known(r)]
     if bad:
         ap.error(f"--rows: {', '.join(bad)} not among {', '.join(WORKBENCH_ROWS + TORCHAO_ROWS)}"
                  ", stride:K, static:R")
@@ -456,7 +461,7 @@ def main(argv=None) -> int:
 
     from workbench.presets import PRESETS
 
-    if args.device == "cuda" and not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available() and args.rows:
         print("fo_offload benchmark: --device cuda needs a CUDA GPU (use --device cpu for a "
               "plumbing run)", file=sys.stderr)
         return 2
@@ -480,7 +485,7 @@ def main(argv=None) -> int:
             return 2
         out["rows"] += [{**r, "from": Path(path).name} for r in earlier["rows"]
                         if r.get("row") not in args.rows.split(",")]
-    for row in args.rows.split(","):
+    for row in filter(None, args.rows.split(",")):
         print(f"{args.model} {row} ...", flush=True)
         r = run_row(args, row, n)
         out["rows"].append(r)
@@ -491,7 +496,9 @@ def main(argv=None) -> int:
             save(args.name, out)  # after every row: a timeout keeps what ran
     out["summary"] = summarise(out["rows"])
     out["seconds"] = time.perf_counter() - start
-    saved = save(args.name, out) if args.device == "cuda" else "nothing (a CPU plumbing run)"
+    merged = not args.rows  # only earlier GPU rows, summarised together: worth keeping
+    saved = (save(args.name, out) if args.device == "cuda" or merged
+             else "nothing (a CPU plumbing run)")
     print("\n" + table(out["summary"], HEAD) + "\n\n" + table(out["summary"], PHASES))
     print(f"\nphases: seconds per step (median of timed steps); D2H, upload, prefetch, flush-out "
           f"are busy time; targets (auto): >= {TARGETS['auto_vs_torchao_fp32_speed']}x "

@@ -3,6 +3,7 @@ plumbing run through its command line (rows in fresh processes, torchao skipped 
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -85,3 +86,28 @@ def test_cpu_plumbing_run_prints_the_table_and_skips_torchao():
     line = next(x for x in text.splitlines() if x.strip().startswith("all-cpu") and "yes" in x)
     assert float(line.split()[1]) > 0  # the iteration seconds
     assert "saved nothing (a CPU plumbing run)" in text
+
+
+def test_rows_of_separate_runs_are_summarised_together_without_running_any(tmp_path):
+    """--rows '' --with A --with B: nothing runs; the torchao-bf16 row measured alone is set
+    beside the earlier file's rows (ratios across files), and the merge is saved."""
+    rows_a = [{"row": "torchao-fp32", "iteration_s": 1.5, "peak_gpu_bytes": 40e9,
+               "fp32_master": True},
+              {"row": "auto", "iteration_s": 1.0, "peak_gpu_bytes": 19e9, "fp32_master": True,
+               "split": {"cpu": 0.5, "gpu": 0.5, "resident": 0.0}, "phases": {},
+               "update_s_predicted": 0.9, "update_s_measured": 1.0, "prediction_error": -0.1}]
+    rows_b = [{"row": "torchao-bf16", "iteration_s": 1.25, "peak_gpu_bytes": 18e9,
+               "fp32_master": False}]
+    paths = []
+    for name, rows in (("a", rows_a), ("b", rows_b)):
+        paths += ["--with", str(tmp_path / f"{name}.json")]
+        (tmp_path / f"{name}.json").write_text(json.dumps({"model": "tiny-opt", "rows": rows}))
+    out = subprocess.run([sys.executable, str(SCRIPT), "--model", "tiny-opt", "--rows", "",
+                          *paths, "--name", str(tmp_path / "merged")],
+                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert " ..." not in out.stdout  # no row ran
+    auto = next(x for x in out.stdout.splitlines() if x.strip().startswith("auto"))
+    assert "1.50" in auto and "1.25" in auto  # x torchao-fp32, x torchao-bf16 (from file b)
+    saved = json.loads(next(tmp_path.glob("merged-*.json")).read_text())
+    assert [r["from"] for r in saved["rows"]] == ["a.json", "a.json", "b.json"]
