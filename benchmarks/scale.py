@@ -82,19 +82,17 @@ def run_row(name: str, settings: dict, out: Path, gpu_index: int | None) -> dict
 
 def from_record(rec: dict) -> dict:
     """A row's figures from a run.json. A run that ended before its summary (stopped during
-    the end-of-run save) is summarised here the way the recipe does: steady steps are those
-    after the warm-up steps the record names, else after the first."""
-    import statistics
+    the end-of-run save) is summarised from its steps by the recipe's own steady-state rule
+    (``telemetry.steady.throughput``)."""
+    from workbench.telemetry.steady import throughput
 
-    s, steps = rec.get("summary") or {}, rec["steps"]
-    warm = s.get("warmup_steps", 1 if len(steps) > 1 else 0)
-    steady = steps[warm:]
-    median = s.get("step_seconds") or (statistics.median(x["seconds"] for x in steady)
-                                       if steady else None)
-    tokens = s.get("tokens_per_s") or (steady[-1]["tokens"] / median if median else None)
+    steps = rec["steps"]
+    s = rec.get("summary") or throughput(steps)
     peak = s.get("peak_gpu_mem_bytes") or max((x.get("mem_peak") or 0 for x in steps), default=0)
-    return dict(status=rec.get("status"), tokens_per_s=tokens, step_seconds=median,
-                warmup_steps=warm, steady_steps=len(steady), torch_peak_gb=peak / 1e9,
+    return dict(status=rec.get("status"), tokens_per_s=s.get("tokens_per_s"),
+                step_seconds=s.get("step_seconds"), warmup_steps=s.get("warmup_steps"),
+                steady_steps=len(steps) - (s.get("warmup_steps") or 0),
+                torch_peak_gb=peak / 1e9,
                 h2d_gb_step=(steps[-1].get("bytes_h2d") or 0) / 1e9 if steps else None,
                 d2h_gb_step=(steps[-1].get("bytes_d2h") or 0) / 1e9 if steps else None,
                 build_seconds=rec["info"].get("build_seconds"),
