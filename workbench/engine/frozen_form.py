@@ -65,14 +65,14 @@ class FrozenForm:
         mats.copy_(flat[:self.n_mat])
         tail.copy_(flat[self.n_mat:])
 
-    def round_(self, flat: torch.Tensor, piece: int = 1 << 24) -> None:
-        """Round an fp32 flat (numel,) in place to the values this form holds: its matrix
-        prefix through ``dtype`` (to nearest even, as ``decode_form``), ``piece`` elements at a
-        time; the fp32 tail as it is."""
+    def round_(self, flat: torch.Tensor, start: int = 0, piece: int = 1 << 24) -> None:
+        """Round fp32 values in place to those this form holds: ``flat`` holds the block's
+        elements [start, start + len); its part in the matrix prefix goes through ``dtype`` (to
+        nearest even, as ``decode_form``), ``piece`` elements at a time; the fp32 tail stays."""
         if self.dtype == torch.float32:
             return
-        for lo in range(0, self.n_mat, piece):
-            part = flat[lo:min(self.n_mat, lo + piece)]
+        for lo in range(0, self.n_mat - start, piece):
+            part = flat[lo:min(self.n_mat - start, lo + piece)]
             part.copy_(part.to(self.dtype))
 
     def to_fp32(self, buf: torch.Tensor) -> torch.Tensor:

@@ -188,7 +188,5 @@ class BlockReader:
 
     def read(self, lo: int, hi: int, out: torch.Tensor) -> None:
         self.host.codec.decode_range(self.host.buf, lo, hi, out)
-        form = self.host.form
-        if form is not None and form.dtype != torch.float32 and lo < form.n_mat:
-            part = out[:min(hi, form.n_mat) - lo]
-            part.copy_(part.to(form.dtype))
+        if self.host.form is not None:
+            self.host.form.round_(out, start=lo)
