@@ -54,13 +54,7 @@ class FlatBaseCodec:
     def decode_range(self, buf: torch.Tensor, lo: int, hi: int, out: torch.Tensor) -> None:
         """Elements [lo, hi) of ``decode`` into fp32 ``out`` (hi - lo,); lo a multiple of
         ``CHUNK`` (each fp8 chunk has its own scale)."""
-        values, scales = self.codec.views(buf, self.numel)
-        out.copy_(values[lo:hi])
-        if scales is not None:
-            full = (hi - lo) // CHUNK * CHUNK
-            out[:full].view(-1, CHUNK).mul_(scales[lo // CHUNK:(lo + full) // CHUNK, None])
-            if full < hi - lo:  # the group's last, ragged chunk
-                out[full:].mul_(scales[(lo + full) // CHUNK])
+        self.codec.decode_range(buf, self.numel, lo, hi, out)
 
     def decode_form(self, buf: torch.Tensor, mats: torch.Tensor, tail: torch.Tensor) -> None:
         """buf -> a ``FrozenForm``'s parts: ``mats`` (n_mat,) in its dtype, each value rounded

@@ -86,15 +86,21 @@ class Codec:
 
     def decode(self, buf: torch.Tensor, out: torch.Tensor) -> None:
         """buf -> fp32 out (n,)."""
-        n = out.numel()
+        self.decode_range(buf, out.numel(), 0, out.numel(), out)
+
+    def decode_range(self, buf: torch.Tensor, n: int, lo: int, hi: int,
+                     out: torch.Tensor) -> None:
+        """Elements [lo, hi) of an n-element encoding -> fp32 out (hi - lo,); lo a multiple of
+        ``CHUNK`` (each fp8 chunk has its own scale)."""
         values, scales = self.views(buf, n)
         if scales is None:
-            out.copy_(values)
+            out.copy_(values[lo:hi])
             return
-        full = n // CHUNK * CHUNK
-        out[:full].view(-1, CHUNK).copy_(values[:full].view(-1, CHUNK)).mul_(scales[:n // CHUNK, None])
-        if full < n:
-            out[full:].copy_(values[full:]).mul_(scales[-1])
+        full = (hi - lo) // CHUNK * CHUNK
+        out[:full].view(-1, CHUNK).copy_(values[lo:lo + full].view(-1, CHUNK)).mul_(
+            scales[lo // CHUNK:(lo + full) // CHUNK, None])
+        if lo + full < hi:  # the encoding's last, ragged chunk
+            out[full:].copy_(values[lo + full:hi]).mul_(scales[(lo + full) // CHUNK])
 
 
 #: elements an fp8 encode handles at once (a multiple of CHUNK): 64 Mi = 256 MiB of fp32, so
