@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from workbench.config import ZO_METHODS, ConfigError, RunConfig
-from workbench.engine.groups import LazyFlats, digest
+from workbench.engine.groups import digest, flats_or_readers
 from workbench.engine.shared_host import NodeShare
 
 
@@ -137,13 +137,8 @@ def _strided(flats: Iterable[torch.Tensor], stride: int) -> Iterator[torch.Tenso
     """Each group's every ``stride``-th value. A group a ``LazyFlats`` can read by piece is
     sampled without decoding it whole: decoding every bf16 block of opt-6.7b to fp32 for this
     check stalled data-parallel bf16-SR runs for ~14 s at each ``digest_check_every``."""
-    if isinstance(flats, LazyFlats):
-        for i in range(len(flats)):
-            reader = flats.reader(i)
-            yield flats[i][::stride].clone() if reader is None else reader.sample(stride)
-        return
-    for flat in flats:
-        part = flat[::stride].clone()
+    for flat in flats_or_readers(flats):
+        part = flat[::stride].clone() if isinstance(flat, torch.Tensor) else flat.sample(stride)
         del flat  # drop the decoded group before the next is made
         yield part
 

@@ -256,7 +256,7 @@ def fingerprint(flats: Iterable[torch.Tensor], hash_bytes: bool = True, with_nor
     threads = threads or default_threads()
     bufs: list[np.ndarray] = []  # piece buffers of readers' groups, made once, reused
     with ThreadPoolExecutor(threads) as pool:
-        for flat in _flats_or_readers(flats):
+        for flat in flats_or_readers(flats):
             found = (_hash_group(flat, pool, threads, hash_bytes, with_norm)
                      if isinstance(flat, torch.Tensor) else
                      _read_pieces(flat, pool, bufs, threads, hash_bytes, with_norm))
@@ -267,7 +267,7 @@ def fingerprint(flats: Iterable[torch.Tensor], hash_bytes: bool = True, with_nor
     return root.hexdigest(), total ** 0.5
 
 
-def _flats_or_readers(flats: Iterable[torch.Tensor]) -> Iterator[torch.Tensor | PieceReader]:
+def flats_or_readers(flats: Iterable[torch.Tensor]) -> Iterator[torch.Tensor | PieceReader]:
     """Each group as its ``PieceReader`` where a ``LazyFlats`` has one (its tensor is then
     never made), else its tensor."""
     if not isinstance(flats, LazyFlats):
