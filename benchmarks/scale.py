@@ -96,6 +96,7 @@ def from_record(rec: dict) -> dict:
                 h2d_gb_step=(steps[-1].get("bytes_h2d") or 0) / 1e9 if steps else None,
                 d2h_gb_step=(steps[-1].get("bytes_d2h") or 0) / 1e9 if steps else None,
                 build_seconds=rec["info"].get("build_seconds"),
+                digest_seconds=rec["info"].get("digest_seconds"),
                 step_seconds_all=[round(x["seconds"], 4) for x in steps],
                 param_digest=rec.get("param_digest"), base_digest=rec.get("base_digest"))
 
@@ -121,6 +122,7 @@ COLS = [("row", "name", ""), ("status", "status", ""), ("tok/s", "tokens_per_s",
         ("torch GB", "torch_peak_gb", "{:.2f}"), ("plan GB", "plan_torch_gb", "{:.2f}"),
         ("NVML GB", "nvml_peak_gb", "{:.2f}"), ("plan NVML", "plan_nvml_gb", "{:.2f}"), ("host RSS GB", "host_rss_gb", "{:.1f}"),
         ("plan host GB", "plan_host_gb", "{:.1f}"), ("build s", "build_seconds", "{:.0f}"),
+        ("digest s", "digest_seconds", "{:.0f}"),
         ("steady", "steady_steps", "{}"), ("error", "error", "")]
 
 

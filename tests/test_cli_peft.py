@@ -21,6 +21,7 @@ def test_demo_with_lora_trains_the_same_adapters_on_both_engines(tmp_path):
         assert run["config"]["peft"] == "lora" and run["config"]["lora_rank"] == 4
         assert run["config"]["base_codec"] == "bf16"
         assert len(run["base_digest"]) == 64 and run["base_digest"] != run["param_digest"]
+        assert run["summary"]["digest_seconds"] >= 0  # both digests' time (minutes at 175b)
     assert mezo["param_digest"] == off["param_digest"]
     assert mezo["base_digest"] == off["base_digest"]
     assert "param_digest identical across the two engines" in r.stdout

@@ -385,6 +385,7 @@ class TrainRecipe:
         self.engine.flush()
         self.collector.flush()
         if digest_params:  # one group decoded at a time: the host never holds a 2nd model
+            began = time.perf_counter()
             found = fingerprint(self.engine.state_flats())
             with rec.lock:
                 rec.param_digest, rec.param_norm = found
@@ -393,6 +394,8 @@ class TrainRecipe:
                 base_digest = digest(base)
                 with rec.lock:
                     rec.base_digest = base_digest
+            with rec.lock:  # seconds the end-of-run digests took (largest runs: minutes)
+                rec.info["digest_seconds"] = time.perf_counter() - began
         with rec.lock:
             rec.summary = _summary(rec, self.engine, self.device)
         if self.dist is not None:  # every rank's own view, merged into rank 0's record
@@ -513,6 +516,7 @@ def _summary(rec: RunRecord, engine, device: torch.device) -> dict[str, Any]:
         "bytes_d2h": sum(s.get("bytes_d2h", 0) for s in steps) // n,
         "build_seconds": rec.info.get("build_seconds"),
         "warmup_seconds": rec.info.get("warmup_seconds"),
+        "digest_seconds": rec.info.get("digest_seconds"),  # None: the digest was skipped
     }
     if rec.evals:
         out["eval_accuracy"] = rec.evals[-1]["accuracy"]
