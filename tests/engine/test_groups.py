@@ -1,6 +1,7 @@
 """The run's fingerprint (``param_digest``, ``param_norm``) against a reference written here:
 hashlib over each group's fp32 bytes cut into pieces, and a torch fp64 norm of everything."""
 import hashlib
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -93,6 +94,28 @@ def test_groups_read_piece_by_piece_give_the_same_digest_and_norm(monkeypatch, t
     assert groups.fingerprint(lazy, threads=threads) == groups.fingerprint(flats, threads=threads)
     assert made == [1, 3, 4]  # the groups with readers were never decoded whole
     assert groups.digest(lazy) == tree_digest(flats, 1000)
-    assert readers[0].reads[:4] == [(0, 1000), (1000, 2000), (2000, 3000), (3000, 3500)]
+    # each piece read once, by whichever thread took it
+    assert sorted(readers[0].reads[:4]) == [(0, 1000), (1000, 2000), (2000, 3000), (3000, 3500)]
     assert all(torch.equal(a, b) for a, b in zip(lazy, flats))  # iterating gives tensors
     assert groups.digest(lazy[2:]) == groups.digest(flats[2:])  # a slice keeps its readers
+
+
+def test_reading_threads_leave_torch_thread_count_as_it_was(monkeypatch):
+    """The reading threads run torch with one thread each (no OpenMP team per thread); after
+    the fingerprint this thread and threads started later have the caller's count again."""
+    monkeypatch.setattr(groups, "PIECE", 1000)
+    flats = some_groups(seed=4)
+    seen: list[int] = []
+
+    class CountingReader(SliceReader):
+        def read(self, lo, hi, out):
+            seen.append(torch.get_num_threads())
+            super().read(lo, hi, out)
+
+    before = torch.get_num_threads()
+    lazy = groups.LazyFlats(len(flats), flats.__getitem__, lambda i: CountingReader(flats[i]))
+    assert groups.fingerprint(lazy, threads=2) == groups.fingerprint(flats, threads=2)
+    assert seen and set(seen) == {1}
+    assert torch.get_num_threads() == before
+    with ThreadPoolExecutor(1) as pool:  # a new thread starts with the process's count
+        assert pool.submit(torch.get_num_threads).result() == before

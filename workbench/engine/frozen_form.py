@@ -71,8 +71,9 @@ class FrozenForm:
         nearest even, as ``decode_form``), ``piece`` elements at a time; the fp32 tail stays."""
         if self.dtype == torch.float32:
             return
-        for lo in range(0, self.n_mat - start, piece):
-            part = flat[lo:min(self.n_mat - start, lo + piece)]
+        end = min(flat.numel(), self.n_mat - start)  # flat's part in the matrix prefix
+        for lo in range(0, end, piece):
+            part = flat[lo:min(end, lo + piece)]
             part.copy_(part.to(self.dtype))
 
     def to_fp32(self, buf: torch.Tensor) -> torch.Tensor:

@@ -172,7 +172,7 @@ class PieceReader(Protocol):
 
     def read(self, lo: int, hi: int, out: torch.Tensor) -> None:
         """Elements [lo, hi) as fp32 into ``out`` ((hi - lo,), CPU); lo is a multiple of
-        ``PIECE``."""
+        ``PIECE``. Threads call it at once for different ranges."""
 
     def sample(self, stride: int) -> torch.Tensor:
         """Every ``stride``-th fp32 value from element 0 (a new (ceil(numel / stride),)
@@ -250,20 +250,29 @@ def fingerprint(flats: Iterable[torch.Tensor], hash_bytes: bool = True, with_nor
     decoded, its pieces hashed and squared by ``threads`` threads (default
     ``default_threads()``) straight from its memory (no bytes copy), and dropped before the
     next group is decoded: the host holds one group's fp32 and ``threads * SCRATCH_BYTES``.
-    A group a ``LazyFlats`` has a ``PieceReader`` for is read piece by piece into buffers
-    reused from group to group (no group-sized allocation), while the threads hash."""
+    A group a ``LazyFlats`` has a ``PieceReader`` for is never decoded whole: each thread reads
+    a piece into a buffer of its own (reused from group to group), hashes it, and takes the next.
+    The threads run torch single-threaded: they are the parallelism, and OpenMP teams inside
+    every thread's decode would oversubscribe the cores."""
     root, total = hashlib.sha256(), 0.0
     threads = threads or default_threads()
-    bufs: list[np.ndarray] = []  # piece buffers of readers' groups, made once, reused
-    with ThreadPoolExecutor(threads) as pool:
-        for flat in flats_or_readers(flats):
-            found = (_hash_group(flat, pool, threads, hash_bytes, with_norm)
-                     if isinstance(flat, torch.Tensor) else
-                     _read_pieces(flat, pool, bufs, threads, hash_bytes, with_norm))
-            del flat
-            for piece_digest, squares in found:  # in piece order, whichever thread made it
-                root.update(piece_digest)
-                total += squares
+    bufs: list[np.ndarray] = []  # piece buffers of readers' groups, one per busy thread
+    caller = torch.get_num_threads()
+    try:
+        with ThreadPoolExecutor(threads, initializer=torch.set_num_threads,
+                                initargs=(1,)) as pool:
+            for flat in flats_or_readers(flats):
+                found = (_hash_group(flat, pool, threads, hash_bytes, with_norm)
+                         if isinstance(flat, torch.Tensor) else
+                         _read_pieces(flat, pool, bufs, threads, hash_bytes, with_norm))
+                del flat
+                for piece_digest, squares in found:  # in piece order, whichever thread made it
+                    root.update(piece_digest)
+                    total += squares
+    finally:
+        # A worker's set_num_threads also sets the count threads started later begin with;
+        # this thread's own team is untouched, and later threads get the caller's count again.
+        torch.set_num_threads(caller)
     return root.hexdigest(), total ** 0.5
 
 
@@ -296,29 +305,30 @@ def _hash_group(flat: torch.Tensor, pool: ThreadPoolExecutor, threads: int, hash
 
 def _read_pieces(reader: PieceReader, pool: ThreadPoolExecutor, bufs: list[np.ndarray],
                  threads: int, hash_bytes: bool, with_norm: bool) -> list[tuple[bytes, float]]:
-    """(digest, squares) of each piece of a reader's group: this thread reads piece k into
-    buffer k mod len(bufs) while the pool hashes the pieces read before it. Buffers: at most
-    threads + 1 pieces, and no more than the group has (never more than one group's fp32)."""
+    """(digest, squares) of each piece of a reader's group: ``threads`` tasks each take the next
+    piece number, read that piece into a buffer taken from ``bufs`` and hash it. Host memory:
+    one ``PIECE`` buffer per thread that ran (returned to ``bufs`` for the next group)."""
     count = -(-reader.numel // PIECE)
-    while len(bufs) < min(threads + 1, count):
-        bufs.append(np.empty(PIECE, dtype=np.float32))
     found: list[tuple[bytes, float]] = [(b"", 0.0)] * count
-    busy: list = [None] * len(bufs)  # (piece number, its hash task) last given each buffer
-
-    def collect(slot: int) -> None:
-        if busy[slot] is not None:
-            k, task = busy[slot]
-            found[k] = task.result()  # raises what the thread raised
-
-    for k in range(count):
-        lo, hi, slot = k * PIECE, min(reader.numel, (k + 1) * PIECE), k % len(bufs)
-        collect(slot)  # that buffer's last piece is hashed: it may be overwritten
-        piece = bufs[slot][:hi - lo]
-        reader.read(lo, hi, torch.from_numpy(piece))
-        busy[slot] = (k, pool.submit(_fingerprint_piece, piece, hash_bytes, with_norm))
-    for slot in range(len(bufs)):
-        collect(slot)
+    work = partial(_read_and_hash, reader, itertools.count(), found, bufs, hash_bytes, with_norm)
+    for task in [pool.submit(work) for _ in range(min(threads, count))]:
+        task.result()  # raises what the thread raised
     return found
+
+
+def _read_and_hash(reader: PieceReader, ticket: Iterator[int], found: list[tuple[bytes, float]],
+                   bufs: list[np.ndarray], hash_bytes: bool, with_norm: bool) -> None:
+    """One thread's share of a reader's group: pieces by ``ticket`` number (shared by the
+    threads), each read into this thread's buffer and fingerprinted into ``found[k]``."""
+    buf = bufs.pop() if bufs else np.empty(PIECE, dtype=np.float32)  # list.pop/append: atomic
+    try:
+        while (k := next(ticket)) * PIECE < reader.numel:
+            lo, hi = k * PIECE, min(reader.numel, (k + 1) * PIECE)
+            piece = buf[:hi - lo]
+            reader.read(lo, hi, torch.from_numpy(piece))
+            found[k] = _fingerprint_piece(piece, hash_bytes, with_norm)
+    finally:
+        bufs.append(buf)
 
 
 def _pieces(pieces: list[np.ndarray], ticket: Iterator[int], found: list[tuple[bytes, float]],
