@@ -131,7 +131,10 @@ def save(name: str, payload: dict) -> Path:
 def watch_tree(proc: subprocess.Popen, peak: dict, gpu_index: int | None = None) -> None:
     """Until ``proc`` exits, every 0.5 s: the peak summed RSS and PSS of it and its children
     (``peak["rss"]``, ``peak["pss"]``, bytes) and, with ``gpu_index``, that GPU's used memory as
-    NVML sees it (``peak["nvml"]``; ``peak["nvml_error"]`` when NVML cannot be read)."""
+    NVML sees it (``peak["nvml"]``; ``peak["nvml_error"]`` when NVML cannot be read) and what
+    it was before ``proc`` could start CUDA (``peak["nvml_base"]``, read first: importing torch
+    takes the child longer). The base holds the driver's reserve that NVML counts as used (about
+    0.5 GB on an idle H100) and any other process's memory, this one's included."""
     import psutil
 
     handle = nv = None
@@ -142,6 +145,8 @@ def watch_tree(proc: subprocess.Popen, peak: dict, gpu_index: int | None = None)
             handle = nv.nvmlDeviceGetHandleByIndex(gpu_index)
         except Exception as e:  # noqa: BLE001 - the row then says NVML was not read
             peak["nvml_error"] = f"{type(e).__name__}: {e}"
+    if handle is not None:
+        peak["nvml_base"] = nv.nvmlDeviceGetMemoryInfo(handle).used
     root = psutil.Process(proc.pid)
     while proc.poll() is None:
         rss = pss = 0

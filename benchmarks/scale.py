@@ -68,7 +68,10 @@ def run_row(name: str, settings: dict, out: Path, gpu_index: int | None) -> dict
     watcher.join()
     row = {"name": name, "settings": settings, "wall_seconds": time.perf_counter() - t,
            "host_rss_gb": peak["rss"] / 1e9, "host_pss_gb": peak["pss"] / 1e9,
-           "nvml_peak_gb": peak["nvml"] / 1e9 if gpu_index is not None else None,
+           # the run's own: the device's peak less what was used before it started
+           "nvml_peak_gb": (max(peak["nvml"] - peak["nvml_base"], 0) / 1e9 if "nvml_base" in peak
+                            else None),
+           "nvml_device_peak_gb": peak["nvml"] / 1e9 if "nvml_base" in peak else None,
            "nvml_error": peak.get("nvml_error"), "stdout_tail": stdout[-1500:]}
     record = out / "run.json"
     if not record.exists():
@@ -161,7 +164,8 @@ def main() -> None:
         rows.append(row)
         print(table([row], COLS), flush=True)
     print("\n" + table(rows, COLS))
-    print("GB = 10^9 B; NVML: the device's used memory (all processes); host: the run's process "
+    print("GB = 10^9 B; NVML: the device's used memory less what was used before the run "
+          "started (the driver's reserve, this script's own context); host: the run's process "
           "tree; bound: bytes per step / pinned PCIe (both directions at once when blocks go down)")
     path = save(args.name, {"rows": rows, "pcie": bw, "args": vars(args)})
     print(f"saved {path}")

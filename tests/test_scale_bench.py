@@ -57,3 +57,20 @@ def test_from_run_prints_the_row_beside_the_plan_and_its_bound(tmp_path):
     line = next(x for x in r.stdout.splitlines() if x.startswith("tiny"))
     assert "stopped" in line and "2.000" in line  # median step after the first
     assert "1.00" in line  # 2 s over 20 GB / 10 GB/s
+
+
+def test_the_watcher_reads_nvml_before_the_run_and_its_peak(bench, monkeypatch):
+    """NVML's used memory is read once before the child can start CUDA (the driver's reserve,
+    other processes) and then every 0.5 s: the row reports the run's own as peak - base."""
+    import types
+
+    readings = iter([500, 800, 900, 850] + [850] * 100)
+    fake = types.SimpleNamespace(
+        nvmlInit=lambda: None, nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=next(readings)))
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.8)"])
+    peak: dict = {"rss": 0, "pss": 0, "nvml": 0}
+    bench.watch_tree(proc, peak, gpu_index=0)
+    assert peak["nvml_base"] == 500 and peak["nvml"] == 900
+    assert peak["rss"] > 0

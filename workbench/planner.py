@@ -37,7 +37,8 @@ Memory (n = elements of one block, B rows, T = seq_len, D hidden, F ffn, V vocab
     extra (its torch path, without Triton: about 23 B per block element beside compute); the
     mirror transfer, a 4 B delta per element.
   ``peak_gpu_mem_bytes``: the torch allocator peak (what the run summary reports), with 32 MiB of
-    cuBLAS workspace; ``nvml_gpu_mem_bytes`` adds 500 MiB of CUDA context; no fragmentation.
+    cuBLAS workspace; ``nvml_gpu_mem_bytes`` adds ``CONTEXT_BYTES`` (800 MiB: context and
+    libraries); no fragmentation (measured: 0.04-0.5 GB of reserved-but-free blocks).
     gpu_mem_limit_gb caps the NVML-level figure (GB = 10^9 bytes; figures here are in GiB).
   Host: the buffers above that live there; pinned ones of 64 MiB and more at their exact size
     (``engine/pinned.py``), smaller ones rounded up to a power of two as torch's pinned
@@ -72,7 +73,10 @@ from workbench.planner_lora import adapter_params, codec_bytes, frozen_stream, m
 from workbench.presets import PRESETS, Preset
 
 GiB, MiB = 2 ** 30, 2 ** 20
-CONTEXT_BYTES = 500 * MiB  # CUDA context + allocator bookkeeping: NVML sees it, torch does not
+#: A CUDA process's device memory outside torch's allocator (context, cuBLAS and kernel modules):
+#: NVML sees it, torch does not. H100, torch 2.11: 769-789 MiB over torch's reserved bytes in
+#: three zo-offload runs (benchmarks/nvml_probe.py, 2026-11-23).
+CONTEXT_BYTES = 800 * MiB
 WORKSPACE_BYTES = 32 * MiB  # cuBLAS workspace (Hopper default), allocated through torch
 HOST_PROCESS_BYTES = 3 * GiB  # Python, torch, CUDA libraries, transformers
 HOST_PROCESS_CPU_BYTES = 1 * GiB  # without CUDA (a tiny CPU run peaks near 0.5 GiB)
