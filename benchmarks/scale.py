@@ -2,7 +2,8 @@
 
 Each row is ``python -m workbench run --set ... --out DIR`` (the command a user types), its
 process tree watched from outside every 0.5 s: peak host RSS / PSS (psutil) and peak GPU memory
-as NVML sees it (the whole device, so run it on an otherwise idle GPU). Read back from the run's
+as NVML sees it, less what the device used before the run started (the driver's reserve, this
+script's own context; the whole device, so run it on an otherwise idle GPU). Read back from the run's
 own run.json: steady tokens/s and median step, torch peak, bytes per step, build seconds. Beside
 each row, the planner's prediction for the same settings (``workbench plan --json``, this
 machine's calibration) and the step's transfer bound (bytes per step / pinned PCIe rate, both
