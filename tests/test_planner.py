@@ -10,6 +10,7 @@ import pytest
 
 from workbench.config import ConfigError, RunConfig
 from workbench.flops import block_flops
+from workbench import planner
 from workbench.planner import SAVE_KEY, GiB, PlanError, check_fits, plan, suggest
 from workbench.presets import PRESETS
 
@@ -403,7 +404,7 @@ def test_adapter_plans_of_the_other_methods_by_hand():
     g = off.gpu_breakdown
     assert off.host_breakdown["fp32 master, m, v, grads"] == 16 * nl
     assert g["compute weights + grads"] == 2 * 2 * nl
-    assert g["subgroups in flight"] == 2 * 16 * nl  # one subgroup: the adapters are < 2M
+    assert g["subgroups in flight"] == 16 * nl  # one subgroup (the adapters are < 2M): one slot
     assert g["frozen base"] == 4 * (ne + nh) + 4 * (2 * 49152 + 4 * 832)
     assert g["autocast weight copies"] == 2 * (ne + nh)
     assert 0 < off.h2d_bytes_per_step <= 12 * nl and 0 < off.d2h_bytes_per_step <= 12 * nl
@@ -430,3 +431,14 @@ def test_frozen_block_bytes_match_the_engine_codec(model, codec):
 
     block = build_layouts(BlockAdapter(build_skeleton(model)[0]))[1][0]
     assert base_codec(codec, block).nbytes == base_block_bytes(codec, PRESETS[model])
+
+
+def test_fo_offload_slots_as_the_engine_allocates_them():
+    """The planner's fo-offload slots are the engine's: N_SLOTS slots of at most SLOT_PIECE
+    elements whatever subgroup_size (a 50 M subgroup no longer costs 2.4 GB of slots)."""
+    from workbench.engine import fo_offload
+
+    assert (planner.FO_SLOTS, planner.FO_SLOT_ELEMS) == (fo_offload.N_SLOTS, fo_offload.SLOT_PIECE)
+    sizes = [plan(cfg_(model="opt-1.3b", method="fo-offload", amp="bf16", subgroup_size=n),
+                  gpu="h100").gpu_breakdown["subgroups in flight"] for n in (1_000_000, 50_000_000)]
+    assert sizes == [3 * 16 * 1_000_000, 3 * 16 * (1 << 23)]

@@ -18,8 +18,9 @@ Memory (n = elements of one block, B rows, T = seq_len, D hidden, F ffn, V vocab
     each group's weights bound as duals until the step's dual level ends, so the tangents of all
     blocks accumulate within a step; measured on CPU). fo: fp32 params, grads, AdamW m and v,
     and under autocast a bf16 copy of every weight (its cast cache keeps them for backward).
-    fo-offload: compute weights + grads in the compute dtype (2 B under amp, else 4), two
-    subgroups in flight (fp32 p, m, v, g), the gpu_resident_ratio share of p, m, v.
+    fo-offload: compute weights + grads in the compute dtype (2 B under amp, else 4), up to
+    three slots of min(subgroup_size, 8 Mi) elements (fp32 p, m, v, and g under amp), the
+    gpu_resident_ratio share of p, m, v.
   Activations. Hidden states stay fp32 under autocast (embeddings, layer norms and residual adds
     are fp32): 4 B x B x T x D each. Live across blocks: mezo 1, zo-offload 2 (+ and - travel
     together), forward-grad 2 (primal, tangent). ``BlockAdapter.embed`` keeps its ``_Captured``
@@ -82,6 +83,8 @@ HOST_PROCESS_BYTES = 3 * GiB  # Python, torch, CUDA libraries, transformers
 HOST_PROCESS_CPU_BYTES = 1 * GiB  # without CUDA (a tiny CPU run peaks near 0.5 GiB)
 EVAL_ROWS = 16  # the recipe evaluates in batches of max(batch_size, 16)
 OP_LAUNCH_S = 5e-5  # host time of one perturbation kernel or one transfer launch
+FO_SLOTS, FO_SLOT_ELEMS = 3, 1 << 23  # fo-offload's GPU slots (``engine/fo_offload.py``'s
+#                                        N_SLOTS, SLOT_PIECE: a slot holds a piece of a subgroup)
 SAVE_KEY = "save / resume: one group as fp32"
 # fp64 cast buffers of the digest's threads: ``engine.groups`` MAX_THREADS * SCRATCH_BYTES
 FINGERPRINT_SCRATCH_BYTES = 32 * 2 * 8192 * 8
@@ -230,9 +233,10 @@ def _fo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) -> Non
         e["dev"]["autocast weight copies"] = 2 * P * amp
         e["gpu_param_bytes"] = 4 * P * cuda
     else:
+        piece = min(cfg.subgroup_size, FO_SLOT_ELEMS, P)  # a slot: p, m, v (+ fp32 grads)
         e["dev"].update({"compute weights + grads": 2 * cw * P, "resident optimizer share":
-                         int(12 * rr * P), "subgroups in flight":
-                         2 * 16 * min(cfg.subgroup_size, P)})
+                         int(12 * rr * P), "subgroups in flight": min(FO_SLOTS, -(-P // piece))
+                         * (12 + 4 * (cw == 2)) * piece})
         e["host"]["fp32 master, m, v, grads"] = e["pinned"] = int(16 * (1 - rr) * P)
     e["dev"]["activations (saved + transient)"] = (
         p.num_layers * _saved(p, cfg.batch_size, cfg.seq_len, amp) + e["hb"]

@@ -18,7 +18,7 @@ import torch
 
 from workbench.config import RunConfig
 from workbench.data.batches import SyntheticData
-from workbench.engine import build_engine, perfmodel
+from workbench.engine import build_engine, fo_offload, perfmodel
 from workbench.engine.events import EMBED, HEAD, EventBus, InfoEvent, OpEvent
 from workbench.engine.fo_host import threads_text
 from workbench.engine.fo_offload import make_schedule
@@ -144,6 +144,22 @@ def test_bf16_offload_equals_adamw_for_both_downcast_sites(stride, ratio, cpu_do
                                    subgroup_size=6000), steps=3, cpu_downcast=cpu_downcast)
 
 
+@pytest.mark.parametrize("amp, stride, ratio, size", [
+    ("off", "1", 0.0, 20000), ("off", "-2", 0.2, 7777), ("bf16", "2", 0.0, 8192)])
+def test_subgroups_through_slots_in_pieces_equal_adamw(monkeypatch, amp, stride, ratio, size):
+    """GPU-updated subgroups larger than a slot go through the slots in pieces (a ragged last
+    piece, decay runs cut at piece edges): the same weights as AdamW, and slots of the piece
+    size, not the subgroup's."""
+    monkeypatch.setattr(fo_offload, "SLOT_PIECE", 3000)
+    cfg = RunConfig(model="tiny-opt", method="fo-offload", lr=LR, weight_decay=WD, amp=amp,
+                    update_stride=stride, gpu_resident_ratio=ratio, subgroup_size=size)
+    engine, _ = _engine(cfg)
+    assert len(engine._pieces) > 2 * len(engine.schedule.gpu)  # several pieces per subgroup
+    assert {t.numel() for slot in engine.slots for t in slot} == {3000}
+    engine.close()
+    _check_against_adamw(cfg, steps=3)
+
+
 def test_multithreaded_cpu_side_equals_adamw(all_threads):
     _check_against_adamw(RunConfig(model="tiny-opt", method="fo-offload", lr=LR, weight_decay=WD,
                                    update_stride="-2", gpu_resident_ratio=0.2,
@@ -234,8 +250,13 @@ def _recorded(cfg: RunConfig, steps: int, cpu_downcast: bool | None = None):
     return engine, events, infos
 
 
-@pytest.mark.parametrize("amp, cpu_downcast", [("off", None), ("bf16", True), ("bf16", False)])
-def test_timeline_has_every_subgroups_update_once_per_step(amp, cpu_downcast):
+@pytest.mark.parametrize("amp, cpu_downcast, piece", [("off", None, None), ("bf16", True, None),
+                                                    ("bf16", False, None), ("off", None, 6000)])
+def test_timeline_has_every_subgroups_update_once_per_step(monkeypatch, amp, cpu_downcast,
+                                                           piece):
+    """Also when a subgroup goes through the slots in pieces: one span per subgroup each."""
+    if piece:
+        monkeypatch.setattr(fo_offload, "SLOT_PIECE", piece)
     cfg = RunConfig(model="tiny-opt", method="fo-offload", update_stride="3", amp=amp,
                     gpu_resident_ratio=0.25, subgroup_size=20000, lr=LR)
     engine, events, infos = _recorded(cfg, 3, cpu_downcast)
@@ -251,6 +272,9 @@ def test_timeline_has_every_subgroups_update_once_per_step(amp, cpu_downcast):
         assert sorted(of("cpu-update") + of("gpu-update")) == list(range(n_sub))
         assert of("gpu-update") == sorted(gpu | resident)
         assert of("prefetch") == of("flush-out") == sorted(gpu)
+        for op in ("prefetch", "flush-out"):  # a subgroup's span carries all its pieces' bytes
+            assert {e.block: e.nbytes for e in events if e.op == op and e.step == t} == {
+                j: 12 * engine._size(j) for j in gpu}
         assert of("upload-weights") == sorted(cpu)
         assert of("downcast") == (sorted(cpu) if cpu_downcast else [])
         assert set(of("grad-d2h")) == cpu  # one piece per (group, subgroup) overlap

@@ -4,8 +4,8 @@ Where things live. The host holds, page-locked, the fp32 master weights p, Adam'
 the fp32 gradients of all parameters (16 bytes per parameter), as one buffer each over the
 canonically ordered, concatenated parameter groups. That range is cut into subgroups of
 ``subgroup_size`` parameters. The GPU holds the compute weights w (bf16 under amp=bf16, else
-fp32) the forward and backward passes read, the gradients of GPU-updated subgroups, a few
-subgroup slots, and the (p, m, v) of the static resident share (``gpu_resident_ratio``, the
+fp32) the forward and backward passes read, the gradients of GPU-updated subgroups, three
+slots of up to ``SLOT_PIECE`` elements, and the (p, m, v) of the static resident share (``gpu_resident_ratio``, the
 last subgroups, TwinFlow-style).
 
 A step. Forward and backward on w; the first interleaved subgroups' (p, m, v) are prefetched
@@ -15,9 +15,9 @@ to fp32 and sent to the host on the offload stream, subgroup by subgroup; a CPU 
 gradients are all on their way goes to the host worker (``fo_host``), which updates it with
 torch's fused CPU AdamW as soon as they land, while backward goes on, and sends the result up
 into w. After backward: resident subgroups update in place; every interleaved GPU subgroup is
-updated in its slot with the fused AdamW kernel on the compute stream, written into w and
-evicted (p, m, v back to the host) on its own stream, the slots rotating behind further
-prefetches. The next forward waits for the last upload. Every GPU-side dependency is an event;
+updated with the fused AdamW kernel on the compute stream a slot-sized piece at a time (its
+pieces through the slots in turn), written into w and evicted (p, m, v back to the host) on its
+own stream, the slots rotating behind further prefetches. The next forward waits for the last upload. Every GPU-side dependency is an event;
 the host blocks only where it must read or reuse host memory that a copy is still writing or
 reading, and at the end of the step for the worker. On a CPU-only machine both sides run on the
 CPU and the streams are no-ops, so the schedule is tested in CI.
@@ -64,7 +64,11 @@ from workbench.engine.zo_common import autocast
 from workbench.models.build import RandomInit
 from workbench.models.lora import LoRAInit
 
-N_SLOTS = 3  # GPU subgroup slots: one prefetching, one updating, one flushing out
+N_SLOTS = 3  # GPU slots: one prefetching, one updating, one flushing out
+#: Elements of p, m, v a GPU slot holds: an interleaved subgroup goes through the slots in
+#: pieces of at most this many (3 slots x 4 fp32 buffers x 32 MiB = 384 MiB, whatever
+#: subgroup_size; subgroup-sized slots were 2.4 GB at 50 M).
+SLOT_PIECE = 1 << 23
 CHUNK = 1 << 24  # elements upcast to fp32 at a time for a gradient flush (64 MB)
 
 
@@ -158,6 +162,7 @@ class FOOffloadEngine(FirstOrderContract):
         self._inv_scale = torch.full((), 1.0 / self.scale, device=device)
         self._flushed: dict[int, object] = {}  # subgroup -> its last flush-out (host copy valid)
         self._slot_free: list = [None] * N_SLOTS
+        self._prefetch_span = None  # the prefetch span of the subgroup whose pieces go up now
         self._clock: deque = deque()
         self.update_seconds: list[float] = []
         if self.cuda:
@@ -244,8 +249,11 @@ class FOOffloadEngine(FirstOrderContract):
             kept += self._size(j)
         self.keep = torch.empty(kept, dtype=self.wdtype, device=self.device)
         convert = self.wdtype != torch.float32
-        self.slots = [tuple(torch.empty(self.sub, device=self.device) for _ in range(3 + convert))
-                      for _ in range(min(N_SLOTS, len(s.gpu)))]
+        self._pieces = [(j, lo, min(lo + SLOT_PIECE, self.bounds(j)[1]))
+                        for j in s.gpu for lo in range(*self.bounds(j), SLOT_PIECE)]
+        size = min(self.sub, SLOT_PIECE)
+        self.slots = [tuple(torch.empty(size, device=self.device) for _ in range(3 + convert))
+                      for _ in range(min(N_SLOTS, len(self._pieces)))]
         self._res_g = (torch.empty(self.sub, device=self.device)
                        if convert and len(s.resident) else None)
         self.host_side.place(self.cpu_downcast)
@@ -443,40 +451,57 @@ class FOOffloadEngine(FirstOrderContract):
                                     self.res_v[a - r0:b - r0], self._kept(j), self._res_g,
                                     self.w_out[a:b], self.segments[j], self._wd, self._hyper,
                                     self._step_dev)
-        for k, j in enumerate(sched.gpu):
-            a, b = self.bounds(j)
-            n, q = b - a, k % len(self.slots)
+        # One gpu-update and one flush-out span per subgroup, from its first piece to its last.
+        updating = flushing = None
+        for k, (j, a, b) in enumerate(self._pieces):
+            ja, jb = self.bounds(j)
+            n, q, first, last = b - a, k % len(self.slots), a == ja, b == jb
             slot = self.slots[q]
             s.wait(s.compute, self._fetched.pop(k))  # update only once p, m, v have landed
-            with self.timer.span("gpu-update", "compute", s.compute, step, j, 0, "interleaved"):
-                self.update_on_gpu(*(t[:n] for t in slot[:3]), self._kept(j),
-                                    slot[3] if len(slot) > 3 else None, self.w_out[a:b],
-                                    self.segments[j], self._wd, self._hyper, self._step_dev)
-            updated = s.record(s.compute)  # j's update and its compute weights are done
+            if first:
+                updating = self.timer.open(s.compute)
+            self.update_on_gpu(*(t[:n] for t in slot[:3]), self._kept(j)[a - ja:b - ja],
+                                slot[3] if len(slot) > 3 else None, self.w_out[a:b],
+                                _within(self.segments[j], a - ja, b - ja), self._wd,
+                                self._hyper, self._step_dev)
+            if last:
+                self.timer.close(updating, "gpu-update", "compute", s.compute, step, j, 0,
+                                 "interleaved")
+            updated = s.record(s.compute)  # this piece's update and compute weights are done
             with s.on(self.evict):
                 s.wait(self.evict, updated)  # flush out only the updated values
-                with self.timer.span("flush-out", "offload", self.evict, step, j, 12 * n):
-                    for src, dst in zip(slot[:3], (self.p32, self.m, self.v)):
-                        dst[a:b].copy_(src[:n], non_blocking=self.cuda)
-                # The slot may be refilled, and j's host copy read, after this point.
-                self._slot_free[q] = self._flushed[j] = s.record(self.evict)
+                if first:
+                    flushing = self.timer.open(self.evict)
+                for src, dst in zip(slot[:3], (self.p32, self.m, self.v)):
+                    dst[a:b].copy_(src[:n], non_blocking=self.cuda)
+                # The slot may be refilled after this point, and j's host copy read once its
+                # last piece is out.
+                self._slot_free[q] = s.record(self.evict)
+                if last:
+                    self.timer.close(flushing, "flush-out", "offload", self.evict, step, j,
+                                     12 * (jb - ja))
+                    self._flushed[j] = self._slot_free[q]
             self.bytes_d2h += 12 * n
-            if k + len(self.slots) < len(sched.gpu):
+            if k + len(self.slots) < len(self._pieces):
                 self._prefetch(k + len(self.slots))
 
     def _prefetch(self, k: int) -> None:
-        """(p, m, v) of the k-th interleaved subgroup into its slot, on the prefetch stream."""
-        s, j = self.streams, self.schedule.gpu[k]
-        a, b = self.bounds(j)
+        """(p, m, v) of the k-th piece of the interleaved subgroups into its slot, on the
+        prefetch stream; one ``prefetch`` span per subgroup, from its first piece to its last."""
+        s, (j, a, b) = self.streams, self._pieces[k]
+        ja, jb = self.bounds(j)
         slot = self.slots[k % len(self.slots)]
         with s.on(self.prefetch):
             s.wait(self.prefetch, self._slot_free[k % len(self.slots)])  # last user flushed it
-            s.wait(self.prefetch, self._flushed.get(j))  # last flush-out wrote j's host copy
-            with self.timer.span("prefetch", "upload", self.prefetch, self._step, j,
-                                 12 * (b - a)):
-                for dst, src in zip(slot[:3], (self.p32, self.m, self.v)):
-                    dst[:b - a].copy_(src[a:b], non_blocking=self.cuda)
-            self._fetched[k] = s.record(self.prefetch)  # p, m, v of j are on the GPU
+            s.wait(self.prefetch, self._flushed.get(j))  # last step's flush-out wrote j's copy
+            if a == ja:  # pieces are prefetched in order: one subgroup's span open at a time
+                self._prefetch_span = self.timer.open(self.prefetch)
+            for dst, src in zip(slot[:3], (self.p32, self.m, self.v)):
+                dst[:b - a].copy_(src[a:b], non_blocking=self.cuda)
+            if b == jb:
+                self.timer.close(self._prefetch_span, "prefetch", "upload", self.prefetch,
+                                 self._step, j, 12 * (jb - ja))
+            self._fetched[k] = s.record(self.prefetch)  # this piece of j is on the GPU
         self.bytes_h2d += 12 * (b - a)
 
     def _kept(self, j: int) -> torch.Tensor:
@@ -605,6 +630,11 @@ class FOOffloadEngine(FirstOrderContract):
             h.remove()
         self._hooks = []
         self.host.release()
+
+
+def _within(segments: list[tuple[int, int, bool]], lo: int, hi: int) -> list[tuple[int, int, bool]]:
+    """A subgroup's (lo, hi, decayed) runs cut to its elements [lo, hi), relative to lo."""
+    return [(max(a, lo) - lo, min(b, hi) - lo, d) for a, b, d in segments if min(b, hi) > max(a, lo)]
 
 
 def _gather(parts: list[torch.Tensor], lo: int, hi: int, out: torch.Tensor) -> None:

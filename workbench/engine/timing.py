@@ -47,19 +47,32 @@ class OpTimer:
     def span(self, op: str, stream_name: str, stream, step: int, block: int, nbytes: int = 0,
              detail: str = "") -> Iterator[None]:
         """Time the work enqueued (CUDA) or done (CPU) inside the block."""
+        began = self.open(stream)
+        yield
+        self.close(began, op, stream_name, stream, step, block, nbytes, detail)
+
+    def open(self, stream) -> object:
+        """The start of an operation whose work is enqueued in parts, at different times, on
+        ``stream`` (a subgroup moved in pieces); ``close`` ends it. None when disabled."""
         if not self.enabled:
-            yield
+            return None
+        if not self.cuda:
+            return self.now()
+        begin = self._event()
+        begin.record(stream)
+        return begin
+
+    def close(self, began, op: str, stream_name: str, stream, step: int, block: int,
+              nbytes: int = 0, detail: str = "") -> None:
+        """End the operation ``open`` started: everything enqueued on ``stream`` since."""
+        if began is None:
             return
         if not self.cuda:
-            start = self.now()
-            yield
-            self.bus.publish(OpEvent(op, stream_name, step, block, nbytes, start, self.now(), detail))
+            self.bus.publish(OpEvent(op, stream_name, step, block, nbytes, began, self.now(), detail))
             return
-        begin, end = self._event(), self._event()
-        begin.record(stream)
-        yield
+        end = self._event()
         end.record(stream)
-        self.track(op, stream_name, step, block, nbytes, begin, end, detail)
+        self.track(op, stream_name, step, block, nbytes, began, end, detail)
 
     def track(self, op: str, stream_name: str, step: int, block: int, nbytes: int,
               begin: torch.cuda.Event, end: torch.cuda.Event, detail: str = "") -> None:
