@@ -293,10 +293,7 @@ def _hash_group(flat: torch.Tensor, pool: ThreadPoolExecutor, threads: int, hash
     host = _host_fp32(flat).reshape(-1).numpy()
     pieces = [host[i:i + PIECE] for i in range(0, host.size, PIECE)]  # views
     del flat, host  # the views in ``pieces`` are now the group's only owner
-    found = [(b"", 0.0)] * len(pieces)
-    work = partial(_pieces, pieces, itertools.count(), found, hash_bytes, with_norm)
-    for task in [pool.submit(work) for _ in range(min(threads, len(pieces)))]:
-        task.result()  # raises what the thread raised
+    found = _share_out(pool, threads, len(pieces), partial(_pieces, pieces, hash_bytes, with_norm))
     # A task keeps ``pieces`` (the list) alive a moment after its result is in; emptying it
     # frees the decoded group now, before the next is made.
     pieces.clear()
@@ -305,19 +302,26 @@ def _hash_group(flat: torch.Tensor, pool: ThreadPoolExecutor, threads: int, hash
 
 def _read_pieces(reader: PieceReader, pool: ThreadPoolExecutor, bufs: list[np.ndarray],
                  threads: int, hash_bytes: bool, with_norm: bool) -> list[tuple[bytes, float]]:
-    """(digest, squares) of each piece of a reader's group: ``threads`` tasks each take the next
-    piece number, read that piece into a buffer taken from ``bufs`` and hash it. Host memory:
-    one ``PIECE`` buffer per thread that ran (returned to ``bufs`` for the next group)."""
-    count = -(-reader.numel // PIECE)
+    """(digest, squares) of each piece of a reader's group: each task reads the next piece into
+    a buffer taken from ``bufs`` and hashes it. Host memory: one ``PIECE`` buffer per thread
+    that ran (returned to ``bufs`` for the next group)."""
+    return _share_out(pool, threads, -(-reader.numel // PIECE),
+                      partial(_read_and_hash, reader, bufs, hash_bytes, with_norm))
+
+
+def _share_out(pool: ThreadPoolExecutor, threads: int, count: int,
+               work: Callable[[Iterator[int], list], None]) -> list[tuple[bytes, float]]:
+    """``count`` pieces' (digest, squares), in piece order: up to ``threads`` tasks run
+    ``work(ticket, found)``, each taking piece numbers from the shared ``ticket``."""
     found: list[tuple[bytes, float]] = [(b"", 0.0)] * count
-    work = partial(_read_and_hash, reader, itertools.count(), found, bufs, hash_bytes, with_norm)
-    for task in [pool.submit(work) for _ in range(min(threads, count))]:
+    ticket = itertools.count()
+    for task in [pool.submit(work, ticket, found) for _ in range(min(threads, count))]:
         task.result()  # raises what the thread raised
     return found
 
 
-def _read_and_hash(reader: PieceReader, ticket: Iterator[int], found: list[tuple[bytes, float]],
-                   bufs: list[np.ndarray], hash_bytes: bool, with_norm: bool) -> None:
+def _read_and_hash(reader: PieceReader, bufs: list[np.ndarray], hash_bytes: bool,
+                   with_norm: bool, ticket: Iterator[int], found: list[tuple[bytes, float]]) -> None:
     """One thread's share of a reader's group: pieces by ``ticket`` number (shared by the
     threads), each read into this thread's buffer and fingerprinted into ``found[k]``."""
     buf = bufs.pop() if bufs else np.empty(PIECE, dtype=np.float32)  # list.pop/append: atomic
@@ -331,8 +335,8 @@ def _read_and_hash(reader: PieceReader, ticket: Iterator[int], found: list[tuple
         bufs.append(buf)
 
 
-def _pieces(pieces: list[np.ndarray], ticket: Iterator[int], found: list[tuple[bytes, float]],
-            hash_bytes: bool, with_norm: bool) -> None:
+def _pieces(pieces: list[np.ndarray], hash_bytes: bool, with_norm: bool, ticket: Iterator[int],
+            found: list[tuple[bytes, float]]) -> None:
     """One thread's share: takes the next piece number from ``ticket`` (shared by the threads)
     until none is left, and puts (SHA-256 digest, fp64 sum of squares) of piece k at
     ``found[k]``. Both release the GIL (hashlib on large buffers, einsum on plain numbers); the
