@@ -3,7 +3,9 @@ and where the update phase's time goes, every row in a fresh Python process.
 
 Rows (``--rows``, comma-separated; default all five):
     all-cpu        fo-offload, every subgroup updated on the CPU (ZeRO-Offload)
-    auto           fo-offload, interleaved: stride and downcast site from the calibrated model
+    auto           fo-offload, ``update_stride="auto"``: the calibrated model's candidate
+                   placements (stride, downcast site) one step each, the fastest kept
+                   (``fo_trial``); those steps come first and are reported as ``trial``
     static         fo-offload, the resident share (TwinFlow) the model predicts fastest among
                    those predicted to fit ``--cap-gb`` (5% steps)
     stride:K       fo-offload, interleaved stride K      static:R   resident share R
@@ -123,9 +125,10 @@ def _collect():
     return bus, events, info
 
 
-def _timed_steps(step_fn, spec: dict, data, device: torch.device) -> list[float]:
+def _timed_steps(step_fn, spec: dict, data, device: torch.device, first: int = 0) -> list[float]:
+    """Seconds of steps ``first`` .. ``first + spec["steps"]`` (the first of them a warm-up)."""
     seconds = []
-    for t in range(spec["steps"] + 1):
+    for t in range(first, first + spec["steps"] + 1):
         batch = data.batch_for_step(t, spec["batch"], 0).to(device)
         _sync(device)  # whole steps on the host clock
         t0 = time.perf_counter()
@@ -175,7 +178,11 @@ def workbench_row(spec: dict) -> dict:
             out["static_transient_gpu_bytes"] = transient
             engine.reschedule(perfmodel.NO_GPU, ratio)
         _reset_peak(device)
-        seconds = _timed_steps(step, spec, data, device)
+        trial = []  # auto: one step per candidate placement first (fo_trial), then timing
+        while engine.trying:
+            trial += _timed_steps(step, {**spec, "steps": 0}, data, device, len(trial))
+        first = len(trial)
+        seconds = _timed_steps(step, spec, data, device, first)
         engine.sync()
     except torch.OutOfMemoryError as e:
         engine.close()
@@ -200,11 +207,22 @@ def workbench_row(spec: dict) -> dict:
         "predicted_gpu_side_s": plan["predicted_gpu_s"],
         "update_s_measured": statistics.median(upd) if upd else None,
         "update_s_each": engine.update_seconds,
-        "phases": phases(events, list(range(1, spec["steps"] + 1)), engine),
+        "phases": phases(events, list(range(first + 1, first + spec["steps"] + 1)), engine),
+        "trial": info.get("fo_trial"), "trial_step_s": trial,
     })
     m = out["update_s_measured"]
     out["prediction_error"] = (engine.predicted_update_s - m) / m if m else None
     return out
+
+
+def trial_text(trial: dict) -> str:
+    """One line: the placements "auto" tried (stride / downcast site: step s) and the one kept."""
+    from workbench.engine import perfmodel
+
+    tried = [f"{'all-cpu' if c['stride'] == perfmodel.NO_GPU else 'stride ' + str(c['stride'])}"
+             f"/{c['downcast']}: {c['step_s']:.3f} s" for c in trial["candidates"]]
+    kept = tried[trial["chosen"]].split(":")[0]
+    return f"auto tried {', '.join(tried)}; kept {kept}"
 
 
 def _cap(spec: dict) -> float:
@@ -492,6 +510,8 @@ def main(argv=None) -> int:
         print("  " + (r.get("error") or r.get("skipped") or
                       f"iteration {r['iteration_s']:.3f} s, peak {r['peak_gpu_bytes'] / GB:.1f} "
                       f"GB, process {r.get('process_seconds', 0):.0f} s"), flush=True)
+        if r.get("trial"):
+            print("  " + trial_text(r["trial"]), flush=True)
         if args.device == "cuda":
             save(args.name, out)  # after every row: a timeout keeps what ran
     out["summary"] = summarise(out["rows"])

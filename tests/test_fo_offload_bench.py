@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -78,13 +79,16 @@ def test_unknown_rows_are_refused_in_one_line():
 def test_cpu_plumbing_run_prints_the_table_and_skips_torchao():
     out = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--model", "tiny-opt",
                           "--steps", "1", "--subgroup", "20000", "--threads", "1",
-                          "--rows", "all-cpu,torchao-bf16"],
+                          "--rows", "all-cpu,auto,torchao-bf16"],
                          capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     text = out.stdout
     assert "torchao-bf16 ...\n  needs CUDA" in text
     line = next(x for x in text.splitlines() if x.strip().startswith("all-cpu") and "yes" in x)
     assert float(line.split()[1]) > 0  # the iteration seconds
+    # auto: each candidate placement timed for a step before the timed steps, one kept
+    assert re.search(r"auto tried stride -?\d+/[cg]pu: [\d.]+ s, .*all-cpu/[cg]pu: [\d.]+ s; kept ",
+                     text), text
     assert "saved nothing (a CPU plumbing run)" in text
 
 

@@ -160,7 +160,8 @@ class RunConfig:
     # first-order offload (interleaved optimizer states)
     subgroup_size: int = _knob(2_000_000, "parameters per optimizer subgroup", lo=1024,
                                hi=2**31 - 1, unit="params", group="fo")
-    update_stride: str = _knob("auto", "auto, or k: every k-th subgroup updated on the GPU "
+    update_stride: str = _knob("auto", "auto (the model's candidates tried for a step each, "
+                               "the fastest kept), or k: every k-th subgroup updated on the GPU "
                                "(negative -k: k of every k+1 on the GPU)", group="fo")
     gpu_resident_ratio: float = _knob(0.0, "share of subgroups kept on the GPU all along", lo=0.0,
                                       hi=1.0, group="fo")

@@ -33,7 +33,7 @@ adapters are what an optimizer state would be offloaded for, and they are small.
 
 Longer than the usual module (about 600 lines) because the schedule, its gradient routing and
 the GPU side only make sense together; the model is ``perfmodel``, its measurement
-``fo_calibrate``, the CPU side ``fo_host``.
+``fo_calibrate``, the choice among its candidates ``fo_trial``, the CPU side ``fo_host``.
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ import torch
 
 from workbench.config import RunConfig
 from workbench.data.batches import Batch
-from workbench.engine import fo_calibrate, perfmodel
+from workbench.engine import fo_calibrate, fo_trial, perfmodel
 from workbench.engine.events import EMBED, HEAD, EventBus, InfoEvent
 from workbench.engine.fo import (FirstOrderContract, prompt_loss, refuse_unsupported,
                                  trainable_params)
@@ -100,7 +100,8 @@ class FOOffloadEngine(FirstOrderContract):
     """Args:
         model, source, device, bus: as ``FOEngine``.
         cfg: the run config; besides the FO knobs (amp, adam_*), ``subgroup_size``,
-            ``update_stride`` ("auto": from the performance model), ``gpu_resident_ratio`` and
+            ``update_stride`` ("auto": the performance model's candidates, one timed step
+            each, the fastest kept: ``fo_trial``), ``gpu_resident_ratio`` and
             ``update_threads``.
 
     Attributes beyond the engine protocol: ``schedule``, ``calibration`` (measured rates,
@@ -176,7 +177,15 @@ class FOOffloadEngine(FirstOrderContract):
         self.perf = perfmodel.inputs(self.calibration, self.word)
         self.res_p = self.res_m = self.res_v = None
         self.schedule: Schedule | None = None
-        self.reschedule(cfg.update_stride, cfg.gpu_resident_ratio)
+        tries = (self.candidates(cfg.gpu_resident_ratio) if cfg.update_stride == "auto"
+                 else [])
+        self._trial = fo_trial.ScheduleTrial(tries) if len(tries) > 1 else None
+        self._next: fo_trial.Candidate | None = None  # the placement the next step begins with
+        if self._trial is not None:
+            first = self._trial.current
+            self.reschedule(first.stride, cfg.gpu_resident_ratio, first.cpu_downcast)
+        else:
+            self.reschedule(cfg.update_stride, cfg.gpu_resident_ratio)
 
     # --- setup ------------------------------------------------------------------------------
     def _materialise(self, source) -> None:
@@ -281,18 +290,36 @@ class FOOffloadEngine(FirstOrderContract):
         CPU downcast?, schedule, split, the model's (B, Ug, Uc, Dc, word bytes))."""
         sixteen = self.wdtype != torch.float32
         sites = (False, True) if sixteen and cpu_downcast is None else (bool(cpu_downcast),)
-        best = None
-        for down in sites:
-            rates = perfmodel.site(self.perf, down)
-            stride = (perfmodel.stride(*rates[:4], word_bytes=rates[4])
-                      if str(update_stride) == "auto" else int(update_stride))
-            sched = make_schedule(self.n_sub, stride, resident_ratio)
-            split = self._split(sched)
-            t = perfmodel.predict_update_seconds(self.numel, split, *rates[:4],
-                                                 word_bytes=rates[4])
-            if best is None or t < best[0]:
-                best = (t, down and sixteen, sched, split, rates)
-        return best
+        return min((self._place(update_stride, resident_ratio, down) for down in sites),
+                   key=lambda placed: placed[0])
+
+    def _place(self, update_stride: str | int, resident_ratio: float, down: bool) -> tuple:
+        """``plan``'s tuple for one downcast site."""
+        rates = perfmodel.site(self.perf, down)
+        stride = (perfmodel.stride(*rates[:4], word_bytes=rates[4])
+                  if str(update_stride) == "auto" else int(update_stride))
+        sched = make_schedule(self.n_sub, stride, resident_ratio)
+        split = self._split(sched)
+        t = perfmodel.predict_update_seconds(self.numel, split, *rates[:4], word_bytes=rates[4])
+        return t, down and self.wdtype != torch.float32, sched, split, rates
+
+    def candidates(self, resident_ratio: float) -> list[fo_trial.Candidate]:
+        """What "auto" tries (``fo_trial``): at each downcast site the model's stride and the
+        all-CPU placement, fastest predicted first, keeping only those with no more GPU-side
+        parameters than the model's pick (so no more GPU memory than it)."""
+        sixteen = self.wdtype != torch.float32
+        placed = [self._place(stride, resident_ratio, down)
+                  for down in ((False, True) if sixteen else (False,))
+                  for stride in ("auto", perfmodel.NO_GPU)]
+        placed.sort(key=lambda p: p[0])
+        out: list[fo_trial.Candidate] = []
+        for t, down, sched, split, _ in placed:
+            c = fo_trial.Candidate(sched.stride, down if sixteen else None, t,
+                                   split.gpu + split.resident)
+            if c.gpu_share <= (out[0].gpu_share if out else 1.0) and all(
+                    (o.stride, o.cpu_downcast) != (c.stride, c.cpu_downcast) for o in out):
+                out.append(c)
+        return out
 
     def _split(self, s: Schedule) -> perfmodel.Split:
         n = self.numel
@@ -325,7 +352,33 @@ class FOOffloadEngine(FirstOrderContract):
 
     # --- forward / backward and the gradient flush -------------------------------------------
     def step(self, batch: Batch, step: int, lr: float, wd: float) -> StepOutput:
-        """One AdamW step on the batch's prompt loss; returns the loss (0-d device tensor)."""
+        """One AdamW step on the batch's prompt loss; returns the loss (0-d device tensor).
+        While "auto" tries its candidates (``fo_trial``) the step is timed whole, and the next
+        candidate (or the winner) is placed when the next step begins: between steps the
+        gradients and state still read as this step's placement left them."""
+        nxt, self._next = self._next, None
+        if nxt is not None and (nxt.stride, bool(nxt.cpu_downcast)) != (
+                self.schedule.stride, self.cpu_downcast):
+            self.reschedule(nxt.stride, self.cfg.gpu_resident_ratio, nxt.cpu_downcast)
+        if self._trial is None:
+            return self._train_step(batch, step, lr, wd)
+        self.sync()  # a trial step is timed whole: nothing of the one before still running ...
+        t0 = time.perf_counter()
+        out = self._train_step(batch, step, lr, wd)
+        self.sync()  # ... up to its last copy
+        self._next = self._trial.record(time.perf_counter() - t0)
+        if self._trial.done:
+            self.bus.publish(InfoEvent("fo_trial", self._trial.summary()))
+            self._trial = None
+        return out
+
+    @property
+    def trying(self) -> bool:
+        """True while "auto" is still timing its candidate placements (the winner is placed
+        at the start of the first step after)."""
+        return self._trial is not None
+
+    def _train_step(self, batch: Batch, step: int, lr: float, wd: float) -> StepOutput:
         self._resolve_clock()
         compute = self.streams.compute
         self._step = step
