@@ -439,6 +439,7 @@ def test_fo_offload_slots_as_the_engine_allocates_them():
     from workbench.engine import fo_offload
 
     assert (planner.FO_SLOTS, planner.FO_SLOT_ELEMS) == (fo_offload.N_SLOTS, fo_offload.SLOT_PIECE)
+    assert planner.FO_UPCAST_ELEMS == fo_offload.CHUNK
     sizes = [plan(cfg_(model="opt-1.3b", method="fo-offload", amp="bf16", subgroup_size=n),
                   gpu="h100").gpu_breakdown["subgroups in flight"] for n in (1_000_000, 50_000_000)]
     assert sizes == [3 * 16 * 1_000_000, 3 * 16 * (1 << 23)]

@@ -85,6 +85,7 @@ EVAL_ROWS = 16  # the recipe evaluates in batches of max(batch_size, 16)
 OP_LAUNCH_S = 5e-5  # host time of one perturbation kernel or one transfer launch
 FO_SLOTS, FO_SLOT_ELEMS = 3, 1 << 23  # fo-offload's GPU slots (``engine/fo_offload.py``'s
 #                                        N_SLOTS, SLOT_PIECE: a slot holds a piece of a subgroup)
+FO_UPCAST_ELEMS = 1 << 24  # each of fo-offload's 2 fp32 gradient staging buffers (its CHUNK)
 SAVE_KEY = "save / resume: one group as fp32"
 # fp64 cast buffers of the digest's threads: ``engine.groups`` MAX_THREADS * SCRATCH_BYTES
 FINGERPRINT_SCRATCH_BYTES = 32 * 2 * 8192 * 8
@@ -236,7 +237,8 @@ def _fo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) -> Non
         piece = min(cfg.subgroup_size, FO_SLOT_ELEMS, P)  # a slot: p, m, v (+ fp32 grads)
         e["dev"].update({"compute weights + grads": 2 * cw * P, "resident optimizer share":
                          int(12 * rr * P), "subgroups in flight": min(FO_SLOTS, -(-P // piece))
-                         * (12 + 4 * (cw == 2)) * piece})
+                         * (12 + 4 * (cw == 2)) * piece,
+                         "gradient upcast staging": 2 * 4 * min(FO_UPCAST_ELEMS, P) * (cw == 2)})
         e["host"]["fp32 master, m, v, grads"] = e["pinned"] = int(16 * (1 - rr) * P)
     e["dev"]["activations (saved + transient)"] = (
         p.num_layers * _saved(p, cfg.batch_size, cfg.seq_len, amp) + e["hb"]

@@ -160,6 +160,23 @@ def test_subgroups_through_slots_in_pieces_equal_adamw(monkeypatch, amp, stride,
     _check_against_adamw(cfg, steps=3)
 
 
+@pytest.mark.parametrize("amp", ["off", "bf16"])
+def test_gradients_go_down_in_chunks_through_two_staging_buffers(monkeypatch, amp):
+    """Host pieces of a group longer than a chunk: 16-bit ones are upcast through the two
+    fp32 staging buffers in turn (of at most CHUNK elements), fp32 ones go down as they are;
+    the host gets every gradient exactly (the AdamW equality)."""
+    monkeypatch.setattr(fo_offload, "CHUNK", 777)
+    cfg = RunConfig(model="tiny-opt", method="fo-offload", lr=LR, weight_decay=WD, amp=amp,
+                    update_stride=str(perfmodel.NO_GPU), subgroup_size=20000)
+    engine, _ = _engine(cfg)
+    if amp == "bf16":
+        assert [t.numel() for t in engine._upcast] == [777, 777]
+    else:
+        assert engine._upcast is None
+    engine.close()
+    _check_against_adamw(cfg, steps=3)
+
+
 def test_multithreaded_cpu_side_equals_adamw(all_threads):
     _check_against_adamw(RunConfig(model="tiny-opt", method="fo-offload", lr=LR, weight_decay=WD,
                                    update_stride="-2", gpu_resident_ratio=0.2,
@@ -317,6 +334,16 @@ def test_cuda_offload_equals_adamw(amp, stride, ratio, cpu_downcast):
                                    amp=amp, lr=LR, weight_decay=WD, update_stride=stride,
                                    gpu_resident_ratio=ratio, subgroup_size=4096),
                          cpu_downcast=cpu_downcast)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("amp", ["off", "bf16"])
+def test_cuda_gradients_in_chunks_through_the_staging_buffers_equal_adamw(monkeypatch, amp):
+    # Many chunks per group: each upcast into a staging buffer must wait for its last D2H.
+    monkeypatch.setattr(fo_offload, "CHUNK", 1000)
+    _check_against_adamw(RunConfig(model="tiny-llama", method="fo-offload", device="cuda",
+                                   amp=amp, lr=LR, weight_decay=WD, update_stride="3",
+                                   subgroup_size=4096))
 
 
 @pytest.mark.gpu

@@ -38,17 +38,30 @@ def test_ties_keep_the_models_earlier_candidate_and_empty_trials_are_refused():
         ScheduleTrial([])
 
 
+@pytest.mark.parametrize("stride", [2, 3, 10, -2, -3, -7])
+def test_fewer_is_the_next_stride_with_a_smaller_gpu_share(stride):
+    nxt = perfmodel.fewer(stride)
+    assert perfmodel.gpu_fraction(nxt) < perfmodel.gpu_fraction(stride)
+    between = [s for s in (*range(-20, 0), *range(1, 21))
+               if perfmodel.gpu_fraction(nxt) < perfmodel.gpu_fraction(s)
+               < perfmodel.gpu_fraction(stride)]
+    assert between == []  # no schedule skipped
+    assert perfmodel.fewer(1) == 2
+
+
 @pytest.mark.parametrize("amp", ["off", "bf16"])
-def test_candidates_start_with_the_models_pick_and_never_need_more_gpu(amp):
+def test_candidates_hold_the_models_pick_and_never_need_more_gpu(amp):
     engine, _ = _engine(RunConfig(model="tiny-opt", method="fo-offload", amp=amp,
                                   update_stride="7", subgroup_size=5000))
     cands = engine.candidates(0.0)
     t, down, sched, split, _ = engine.plan("auto", 0.0)
-    assert (cands[0].stride, bool(cands[0].cpu_downcast)) == (sched.stride, down)
-    assert cands[0].predicted_s == pytest.approx(t)
+    tried = {(c.stride, bool(c.cpu_downcast)): c for c in cands}
+    assert tried[sched.stride, down].predicted_s == pytest.approx(t)  # the model's pick
     assert [c.predicted_s for c in cands] == sorted(c.predicted_s for c in cands)
-    assert all(c.gpu_share <= cands[0].gpu_share for c in cands)
+    assert all(c.gpu_share <= split.gpu + split.resident for c in cands)
     assert perfmodel.NO_GPU in {c.stride for c in cands}
+    if sched.stride != perfmodel.NO_GPU:  # and the next schedule with fewer GPU subgroups
+        assert (perfmodel.fewer(sched.stride), down) in tried
     assert len({(c.stride, c.cpu_downcast) for c in cands}) == len(cands)
     assert {c.cpu_downcast for c in cands} <= ({False, True} if amp == "bf16" else {None})
     engine.close()

@@ -43,7 +43,8 @@ def calibrate(engine, stopwatch=None, reps: int = perfmodel.REPS) -> dict[str, p
     probes = {
         "B": perfmodel.Probe(n, partial(on, s.upload, lambda: scratch.copy_(
             p, non_blocking=e.cuda)), s.upload),
-        "Bd": perfmodel.Probe(n, partial(on, s.offload, lambda: e.grads_down(kept, 0)), s.offload),
+        "Bd": perfmodel.Probe(n, partial(on, s.offload, lambda: e.grads_down([kept], 0, n, 0)),
+                              s.offload),
         "Ug": perfmodel.Probe(n, lambda: e.update_on_gpu(
             dp, dm, dv, kept, scratch if e.word == 2 else None, out, segs, 0.0, hyper, one_dev),
             s.compute),

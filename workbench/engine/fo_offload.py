@@ -69,7 +69,7 @@ N_SLOTS = 3  # GPU slots: one prefetching, one updating, one flushing out
 #: pieces of at most this many (3 slots x 4 fp32 buffers x 32 MiB = 384 MiB, whatever
 #: subgroup_size; subgroup-sized slots were 2.4 GB at 50 M).
 SLOT_PIECE = 1 << 23
-CHUNK = 1 << 24  # elements upcast to fp32 at a time for a gradient flush (64 MB)
+CHUNK = 1 << 24  # elements upcast to fp32 at a time for a gradient flush (64 MiB a buffer)
 
 
 @dataclass(frozen=True)
@@ -161,6 +161,10 @@ class FOOffloadEngine(FirstOrderContract):
         self.scale, self._good_steps = (2.0 ** 16 if cfg.amp == "fp16" else 1.0), 0
         self._found_inf = torch.zeros(2, device=device)  # [offload stream, compute stream]
         self._inv_scale = torch.full((), 1.0 / self.scale, device=device)
+        # fp32 staging of 16-bit gradients on their way to the host (``grads_down``).
+        self._upcast = (None if self.wdtype == torch.float32 else
+                        [torch.empty(min(CHUNK, n), device=device) for _ in range(2)])
+        self._upcast_turn = 0
         self._flushed: dict[int, object] = {}  # subgroup -> its last flush-out (host copy valid)
         self._slot_free: list = [None] * N_SLOTS
         self._prefetch_span = None  # the prefetch span of the subgroup whose pieces go up now
@@ -304,20 +308,26 @@ class FOOffloadEngine(FirstOrderContract):
         return t, down and self.wdtype != torch.float32, sched, split, rates
 
     def candidates(self, resident_ratio: float) -> list[fo_trial.Candidate]:
-        """What "auto" tries (``fo_trial``): at each downcast site the model's stride and the
-        all-CPU placement, fastest predicted first, keeping only those with no more GPU-side
-        parameters than the model's pick (so no more GPU memory than it)."""
+        """What "auto" tries (``fo_trial``): at each downcast site the model's stride, the
+        next stride with fewer GPU subgroups and the all-CPU placement, fastest predicted
+        first, keeping only those with no more GPU-side parameters than the model's own pick
+        (``plan``), so none needs more GPU memory than it."""
         sixteen = self.wdtype != torch.float32
-        placed = [self._place(stride, resident_ratio, down)
-                  for down in ((False, True) if sixteen else (False,))
-                  for stride in ("auto", perfmodel.NO_GPU)]
-        placed.sort(key=lambda p: p[0])
+        placed = []
+        for down in (False, True) if sixteen else (False,):
+            model = self._place("auto", resident_ratio, down)
+            placed += [model, self._place(perfmodel.NO_GPU, resident_ratio, down)]
+            if model[2].stride != perfmodel.NO_GPU:
+                placed.append(self._place(perfmodel.fewer(model[2].stride), resident_ratio,
+                                          down))
+        pick = self.plan("auto", resident_ratio)[3]
+        most = pick.gpu + pick.resident
         out: list[fo_trial.Candidate] = []
-        for t, down, sched, split, _ in placed:
+        for t, down, sched, split, _ in sorted(placed, key=lambda p: p[0]):
             c = fo_trial.Candidate(sched.stride, down if sixteen else None, t,
                                    split.gpu + split.resident)
-            if c.gpu_share <= (out[0].gpu_share if out else 1.0) and all(
-                    (o.stride, o.cpu_downcast) != (c.stride, c.cpu_downcast) for o in out):
+            if c.gpu_share <= most and all((o.stride, o.cpu_downcast) != (c.stride, c.cpu_downcast)
+                                           for o in out):
                 out.append(c)
         return out
 
@@ -446,14 +456,13 @@ class FOOffloadEngine(FirstOrderContract):
         produced = s.record(torch.cuda.current_stream(self.device) if self.cuda else None)
         with s.on(s.offload):
             s.wait(s.offload, produced)  # the backward kernels that wrote these grads must finish
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            if self.scale != 1.0:
-                torch._amp_foreach_non_finite_check_and_unscale_([flat], self._found_inf[0],
+            if self.scale != 1.0:  # in place: the kept parts were copied aside already
+                torch._amp_foreach_non_finite_check_and_unscale_(grads, self._found_inf[0],
                                                                  self._inv_scale)
             for lo, hi, j in host:
                 with self.timer.span("grad-d2h", "offload", s.offload, self._step, j,
                                      4 * (hi - lo)):
-                    self.grads_down(flat[lo:hi], o + lo)
+                    self.grads_down(grads, lo, hi, o + lo)
                 done = s.record(s.offload)  # j's piece is on the host after this
                 self.bytes_d2h += 4 * (hi - lo)
                 self._waiting[j] -= 1
@@ -465,12 +474,22 @@ class FOOffloadEngine(FirstOrderContract):
             for g in grads:
                 g.record_stream(s.offload)  # allocated on the compute stream, read on this one
 
-    def grads_down(self, src: torch.Tensor, at: int) -> None:
-        """Gradients ``src`` (compute dtype, on the device) into ``g32[at:]`` as fp32, upcast
-        a ``CHUNK`` at a time (bounded fp32 scratch on the GPU)."""
-        for c in range(0, src.numel(), CHUNK):
-            e = min(c + CHUNK, src.numel())
-            self.g32[at + c:at + e].copy_(src[c:e].float(), non_blocking=self.cuda)
+    def grads_down(self, parts: list[torch.Tensor], lo: int, hi: int, at: int) -> None:
+        """Elements [lo, hi) of the concatenated gradients ``parts`` (compute dtype, on the
+        device; no concatenated copy is made) into ``g32[at:]`` as fp32, on the offload stream.
+        fp32 goes down as it is. 16-bit is upcast a ``CHUNK`` at a time into the two staging
+        buffers in turn: the stream's order makes each upcast wait for the copy that last read
+        its buffer, so the GPU memory this takes does not grow with the gradients queued
+        behind the link (an fp32 temporary per chunk did: 4 B per queued parameter)."""
+        if self._upcast is None:
+            _gather(parts, lo, hi, self.g32[at:at + hi - lo], non_blocking=self.cuda)
+            return
+        for c in range(lo, hi, CHUNK):
+            e = min(c + CHUNK, hi)
+            buf = self._upcast[self._upcast_turn][:e - c]
+            self._upcast_turn ^= 1
+            _gather(parts, c, e, buf)
+            self.g32[at + c - lo:at + e - lo].copy_(buf, non_blocking=self.cuda)
 
     # --- the update phase -------------------------------------------------------------------
     def _update(self, step: int, lr: float, wd: float) -> None:
@@ -690,13 +709,15 @@ def _within(segments: list[tuple[int, int, bool]], lo: int, hi: int) -> list[tup
     return [(max(a, lo) - lo, min(b, hi) - lo, d) for a, b, d in segments if min(b, hi) > max(a, lo)]
 
 
-def _gather(parts: list[torch.Tensor], lo: int, hi: int, out: torch.Tensor) -> None:
-    """``out`` = elements [lo, hi) of the concatenation of ``parts`` (no concatenated copy)."""
+def _gather(parts: list[torch.Tensor], lo: int, hi: int, out: torch.Tensor,
+            non_blocking: bool = False) -> None:
+    """``out`` = elements [lo, hi) of the concatenation of ``parts`` (no concatenated copy),
+    converted to ``out``'s dtype."""
     pos = 0
     for t in parts:
         a, b = max(lo, pos), min(hi, pos + t.numel())
         if b > a:
-            out[a - lo:b - lo].copy_(t.reshape(-1)[a - pos:b - pos])
+            out[a - lo:b - lo].copy_(t.reshape(-1)[a - pos:b - pos], non_blocking=non_blocking)
         pos += t.numel()
         if pos >= hi:
             return

@@ -108,6 +108,16 @@ def gpu_fraction(stride_: int) -> float:
     return 1.0 / stride_ if stride_ > 0 else -stride_ / (1.0 - stride_)
 
 
+def fewer(stride_: int) -> int:
+    """The next stride that sends a smaller share of subgroups to the GPU: s + 1 for s > 1;
+    for -m (m of every m + 1), -(m - 1), and 2 (one in two) after -2. Stride 1 (all on the
+    GPU) has no next one (-m comes ever closer to it as m grows): 2, as ``stride`` never
+    proposes 1."""
+    if stride_ > 0:
+        return stride_ + 1
+    return 2 if stride_ >= -2 else stride_ + 1
+
+
 def _cost(f: float, a: float, b: float, c: float) -> float:
     return max((1.0 - f) * a, f * b + (1.0 - f) * c)
 
