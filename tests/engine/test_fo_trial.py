@@ -30,10 +30,15 @@ def test_trial_warms_up_then_times_each_candidate_once_and_keeps_the_fastest():
         trial.record(0.1)
 
 
-def test_ties_keep_the_models_earlier_candidate_and_empty_trials_are_refused():
+def test_a_tie_goes_to_the_least_gpu_memory_then_to_the_earlier_candidate():
+    trial = ScheduleTrial([A, B, C], warmup=0)
+    for s in (1.00, 1.02, 1.02):  # B and C within TIE of A, with no GPU-side share
+        trial.record(s)
+    assert trial.winner == B  # fewer GPU parameters than A; as few as C, and earlier
     trial = ScheduleTrial([A, B], warmup=0)
-    trial.record(0.2)
-    assert trial.record(0.2) == A
+    for s in (1.00, 1.00 * (1 + fo_trial.TIE) + 0.01):  # B just outside the tie
+        trial.record(s)
+    assert trial.winner == A
     with pytest.raises(ValueError, match="candidate"):
         ScheduleTrial([])
 

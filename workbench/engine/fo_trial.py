@@ -6,8 +6,10 @@ the CPU update then runs 10-30% below its calibrated rate (fo_offload benchmark 
 opt-1.3b / 6.7b): the model's favourite schedule can be slower than updating everything on the
 CPU. So "auto" takes the model's candidates (``candidates``) and trains one step with each,
 timed whole (host clock, the GPU synchronized before and after), then keeps the fastest for the
-rest of the run. Every schedule gives the same weights (all are exact AdamW), so trying them
-costs only the steps' speed, never their result.
+rest of the run; candidates within ``TIE`` of the fastest count as equally fast, and the one
+with the fewest GPU-side parameters (the least GPU memory) wins. Every schedule gives the
+same weights (all are exact AdamW), so trying them costs only the steps' speed, never their
+result.
 
 The first candidate's first step is a warm-up (kernels, the allocator) and is not compared.
 Only candidates with no more GPU-side parameters than the model's pick are tried: they need no
@@ -18,6 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SITE = {True: "cpu", False: "gpu", None: "none"}  # where 16-bit weights are downcast
+#: Step times within 3% of the fastest count as a tie (steps of one placement vary by about
+#: that much on an H100 host), settled by GPU memory.
+TIE = 0.03
 
 
 @dataclass(frozen=True)
@@ -70,11 +75,15 @@ class ScheduleTrial:
 
     @property
     def winner(self) -> Candidate:
-        """The fastest timed candidate (ties: the earlier, i.e. the model's better guess)."""
+        """Of the timed candidates within ``TIE`` of the fastest (as fast, to one step's
+        noise), the one with the fewest GPU-side parameters (the least GPU memory); among
+        equal shares, the earlier (the model's better guess)."""
         timed = [(s, i) for i, s in enumerate(self.seconds) if s is not None]
         if not timed:
             raise RuntimeError("no candidate has been timed yet")
-        return self.candidates[min(timed)[1]]
+        fastest = min(timed)[0]
+        tied = [i for s, i in timed if s <= fastest * (1 + TIE)]
+        return self.candidates[min(tied, key=lambda i: (self.candidates[i].gpu_share, i))]
 
     def summary(self) -> dict:
         """What was tried and what won (the ``fo_trial`` record)."""
