@@ -45,3 +45,23 @@ def test_demo_on_a_gpu_compares_a_size_where_offloading_means_something(tmp_path
     print(f"demo: {wall:.0f} s, zo-offload / MeZO steady tokens/s {ratio:.3f}")
     assert ratio >= 0.9, r.stdout
     assert wall < 60, f"{wall:.0f} s"
+
+
+def test_fo_offload_auto_tries_its_candidate_schedules_and_records_the_choice(tmp_path):
+    """update_stride=auto (the default) from the command line: run.json records each candidate
+    schedule's trial step and the one kept, and the schedule published last is the kept one."""
+    out = tmp_path / "fo"
+    r = subprocess.run([sys.executable, "-m", "workbench", "run", "--out", str(out), "--quiet",
+                        *(a for kv in ("method=fo-offload", "amp=bf16", "steps=8",
+                                       "subgroup_size=5000", "batch_size=4", "seq_len=32",
+                                       "eval_samples=8", "lr=1e-3")
+                          for a in ("--set", kv))],
+                       cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    run = json.loads((out / "run.json").read_text())
+    assert run["status"] == "done" and run["config"]["update_stride"] == "auto"
+    trial = run["info"]["fo_trial"]
+    cands = trial["candidates"]
+    assert len(cands) >= 2 and all(c["step_s"] > 0 for c in cands)
+    assert {c["downcast"] for c in cands} <= {"cpu", "gpu"}
+    assert cands[trial["chosen"]]["stride"] == run["info"]["fo_stride"]
