@@ -12,8 +12,8 @@ same weights (all are exact AdamW), so trying them costs only the steps' speed, 
 result.
 
 The first candidate's first step is a warm-up (kernels, the allocator) and is not compared.
-Only candidates with no more GPU-side parameters than the model's pick are tried: they need no
-more GPU memory than the placement the planner sized the run for.
+Only candidates with no more GPU-side parameters than the model's own pick are tried, so the
+trial needs no more GPU memory than running that pick would.
 """
 from __future__ import annotations
 
