@@ -16,7 +16,8 @@ All rows: the same model with random weights, a synthetic 8 x 128 batch, bf16 au
 workbench's 2-label classification prompt loss, AdamW lr 1e-5, no weight decay. One warm-up
 step, then ``--steps`` timed ones: iteration s is their median (host clock, GPU synchronized),
 peak GPU memory the allocator's over all these steps (auto's trial steps report theirs
-apart, ``trial_peak_gpu_bytes``). fo-offload rows run under ``--cap-gb`` and also report the model's predicted update time against the measured one (from the end of backward to
+apart, ``trial_peak_gpu_bytes``). fo-offload rows run under ``--cap-gb`` and also report the
+model's predicted update time against the measured one (from the end of backward to
 the end of the last update work) and per-phase times from the engine's timeline (median over
 the timed steps): gradient D2H, CPU update (its rate and thread count), CPU waits for
 gradients, downcast, weight uploads, prefetch, GPU update, flush-out, and the compute stream's
