@@ -65,3 +65,7 @@ def test_fo_offload_auto_tries_its_candidate_schedules_and_records_the_choice(tm
     assert len(cands) >= 2 and all(c["step_s"] > 0 for c in cands)
     assert {c["downcast"] for c in cands} <= {"cpu", "gpu"}
     assert cands[trial["chosen"]]["stride"] == run["info"]["fo_stride"]
+    kept = cands[trial["chosen"]]
+    where = ("all on the CPU" if kept["stride"] > 2**30 else f"stride {kept['stride']}")
+    assert (f"fo-offload update schedule  {where}, downcast on {kept['downcast']}, best of "
+            f"{len(cands)} tried") in r.stdout

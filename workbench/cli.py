@@ -267,6 +267,7 @@ def format_summary(records) -> str:
             ("D2H per step (MB)", lambda r: r.summary.get("bytes_d2h", 0) / 1e6, "{:,.2f}"),
             ("final loss", lambda r: r.summary.get("final_loss"), "{:.4f}"),
             *_eval_rows(records),
+            *_schedule_rows(records),
             ("param_digest", lambda r: r.param_digest[:16], None)]
     table = []
     for label, get, fmt in rows:
@@ -284,6 +285,29 @@ def format_summary(records) -> str:
     lines = [f"{label:<{width}}  " + "  ".join(f"{c:>{w}}" for c, w in zip(cells, cols))
              for label, cells in table]
     return "\n".join(lines + [f"note: {STEADY_NOTE} MB = 10^6 bytes."])
+
+
+def _schedule_rows(records) -> list:
+    """fo-offload's optimizer-update placement, where some run recorded one."""
+    if not any("fo_stride" in r.info for r in records):
+        return []
+    return [("fo-offload update schedule", lambda r: schedule_text(r.info), None)]
+
+
+def schedule_text(info: dict) -> str | None:
+    """"stride 3, downcast on gpu, best of 5 tried" from a run's fo-offload records (None for
+    other methods): the stride kept, where 16-bit weights are downcast, and under
+    update_stride=auto how many placements were tried."""
+    from workbench.engine.perfmodel import NO_GPU
+
+    if "fo_stride" not in info:
+        return None
+    stride = info["fo_stride"]
+    text = "all on the CPU" if stride == NO_GPU else f"stride {stride}"
+    downcast = info.get("fo_perf_inputs", {}).get("downcast", "none")
+    text += f", downcast on {downcast}" if downcast != "none" else ""
+    tried = info.get("fo_trial", {}).get("candidates", [])
+    return text + (f", best of {len(tried)} tried" if tried else "")
 
 
 def _eval_rows(records) -> list:
