@@ -31,7 +31,7 @@ gradients on the host, their compute weights in w); the frozen base is held on t
 ``engine/peft.py`` builds it for every whole-model engine, never updated and never moved: the
 adapters are what an optimizer state would be offloaded for, and they are small.
 
-Longer than the usual module (about 600 lines) because the schedule, its gradient routing and
+Longer than the usual module (about 700 lines) because the schedule, its gradient routing and
 the GPU side only make sense together; the model is ``perfmodel``, its measurement
 ``fo_calibrate``, the choice among its candidates ``fo_trial``, the CPU side ``fo_host``.
 """
