@@ -313,14 +313,15 @@ class FOOffloadEngine(FirstOrderContract):
         first, keeping only those with no more GPU-side parameters than the model's own pick
         (``plan``), so none needs more GPU memory than it."""
         sixteen = self.wdtype != torch.float32
-        placed = []
+        placed, models = [], []
         for down in (False, True) if sixteen else (False,):
             model = self._place("auto", resident_ratio, down)
+            models.append(model)
             placed += [model, self._place(perfmodel.NO_GPU, resident_ratio, down)]
             if model[2].stride != perfmodel.NO_GPU:
                 placed.append(self._place(perfmodel.fewer(model[2].stride), resident_ratio,
                                           down))
-        pick = self.plan("auto", resident_ratio)[3]
+        pick = min(models, key=lambda m: m[0])[3]  # what plan("auto", resident_ratio) picks
         most = pick.gpu + pick.resident
         out: list[fo_trial.Candidate] = []
         for t, down, sched, split, _ in sorted(placed, key=lambda p: p[0]):
