@@ -82,6 +82,12 @@ def measure_rows(args) -> tuple[dict, list[dict]]:
     print(f"calibration: {calib.get('gpu_name')}, fused kernel "
           f"{'works' if calib.get('fused_kernel') else 'FAILED (torch path)'}, perturbation "
           f"{calib.get('perturb_fused_per_s', 0) / 1e9:.0f} G elements/s fused", flush=True)
+    for key, (per_step, per_block) in calib.get("host_costs_s", {}).items():
+        print(f"  host, {key}: {per_step * 1e3:.2f} ms per step + {per_block * 1e3:.3f} ms per "
+              f"block", flush=True)
+    for key, rate in calib.get("block_flops_by_shape", {}).items():
+        print(f"  block {key}: {rate['off'] / 1e12:.1f} TFLOP/s fp32, "
+              f"{rate['bf16'] / 1e12:.1f} bf16", flush=True)
     rows = []
     for spec in specs(args.models.split(","), args.steps):
         r = in_fresh_process(HERE / "fresh.py", spec, args.timeout)

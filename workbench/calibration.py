@@ -16,7 +16,9 @@ Defaults (uncalibrated), from the brief's H200 measurements (torch 2.11, 2026-11
     Host memcpy 33 GB/s (16 threads).
 Assumptions with no measurement behind them (calibrate replaces all but the last two):
     GPU memory bandwidth 3.5 TB/s (73% of the H200's 4.8 TB/s) for memory-bound ops;
-    host time per block pass (Python + kernel launches) 0.3 ms; per step 2 ms;
+    host time per block pass (Python + kernel launches) 0.3 ms; per step 2 ms (on a GPU,
+    calibrate measures the host's cost per step and per block of each ZO method instead:
+    ``calibration_shapes.py``, which also measures a block's FLOP/s at every OPT shape);
     CPU fp32 -> bf16 downcast 4 G params/s; the mirror codec's host pass (fp32 += bf16 delta,
     re-encode) 1.5 G params/s; torch-only philox on the GPU 3 G/s;
     reuse_buffers=false multiplies transfer time by 1 / 0.37 (the paper's ablation: 37% of the
@@ -36,6 +38,9 @@ import socket
 import time
 from pathlib import Path
 from typing import Any
+
+from workbench.calibration_shapes import block_rates, host_costs, shape_rates
+from workbench.calibration_shapes import timeit as _timeit
 
 GiB = 2 ** 30
 
@@ -180,26 +185,14 @@ def calibrate(device: str | None = None, quick: bool = False, save: bool = True)
         out.update(gpu_name=None, fused_kernel=False, reuse_off_factor=1.0,
                    gpu_mem_bps=out["host_memcpy_bps"])
         out.update(_perturb_cpu(quick))
-    out.update(_block_rates(device, quick))
+    out.update(block_rates(device, quick))
+    if cuda:
+        if not quick:  # every OPT preset's block shape: seconds each, up to opt-175b's 7 GB
+            out.update(shape_rates(device, torch.cuda.mem_get_info(dev)[0]))
+        out.update(host_costs(device, quick))
     if save:
         save_calibration(out)
     return out
-
-
-def _timeit(fn, device: str, reps: int) -> float:
-    """Median seconds of ``fn()`` (after one warm-up), synchronised on CUDA."""
-    import torch
-
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    fn()
-    sync()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t)
-    return sorted(times)[len(times) // 2]
 
 
 def _cpu_rates(quick: bool) -> dict[str, float]:
@@ -311,40 +304,4 @@ def _gpu_rates(dev, quick: bool) -> dict[str, Any]:
     p.grad = torch.randn_like(p)
     opt = torch.optim.AdamW([p], lr=1e-4, fused=True)
     out["adamw_gpu_per_s"] = p.numel() / _timeit(opt.step, "cuda", reps)
-    return out
-
-
-def _block_rates(device: str, quick: bool) -> dict[str, float]:
-    """Effective FLOP/s of one OPT block forward (fp32, bf16 autocast), and the per-block host
-    overhead from a tiny block."""
-    import torch
-    from transformers.models.opt.modeling_opt import OPTDecoderLayer
-
-    from workbench.models.build import hf_config
-    from workbench.flops import block_flops
-    from workbench.presets import PRESETS
-
-    cuda = device == "cuda"
-    name = ("opt-1.3b" if quick else "opt-6.7b") if cuda else ("opt-125m" if quick else "opt-350m")
-    rows, t = (16, 128) if cuda or not quick else (4, 128)
-    reps = 3 if quick else 6
-    out = {}
-    for key, preset_name, r, tt in (("block", name, rows, t), ("tiny", "tiny-opt", 1, 8)):
-        preset = PRESETS[preset_name]
-        config = hf_config(preset)
-        config._attn_implementation = "sdpa"
-        with torch.device(device):  # initialise where it runs (fast on a GPU)
-            layer = OPTDecoderLayer(config, layer_idx=0).eval()
-        h = torch.randn(r, tt, preset.hidden, device=device)
-        for amp in ("off", "bf16"):
-            def fwd():
-                with torch.no_grad(), torch.autocast(device, torch.bfloat16, enabled=amp != "off"):
-                    layer(h, attention_mask=None)
-            seconds = _timeit(fwd, device, reps)
-            if key == "tiny":
-                out["launch_s"] = min(out.get("launch_s", 1.0), seconds)
-            else:
-                flops = block_flops(preset, r, tt, causal=True)
-                out["flops_fp32" if amp == "off" else "flops_bf16"] = flops / seconds
-        del layer
     return out

@@ -237,10 +237,23 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from workbench.calibration import cache_path, calibrate
 
     result = calibrate(args.device, quick=args.quick)
-    for k, v in sorted(result.items()):
-        print(f"{k:<28} {v:.4g}" if isinstance(v, float) else f"{k:<28} {v}")
+    for k, v in sorted(result.items()):  # a table of measurements: a line per entry
+        for name, value in (((f"{k} [{sk}]", sv) for sk, sv in v.items())
+                            if isinstance(v, dict) else [(k, v)]):
+            print(f"{name:<36} {_fmt(value)}")
     print(f"cached in {cache_path()}")
     return 0
+
+
+def _fmt(value) -> str:
+    """A calibration value: floats to 4 digits, also inside lists and dicts."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_fmt(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {_fmt(v)}" for k, v in value.items())
+    return str(value)
 
 
 def _maybe_report(run_dirs: list[Path], path: Path) -> Path | None:

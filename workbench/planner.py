@@ -68,6 +68,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from workbench.calibration_shapes import host_key
 from workbench.config import ConfigError, RunConfig
 from workbench.flops import block_flops
 from workbench.planner_lora import adapter_params, codec_bytes, frozen_stream, matrix_bytes
@@ -342,7 +343,12 @@ def _zo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) -> Non
     c_blk = passes * e["blk"] + regens * nb / pr
     eh_t = passes * e["eh"] + regens * (ne + nh) / pr
     e["compute"] = eh_t + N * c_blk
-    e["host_t"] = prof["step_overhead_s"] + (N + 2) * (passes * prof["launch_s"] + 3 * OP_LAUNCH_S)
+    measured = prof.get("host_costs_s", {}).get(host_key(cfg.method, bool(e["amp"])))
+    if measured is not None and cuda:  # this machine's host seconds per step and per block
+        e["host_t"] = measured[0] + N * measured[1]
+    else:
+        e["host_t"] = prof["step_overhead_s"] + (N + 2) * (passes * prof["launch_s"]
+                                                           + 3 * OP_LAUNCH_S)
     e["step"] = e["compute"]
     if not slots:
         return
@@ -363,7 +369,10 @@ def _zo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) -> Non
     e["step"] = eh_t + r * c_blk + s * per
     e["h2d"], e["d2h"] = s * up * len(rounds), s * down * (1 if kind == "mirror" else len(rounds))
     e["transfer"] = s * max(sum(u for _, u, _ in rounds), sum(w for _, _, w in rounds))
-    e["host_t"] += s * len(rounds) * 3 * OP_LAUNCH_S
+    if measured is None or not cuda:  # the measured per-block cost holds the transfers'
+        e["host_t"] += s * len(rounds) * 3 * OP_LAUNCH_S
+    elif len(rounds) > 1:  # fused_update off: a second streamed pass
+        e["host_t"] += s * 3 * OP_LAUNCH_S
     if kind == "mirror":  # one host thread: master += delta, re-encode the mirror
         e["host_t"] = max(e["host_t"], s * nb / prof["host_update_per_s"])
     if not cfg.reuse_buffers and cuda:
@@ -380,11 +389,14 @@ def _plan(cfg: RunConfig, gpu: str | None, calib: dict | None,
     cast, wb = amp and held is None, 2 if amp and held else 10 if amp else 4
     rate, bw, proj = prof["flops_bf16" if amp else "flops_fp32"], prof["gpu_mem_bps"], \
         p.hf.get("word_embed_proj_dim", p.hidden)
+    # a block runs at its own shape's measured rate where the calibration has it
+    blk_rate = prof.get("block_flops_by_shape", {}).get(p.block_key(), {}).get(
+        "bf16" if amp else "off", rate)
     e: dict[str, Any] = dict(
         dev={}, host={}, pinned=0, h2d=0, d2h=0, transfer=0.0, elastic=0, gpu_param_bytes=0,
         amp=amp, masked=masked, hb=4 * rows * t * p.hidden, cast=cast,
         m=_moments(p, rows, t, amp, masked, cast),
-        blk=max(block_flops(p, rows, t, not masked) / rate,
+        blk=max(block_flops(p, rows, t, not masked) / blk_rate,
                 p.block_params() * wb / bw),  # fp32 read (+ bf16 cast)
         eh=max(2 * rows * p.vocab * proj / rate, p.vocab * proj * (10 if amp else 4) / bw)
         + 12 * rows * t * p.hidden / bw)  # head on B rows (reads its weight) + embedding gather

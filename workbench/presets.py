@@ -56,6 +56,13 @@ class Preset:
     def total_params(self) -> int:
         return self.embed_params() + self.num_layers * self.block_params() + self.head_params()
 
+    def block_key(self) -> str:
+        """What a block's speed depends on: family, width, FFN width, heads ("opt 2560/10240/32";
+        the calibration's per-shape rates are keyed by it)."""
+        kv = self.hf.get("num_key_value_heads", self.heads)
+        return f"{self.family} {self.hidden}/{self.ffn}/{self.heads}" + (
+            f"/{kv}" if kv != self.heads else "")
+
 
 def _opt(hidden: int, layers: int, heads: int, **hf: Any) -> Preset:
     return Preset("opt", hidden, layers, heads, 4 * hidden, 50272, 2048, "opt", hf=hf)

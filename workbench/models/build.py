@@ -41,20 +41,28 @@ def hf_config(preset: Preset):
     return LlamaConfig(**kw)
 
 
-def build_skeleton(model: str, data_dir: Path | None = None) -> tuple[nn.Module, "WeightSource"]:
+def build_skeleton(model: str, data_dir: Path | None = None, *,
+                   num_layers: int | None = None) -> tuple[nn.Module, "WeightSource"]:
     """A ``*ForCausalLM`` on the meta device and where its weights come from.
 
     Args:
         model: a preset name, a local Hugging Face folder or a hub id (``models/hub.py``).
         data_dir: unused today; reserved for presets whose files sit beside the data.
+        num_layers: a random-init preset built with this many blocks instead of its own (the
+            calibration times the host's work per block at two depths).
     """
+    from dataclasses import replace
+
     from transformers import AutoModelForCausalLM
 
     from workbench.models.hub import check_weights, load_config, model_folder
 
     preset = PRESETS.get(model)
+    if num_layers is not None and (preset is None or preset.pretrained is not None):
+        raise ValueError(f"num_layers: only a random-init preset can be built deeper ({model})")
     if preset is not None and preset.pretrained is None:
-        config = hf_config(preset)
+        config = hf_config(preset if num_layers is None
+                           else replace(preset, num_layers=num_layers))
         source: WeightSource = RandomInit()
     else:
         folder = model_folder(model) if preset is None else _pretrained_folder(preset)

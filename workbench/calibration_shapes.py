@@ -1,0 +1,174 @@
+"""Calibration at model shapes: what a block's forward and a step's host work cost here.
+
+The planner's step time is max(GPU work, host work). Three measurements feed it:
+
+* ``block_rates``: one OPT decoder layer's forward, fp32 and bf16 autocast, at a reference shape
+  (the planner's generic ``flops_fp32`` / ``flops_bf16``);
+* ``shape_rates`` (a full calibration on a GPU): the same at every OPT preset's own block shape
+  (``Preset.block_key``). One rate for every shape put opt-2.7b fp32 at 0.80x its measured step
+  on an H100 (2026-11-23) while opt-1.3b and opt-6.7b were within 3%: a GEMM's and attention's
+  efficiency depend on the widths and the head size (2560 and 80 there);
+* ``host_costs``: the host's seconds to enqueue a whole ZO step (the batch to the device, the
+  engine's step, the losses' copy back: the recipe's per-step work without its telemetry), with
+  the GPU idle, at two depths of the tiny preset, fitted as per step + per block for each method
+  and precision. Steps of small models are paced by it (opt-125m / opt-350m measured 0.65-0.89x
+  of the constants it replaces: 2 ms per step, a tiny block's forward per pass).
+
+Every function returns profile keys (``calibration.py``'s cache stores them as measured).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable
+
+#: (method, amp) pairs ``host_costs`` measures; their keys are ``host_key``'s
+HOST_METHODS = (("mezo", "off"), ("mezo", "bf16"), ("zo-offload", "off"), ("zo-offload", "bf16"),
+                ("forward-grad", "off"), ("forward-grad", "bf16"))
+HOST_DEPTHS = (4, 16)  # blocks of the tiny preset the host cost is fitted over
+HOST_BATCH = (1, 8)  # rows x tokens: the GPU's work is negligible beside the host's
+
+
+def host_key(method: str, amp: bool) -> str:
+    """``host_costs_s``'s key for a method and whether autocast is on ("mezo off", ...)."""
+    return f"{method} {'amp' if amp else 'off'}"
+
+
+def timeit(fn: Callable[[], Any], device: str, reps: int) -> float:
+    """Median seconds of ``fn()`` (after one warm-up), synchronised on CUDA."""
+    import torch
+
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    fn()
+    sync()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t)
+    return sorted(times)[len(times) // 2]
+
+
+def _layer_seconds(preset, rows: int, t: int, device: str, reps: int) -> dict[str, float]:
+    """Seconds of one decoder layer's forward of ``preset`` over rows x t tokens, per amp."""
+    import torch
+    from transformers.models.opt.modeling_opt import OPTDecoderLayer
+
+    from workbench.models.build import hf_config
+
+    config = hf_config(preset)
+    config._attn_implementation = "sdpa"
+    with torch.device(device):  # initialise where it runs (fast on a GPU)
+        layer = OPTDecoderLayer(config, layer_idx=0).eval()
+    h = torch.randn(rows, t, preset.hidden, device=device)
+    out = {}
+    for amp in ("off", "bf16"):
+        def fwd():
+            with torch.no_grad(), torch.autocast(device, torch.bfloat16, enabled=amp != "off"):
+                layer(h, attention_mask=None)
+        out[amp] = timeit(fwd, device, reps)
+    del layer, h
+    return out
+
+
+def block_rates(device: str, quick: bool) -> dict[str, float]:
+    """Effective FLOP/s of one OPT block forward at the reference shape (fp32, bf16 autocast),
+    and ``launch_s``: a tiny block's forward (the host's time for one, where no cost is
+    calibrated)."""
+    from workbench.flops import block_flops
+    from workbench.presets import PRESETS
+
+    cuda = device == "cuda"
+    name = ("opt-1.3b" if quick else "opt-6.7b") if cuda else ("opt-125m" if quick else "opt-350m")
+    rows, t = (16, 128) if cuda or not quick else (4, 128)
+    reps = 3 if quick else 6
+    secs = _layer_seconds(PRESETS[name], rows, t, device, reps)
+    flops = block_flops(PRESETS[name], rows, t, causal=True)
+    tiny = _layer_seconds(PRESETS["tiny-opt"], 1, 8, device, reps)
+    return {"flops_fp32": flops / secs["off"], "flops_bf16": flops / secs["bf16"],
+            "launch_s": min(tiny.values())}
+
+
+def shape_rates(device: str, free_bytes: int, reps: int = 4) -> dict[str, Any]:
+    """``block_flops_by_shape``: {``Preset.block_key``: {"off": FLOP/s, "bf16": FLOP/s}} for
+    every random-init OPT preset's block at 16 x 128 tokens, skipping a shape whose fp32 layer
+    would take more than a third of ``free_bytes``."""
+    from workbench.flops import block_flops
+    from workbench.presets import PRESETS
+
+    out: dict[str, dict[str, float]] = {}
+    for preset in sorted(PRESETS.values(), key=lambda p: p.hidden):
+        key = preset.block_key()
+        if (preset.family != "opt" or preset.pretrained is not None or key in out
+                or 3 * 4 * preset.block_params() > free_bytes):
+            continue
+        secs = _layer_seconds(preset, 16, 128, device, reps)
+        flops = block_flops(preset, 16, 128, causal=True)
+        out[key] = {amp: flops / s for amp, s in secs.items()}
+    return {"block_flops_by_shape": out}
+
+
+def fit_host(seconds: dict[int, float]) -> tuple[float, float]:
+    """(per step, per block) seconds of a least-squares line through {blocks: seconds}, neither
+    below zero (a noisy pair cannot make a cost negative)."""
+    xs, ys = list(seconds), list(seconds.values())
+    if len(xs) < 2:
+        raise ValueError("fit_host: needs host times at two depths or more")
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    per_block = max(sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx, 0.0)
+    per_step = max(my - per_block * mx, 0.0)
+    return per_step, per_block
+
+
+def host_step_seconds(method: str, amp: str, blocks: int, device: str, steps: int) -> float:
+    """Median host seconds to enqueue one ZO step of the tiny preset with ``blocks`` blocks,
+    the device drained before each step (so only the host's work is timed)."""
+    import torch
+
+    from workbench.config import RunConfig
+    from workbench.data.batches import SyntheticData
+    from workbench.engine import build_engine
+    from workbench.engine.events import EventBus
+    from workbench.engine.timing import Deferred
+    from workbench.engine.warmup import warm_kernels
+    from workbench.models.build import build_skeleton
+
+    rows, t = HOST_BATCH
+    cfg = RunConfig(model="tiny-opt", method=method, amp=amp, device=device, batch_size=rows,
+                    seq_len=t, telemetry=False)
+    skeleton, source = build_skeleton("tiny-opt", num_layers=blocks)
+    dev = torch.device(device)
+    engine = build_engine(skeleton, source, cfg, dev, EventBus())
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    data = SyntheticData(skeleton.config.vocab_size, t)
+    times = []
+    try:
+        warm_kernels(engine)
+        for k in range(steps + 3):  # 3 warm-up steps: allocator, handles, first launches
+            batch = data.batch_for_step(k, rows, 0)
+            sync()  # between steps only: the host's work is what is timed
+            start = time.perf_counter()
+            out = engine.step(batch.to(dev), k, 1e-7, 0.0)
+            Deferred(out.loss, *(x for x in (out.projected_grad,) if x is not None))
+            if k >= 3:
+                times.append(time.perf_counter() - start)
+        sync()
+    finally:
+        engine.close()
+    return statistics.median(times)
+
+
+def host_costs(device: str, quick: bool,
+               methods: tuple[tuple[str, str], ...] = HOST_METHODS) -> dict[str, Any]:
+    """``host_costs_s``: {``host_key``: [per step s, per block s]} fitted over
+    ``HOST_DEPTHS``, and ``host_costs_raw_s`` (the median at each depth)."""
+    steps = 5 if quick else 15
+    costs, raw = {}, {}
+    for method, amp in methods:
+        secs = {n: host_step_seconds(method, amp, n, device, steps) for n in HOST_DEPTHS}
+        key = host_key(method, amp != "off")
+        costs[key] = list(fit_host(secs))
+        raw[key] = {str(n): s for n, s in secs.items()}
+    return {"host_costs_s": costs, "host_costs_raw_s": raw}
