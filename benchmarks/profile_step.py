@@ -51,13 +51,16 @@ GAP_US = 2.0  # gaps shorter than this are launch spacing, not waiting
 
 def kind(name: str, cat: str = "kernel") -> str:
     """The kind of a GPU event: a kernel's from ``KINDS`` (else "other"); a copy's direction
-    from its name ("Memcpy HtoD (Pinned -> Device)" -> "copy htod"), a memset "memset"."""
+    from its name ("Memcpy HtoD (Pinned -> Device)" -> "copy htod"), marked "pageable" where
+    the host side is not page-locked (such a copy stages through the driver at a third of the
+    speed); a memset "memset"."""
     low = name.lower()
     if cat == "gpu_memset":
         return "memset"
     if cat == "gpu_memcpy":
         words = low.split()
-        return "copy " + words[1] if len(words) > 1 else "copy"
+        return ("copy " + words[1] if len(words) > 1 else "copy") + (
+            " pageable" if "pageable" in low else "")
     for label, parts in KINDS:
         if any(p in low for p in parts):
             return label
@@ -244,12 +247,13 @@ def main() -> None:
         results.append(in_fresh_process(Path(__file__), spec, args.timeout))
         print(f"{spec['name']}: done", flush=True)
         res = results[-1]
-        if "streams" in res:
+        if "streams" in res:  # every stream's kinds; the compute stream's longest gaps
             comp = res["streams"].get(res["compute_stream"] or "", {})
-            print(json.dumps({"by_kind_ms": {k: round(v * 1e3, 3) for k, v in
-                                             comp.get("by_kind_s", {}).items()},
-                              "gaps_us": comp.get("gaps", [])[:5],
-                              "runtime": dict(list(res["runtime"].items())[:6])}, indent=1))
+            print(json.dumps({"by_stream_ms": {
+                stream: {k: round(v * 1e3, 3) for k, v in st["by_kind_s"].items()}
+                for stream, st in res["streams"].items()},
+                "compute_gaps_us": comp.get("gaps", [])[:5],
+                "runtime": dict(list(res["runtime"].items())[:6])}, indent=1))
     out = {"args": vars(args), "results": results, "rows": [row(r) for r in results]}
     finish(args, out, COLS, "seconds per step; engine rows exclude the recipe loop", start)
 

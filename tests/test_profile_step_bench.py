@@ -33,6 +33,7 @@ def test_kernels_are_sorted_into_kinds(bench):
     assert bench.kind("fmha_cutlassF_f32_aligned_64x64_rf_sm80") == "attention"  # not a GEMM
     assert bench.kind("void at::native::vectorized_layer_norm_kernel<float>") == "layer norm"
     assert bench.kind("Memcpy HtoD (Pinned -> Device)", "gpu_memcpy") == "copy htod"
+    assert bench.kind("Memcpy DtoH (Device -> Pageable)", "gpu_memcpy") == "copy dtoh pageable"
     assert bench.kind("Memset (Device)", "gpu_memset") == "memset"
     assert bench.kind("some_custom_kernel") == "other"
 
