@@ -122,3 +122,35 @@ def test_a_full_calibration_on_the_gpu_has_what_the_planner_reads(tmp_path, monk
     per_step, per_block = cal["host_costs_s"]["mezo amp"]
     pl = plan(_cfg(model="opt-125m", method="mezo", amp="bf16"), calibration=cal)
     assert pl.step_seconds >= per_step + 12 * per_block  # never faster than its host
+
+
+def test_plan_on_the_command_line_reads_the_measured_costs_from_the_cache(tmp_path, monkeypatch):
+    """As a user gets it: ``calibrate`` cached this machine's costs; ``plan`` for a GPU run
+    predicts the host-paced opt-125m step from them, and opt-2.7b at its own shape's rate."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from workbench import calibration
+
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path))
+    p = PRESETS["opt-2.7b"]
+    calibration.save_calibration({**H100, "time": 1.0, "host_costs_s": {"mezo amp": [0.010, 0.002]},
+                                  "block_flops_by_shape": {p.block_key(): {"off": 1e12,
+                                                                           "bf16": 1e12}}})
+
+    def plan_cli(*sets):
+        args = [a for s in sets for a in ("--set", s)]
+        r = subprocess.run([sys.executable, "-m", "workbench", "plan", "--set", "device=cuda",
+                            "--set", "method=mezo", "--set", "data=synthetic", "--set",
+                            "batch_size=16", "--set", "seq_len=128", *args, "--json"],
+                           capture_output=True,
+                           text=True, env={**os.environ, "WORKBENCH_CACHE": str(tmp_path)})
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    assert plan_cli("model=opt-125m", "amp=bf16")["step_seconds"] == pytest.approx(0.034)
+    slow = plan_cli("model=opt-2.7b")  # 1 TFLOP/s: the blocks' forwards dominate the step
+    flops = block_flops(p, 16, 128, causal=True)
+    assert slow["compute_seconds"] > 2 * p.num_layers * flops / 1e12
