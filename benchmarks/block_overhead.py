@@ -16,43 +16,25 @@ for it leaves the GPU waiting, and then every host microsecond shows in the step
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import torch
 
 from common import save, table
 
-from workbench.config import RunConfig
-from workbench.data.batches import SyntheticData
-from workbench.engine import build_engine
-from workbench.engine.events import EventBus
+from workbench.calibration_shapes import host_step_seconds
 from workbench.engine.groups import build_layouts
 from workbench.engine.perturb import ZOOps
-from workbench.engine.warmup import warm_kernels
 from workbench.models.adapter import BlockAdapter
 from workbench.models.build import build_skeleton
+from workbench.presets import PRESETS
 
 
 def host_per_step(model: str, method: str, telemetry: bool, steps: int) -> tuple[float, int]:
-    """Median host seconds to enqueue one step (the GPU drained between steps), and blocks."""
-    cfg = RunConfig(model=model, method=method, device="cuda", telemetry=telemetry)
-    skeleton, source = build_skeleton(model)
-    engine = build_engine(skeleton, source, cfg, torch.device("cuda"), EventBus())
-    warm_kernels(engine)
-    batch = SyntheticData(skeleton.config.vocab_size, 8).batch_for_step(0, 1, 0).to("cuda")
-    times = []
-    try:
-        for t in range(steps + 3):
-            torch.cuda.synchronize()  # between steps only: each step starts with an idle GPU
-            start = time.perf_counter()
-            engine.step(batch, t, 1e-7, 0.0)
-            if t >= 3:
-                times.append(time.perf_counter() - start)
-        torch.cuda.synchronize()
-        return statistics.median(times), len(engine.adapter.blocks)
-    finally:
-        engine.close()
+    """Median host seconds to enqueue one step (the GPU drained between steps: the
+    calibration's own measurement, ``calibration_shapes.host_step_seconds``), and blocks."""
+    seconds = host_step_seconds(model, method, "off", "cuda", steps, telemetry=telemetry)
+    return seconds, PRESETS[model].num_layers
 
 
 def per_call(fn, reps: int = 2000) -> float:

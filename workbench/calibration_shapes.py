@@ -122,9 +122,11 @@ def fit_host(seconds: dict[int, float]) -> tuple[float, float]:
     return per_step, per_block
 
 
-def host_step_seconds(method: str, amp: str, blocks: int, device: str, steps: int) -> float:
-    """Median host seconds to enqueue one ZO step of the tiny preset with ``blocks`` blocks,
-    the device drained before each step (so only the host's work is timed)."""
+def host_step_seconds(model: str, method: str, amp: str, device: str, steps: int, *,
+                      num_layers: int | None = None, telemetry: bool = False) -> float:
+    """Median host seconds to enqueue one step of ``model`` (with ``num_layers`` blocks, for a
+    random-init preset) at ``HOST_BATCH``, the device drained before each step, so only the
+    host's work is timed (``benchmarks/block_overhead.py`` compares methods with it)."""
     import torch
 
     from workbench.config import RunConfig
@@ -136,9 +138,9 @@ def host_step_seconds(method: str, amp: str, blocks: int, device: str, steps: in
     from workbench.models.build import build_skeleton
 
     rows, t = HOST_BATCH
-    cfg = RunConfig(model="tiny-opt", method=method, amp=amp, device=device, batch_size=rows,
-                    seq_len=t, telemetry=False)
-    skeleton, source = build_skeleton("tiny-opt", num_layers=blocks)
+    cfg = RunConfig(model=model, method=method, amp=amp, device=device, batch_size=rows,
+                    seq_len=t, telemetry=telemetry)
+    skeleton, source = build_skeleton(model, num_layers=num_layers)
     dev = torch.device(device)
     engine = build_engine(skeleton, source, cfg, dev, EventBus())
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -167,7 +169,8 @@ def host_costs(device: str, quick: bool,
     steps = 5 if quick else 15
     costs, raw = {}, {}
     for method, amp in methods:
-        secs = {n: host_step_seconds(method, amp, n, device, steps) for n in HOST_DEPTHS}
+        secs = {n: host_step_seconds("tiny-opt", method, amp, device, steps, num_layers=n)
+                for n in HOST_DEPTHS}
         key = host_key(method, amp != "off")
         costs[key] = list(fit_host(secs))
         raw[key] = {str(n): s for n, s in secs.items()}
