@@ -7,7 +7,8 @@ resumed run sees exactly the batches a straight run would.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from contextlib import nullcontext
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -35,6 +36,29 @@ class PaddedRows:
         """Real (non-pad) tokens in the batch (call before moving it to a GPU)."""
         return int(self.attention_mask.sum())
 
+    def to(self, device: torch.device | str, stream: "torch.cuda.Stream | None" = None):
+        """The batch (a dataclass of this mixin) on ``device``. To a GPU every tensor goes
+        through pinned memory, so the copies queue behind the GPU's work instead of the host
+        waiting for it (a copy from pageable memory blocks the host); on ``stream`` when given
+        (the caller orders its own stream after that one: ``recipes/prefetch.py``)."""
+        cuda = torch.device(device).type == "cuda"
+        place = torch.cuda.stream(stream) if cuda and stream is not None else nullcontext()
+        with place:
+            moved = {f.name: _moved(getattr(self, f.name), device, cuda) for f in fields(self)}
+        return type(self)(**moved)
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor field."""
+        return [v for f in fields(self) if isinstance(v := getattr(self, f.name), torch.Tensor)]
+
+
+def _moved(value, device: torch.device | str, cuda: bool):
+    if not isinstance(value, torch.Tensor):
+        return value
+    if cuda and value.is_cpu:
+        return value.pin_memory().to(device, non_blocking=True)
+    return value.to(device)
+
 
 @dataclass
 class Batch(PaddedRows):
@@ -48,15 +72,6 @@ class Batch(PaddedRows):
     labels: torch.Tensor
     label_ids: torch.Tensor
     padded: bool | None = None
-
-    def to(self, device: torch.device | str) -> "Batch":
-        """The batch on ``device``. To a GPU the tensors go through pinned memory, so the copies
-        queue behind the GPU's work instead of the host waiting for it (a copy from pageable
-        memory blocks the host)."""
-        cuda = torch.device(device).type == "cuda"
-        tensors = (self.input_ids, self.attention_mask, self.labels, self.label_ids)
-        return Batch(*(t.pin_memory().to(device, non_blocking=True) if cuda and t.is_cpu
-                       else t.to(device) for t in tensors), padded=self.padded)
 
 
 def label_token_ids(tok: Tokenizer) -> tuple[list[int], list[int]]:

@@ -8,7 +8,7 @@ first of each row.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 
@@ -41,13 +41,6 @@ class TokenBatch(PaddedRows):
     def scored(self) -> int:
         """Tokens the loss covers."""
         return int(self.target_ids.numel())
-
-    def to(self, device: torch.device | str):
-        nb = device != "cpu" and torch.device(device).type == "cuda"
-        moved = {f.name: getattr(self, f.name) for f in fields(self)}
-        moved = {k: v.to(device, non_blocking=nb) if isinstance(v, torch.Tensor) else v
-                 for k, v in moved.items()}
-        return type(self)(**moved)
 
 
 def token_batch(seqs: list[list[int]], starts: list[int], pad_id: int) -> dict[str, torch.Tensor]:

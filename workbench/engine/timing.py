@@ -100,16 +100,26 @@ class OpTimer:
 
 
 class Deferred:
-    """Device scalars copied to pinned host memory on the current stream; ``ready`` / ``get``
-    read them later without a host-blocking sync in the step."""
+    """Device scalars copied to pinned host memory; ``ready`` / ``get`` read them later without
+    a host-blocking sync in the step. The copy runs on a side stream after the current one's
+    work so far: on the current (compute) stream it would hold that stream until the copy
+    engine had finished the block offload queued before it (``recipes/prefetch.py``)."""
+
+    _streams: dict[torch.device, torch.cuda.Stream] = {}  # one side stream per device
 
     def __init__(self, *scalars: torch.Tensor):
         stacked = torch.stack([s.detach().float().reshape(()) for s in scalars])
         if stacked.is_cuda:
+            side = Deferred._streams.get(stacked.device)
+            if side is None:
+                side = Deferred._streams[stacked.device] = torch.cuda.Stream(stacked.device)
+            side.wait_stream(torch.cuda.current_stream(stacked.device))  # the scalars are done
             self._host = torch.empty(stacked.shape, dtype=torch.float32, pin_memory=True)
-            self._host.copy_(stacked, non_blocking=True)
-            self._done = torch.cuda.Event()
-            self._done.record()  # marks when the copy lands in host memory
+            with torch.cuda.stream(side):
+                self._host.copy_(stacked, non_blocking=True)
+                self._done = torch.cuda.Event()
+                self._done.record(side)  # marks when the copy lands in host memory
+            stacked.record_stream(side)  # made on the current stream, read on the side one
         else:
             self._host, self._done = stacked, None
 

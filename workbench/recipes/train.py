@@ -36,6 +36,7 @@ from workbench.models.tokenizer import load_tokenizer
 from workbench.planner import check_fits
 from workbench.recipes.guard import RunGuard
 from workbench.recipes.limits import cap_gpu_memory
+from workbench.recipes.prefetch import BatchPrefetch
 from workbench.recipes.outcome import artefact_failed, error_line, os_error, outcome_line
 from workbench.recipes.resume import load_resume_checkpoint, plan_resume
 from workbench.recipes.rundir import WRITE_EVERY_S, RunDir, RunWarning
@@ -237,13 +238,10 @@ class TrainRecipe:
         mark = self._marker()
         bar = _progress(cfg.steps, self.step) if self.progress else None
         self.training = True
+        batches = BatchPrefetch(self.device, self._host_batch)
         while self.step < min(cfg.steps, self.stop_at) and not self._stopping():
             t = self.step
-            batch = self.train_data.batch_for_step(t, cfg.batch_size, cfg.seed)
-            tokens = batch.tokens  # the global batch's, on every rank
-            if self.dist is not None:
-                batch = self.dist.shard(batch)
-            batch = batch.to(self.device)
+            batch, tokens = batches.get(t, ahead=t + 1 < min(cfg.steps, self.stop_at))
             lr, wd = self.live["lr"], self.live["weight_decay"]
             moved = engine.bytes_h2d, engine.bytes_d2h
             out = engine.step(batch, t, lr, wd)
@@ -297,6 +295,13 @@ class TrainRecipe:
         if rec.status == "stopped":
             rec.info["stopped"] = f"by {self.stop_reason or 'request'} after step {self.step}"
         return rec
+
+    def _host_batch(self, t: int):
+        """Step t's batch on the host (this rank's shard under torchrun) and its token count,
+        the global batch's on every rank."""
+        batch = self.train_data.batch_for_step(t, self.cfg.batch_size, self.cfg.seed)
+        tokens = batch.tokens
+        return (self.dist.shard(batch) if self.dist is not None else batch), tokens
 
     def _stopping(self) -> bool:
         """A stop request ends the loop now; under torchrun it is a request only, voted on with
