@@ -6,13 +6,15 @@ The planner's step time is max(GPU work, host work). Three measurements feed it:
   (the planner's generic ``flops_fp32`` / ``flops_bf16``);
 * ``shape_rates`` (a full calibration on a GPU): the same at every OPT preset's own block shape
   (``Preset.block_key``). One rate for every shape put opt-2.7b fp32 at 0.80x its measured step
-  on an H100 (2026-11-23) while opt-1.3b and opt-6.7b were within 3%: a GEMM's and attention's
-  efficiency depend on the widths and the head size (2560 and 80 there);
+  on an H100 (2026-11-23) while opt-1.3b and opt-6.7b were within 3%; a GEMM's and attention's
+  efficiency depend on the widths and the head size (2560 and 80 there), and which of them
+  slowed opt-2.7b was not profiled, so the whole layer is timed at each shape;
 * ``host_costs``: the host's seconds to enqueue a whole ZO step (the batch to the device, the
   engine's step, the losses' copy back: the recipe's per-step work without its telemetry), with
   the GPU idle, at two depths of the tiny preset, fitted as per step + per block for each method
-  and precision. Steps of small models are paced by it (opt-125m / opt-350m measured 0.65-0.89x
-  of the constants it replaces: 2 ms per step, a tiny block's forward per pass).
+  and precision. Steps of small models are paced by it: with the constants it replaces (2 ms per
+  step, a tiny block's forward per pass) opt-125m / opt-350m were predicted at 0.37-0.89x of
+  their measured steps.
 
 Every function returns profile keys (``calibration.py``'s cache stores them as measured).
 """
