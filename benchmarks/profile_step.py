@@ -215,7 +215,7 @@ def specs(args) -> list[dict]:
     for method in args.rows.split(","):
         cfg = {"model": args.model, "method": method, "device": args.device, "amp": args.amp,
                "batch_size": b, "seq_len": t, "data": "synthetic", "lr": 1e-7,
-               **({k: v for k, v in extra.items()} if method != "mezo" else {})}
+               **(extra if method != "mezo" else {})}
         tag = f"{args.model}-{method}-{args.amp}-{args.shape}"
         out.append({"name": f"{tag} engine", "tag": tag, "config": {**cfg, "telemetry": False},
                     "profile": True, "warmup": args.warmup, "steps": args.steps,

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from workbench.engine.perfmodel import NO_GPU
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -66,6 +68,6 @@ def test_fo_offload_auto_tries_its_candidate_schedules_and_records_the_choice(tm
     assert {c["downcast"] for c in cands} <= {"cpu", "gpu"}
     assert cands[trial["chosen"]]["stride"] == run["info"]["fo_stride"]
     kept = cands[trial["chosen"]]
-    where = ("all on the CPU" if kept["stride"] > 2**30 else f"stride {kept['stride']}")
+    where = ("all on the CPU" if kept["stride"] == NO_GPU else f"stride {kept['stride']}")
     assert (f"fo-offload update schedule  {where}, downcast on {kept['downcast']}, best of "
             f"{len(cands)} tried") in r.stdout

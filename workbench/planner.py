@@ -343,8 +343,10 @@ def _zo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) -> Non
     c_blk = passes * e["blk"] + regens * nb / pr
     eh_t = passes * e["eh"] + regens * (ne + nh) / pr
     e["compute"] = eh_t + N * c_blk
-    measured = prof.get("host_costs_s", {}).get(host_key(cfg.method, bool(e["amp"])))
-    if measured is not None and cuda:  # this machine's host seconds per step and per block
+    # this machine's host seconds per step and per block (a GPU's; on a CPU host time is compute)
+    measured = prof.get("host_costs_s", {}).get(host_key(cfg.method, bool(e["amp"]))) \
+        if cuda else None
+    if measured is not None:
         e["host_t"] = measured[0] + N * measured[1]
     else:
         e["host_t"] = prof["step_overhead_s"] + (N + 2) * (passes * prof["launch_s"]
@@ -369,7 +371,7 @@ def _zo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) -> Non
     e["step"] = eh_t + r * c_blk + s * per
     e["h2d"], e["d2h"] = s * up * len(rounds), s * down * (1 if kind == "mirror" else len(rounds))
     e["transfer"] = s * max(sum(u for _, u, _ in rounds), sum(w for _, _, w in rounds))
-    if measured is None or not cuda:  # the measured per-block cost holds the transfers'
+    if measured is None:  # the measured per-block cost holds the transfers'
         e["host_t"] += s * len(rounds) * 3 * OP_LAUNCH_S
     elif len(rounds) > 1:  # fused_update off: a second streamed pass
         e["host_t"] += s * 3 * OP_LAUNCH_S
