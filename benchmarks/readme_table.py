@@ -16,12 +16,16 @@ HEAD = ("| model | batch | precision | MeZO tok/s | zo-offload tok/s | ratio | M
 
 
 def rows(gpu: str) -> list[dict]:
-    """Every row of the fresh-process results whose file name names ``gpu``."""
-    out = []
-    for path in sorted(RESULTS.glob(f"fresh*{gpu}*.json")):
-        out += [r for r in json.loads(path.read_text())["rows"] if not r.get("error")]
+    """The newest row per (model, shape, precision) of the fresh-process results whose file
+    name names ``gpu`` (a file's date is the end of its name: ``...-YYYY-MM-DD.json``)."""
+    newest: dict[tuple, dict] = {}
+    paths = sorted(RESULTS.glob(f"fresh*{gpu}*.json"), key=lambda p: (p.stem[-10:], p.name))
+    for path in paths:  # oldest first: a later measurement replaces an earlier one
+        for r in json.loads(path.read_text())["rows"]:
+            if not r.get("error"):
+                newest[r["model"], r["shape"], r["precision"]] = r
     size = lambda r: float(r["model"].split("-")[1].rstrip("b"))  # noqa: E731  opt-1.3b -> 1.3
-    return sorted(out, key=lambda r: (size(r), r["shape"], r["precision"]))
+    return sorted(newest.values(), key=lambda r: (size(r), r["shape"], r["precision"]))
 
 
 def markdown(gpu: str) -> str:

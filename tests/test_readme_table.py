@@ -13,3 +13,23 @@ def test_readme_holds_the_table_generated_from_the_results():
     table = mod.markdown("H100")
     assert table.count("\n") >= 4  # header, rule and rows: the results are committed
     assert table in (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def test_a_newer_measurement_of_a_row_replaces_the_older(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("readme_table",
+                                                  ROOT / "benchmarks" / "readme_table.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    import json
+
+    def row(model, ratio):
+        return {"model": model, "shape": "16x128", "precision": "fp32", "ratio": ratio}
+
+    # the later date wins whatever the names sort as; rows only the older file has stay
+    (tmp_path / "fresh-zz-H100-2026-11-22.json").write_text(
+        json.dumps({"rows": [row("opt-1.3b", 0.5), row("opt-6.7b", 0.6)]}))
+    (tmp_path / "fresh-H100-2026-11-23.json").write_text(
+        json.dumps({"rows": [row("opt-1.3b", 0.9), dict(row("opt-6.7b", 0.1), error="x")]}))
+    monkeypatch.setattr(mod, "RESULTS", tmp_path)
+    assert [(r["model"], r["ratio"]) for r in mod.rows("H100")] == [("opt-1.3b", 0.9),
+                                                                    ("opt-6.7b", 0.6)]
