@@ -122,6 +122,40 @@ def test_a_full_calibration_on_the_gpu_has_what_the_planner_reads(tmp_path, monk
     per_step, per_block = cal["host_costs_s"]["mezo amp"]
     pl = plan(_cfg(model="opt-125m", method="mezo", amp="bf16"), calibration=cal)
     assert pl.step_seconds >= per_step + 12 * per_block  # never faster than its host
+    # the GPU's time, not the host's: a bf16 layer of opt-1.3b runs well above its fp32 rate
+    rate = cal["block_flops_by_shape"][PRESETS["opt-1.3b"].block_key()]
+    assert rate["bf16"] > 2 * rate["off"], rate
+    assert not any("older method" in n for n in pl.notes)
+
+
+@pytest.mark.gpu
+def test_gpu_seconds_times_the_gpu_not_the_host():
+    import time
+
+    import torch
+
+    x = torch.ones(1024, device="cuda")
+
+    def host_heavy():  # 3 ms on the host per call, microseconds on the GPU
+        time.sleep(0.003)
+        x.add_(1)
+
+    assert shapes.gpu_seconds(host_heavy, reps=5) < 0.001
+    assert shapes.timeit(host_heavy, "cuda", 5) > 0.003
+    a = torch.randn(4096, 4096, device="cuda")
+    gpu_heavy = lambda: a @ a  # noqa: E731  milliseconds on the GPU, microseconds on the host
+    assert shapes.gpu_seconds(gpu_heavy, reps=5) == pytest.approx(
+        shapes.timeit(gpu_heavy, "cuda", 5), rel=0.15)
+
+
+def test_a_plan_flags_a_calibration_measured_by_an_older_method():
+    from workbench.calibration import METHOD_VERSION
+
+    cfg = _cfg(model="opt-1.3b", method="mezo")
+    old = plan(cfg, calibration=H100)  # no method_version: an older cache
+    assert any("older method" in n and "calibrate" in n for n in old.notes)
+    new = plan(cfg, calibration={**H100, "method_version": METHOD_VERSION})
+    assert not any("older method" in n for n in new.notes)
 
 
 def test_plan_on_the_command_line_reads_the_measured_costs_from_the_cache(tmp_path, monkeypatch):

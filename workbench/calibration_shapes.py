@@ -3,7 +3,10 @@
 The planner's step time is max(GPU work, host work). Three measurements feed it:
 
 * ``block_rates``: one OPT decoder layer's forward, fp32 and bf16 autocast, at a reference shape
-  (the planner's generic ``flops_fp32`` / ``flops_bf16``);
+  (the planner's generic ``flops_fp32`` / ``flops_bf16``). On a GPU the GPU's time, not the wall
+  clock's (``gpu_seconds``): timed alone, a layer under autocast waited on the host's launches,
+  so its bf16 rate at opt-350m's shape came out 57.8 TFLOP/s against 40.1 in fp32, while the
+  planner counts the host apart (H100, 2026-11-23);
 * ``shape_rates`` (a full calibration on a GPU): the same at every OPT preset's own block shape
   (``Preset.block_key``). One rate for every shape put opt-2.7b fp32 at 0.80x its measured step
   on an H100 (2026-11-23) while opt-1.3b and opt-6.7b were within 3%; a GEMM's and attention's
@@ -52,8 +55,48 @@ def timeit(fn: Callable[[], Any], device: str, reps: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def _layer_seconds(preset, rows: int, t: int, device: str, reps: int) -> dict[str, float]:
-    """Seconds of one decoder layer's forward of ``preset`` over rows x t tokens, per amp."""
+def gpu_seconds(fn: Callable[[], Any], reps: int, tries: int = 4) -> float:
+    """Seconds of the GPU's work in one ``fn()`` (CUDA): ``reps`` calls run back to back while
+    a sleep kernel holds the stream, so the host's launches are all queued before the first
+    starts and cannot pace them (a lone layer forward under autocast waits on its launches at
+    small shapes: a wall-clock median there times the host). Raises if the host could not
+    get ahead ``tries`` times running, each try with a sleep twice as long."""
+    import torch
+
+    fn()  # warm-up: kernels chosen and loaded, allocator grown
+    torch.cuda.synchronize()  # drained: the host's timing below starts from an idle GPU
+    t = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    torch.cuda.synchronize()  # the calls have run: host below is at most their enqueue time
+    host = time.perf_counter() - t  # an upper bound on the host's time to enqueue reps calls
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    probe = torch.cuda.Event(enable_timing=True)
+    probe.record()
+    torch.cuda._sleep(1 << 20)  # torch's private spin kernel, here to learn its cycles per s
+    start.record()
+    torch.cuda.synchronize()  # both events have fired: their interval can be read
+    cycles_per_s = (1 << 20) / (probe.elapsed_time(start) / 1e3)
+    sleep = int(2 * host * cycles_per_s) + 1
+    for _ in range(tries):
+        torch.cuda._sleep(sleep)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        ahead = not start.query()  # the GPU had not reached the first call when the last queued
+        torch.cuda.synchronize()  # the calls have run: end's time can be read
+        if ahead:
+            return start.elapsed_time(end) / 1e3 / reps
+        sleep *= 2
+    raise RuntimeError(f"gpu_seconds: the host did not get {reps} calls ahead of the GPU in "
+                       f"{tries} tries (last sleep {sleep / cycles_per_s:.3f} s)")
+
+
+def _layer_seconds(preset, rows: int, t: int, device: str, reps: int,
+                   gpu_only: bool = True) -> dict[str, float]:
+    """Seconds of one decoder layer's forward of ``preset`` over rows x t tokens, per amp: the
+    GPU's time on CUDA (``gpu_seconds``) unless not ``gpu_only``, else the wall clock's."""
     import torch
     from transformers.models.opt.modeling_opt import OPTDecoderLayer
 
@@ -69,7 +112,8 @@ def _layer_seconds(preset, rows: int, t: int, device: str, reps: int) -> dict[st
         def fwd():
             with torch.no_grad(), torch.autocast(device, torch.bfloat16, enabled=amp != "off"):
                 layer(h, attention_mask=None)
-        out[amp] = timeit(fwd, device, reps)
+        out[amp] = gpu_seconds(fwd, reps) if device == "cuda" and gpu_only else \
+            timeit(fwd, device, reps)
     del layer, h
     return out
 
@@ -87,7 +131,7 @@ def block_rates(device: str, quick: bool) -> dict[str, float]:
     reps = 3 if quick else 6
     secs = _layer_seconds(PRESETS[name], rows, t, device, reps)
     flops = block_flops(PRESETS[name], rows, t, causal=True)
-    tiny = _layer_seconds(PRESETS["tiny-opt"], 1, 8, device, reps)
+    tiny = _layer_seconds(PRESETS["tiny-opt"], 1, 8, device, reps, gpu_only=False)  # the host's
     return {"flops_fp32": flops / secs["off"], "flops_bf16": flops / secs["bf16"],
             "launch_s": min(tiny.values())}
 

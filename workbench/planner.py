@@ -215,6 +215,10 @@ def _profile(cfg: RunConfig, gpu: str | None, calib: dict | None) -> tuple[dict,
     if calib.get("device") == "cuda":
         notes.append(f"rates and GPU memory from this machine's calibration "
                      f"({calib.get('gpu_name')})")
+        if calib.get("method_version", 1) < cal.METHOD_VERSION:
+            notes.append("the calibration was measured by an older method (bf16 block rates "
+                         "paced by the host, both-way PCIe overstated): rerun python -m "
+                         "workbench calibrate")
         return {**cal.gpu_profile("h200"), **calib}, notes
     notes.append("uncalibrated: the brief's H200 rates and 139 GiB (pass --gpu NAME or run "
                  "python -m workbench calibrate)")
