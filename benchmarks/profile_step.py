@@ -73,7 +73,7 @@ def summarize(events: list[dict], steps: int, top: int = 10) -> dict:
     end), per stream (``args.stream``) ``busy_s``, ``span_s``, ``idle_s`` (span - busy),
     ``by_kind_s``, ``bytes`` per copy kind, ``kernels`` (count), ``gaps`` (the ``top`` longest
     gaps over ``GAP_US``: microseconds, kernel before, kernel after); ``compute_stream`` (the
-    stream with the most busy time); ``runtime`` (CUDA runtime calls on the host: seconds and
+    stream with the most kernel time, copies not counted); ``runtime`` (CUDA runtime calls on the host: seconds and
     calls per step, most time first)."""
     gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
            and "dur" in e]
@@ -104,8 +104,11 @@ def summarize(events: list[dict], steps: int, top: int = 10) -> dict:
                                   "bytes": dict(nbytes), "kernels": len(es) / steps,
                                   "gaps_over_us": sum(g for g, *_ in gaps) / 1e6 / steps,
                                   "gaps": [(round(g, 1), a, b) for g, a, b in gaps[:top]]}
-    if out["streams"]:
-        out["compute_stream"] = max(out["streams"], key=lambda s: out["streams"][s]["busy_s"])
+    if out["streams"]:  # most kernel time: a copy stream can be busier (opt-350m bf16 offload)
+        kernel_us = {st: sum(e["dur"] for e in es if e["cat"] == "kernel")
+                     for st, es in per_stream.items()}
+        out["compute_stream"] = max(out["streams"], key=lambda st: (
+            kernel_us[st], out["streams"][st]["busy_s"]))
     calls: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for e in events:
         if e.get("cat") == "cuda_runtime" and "dur" in e:

@@ -68,6 +68,16 @@ def test_two_steps_sum_per_stream_with_idle_time_and_gaps(bench):
     assert list(out["runtime"]) == ["cudaLaunchKernel", "cudaStreamWaitEvent"]
 
 
+def test_the_compute_stream_is_the_one_with_most_kernel_time_not_the_busiest(bench):
+    # opt-350m bf16 zo-offload on an H100: the upload stream's copies out-ran the compute's kernels
+    events = [_k("nvjet_sm90_tst_128x128", 7, 0, 100), _k("zo_kernel", 7, 120, 20),
+              _k("Memcpy HtoD (Pinned -> Device)", 13, 0, 400, "gpu_memcpy", bytes=8000),
+              _k("Memcpy DtoH (Device -> Pinned)", 17, 0, 300, "gpu_memcpy", bytes=6000)]
+    out = bench.summarize(events, steps=1)
+    assert out["streams"]["13"]["busy_s"] > out["streams"]["7"]["busy_s"]
+    assert out["compute_stream"] == "7"
+
+
 def test_a_trace_without_gpu_events_has_no_compute_stream(bench):
     out = bench.summarize([{"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 3}], steps=1)
     assert out["compute_stream"] is None and out["streams"] == {} and out["gpu_span_s"] == 0
