@@ -9,6 +9,9 @@ run's median steady step (steps after ``--warmup``), tokens/s, and the ratio to 
 Usage (GPU machine; BASE a checkout of the commit to compare against):
   python benchmarks/step_speed.py --trees BASE,. --model opt-1.3b --shape 1x2048 \
       --method zo-offload --steps 30 --repeats 3
+A tree may carry settings of its own after a colon (one tree, two settings compared):
+  python benchmarks/step_speed.py --trees .,.:prefetch_depth=2 --amp bf16 --codec bf16 \
+      --master compressed-sr --model opt-6.7b --shape 16x128
 """
 from __future__ import annotations
 
@@ -61,9 +64,27 @@ def one_run(tree: Path, cfg: dict, warmup: int) -> dict:
     return {"step_seconds": statistics.median(steady), "peak": out["peak_gpu_mem_bytes"]}
 
 
+def parse_tree(entry: str) -> tuple[Path, dict]:
+    """``PATH[:knob=value[,knob=value]]`` -> (root, settings); a value is JSON where it parses
+    (numbers, true / false), else the string."""
+    path, _, sets = entry.partition(":")
+    settings = {}
+    for item in filter(None, sets.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise SystemExit(f"--trees: '{item}' in '{entry}' is not knob=value")
+        try:
+            settings[key] = json.loads(value)
+        except json.JSONDecodeError:
+            settings[key] = value
+    return Path(path).resolve(), settings
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--trees", required=True, help="comma-separated repository roots; first = A")
+    p.add_argument("--trees", required=True,
+                   help="repository roots separated by ';' or ',' (each PATH[:knob=value,...]; "
+                        "with settings, separate trees by ';'); first = A")
     p.add_argument("--model", default="opt-1.3b")
     p.add_argument("--method", default="zo-offload")
     p.add_argument("--shape", default="1x2048", help="batch x seq_len")
@@ -76,20 +97,22 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--name", default="step_speed")
     args = p.parse_args()
-    trees = [Path(t).resolve() for t in args.trees.split(",")]
+    sep = ";" if ";" in args.trees or ":" in args.trees else ","
+    trees = [parse_tree(t) for t in args.trees.split(sep)]
     b, t = (int(x) for x in args.shape.split("x"))
     cfg = dict(model=args.model, method=args.method, data="synthetic", device=args.device,
                amp=args.amp, codec=args.codec, master=args.master, batch_size=b, seq_len=t, steps=args.steps, lr=1e-7, sample_hz=0.0)
     runs: list[list[dict]] = [[] for _ in trees]
+    labels = [str(root) + "".join(f" {k}={v}" for k, v in sets.items()) for root, sets in trees]
     for rep in range(args.repeats):
-        for tree, mine in zip(trees, runs):
-            mine.append(one_run(tree, cfg, args.warmup))
-            print(f"repeat {rep} {tree}: {mine[-1]['step_seconds']:.4f} s", flush=True)
+        for (root, sets), label, mine in zip(trees, labels, runs):
+            mine.append(one_run(root, {**cfg, **sets}, args.warmup))
+            print(f"repeat {rep} {label}: {mine[-1]['step_seconds']:.4f} s", flush=True)
     rows = []
-    for tree, mine in zip(trees, runs):
+    for label, mine in zip(labels, runs):
         secs = [r["step_seconds"] for r in mine]
         step = statistics.median(secs)
-        rows.append({"tree": str(tree), "step_seconds": step, "spread": max(secs) - min(secs),
+        rows.append({"tree": label, "step_seconds": step, "spread": max(secs) - min(secs),
                      "tokens_per_s": b * t / step, "runs": mine,
                      "peak_gb": (mine[0]["peak"] or 0) / 1e9})
     for r in rows:
