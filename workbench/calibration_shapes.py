@@ -4,9 +4,9 @@ The planner's step time is max(GPU work, host work). Three measurements feed it:
 
 * ``block_rates``: one OPT decoder layer's forward, fp32 and bf16 autocast, at a reference shape
   (the planner's generic ``flops_fp32`` / ``flops_bf16``). On a GPU the GPU's time, not the wall
-  clock's (``gpu_seconds``): timed alone, a layer under autocast waited on the host's launches,
-  so its bf16 rate at opt-350m's shape came out 57.8 TFLOP/s against 40.1 in fp32, while the
-  planner counts the host apart (H100, 2026-11-23);
+  clock's (``gpu_seconds``): timed on the wall clock, the bf16 rate at opt-350m's shape came out
+  57.8 TFLOP/s against 40.1 in fp32 (H100, 2026-11-23), which we read as the layer waiting on
+  the host's launches; the planner counts the host's time apart;
 * ``shape_rates`` (a full calibration on a GPU): the same at every OPT preset's own block shape
   (``Preset.block_key``). One rate for every shape put opt-2.7b fp32 at 0.80x its measured step
   on an H100 (2026-11-23) while opt-1.3b and opt-6.7b were within 3%; a GEMM's and attention's
@@ -58,9 +58,9 @@ def timeit(fn: Callable[[], Any], device: str, reps: int) -> float:
 def gpu_seconds(fn: Callable[[], Any], reps: int, tries: int = 4) -> float:
     """Seconds of the GPU's work in one ``fn()`` (CUDA): ``reps`` calls run back to back while
     a sleep kernel holds the stream, so the host's launches are all queued before the first
-    starts and cannot pace them (a lone layer forward under autocast waits on its launches at
-    small shapes: a wall-clock median there times the host). Raises if the host could not
-    get ahead ``tries`` times running, each try with a sleep twice as long."""
+    starts and cannot pace them (a wall-clock median of a lone call times the host where its
+    launches take longer than its kernels). Raises if the host could not get ahead ``tries``
+    times running, each try with a sleep twice as long (also when the launch queue fills)."""
     import torch
 
     fn()  # warm-up: kernels chosen and loaded, allocator grown
