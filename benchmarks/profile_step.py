@@ -73,8 +73,8 @@ def summarize(events: list[dict], steps: int, top: int = 10) -> dict:
     end), per stream (``args.stream``) ``busy_s``, ``span_s``, ``idle_s`` (span - busy),
     ``by_kind_s``, ``bytes`` per copy kind, ``kernels`` (count), ``gaps`` (the ``top`` longest
     gaps over ``GAP_US``: microseconds, kernel before, kernel after); ``compute_stream`` (the
-    stream with the most kernel time, copies not counted); ``runtime`` (CUDA runtime calls on the host: seconds and
-    calls per step, most time first)."""
+    stream with the most kernel time, copies not counted); ``runtime`` (CUDA runtime calls on
+    the host: seconds and calls per step, most time first)."""
     gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
            and "dur" in e]
     out: dict = {"steps": steps, "streams": {}, "gpu_span_s": 0.0, "compute_stream": None,

@@ -9,8 +9,9 @@ run's median steady step (steps after ``--warmup``), tokens/s, and the ratio to 
 Usage (GPU machine; BASE a checkout of the commit to compare against):
   python benchmarks/step_speed.py --trees BASE,. --model opt-1.3b --shape 1x2048 \
       --method zo-offload --steps 30 --repeats 3
-A tree may carry settings of its own after a colon (one tree, two settings compared):
-  python benchmarks/step_speed.py --trees .,.:prefetch_depth=2 --amp bf16 --codec bf16 \
+A tree may carry settings of its own after a colon (one tree, two settings compared; trees
+then separated by ';'):
+  python benchmarks/step_speed.py --trees ".;.:prefetch_depth=2" --amp bf16 --codec bf16 \
       --master compressed-sr --model opt-6.7b --shape 16x128
 """
 from __future__ import annotations

@@ -30,7 +30,7 @@ def test_a_tree_entry_parses_into_root_and_typed_settings(bench):
         bench.parse_tree("/x:prefetch_depth")
 
 
-def test_each_tree_runs_with_its_own_settings_in_turn(bench, monkeypatch, capsys):
+def test_each_tree_runs_with_its_own_settings_in_turn(bench, monkeypatch):
     calls, saved = [], {}
 
     def fake_run(tree, cfg, warmup):
