@@ -26,3 +26,19 @@ def test_a_run_that_cannot_fit_is_refused_before_anything_and_force_overrides(tm
     rec = run(cfg, tmp_path / "r", progress=False, force=True)
     assert rec.status == "done" and len(rec.steps) == 3
 
+
+
+def test_a_run_that_cannot_fit_is_refused_before_its_tokenizer_is_read(tmp_path, monkeypatch):
+    """The fit check is arithmetic; the tokenizer may need the Hub (minutes of retries offline),
+    so a too-big run with real data is refused without touching it."""
+    import workbench.recipes.train as train_mod
+
+    def no_tokenizer(*_):
+        raise AssertionError("the tokenizer was read before the fit check")
+
+    monkeypatch.setattr(train_mod, "load_tokenizer", no_tokenizer)
+    cfg = RunConfig(model="opt-175b", method="zo-offload", data="embedded", steps=3,
+                    data_dir=str(tmp_path / "empty"), sample_hz=0.0)
+    with pytest.raises(PlanError, match=r"host memory: zo-offload on opt-175b needs"):
+        run(cfg, tmp_path / "r", progress=False)
+    assert not (tmp_path / "r").exists()

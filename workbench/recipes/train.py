@@ -117,12 +117,12 @@ class TrainRecipe:
         if resume:
             self._resume_from = plan_resume(cfg, self.checkpoint_root, previous, self.dist)
         check_model_folder(cfg.model)
+        if not self.force:  # arithmetic only: before the tokenizer, which may need the Hub
+            check_fits(cfg)
         if cfg.data != "synthetic":  # read and checked before the model is built
             self.tokenizer = load_tokenizer(cfg.model, cfg.resolved_data_dir)
             # the objective's head chunk is sized again for the model's vocabulary in setup
             self.task = build_task(cfg, self.tokenizer, CHUNK_VOCAB)
-        if not self.force:
-            check_fits(cfg)
         if self.rundir is not None:
             self.rundir.claim(overwrite=self.overwrite and not resume, new=not resume)
             self._unsubscribe_rundir = self.bus.subscribe(self.rundir)  # history.jsonl
