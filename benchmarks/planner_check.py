@@ -16,6 +16,9 @@ zo-offload bf16 + compressed-sr at 1 x 2048 (the AMP memory rows of part 7).
 ``--from-results DAY`` re-predicts rows saved by an earlier session instead (zo_offload-DAY.json,
 main13b-DAY.json, calibration-DAY.json); that session's calibration had a broken fused-kernel
 timing, so there the perturbation rate is derived from its MeZO rows, and said so.
+``--from-log LOG --calibration JSON`` re-predicts the rows a run printed before it was cut off
+(step seconds and GiB as printed, 4 and 2 decimals) with the calibration of another run's saved
+JSON (its ``calibration``), e.g. a second run on the same machine.
 """
 from __future__ import annotations
 
@@ -74,6 +77,19 @@ def specs(models: list[str], steps: int) -> list[dict]:
     return out
 
 
+def rows_from_log(log: Path) -> list[dict]:
+    """The rows a run printed (``NAME: S s/step, G GiB``), with their configs from ``specs``."""
+    known = {sp["name"]: sp["config"] for sp in specs(MODELS.split(","), 0)}
+    rows = []
+    for line in log.read_text().splitlines():
+        name, _, rest = line.partition(": ")
+        parts = rest.replace(" s/step,", "").replace(" GiB", "").split()
+        if name in known and len(parts) == 2:
+            rows.append({"name": name, "config": known[name], "step_seconds": float(parts[0]),
+                         "peak_gpu_mem_bytes": float(parts[1]) * 2**30})
+    return rows
+
+
 def measure_rows(args) -> tuple[dict, list[dict]]:
     """Calibrate, then run every row, each in a fresh process."""
     calib = in_fresh_process(HERE / "planner_check.py", {"calibrate": True}, args.timeout)
@@ -125,6 +141,10 @@ def main() -> None:
     ap.add_argument("--from-results", metavar="DAY",
                     help="re-predict rows saved by an earlier session "
                          "(e.g. NVIDIA-H200-2026-11-22)")
+    ap.add_argument("--from-log", metavar="LOG", type=Path,
+                    help="re-predict the rows a cut-off run printed (with --calibration)")
+    ap.add_argument("--calibration", metavar="JSON", type=Path,
+                    help="a saved planner_check JSON whose calibration --from-log uses")
     ap.add_argument("--name", default="planner_check")
     ap.add_argument("--row", help=argparse.SUPPRESS)  # internal: calibrate in this process
     ap.add_argument("--result", help=argparse.SUPPRESS)
@@ -137,7 +157,14 @@ def main() -> None:
     import torch
 
     start, note = time.perf_counter(), ""
-    if args.from_results or not torch.cuda.is_available():
+    if args.from_log:
+        if args.calibration is None:
+            ap.error("--from-log needs --calibration (a saved planner_check JSON)")
+        calib = json.loads(args.calibration.read_text())["calibration"]
+        rows = rows_from_log(args.from_log)
+        note = (f"rows printed in {args.from_log.name}, predicted with the calibration of "
+                f"{args.calibration.name}")
+    elif args.from_results or not torch.cuda.is_available():
         day = args.from_results or "NVIDIA-H200-2026-11-22"
         calib = json.loads((RESULTS / f"calibration-{day}.json").read_text())
         calib = next(iter(calib["machines"].values()))
