@@ -1,6 +1,10 @@
 """Shared fixtures. GPU tests are marked ``gpu`` and skipped without CUDA."""
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -80,3 +84,20 @@ def hf_greedy():
         return [row[:row.index(eos) + 1] if eos in row else row for row in rows]
 
     return generate
+
+
+@pytest.fixture(scope="session")
+def load_benchmark():
+    """Loads ``benchmarks/NAME.py`` (not a package) as module ``NAME_bench`` for its tests, with
+    its folder on ``sys.path`` for the script's own imports (``common``, ``fresh``)."""
+    folder = Path(__file__).resolve().parent.parent / "benchmarks"
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+
+    def load(script: Path):
+        spec = importlib.util.spec_from_file_location(f"{script.stem}_bench", script)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+    return load

@@ -2,7 +2,6 @@
 every process's step and the spread kept; failed processes are left out; bad counts refused."""
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -14,12 +13,8 @@ SCRIPT = ROOT / "benchmarks" / "fresh.py"
 
 
 @pytest.fixture(scope="module")
-def bench():
-    sys.path.insert(0, str(SCRIPT.parent))
-    spec = importlib.util.spec_from_file_location("fresh_bench", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def bench(load_benchmark):
+    return load_benchmark(SCRIPT)
 
 
 def test_the_median_process_stands_for_the_row(bench):

@@ -2,7 +2,6 @@
 and ``--report`` over a saved file whose last (model, shape) was cut short by a timeout."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -15,12 +14,8 @@ SCRIPT = ROOT / "benchmarks" / "lora_stream.py"
 
 
 @pytest.fixture(scope="module")
-def bench():
-    sys.path.insert(0, str(SCRIPT.parent))  # its own imports (fresh, common)
-    spec = importlib.util.spec_from_file_location("lora_stream_bench", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def bench(load_benchmark):
+    return load_benchmark(SCRIPT)
 
 
 def run(kind: str, tps: float, peak: float, step: float, up: float, down: float = 0.0) -> dict:

@@ -2,7 +2,6 @@
 saved run's calibration; lines that are not rows are skipped."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -20,11 +19,8 @@ rc 124
 """
 
 
-def test_rows_from_a_log_carry_their_configs():
-    sys.path.insert(0, str(SCRIPT.parent))
-    spec = importlib.util.spec_from_file_location("planner_check_bench", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+def test_rows_from_a_log_carry_their_configs(load_benchmark):
+    mod = load_benchmark(SCRIPT)
     import tempfile
 
     with tempfile.TemporaryDirectory() as d:

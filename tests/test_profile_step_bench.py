@@ -2,7 +2,6 @@
 its command line (engine and recipe rows in fresh processes)."""
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
@@ -15,12 +14,8 @@ SCRIPT = ROOT / "benchmarks" / "profile_step.py"
 
 
 @pytest.fixture(scope="module")
-def bench():
-    sys.path.insert(0, str(SCRIPT.parent))
-    spec = importlib.util.spec_from_file_location("profile_step_bench", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def bench(load_benchmark):
+    return load_benchmark(SCRIPT)
 
 
 def _k(name, stream, ts, dur, cat="kernel", **args):

@@ -1,25 +1,18 @@
 """The README's fresh-process table is the one the committed results generate (issue 16)."""
-import importlib.util
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_readme_holds_the_table_generated_from_the_results():
-    spec = importlib.util.spec_from_file_location("readme_table",
-                                                  ROOT / "benchmarks" / "readme_table.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+def test_readme_holds_the_table_generated_from_the_results(load_benchmark):
+    mod = load_benchmark(ROOT / "benchmarks" / "readme_table.py")
     table = mod.markdown("H100")
     assert table.count("\n") >= 4  # header, rule and rows: the results are committed
     assert table in (ROOT / "README.md").read_text(encoding="utf-8")
 
 
-def test_a_newer_measurement_of_a_row_replaces_the_older(tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("readme_table",
-                                                  ROOT / "benchmarks" / "readme_table.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+def test_a_newer_measurement_of_a_row_replaces_the_older(tmp_path, monkeypatch, load_benchmark):
+    mod = load_benchmark(ROOT / "benchmarks" / "readme_table.py")
     import json
 
     def row(model, ratio):

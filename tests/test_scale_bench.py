@@ -2,7 +2,6 @@
 during its end-of-run save (no summary yet), and --from-run through the command line."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -15,12 +14,8 @@ SCRIPT = ROOT / "benchmarks" / "scale.py"
 
 
 @pytest.fixture(scope="module")
-def bench():
-    sys.path.insert(0, str(SCRIPT.parent))  # its own imports (common)
-    spec = importlib.util.spec_from_file_location("scale_bench", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def bench(load_benchmark):
+    return load_benchmark(SCRIPT)
 
 
 def record(seconds: list[float], summary: dict | None = None, status: str = "stopped") -> dict:

@@ -2,7 +2,6 @@
 compared), rows labelled by them; bad entries are refused in one line."""
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -13,12 +12,8 @@ SCRIPT = ROOT / "benchmarks" / "step_speed.py"
 
 
 @pytest.fixture(scope="module")
-def bench():
-    sys.path.insert(0, str(SCRIPT.parent))
-    spec = importlib.util.spec_from_file_location("step_speed_bench", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def bench(load_benchmark):
+    return load_benchmark(SCRIPT)
 
 
 def test_a_tree_entry_parses_into_root_and_typed_settings(bench):
