@@ -1,6 +1,9 @@
 """Tokenizers: a byte-level one for the tiny presets, Hugging Face ones for real models."""
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
 
@@ -68,10 +71,24 @@ def load_tokenizer(model: str, data_dir: Path) -> Tokenizer:
         ConfigError: no usable tokenizer (one line).
     """
     try:
-        return _load(model, data_dir)
+        with _quiet_hub():
+            return _load(model, data_dir)
     except (OSError, ValueError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0][:200]
         raise ConfigError([f"model: no usable tokenizer for {model} ({first})"]) from None
+
+
+@contextmanager
+def _quiet_hub() -> Iterator[None]:
+    """Hub warnings held back while a tokenizer loads: offline, huggingface_hub logs two lines
+    per retry (22 lines for one tokenizer) before the one-line error ``load_tokenizer`` gives."""
+    hub = logging.getLogger("huggingface_hub")
+    level = hub.level
+    hub.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        hub.setLevel(level)
 
 
 def _load(model: str, data_dir: Path) -> Tokenizer:
