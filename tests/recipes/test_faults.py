@@ -395,6 +395,18 @@ def _write_bad_inputs(d: Path) -> dict[str, tuple[list[str], str]]:
     return cases
 
 
+def test_a_tokenizer_that_cannot_be_had_is_one_line(tmp_path):
+    """No opt-tokenizer/ in data_dir, an empty Hub cache and the Hub out of reach (offline mode
+    here, so the test does not depend on the network): exit 2, one line, no run directory."""
+    offline = ["env", "HF_HUB_OFFLINE=1", f"HF_HOME={tmp_path / 'hf'}", sys.executable, "-m",
+               "workbench"]
+    r = cli("run", *sets("model=opt-125m", "data=embedded", f"data_dir={tmp_path}",
+                         "device=cpu", "steps=1"), "--out", str(tmp_path / "r"), prefix=offline)
+    assert r.returncode == 2
+    assert "model: no usable tokenizer for opt-125m" in one_line(r.stderr)
+    assert not (tmp_path / "r").exists()
+
+
 def test_every_bad_input_is_one_line_and_exit_2(straight, tmp_path):
     cases = _write_bad_inputs(tmp_path)
     ran = straight["dir"]
