@@ -16,9 +16,9 @@ zo-offload bf16 + compressed-sr at 1 x 2048 (the AMP memory rows of part 7).
 ``--from-results DAY`` re-predicts rows saved by an earlier session instead (zo_offload-DAY.json,
 main13b-DAY.json, calibration-DAY.json); that session's calibration had a broken fused-kernel
 timing, so there the perturbation rate is derived from its MeZO rows, and said so.
-``--from-log LOG --calibration JSON`` re-predicts the rows a run printed before it was cut off
-(step seconds and GiB as printed, 4 and 2 decimals) with the calibration of another run's saved
-JSON (its ``calibration``), e.g. a second run on the same machine.
+``--rows-from FILE --calibration JSON`` re-predicts measured rows with the calibration of another
+run's saved JSON (its ``calibration``): FILE is a saved planner_check JSON (its ``measured``) or
+the log of a run cut off before it saved (step seconds and GiB as printed, 4 and 2 decimals).
 """
 from __future__ import annotations
 
@@ -77,11 +77,15 @@ def specs(models: list[str], steps: int) -> list[dict]:
     return out
 
 
-def rows_from_log(log: Path) -> list[dict]:
-    """The rows a run printed (``NAME: S s/step, G GiB``), with their configs from ``specs``."""
+def rows_from(path: Path) -> list[dict]:
+    """Measured rows: a saved planner_check JSON's ``measured``, or the rows a run printed in its
+    log (``NAME: S s/step, G GiB``), their configs from ``specs``."""
+    text = path.read_text()
+    if path.suffix == ".json":
+        return json.loads(text)["measured"]
     known = {sp["name"]: sp["config"] for sp in specs(MODELS.split(","), 0)}
     rows = []
-    for line in log.read_text().splitlines():
+    for line in text.splitlines():
         name, _, rest = line.partition(": ")
         parts = rest.replace(" s/step,", "").replace(" GiB", "").split()
         if name in known and len(parts) == 2:
@@ -141,10 +145,11 @@ def main() -> None:
     ap.add_argument("--from-results", metavar="DAY",
                     help="re-predict rows saved by an earlier session "
                          "(e.g. NVIDIA-H200-2026-11-22)")
-    ap.add_argument("--from-log", metavar="LOG", type=Path,
-                    help="re-predict the rows a cut-off run printed (with --calibration)")
+    ap.add_argument("--rows-from", metavar="FILE", type=Path,
+                    help="re-predict measured rows (a saved JSON, or a cut-off run's log) with "
+                         "--calibration")
     ap.add_argument("--calibration", metavar="JSON", type=Path,
-                    help="a saved planner_check JSON whose calibration --from-log uses")
+                    help="a saved planner_check JSON whose calibration --rows-from uses")
     ap.add_argument("--name", default="planner_check")
     ap.add_argument("--row", help=argparse.SUPPRESS)  # internal: calibrate in this process
     ap.add_argument("--result", help=argparse.SUPPRESS)
@@ -157,12 +162,12 @@ def main() -> None:
     import torch
 
     start, note = time.perf_counter(), ""
-    if args.from_log:
+    if args.rows_from:
         if args.calibration is None:
-            ap.error("--from-log needs --calibration (a saved planner_check JSON)")
+            ap.error("--rows-from needs --calibration (a saved planner_check JSON)")
         calib = json.loads(args.calibration.read_text())["calibration"]
-        rows = rows_from_log(args.from_log)
-        note = (f"rows printed in {args.from_log.name}, predicted with the calibration of "
+        rows = rows_from(args.rows_from)
+        note = (f"rows measured in {args.rows_from.name}, predicted with the calibration of "
                 f"{args.calibration.name}")
     elif args.from_results or not torch.cuda.is_available():
         day = args.from_results or "NVIDIA-H200-2026-11-22"

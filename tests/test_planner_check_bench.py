@@ -1,5 +1,6 @@
-"""benchmarks/planner_check.py --from-log: the rows a cut-off run printed are re-predicted with a
-saved run's calibration; lines that are not rows are skipped."""
+"""benchmarks/planner_check.py --rows-from: measured rows (a saved JSON, or the rows a cut-off run
+printed) are re-predicted with a saved run's calibration; log lines that are not rows are
+skipped."""
 from __future__ import annotations
 
 import json
@@ -26,7 +27,7 @@ def test_rows_from_a_log_carry_their_configs(load_benchmark):
     with tempfile.TemporaryDirectory() as d:
         log = Path(d, "run.log")
         log.write_text(LOG)
-        rows = mod.rows_from_log(log)
+        rows = mod.rows_from(log)
     assert [r["name"] for r in rows] == ["opt-125m off 16x128 mezo",
                                          "opt-1.3b bf16+sr 1x2048 zo-offload"]
     assert rows[0]["step_seconds"] == 0.0231 and rows[0]["peak_gpu_mem_bytes"] == 0.57 * 2**30
@@ -35,12 +36,12 @@ def test_rows_from_a_log_carry_their_configs(load_benchmark):
             c["master"]) == ("opt-1.3b", "zo-offload", 1, 2048, "bf16", "bf16", "compressed-sr")
 
 
-def test_from_log_predicts_with_the_saved_calibration(tmp_path):
+def test_rows_from_predicts_with_the_saved_calibration(tmp_path):
     log = tmp_path / "run.log"
     log.write_text(LOG)
     saved = ROOT / "benchmarks" / "results" / \
         "planner_check-2.7b-gputime-NVIDIA-H100-80GB-HBM3-2026-11-23.json"
-    r = subprocess.run([sys.executable, str(SCRIPT), "--from-log", str(log), "--calibration",
+    r = subprocess.run([sys.executable, str(SCRIPT), "--rows-from", str(log), "--calibration",
                         str(saved), "--name", "test-from-log"], capture_output=True, text=True,
                        env={**__import__("os").environ, "OUT": str(tmp_path)}, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -53,6 +54,14 @@ def test_from_log_predicts_with_the_saved_calibration(tmp_path):
     assert data["calibration"] == json.loads(saved.read_text())["calibration"]
     assert data["rows"][0]["time_meas_s"] == 0.0231
     assert 0 < data["rows"][0]["time_pred_s"] < 1 and data["within"]["rows"] == 2
-    r = subprocess.run([sys.executable, str(SCRIPT), "--from-log", str(log)],
+    r = subprocess.run([sys.executable, str(SCRIPT), "--rows-from", str(log)],
                        capture_output=True, text=True, timeout=300)
-    assert r.returncode == 2 and "--from-log needs --calibration" in r.stderr
+    assert r.returncode == 2 and "--rows-from needs --calibration" in r.stderr
+
+
+def test_rows_from_a_saved_json_are_its_measured_rows(tmp_path, load_benchmark):
+    mod = load_benchmark(SCRIPT)
+    saved = ROOT / "benchmarks" / "results" / \
+        "planner_check-2.7b-gputime-NVIDIA-H100-80GB-HBM3-2026-11-23.json"
+    rows = mod.rows_from(saved)
+    assert rows == json.loads(saved.read_text())["measured"] and len(rows) == 5
