@@ -16,7 +16,7 @@ ratio >= 0.99, step within 1.05x of the bound.
 
 ``--processes N`` runs every configuration in N fresh processes and keeps the one with the median
 step (``process_steps``: all of them; ``spread``: (max - min) / median). Under bf16 + compressed-sr
-the same row's step moved 0.287-0.366 s between processes on one H100 (2026-11-23), more than
+the same row's step moved 0.287-0.366 s between processes on two H100 hosts (2026-11-23), more than
 any code change we measured, so one process per row can land anywhere in that range.
 """
 from __future__ import annotations
@@ -87,6 +87,11 @@ def median_process(runs: list[dict]) -> dict:
             "spread": (max(steps) - min(steps)) / mid}
 
 
+def _spread(run: dict) -> str:
+    """A configuration's spread over its processes; '-' for one process (nothing to spread)."""
+    return f"{run['spread']:.0%}" if run.get("processes", 1) > 1 else "-"
+
+
 def pair_up(rows: list[dict], bw: dict | None) -> list[dict]:
     """One line per (model, shape, precision): offload vs MeZO and vs the lower bound."""
     from common import add_bound
@@ -98,7 +103,7 @@ def pair_up(rows: list[dict], bw: dict | None) -> list[dict]:
                     mezo_peak_gb=mezo.get("peak_gpu_mem_gb"),
                     offload_peak_gb=off.get("peak_gpu_mem_gb"),
                     warmup=f"{mezo.get('warmup_steps', '-')}/{off.get('warmup_steps', '-')}",
-                    spread=f"{mezo.get('spread', 0):.0%}/{off.get('spread', 0):.0%}",
+                    spread=f"{_spread(mezo)}/{_spread(off)}",
                     error=mezo.get("error") or off.get("error"))
         if line["error"] is None:
             line["ratio"] = off["tokens_per_s"] / mezo["tokens_per_s"]

@@ -26,6 +26,8 @@ def test_the_median_process_stands_for_the_row(bench):
     assert row["spread"] == pytest.approx((0.366 - 0.287) / 0.2984)
     odd = bench.median_process(runs[:3])
     assert odd["id"] == 2
+    # the table's spread column: per process count, '-' where one process ran
+    assert bench._spread(row) == "26%" and bench._spread(bench.median_process(runs[:1])) == "-"
 
 
 def test_failed_processes_are_left_out(bench):
