@@ -27,7 +27,6 @@ def test_a_run_that_cannot_fit_is_refused_before_anything_and_force_overrides(tm
     assert rec.status == "done" and len(rec.steps) == 3
 
 
-
 def test_a_run_that_cannot_fit_is_refused_before_its_tokenizer_is_read(tmp_path, monkeypatch):
     """The fit check is arithmetic; the tokenizer may need the Hub (minutes of retries offline),
     so a too-big run with real data is refused without touching it."""
