@@ -178,7 +178,7 @@ def main() -> None:
                   f"{r['warmup_steps']} warm-up, process {r['process_seconds']:.0f} s"),
                   flush=True)
         out["runs"].append(median_process(tries))
-        if r["method"] == "zo-offload":
+        if spec["method"] == "zo-offload":
             out["rows"] = pair_up(out["runs"], bw)
         if args.device == "cuda":
             save(args.name, out)  # after every row: a timeout keeps what ran
