@@ -171,7 +171,10 @@ def calibrate(device: str | None = None, quick: bool = False, save: bool = True)
         device = "cuda" if torch.cuda.is_available() else "cpu"
     cuda = device == "cuda"
     if cuda and not torch.cuda.is_available():
-        raise RuntimeError("device: cuda was asked for but this machine has no CUDA GPU")
+        from workbench.config import ConfigError
+
+        raise ConfigError(["--device: cuda was asked for but this machine has no CUDA GPU; "
+                           "calibrate with --device cpu"])
     vm = psutil.virtual_memory()
     out: dict[str, Any] = {"device": device, "hostname": socket.gethostname(),
                            "time": time.time(), "quick": quick, "torch": torch.__version__,

@@ -12,7 +12,8 @@ import sys
 import warnings
 from pathlib import Path
 
-from workbench.config import ConfigError, RunConfig, check_environment, load_config, parse_sets
+from workbench.config import (ConfigError, RunConfig, check_environment, load_config, parse_sets,
+                              resume_base)
 from workbench.telemetry.evals import eval_rows, eval_value
 from workbench.telemetry.steady import STEADY_NOTE
 
@@ -29,7 +30,16 @@ DEMO_GPU = {"model": "opt-1.3b", "data": "synthetic", "steps": "20", "batch_size
 def _config(args: argparse.Namespace, defaults: dict[str, str] | None = None) -> RunConfig:
     overrides = dict(defaults or {})
     overrides.update(parse_sets(args.set or []))
-    return load_config(args.config, overrides)
+    return load_config(_config_file(args), overrides)
+
+
+def _config_file(args: argparse.Namespace) -> str | None:
+    """The one ``--config`` file (a second is refused: which would win is no rule to guess)."""
+    files = getattr(args, "config", None) or []
+    if len(files) > 1:
+        raise ConfigError([f"--config: given {len(files)} times ({', '.join(files)}); give one "
+                           "file (--set overrides single settings)"])
+    return files[0] if files else None
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -45,9 +55,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                                f"({args.resume}); leave out --out, or copy the run to "
                                f"{args.out} and resume that"])
         previous = RunRecord.load(args.resume, telemetry=False).config
-        known = set(RunConfig.__dataclass_fields__)
-        base = RunConfig(**{k: v for k, v in previous.items() if k in known})
-        cfg = load_config(args.config, parse_sets(args.set or []), base=base)
+        base = RunConfig(**resume_base(previous))
+        cfg = load_config(_config_file(args), parse_sets(args.set or []), base=base)
         out = args.resume
     else:
         if not args.out:
@@ -107,6 +116,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         demo.update(DEMO_GPU)
         if torch.cuda.get_device_properties(0).total_memory < 16 * 2**30:
             demo["model"] = "opt-350m"
+    mine = [k for k in ("method", "device") if k in parse_sets(args.set or []) or k in
+            _file_keys(_config_file(args))]
+    if mine:  # the demo is a comparison of two methods on this machine's device
+        raise ConfigError([f"{k}: the demo sets it itself (mezo, then zo-offload, on "
+                           f"device={device}); use python -m workbench run to choose it"
+                           for k in mine])
     out = Path(args.out)
     records = []
     for method in ("mezo", "zo-offload"):
@@ -123,6 +138,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if report:
         print(f"report: {report.resolve()}")
     return 0 if same else 1
+
+
+def _file_keys(path: str | None) -> set[str]:
+    """The settings a TOML file gives (none without a file)."""
+    from workbench.config import read_settings
+
+    return set(read_settings(Path(path))) if path is not None else set()
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -157,7 +179,13 @@ def cmd_report(args: argparse.Namespace) -> int:
                            f"{Path(args.out) / 'report.html'}"])
     from workbench.ui.report import write_report  # plotly only when a report is asked for
 
-    print(write_report(args.run_dirs, args.out).resolve())
+    try:
+        print(write_report(args.run_dirs, args.out).resolve())
+    except OSError as e:
+        if isinstance(e, FileNotFoundError) and not e.filename:
+            raise  # a run directory that is not one: one line from main
+        raise ConfigError([f"-o: cannot write {args.out} ({e.strerror or e}); give a writable "
+                           "place"]) from None
     return 0
 
 
@@ -181,6 +209,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from workbench.planner import plan, suggest
 
     cfg = _config(args)
+    if args.suggest is not None and not args.suggest > 0:
+        raise ConfigError([f"--suggest: {args.suggest:g} GiB is not a GPU memory budget; give a "
+                           "number of GiB above 0"])
     calib = None if args.gpu else load_calibration(cfg.device)
     if args.suggest is not None:
         rows = suggest(cfg, int(args.suggest * 2 ** 30), args.gpu, calib)
@@ -334,7 +365,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--config", help="TOML file with settings (a [run] table or top level)")
+        sp.add_argument("--config", action="append", help="TOML file with settings (a [run] "
+                        "table or top level); one file")
         sp.add_argument("--set", action="append", metavar="KEY=VALUE",
                         help="override one setting; repeatable")
 

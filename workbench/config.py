@@ -7,6 +7,7 @@ right control and the validator can say what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import os
@@ -54,7 +55,11 @@ METHOD_KNOBS: dict[str, tuple[str, ...]] = {
 RESUMABLE = ("steps", "lr", "weight_decay", "eval_every", "eval_samples", "device", "data_dir",
              "overlap", "reuse_buffers", "fused_update", "resident_blocks", "prefetch_depth",
              "telemetry", "sample_hz", "keep_steps", "checkpoint_every", "keep_last",
-             "digest_check_every", "host_share", "gpu_mem_limit_gb", "max_new_tokens")
+             "digest_check_every", "host_share", "gpu_mem_limit_gb", "max_new_tokens",
+             "checkpoint_dir", "data_changed_ok")
+#: Knobs that answer one question of one start (is changed data all right?): a resumed run
+#: does not inherit them, so the next resume asks again.
+ONE_START = ("data_changed_ok",)
 
 
 def default_data_dir() -> str:
@@ -98,7 +103,8 @@ class RunConfig:
                                  "prompt -> completion; lm: plain text", group="task")
     template: str = _knob("{text} It was", "classify prompt; {text} is the example's text",
                           group="task")
-    label_words: str = _knob(" terrible, great", "classify: comma-separated words of labels 0, 1..",
+    label_words: str = _knob(" terrible, great", "classify: the words of labels 0, 1, .., split "
+                             "at each comma and nothing else (spaces are part of a word)",
                              group="task")
     text_field: str = _knob("", "field with the text (classify, lm)", group="task")
     label_field: str = _knob("", "field with the integer label (classify)", group="task")
@@ -154,9 +160,14 @@ class RunConfig:
     # checkpoints
     checkpoint_every: int = _knob(0, "save a checkpoint every N steps (0 = never)", lo=0,
                                   hi=10_000_000, unit="steps", group="checkpoint")
-    checkpoint_dir: str = _knob("", "where checkpoints go (empty: RUN_DIR/checkpoints)",
+    checkpoint_dir: str = _knob("", "where checkpoints go (empty: RUN_DIR/checkpoints); a resume "
+                                "may move it: it reads the newest of its run's checkpoints from "
+                                "the old folder or the new one, and writes to the new one",
                                 group="checkpoint")
     keep_last: int = _knob(2, "complete checkpoints kept", lo=1, hi=1000, group="checkpoint")
+    data_changed_ok: bool = _knob(False, "this resume may go on with data (or a tokenizer) that "
+                                  "changed since the run started; run.json records it; not "
+                                  "inherited by the next resume", group="checkpoint")
     # first-order offload (interleaved optimizer states)
     subgroup_size: int = _knob(2_000_000, "parameters per optimizer subgroup", lo=1024,
                                hi=2**31 - 1, unit="params", group="fo")
@@ -261,6 +272,16 @@ def _check_values(cfg: RunConfig) -> list[str]:
     elif Path(cfg.model).expanduser().is_dir():
         problems += _model_folder_problems(cfg)
     problems += _check_task(cfg)
+    positions = _positions(cfg)
+    reach = cfg.seq_len + cfg.max_new_tokens - 1  # a dev prompt of seq_len, then the answer
+    if cfg.objective == "completion" and cfg.data != "synthetic" and positions and \
+            reach > positions:
+        problems.append(f"max_new_tokens: {cfg.max_new_tokens} new tokens after a prompt of up "
+                        f"to seq_len={cfg.seq_len} reach position {reach}, beyond the "
+                        f"{positions} positions of {cfg.model}; lower max_new_tokens or seq_len")
+    if cfg.gpu_mem_limit_gb and cfg.device != "cuda":
+        problems.append(f"gpu_mem_limit_gb: {cfg.gpu_mem_limit_gb:g} applies only with "
+                        f"device=cuda (this run has device={cfg.device}); leave it at 0")
     if cfg.eval_every and cfg.data == "synthetic":  # every other source has a dev split
         problems.append("eval_every: data=synthetic has no dev split to evaluate on; set "
                         "eval_every=0 or use a data set")
@@ -320,7 +341,10 @@ def _check_task(cfg: RunConfig) -> list[str]:
     """The data source's shape (files are read later) and the objective's settings."""
     problems, data = [], cfg.data
     path = Path(data).expanduser()
-    if data in ("embedded", "sst2", "synthetic") or data.startswith("hf:") and len(data) > 3:
+    if not data.strip():
+        problems.append(f"data: {data!r} is empty; give embedded, sst2, synthetic, "
+                        "hf:NAME[:CONFIG], a file or a folder (. for this one)")
+    elif data in ("embedded", "sst2", "synthetic") or data.startswith("hf:") and len(data) > 3:
         pass
     elif path.is_file():
         if path.suffix.lower() not in DATA_SUFFIXES:
@@ -331,12 +355,14 @@ def _check_task(cfg: RunConfig) -> list[str]:
     if data == "sst2" and cfg.objective != "classify":
         problems.append(f"data: sst2 is a classify data set; objective={cfg.objective} needs "
                         "another source")
-    words = cfg.label_words.split(",")
+    words = split_words(cfg.label_words)
     if len(words) < 2 or any(not w.strip() for w in words):
-        problems.append(f"label_words: {cfg.label_words!r} needs k >= 2 non-empty words, comma-"
-                        "separated (the leading space is part of the word)")
+        problems.append(f"label_words: {cfg.label_words!r} needs k >= 2 non-blank words, split "
+                        "at each comma (spaces are part of a word: ' bad, great' is ' bad' and "
+                        "' great')")
     elif len(set(words)) < len(words):
-        problems.append(f"label_words: {cfg.label_words!r} repeats a word")
+        twice = next(w for w in words if words.count(w) > 1)
+        problems.append(f"label_words: {cfg.label_words!r} repeats a word ({twice!r})")
     try:
         names = {n for _, n, _, _ in string.Formatter().parse(cfg.template) if n is not None}
     except ValueError as e:
@@ -350,6 +376,20 @@ def _check_task(cfg: RunConfig) -> list[str]:
             problems.append(f"{name}: does not apply to objective={cfg.objective} (it applies to "
                             f"{', '.join(o for o, f in TASK_FIELDS.items() if name in f)})")
     return problems
+
+
+def _positions(cfg: RunConfig) -> int | None:
+    """The model's positions, where known without loading it (a preset, a local folder)."""
+    from workbench.presets import PRESETS
+
+    if cfg.model in PRESETS:
+        return PRESETS[cfg.model].max_positions
+    try:
+        conf = json.loads((Path(cfg.model).expanduser() / "config.json").read_text("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    found = conf.get("max_position_embeddings") if isinstance(conf, dict) else None
+    return found if isinstance(found, int) else None
 
 
 def _default(name: str) -> Any:
@@ -397,7 +437,7 @@ def parse_value(name: str, text: str) -> Any:
     """Turn a ``--set`` string into the field's type; unknown fields are reported by name."""
     known = {f.name: _resolve(f.type) for f in fields(RunConfig)}
     if name not in known:
-        raise ConfigError([f"{name}: unknown setting (known: {', '.join(sorted(known))})"])
+        raise ConfigError([unknown_setting(name)])
     t = known[name]
     try:
         if t is bool:
@@ -428,21 +468,22 @@ def load_config(path: str | os.PathLike | None = None, overrides: Mapping[str, A
     values: dict[str, Any] = dict(base.to_dict()) if base else {}
     problems: list[str] = []
     if path is not None:
-        values.update(_read_toml(Path(path)))
+        values.update(read_settings(Path(path)))
     for key, raw in (overrides or {}).items():
         try:
             values[key] = parse_value(key, raw) if isinstance(raw, str) else raw
         except ConfigError as e:
             problems += e.problems
     known = {f.name for f in fields(RunConfig)}
-    problems += [f"{k}: unknown setting" for k in values if k not in known]
+    problems += [unknown_setting(k) for k in values if k not in known]
     if problems:
         raise ConfigError(problems)
     return RunConfig(**values)
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
-    """The settings of a TOML file: its [run] table, or its top-level keys when it has none.
+def read_settings(path: Path) -> dict[str, Any]:
+    """The settings of a TOML file (not yet checked): its [run] table, or its top-level keys
+    when it has none.
     Anything else (keys beside [run], other tables) is refused: it would be ignored."""
     try:
         data = tomllib.loads(path.read_bytes().decode("utf-8"))
@@ -469,18 +510,54 @@ def _read_toml(path: Path) -> dict[str, Any]:
     return settings
 
 
+#: Other tools' names for our knobs, offered as "did you mean".
+ALIASES = {"learning_rate": "lr", "max_steps": "steps", "num_steps": "steps", "epsilon": "eps",
+           "max_length": "seq_len", "seq_length": "seq_len", "dataset": "data",
+           "lora_r": "lora_rank", "zo_eps": "eps", "batch": "batch_size"}
+
+
+def unknown_setting(name: str) -> str:
+    """'stpes: unknown setting; did you mean steps?' (the closest names, if any are close)."""
+    known = [f.name for f in fields(RunConfig)]
+    guess = name.strip().lower().replace("-", "_").replace(" ", "_")
+    guess = ALIASES.get(guess, guess)
+    close = [guess] if guess in known else difflib.get_close_matches(guess, known, n=3,
+                                                                     cutoff=0.6)
+    if close:
+        return f"{name}: unknown setting; did you mean {' or '.join(close)}?"
+    return (f"{name}: unknown setting (no setting has a similar name; the README's Settings "
+            "table lists them)")
+
+
+def split_words(text: str) -> list[str]:
+    """The one rule for word lists (``label_words``): split at each comma and nothing else;
+    every other character, spaces included, is part of a word, whether the value came from
+    TOML or ``--set``: ``" bad, fine"`` -> ``[" bad", " fine"]``."""
+    return text.split(",")
+
+
 def parse_sets(items: list[str]) -> dict[str, str]:
-    """``["lr=1e-6", "steps=5"]`` -> ``{"lr": "1e-6", "steps": "5"}``."""
+    """``["lr=1e-6", "steps=5"]`` -> ``{"lr": "1e-6", "steps": "5"}``: the key is the text
+    before the first ``=`` (spaces around it dropped: names have none), the value everything
+    after it exactly as typed (``label_words= bad, great`` keeps its spaces, as TOML would);
+    a key given twice keeps its last value."""
     out, problems = {}, []
     for item in items:
         if "=" not in item:
             problems.append(f"--set {item!r}: expected KEY=VALUE")
             continue
         k, v = item.split("=", 1)
-        out[k.strip()] = v.strip()
+        out[k.strip()] = v
     if problems:
         raise ConfigError(problems)
     return out
+
+
+def resume_base(previous: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings a resumed run starts from: the run's recorded config, less keys this version
+    does not know and the ``ONE_START`` knobs (back to their defaults)."""
+    known = {f.name for f in fields(RunConfig)}
+    return {k: (_default(k) if k in ONE_START else v) for k, v in previous.items() if k in known}
 
 
 def check_environment(cfg: RunConfig) -> None:

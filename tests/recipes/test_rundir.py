@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from workbench.recipes.rundir import RunDir, RunDirError, RunWarning, newest_covered, read_history
+from workbench.recipes.resume import found_checkpoints, newest_covered
+from workbench.recipes.rundir import RunDir, RunDirError, RunWarning, read_history
 from workbench.telemetry.record import RunRecord
 
 
@@ -90,5 +91,6 @@ def test_resume_picks_the_newest_checkpoint_the_history_covers(tmp_path):
         (tmp_path / f"step-{step:08d}").mkdir()
         (tmp_path / f"step-{step:08d}" / "manifest.json").write_text("{}")
     history = [{"step": t} for t in range(5)]  # steps 0..4 recorded; 5 was in flight
-    found, covered = newest_covered(tmp_path, history)
+    found = found_checkpoints([tmp_path])
+    covered = newest_covered(found, history)
     assert [p.name for p in found][-1] == "step-00000006" and covered.name == "step-00000004"

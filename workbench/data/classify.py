@@ -9,10 +9,13 @@ each example becomes k sequences, prompt + word c, in a ``ChoiceBatch``.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
 
+from workbench.config import ConfigError
+from workbench.config import split_words as config_split_words
 from workbench.data.batches import Batch, StepData, fit, pad
 from workbench.data.fields import Example
 from workbench.data.sequences import TokenBatch, token_batch
@@ -33,20 +36,31 @@ class ChoiceBatch(TokenBatch):
 
 
 def split_words(label_words: str) -> list[str]:
-    """``" terrible, great"`` -> ``[" terrible", " great"]`` (a word keeps its leading space)."""
-    return label_words.split(",")
+    """``" terrible, great"`` -> ``[" terrible", " great"]``: split at each comma and nothing
+    else; every other character is part of a word, spaces included (``config.split_words``)."""
+    return config_split_words(label_words)
 
 
 def word_tokens(tok: Tokenizer, words: list[str]) -> tuple[list[int], list[list[int]]]:
-    """(the words' common leading tokens, each word's remaining tokens)."""
+    """(the words' common leading tokens, each word's remaining tokens).
+
+    Raises:
+        ConfigError: two words the tokenizer makes the same ids of (a normalising tokenizer:
+            case, unicode forms), or one word's tokens beginning another's.
+    """
     ids = [tok.encode_plain(w) for w in words]
+    for a, b in itertools.combinations(range(len(words)), 2):
+        if ids[a] == ids[b]:
+            raise ConfigError([f"label_words: {words[a]!r} and {words[b]!r} tokenize to the "
+                               f"same ids {ids[a]}; the model could not tell the labels apart"])
     k = 0
     while all(len(i) > k for i in ids) and len({i[k] for i in ids}) == 1:
         k += 1
     rest = [i[k:] for i in ids]
-    if any(not r for r in rest) or len({tuple(r) for r in rest}) < len(rest):
-        raise DataError(f"label_words: the tokenizer cannot tell {words!r} apart (one word's "
-                        "tokens begin another's)")
+    if any(not r for r in rest):
+        short = words[next(i for i, r in enumerate(rest) if not r)]
+        raise ConfigError([f"label_words: the tokens of {short!r} begin another word's; the "
+                           f"tokenizer cannot tell {words!r} apart"])
     return ids[0][:k], rest
 
 

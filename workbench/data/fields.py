@@ -2,7 +2,8 @@
 
 Field names are settings (``text_field``, ``label_field``, ``prompt_field``, ``completion_field``);
 left empty, the first column whose name is in the defaults below is used. Every bad value is
-refused in one line naming the file, the line (or row) and the field.
+refused in one line naming the file, the line (or row) and the field; so is a split whose texts
+(or completions) are all blank.
 """
 from __future__ import annotations
 
@@ -77,12 +78,25 @@ def _label(rows: Rows, i: int, name: str, k: int) -> int:
     return value
 
 
+def _some_text(rows: Rows, name: str, values: list[str], why: str) -> list[str]:
+    """``values`` (field ``name`` of every row), refused when every one is blank: such a split
+    trains on nothing, or scores any model perfectly."""
+    if values and not any(v.strip() for v in values):
+        first, last = rows.numbers[0], rows.numbers[-1]
+        span = f"{rows.unit}s {first}-{last}" if len(values) > 1 else f"{rows.unit} {first}"
+        raise DataError(f"{rows.origin}: field {name!r} is blank in all {len(values)} examples "
+                        f"({span}): {why}")
+    return values
+
+
 def classify_examples(rows: Rows, k: int, text_field: str = "",
                       label_field: str = "") -> list[Example]:
     """(text, label) examples with labels checked to lie in ``0..k-1``."""
     text = field_name(rows, "text_field", text_field)
     label = field_name(rows, "label_field", label_field)
-    return [Example(_text(rows, i, text), _label(rows, i, label, k)) for i in range(len(rows.rows))]
+    texts = _some_text(rows, text, [_text(rows, i, text) for i in range(len(rows.rows))],
+                       "every prompt would be the template alone")
+    return [Example(t, _label(rows, i, label, k)) for i, t in enumerate(texts)]
 
 
 def completion_examples(rows: Rows, prompt_field: str = "",
@@ -91,11 +105,15 @@ def completion_examples(rows: Rows, prompt_field: str = "",
     completion = field_name(rows, "completion_field", completion_field)
     if prompt == completion:
         raise DataError(f"{rows.origin}: prompt_field and completion_field are both {prompt!r}")
-    return [Pair(_text(rows, i, prompt), _text(rows, i, completion))
-            for i in range(len(rows.rows))]
+    prompts = [_text(rows, i, prompt) for i in range(len(rows.rows))]
+    answers = _some_text(rows, completion,
+                         [_text(rows, i, completion) for i in range(len(rows.rows))],
+                         "nothing to learn, and an empty answer would score exact match 1.0")
+    return [Pair(p, c) for p, c in zip(prompts, answers)]
 
 
 def text_examples(rows: Rows, text_field: str = "") -> list[str]:
     """Plain texts (the ``lm`` objective)."""
     text = field_name(rows, "text_field", text_field)
-    return [_text(rows, i, text) for i in range(len(rows.rows))]
+    return _some_text(rows, text, [_text(rows, i, text) for i in range(len(rows.rows))],
+                      "the model would learn end-of-text tokens only")

@@ -3,12 +3,14 @@
 A reader returns ``Rows``: plain dicts, one per example, and where each came from (file and line),
 so that every later complaint (a missing field, a label that is not a number) can name the file,
 the line and the field. A file that cannot be read at all (empty, binary, header only, broken
-JSON, a field over the size limit) is refused here, in one line.
+JSON, a line or field over 1 MiB) is refused here, in one line; a UTF-8 byte order mark is
+dropped. Text files are read a line at a time and hashed as they are read (``Rows.digest``).
 """
 from __future__ import annotations
 
 import csv
-import io
+import hashlib
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +20,8 @@ from workbench.config import DATA_SUFFIXES as SUFFIXES
 from workbench.config import ConfigError
 
 FIELD_LIMIT = 1 << 20  # characters in one CSV/TSV field; beyond it the file is refused
+LINE_LIMIT = 1 << 20  # bytes in one line of a text file (a JSONL record); beyond it: refused
+BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, which some editors write first
 
 
 class DataError(ConfigError):
@@ -33,7 +37,7 @@ class Rows:
 
     ``origin`` names the source (a path, or ``hf:NAME train``); ``numbers[i]`` is the line of
     ``rows[i]`` in a text file (header counted) or its row in a table (1-based); ``unit`` says
-    which.
+    which. ``digest`` fingerprints the content (a file's SHA-256, a ``datasets`` fingerprint).
     """
 
     origin: str
@@ -41,6 +45,7 @@ class Rows:
     columns: list[str]
     numbers: list[int]
     unit: str = "row"
+    digest: str = ""
 
     def where(self, i: int) -> str:
         """Where row ``i`` is, e.g. ``'train.tsv line 7'``."""
@@ -49,11 +54,11 @@ class Rows:
     def subset(self, keep: list[int]) -> "Rows":
         """The rows at ``keep``, still reported at their places in the source."""
         return Rows(self.origin, [self.rows[i] for i in keep], self.columns,
-                    [self.numbers[i] for i in keep], self.unit)
+                    [self.numbers[i] for i in keep], self.unit, self.digest)
 
 
 def read_file(path: Path) -> Rows:
-    """All rows of a data file, by its suffix."""
+    """All rows of a data file, by its suffix, and the SHA-256 of its bytes (``Rows.digest``)."""
     suffix = path.suffix.lower()
     if suffix not in SUFFIXES:
         raise DataError(f"{path}: not a {'/'.join(SUFFIXES)} file")
@@ -62,23 +67,56 @@ def read_file(path: Path) -> Rows:
     if path.stat().st_size == 0:
         raise DataError(f"{path}: the file is empty")
     if suffix == ".parquet":
-        return _parquet(path)
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = path.read_bytes()[:e.start].count(b"\n") + 1
-        raise DataError(f"{path} line {line}: not UTF-8 text (a binary file?)") from None
-    if "\x00" in text:
-        line = text[:text.index("\x00")].count("\n") + 1
-        raise DataError(f"{path} line {line}: a NUL byte (a binary file?)")
-    if suffix == ".jsonl":
-        return _jsonl(path, text)
-    return _delimited(path, text, "\t" if suffix == ".tsv" else ",")
+        rows = _parquet(path)
+        rows.digest = file_digest(path)
+        return rows
+    lines, digest = _lines(path)
+    rows = _jsonl(path, lines) if suffix == ".jsonl" else \
+        _delimited(path, lines, "\t" if suffix == ".tsv" else ",")
+    rows.digest = digest
+    return rows
 
 
-def _jsonl(path: Path, text: str) -> Rows:
+def file_digest(path: Path) -> str:
+    """``sha256:<hex>`` of a file's bytes, read in 16 MiB pieces."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 24), b""):
+            h.update(chunk)
+    return f"sha256:{h.hexdigest()}"
+
+
+def _lines(path: Path) -> tuple[list[str], str]:
+    """The decoded lines of a text file (each with its newline) and the digest of its bytes.
+
+    Read a line at a time, never more than ``LINE_LIMIT`` bytes of one: a 200 MB line is refused
+    after its first MiB, not read whole. A UTF-8 byte order mark at the start is dropped.
+    """
+    h, lines = hashlib.sha256(), []
+    with open(path, "rb") as fh:
+        for n in itertools.count(1):
+            raw = fh.readline(LINE_LIMIT + 1)
+            if not raw:
+                break
+            h.update(raw)
+            if len(raw) > LINE_LIMIT and not raw.endswith(b"\n"):
+                raise DataError(f"{path} line {n}: longer than {LINE_LIMIT >> 20} MiB (the limit "
+                                "of a line and of a field)")
+            if n == 1 and raw.startswith(BOM):
+                raw = raw[len(BOM):]
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise DataError(f"{path} line {n}: not UTF-8 text (a binary file?)") from None
+            if "\x00" in line:
+                raise DataError(f"{path} line {n}: a NUL byte (a binary file?)")
+            lines.append(line)
+    return lines, f"sha256:{h.hexdigest()}"
+
+
+def _jsonl(path: Path, lines: list[str]) -> Rows:
     rows, columns, numbers = [], {}, []
-    for n, line in enumerate(text.split("\n"), start=1):  # JSON strings may hold U+2028 etc.
+    for n, line in enumerate(lines, start=1):  # split at \n only: JSON strings may hold U+2028
         if not line.strip():
             continue
         try:
@@ -95,12 +133,11 @@ def _jsonl(path: Path, text: str) -> Rows:
     return Rows(str(path), rows, list(columns), numbers, "line")
 
 
-def _delimited(path: Path, text: str, delimiter: str) -> Rows:
+def _delimited(path: Path, lines: list[str], delimiter: str) -> Rows:
     """CSV with standard quoting; TSV as GLUE writes it (no quoting: sentences hold quotes)."""
     quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
     old = csv.field_size_limit(FIELD_LIMIT)
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, quoting=quoting,
-                        strict=True)
+    reader = csv.reader(lines, delimiter=delimiter, quoting=quoting, strict=True)
     table: list[tuple[int, list[str]]] = []  # (line where the record ends, fields)
     try:
         for row in reader:

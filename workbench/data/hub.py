@@ -7,6 +7,8 @@ one line. NAME may also be a local folder of data files, which ``load_dataset`` 
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -66,6 +68,12 @@ def _splits(loaded, origin: str) -> dict[str, Rows]:
         loaded = {"train": loaded}  # one Dataset, no splits
     out = {}
     for split, ds in loaded.items():
-        out[split] = Rows(f"{origin} [{split}]", ds.to_list(), list(ds.column_names),
-                          list(range(1, ds.num_rows + 1)))
+        rows = ds.to_list()
+        # ``datasets`` fingerprints each table by its content's history (files read, transforms
+        # applied): cheaper than hashing the rows, and it changes when they do
+        found = getattr(ds, "_fingerprint", None)
+        digest = f"datasets:{found}" if found else "sha256:" + hashlib.sha256(
+            json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()
+        out[split] = Rows(f"{origin} [{split}]", rows, list(ds.column_names),
+                          list(range(1, ds.num_rows + 1)), digest=digest)
     return out

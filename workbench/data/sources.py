@@ -7,15 +7,17 @@
 - a ``.jsonl``, ``.csv``, ``.tsv`` or ``.parquet`` file;
 - a folder written by ``save_to_disk``, or holding ``train.*`` and ``dev.*`` / ``validation.*``
   files in one of those formats.
-The dev split is ``dev``, else ``validation``, ``valid``, ``val`` or ``test``; a source with none (a
-single file, a folder with only ``train.*``) gives every tenth example (rows 10, 20, ...) to dev.
-``synthetic`` has no rows (``data/batches.py`` makes its batches).
+The dev split is the one named ``dev``, ``validation``, ``valid`` or ``val`` (names of one split: a
+source with two of them is refused), else ``test``; a source with none (a single file, a folder
+with only ``train.*``) gives every tenth example (rows 10, 20, ...) to dev. ``synthetic`` has no
+rows (``data/batches.py`` makes its batches). ``sst2`` needs ``data_dir/sst2/``: without it the
+run is refused naming ``data_dir`` (``hf:nyu-mll/glue:sst2`` downloads the same data).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from workbench.config import REPO_ROOT, RunConfig
+from workbench.config import REPO_ROOT, ConfigError, RunConfig
 from workbench.data.fields import Example, classify_examples
 from workbench.data.files import SUFFIXES, DataError, Rows, read_file
 
@@ -24,6 +26,8 @@ EMBEDDED = {"classify": ASSETS / "sentiment", "completion": ASSETS / "completion
             "lm": ASSETS / "plain-text"}
 EMBEDDED_DIR = EMBEDDED["classify"]
 DEV_NAMES = ("dev", "validation", "valid", "val", "test")
+DEV_SYNONYMS = DEV_NAMES[:4]  # one split under several names; ``test`` only stands in for them
+SST2_HUB = "hf:nyu-mll/glue:sst2"
 HOLD_OUT = 10  # without a dev split, every HOLD_OUT-th example is held out for dev
 
 __all__ = ["Example", "DataError", "load_examples", "load_rows", "load_split", "read_tsv"]
@@ -36,10 +40,7 @@ def load_rows(data: str, data_dir: Path | None, objective: str = "classify") -> 
     if data == "embedded":
         return _folder(EMBEDDED[objective])
     if data == "sst2":
-        local = Path(data_dir or ".") / "sst2"
-        if (local / "train.tsv").is_file():
-            return _folder(local)
-        return _pick(_hub("hf:nyu-mll/glue:sst2"), "hf:nyu-mll/glue:sst2")
+        return _folder(sst2_folder(data_dir))
     if data.startswith("hf:"):
         return _pick(_hub(data), data)
     path = Path(data).expanduser()
@@ -49,6 +50,22 @@ def load_rows(data: str, data_dir: Path | None, objective: str = "classify") -> 
         return _folder(path)
     raise DataError(f"{data!r} is not embedded, sst2, synthetic, hf:NAME[:CONFIG], a file or a "
                     "folder")
+
+
+def sst2_folder(data_dir: Path | None) -> Path:
+    """``data_dir/sst2``, where data=sst2 reads; cheap, so a run checks it before the tokenizer
+    (which may try the Hub for a while).
+
+    Raises:
+        ConfigError: no ``sst2/train.tsv`` there, naming ``data_dir``.
+    """
+    folder = Path(data_dir or ".") / "sst2"
+    if not (folder / "train.tsv").is_file():
+        why = "does not exist" if not Path(data_dir or ".").is_dir() else "has no sst2/train.tsv"
+        raise ConfigError([f"data_dir: {data_dir} {why} (data=sst2 reads data_dir/sst2/"
+                           "train.tsv and dev.tsv); set data_dir to the folder holding sst2/, or "
+                           f"data={SST2_HUB} to download SST-2 through datasets"])
+    return folder
 
 
 def _hub(spec: str) -> dict[str, Rows]:
@@ -73,6 +90,7 @@ def _folder(folder: Path) -> tuple[Rows, Rows]:
     if "train" not in splits:
         raise DataError(f"{folder}: no train file (train{{{','.join(SUFFIXES)}}}) and not a "
                         "save_to_disk folder")
+    _one_dev(list(splits), str(folder), {n: p.name for n, p in splits.items()})
     dev = next((n for n in DEV_NAMES if n in splits), None)
     read = {"train": read_file(splits["train"])}
     if dev is not None:
@@ -85,6 +103,7 @@ def _pick(splits: dict[str, Rows], origin: str) -> tuple[Rows, Rows]:
     if "train" not in splits:
         raise DataError(f"{origin}: no train split (splits: {', '.join(splits) or 'none'})")
     train = splits["train"]
+    _one_dev(list(splits), origin, {n: n for n in splits})
     dev = next((splits[n] for n in DEV_NAMES if n in splits), None)
     if dev is not None:
         return train, dev
@@ -95,6 +114,15 @@ def _pick(splits: dict[str, Rows], origin: str) -> tuple[Rows, Rows]:
     held = [i for i in range(n) if i % HOLD_OUT == HOLD_OUT - 1] or [n - 1]
     kept = sorted(set(range(n)) - set(held))
     return train.subset(kept), train.subset(held)
+
+
+def _one_dev(names: list[str], origin: str, shown: dict[str, str]) -> None:
+    """Refuse two names of the dev split (``dev.tsv`` beside ``validation.tsv``): which one the
+    run evaluates on must not depend on an order of names."""
+    found = [n for n in DEV_SYNONYMS if n in names]
+    if len(found) > 1:
+        raise DataError(f"{origin}: several dev splits ({', '.join(shown[n] for n in found)}); "
+                        "keep one (dev, validation, valid and val name the same split)")
 
 
 # --- the sentiment API the recipe used before objectives (kept: callers and tests use it) ------

@@ -7,7 +7,7 @@ before any model weight is touched.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.config import RunConfig
@@ -30,6 +30,8 @@ class Task:
     objective: Objective
     train: Any
     dev: Any | None
+    #: split -> (where its rows came from, their content digest); empty for synthetic data
+    sources: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 def make_objective(cfg: RunConfig, tok: Tokenizer | None, vocab: int) -> Objective:
@@ -49,6 +51,7 @@ def build_task(cfg: RunConfig, tok: Tokenizer | None, vocab: int) -> Task:
                  else SyntheticTokens(vocab, cfg.seq_len, cfg.objective))
         return Task(objective, train, None)
     rows = load_rows(cfg.data, cfg.resolved_data_dir, cfg.objective)
+    sources = {name: (r.origin, r.digest) for name, r in zip(("train", "dev"), rows)}
     if cfg.objective == "classify":
         k = len(split_words(cfg.label_words))
         train, dev = (classify_examples(r, k, cfg.text_field, cfg.label_field) for r in rows)
@@ -59,7 +62,7 @@ def build_task(cfg: RunConfig, tok: Tokenizer | None, vocab: int) -> Task:
     train = train[:cfg.train_samples] if cfg.train_samples else train
     dev = dev[:cfg.eval_samples] if cfg.eval_samples else dev
     return Task(objective, *(_dataset(cfg, tok, split, name) for split, name in
-                             ((train, "train"), (dev, "dev"))))
+                             ((train, "train"), (dev, "dev"))), sources)
 
 
 def _dataset(cfg: RunConfig, tok: Tokenizer, examples: list, split: str):

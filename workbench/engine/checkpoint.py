@@ -2,7 +2,9 @@
 
 A checkpoint is a folder ``step-NNNNNNNN`` holding safetensors shards (p1 = embedding + first
 half of the blocks, p2 = second half + head, the paper's halves) and ``manifest.json`` with the
-step, the pending update, the config, the group layout and each shard's SHA-256. Weights are
+step, the pending update, the config, the group layout, each shard's SHA-256 and the identity of
+the run that wrote it (its run id and directory, model, seed and data fingerprint: a resume takes
+only its own run's checkpoints). Weights are
 stored in master precision (fp32; bf16 / fp16 for streamed blocks under master=compressed-sr,
 half the bytes) and read back as fp32, which holds them exactly. It is written
 as ``step-NNNNNNNN.partial``: shards, fsync, manifest (temp + rename), fsync, then the folder is
@@ -48,6 +50,7 @@ class Snapshot:
     pending: dict[str, Any] | None  # {"seed", "g", "lr", "wd"} or None
     config: dict[str, Any]
     n_decay: list[int] | None = None  # per group: elements [0, n_decay) get weight decay
+    identity: dict[str, Any] | None = None  # the run that wrote it (None: written before ids)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -73,16 +76,18 @@ def halves(n_groups: int) -> tuple[range, range]:
     return range(0, cut), range(cut, n_groups)
 
 
-def write_checkpoint(root: Path, snap: Snapshot, pause_s: float = 0.0) -> Path:
+def write_checkpoint(root: Path, snap: Snapshot, pause_s: float = 0.0,
+                     identity: dict[str, Any] | None = None) -> Path:
     """Write ``snap`` under ``root`` atomically; returns the final folder.
 
-    ``pause_s`` sleeps between shards (tests use it to kill a writer mid-way)."""
+    ``pause_s`` sleeps between shards (tests use it to kill a writer mid-way); ``identity``
+    (the writing run's, else ``snap.identity``) goes into the manifest."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{snap.step:08d}"
     tmp = root / f"step-{snap.step:08d}.partial"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        return _write_folder(root, tmp, final, snap, pause_s)
+        return _write_folder(root, tmp, final, snap, pause_s, identity or snap.identity)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # a failed write (a full disk) leaves nothing
         raise
@@ -103,7 +108,8 @@ def _save_shard(tensors: dict[str, torch.Tensor], path: Path) -> None:
         raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(path)) from None
 
 
-def _write_folder(root: Path, tmp: Path, final: Path, snap: Snapshot, pause_s: float) -> Path:
+def _write_folder(root: Path, tmp: Path, final: Path, snap: Snapshot, pause_s: float,
+                  identity: dict[str, Any] | None) -> Path:
     tmp.mkdir()
     shards = {}
     for part, idx in zip(("p1", "p2"), halves(len(snap.flats))):
@@ -119,7 +125,7 @@ def _write_folder(root: Path, tmp: Path, final: Path, snap: Snapshot, pause_s: f
     manifest = {"format": FORMAT, "step": snap.step, "pending": snap.pending,
                 "config": snap.config, "groups": [[n, f.numel()] for n, f in
                                                   zip(snap.names, snap.flats)],
-                "n_decay": snap.n_decay, "shards": shards}
+                "n_decay": snap.n_decay, "shards": shards, "identity": identity}
     mtmp = tmp / "manifest.json.tmp"
     mtmp.write_text(json.dumps(manifest, indent=1))
     with open(mtmp, "rb+") as fh:
@@ -190,7 +196,17 @@ def read_checkpoint(path: Path, names: list[str], numels: list[int]) -> Snapshot
             return fh.get_tensor(names[i]).float()
 
     return Snapshot(manifest["step"], LazyFlats(len(names), load), names,
-                    manifest.get("pending"), manifest.get("config", {}), manifest.get("n_decay"))
+                    manifest.get("pending"), manifest.get("config", {}), manifest.get("n_decay"),
+                    manifest.get("identity"))
+
+
+def checkpoint_identity(path: Path) -> dict[str, Any] | None:
+    """The identity in a checkpoint's manifest (None: none recorded, or unreadable)."""
+    try:
+        found = json.loads((path / "manifest.json").read_text()).get("identity")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def latest_checkpoint(root: Path) -> Path | None:
@@ -266,10 +282,13 @@ class AsyncCheckpointer:
             Only checkpoints at or before ``verified`` (a step count the caller raises as it
             sees its steps' results) count: newer ones could hold a diverged state, so the
             last ``keep_last`` good ones stay until the newer ones are known good.
+        identity: the writing run's identity, put into every manifest.
     """
 
-    def __init__(self, root: Path, keep_last: int, bus=None, timer=None):
+    def __init__(self, root: Path, keep_last: int, bus=None, timer=None,
+                 identity: dict[str, Any] | None = None):
         self.root, self.keep_last, self.bus, self.timer = Path(root), keep_last, bus, timer
+        self.identity = identity  # written into every manifest
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
         self.writing: Future | None = None
         self.skipped = 0
@@ -296,7 +315,7 @@ class AsyncCheckpointer:
         start = self.timer.now() if self.timer else 0.0
         snap = make_snapshot()
         try:
-            path = write_checkpoint(self.root, snap)
+            path = write_checkpoint(self.root, snap, identity=self.identity)
         except OSError as e:  # ENOSPC, EROFS, EIO...: reported by ``failure``, training goes on
             self.failures += 1
             self._errors.append(e)

@@ -41,6 +41,26 @@ def targets_for(model: nn.Module, lora_targets: str) -> list[str]:
     return names
 
 
+def check_lora_targets(cfg) -> None:
+    """Under ``peft=lora``, every ``lora_targets`` name (or the family's default) is a linear
+    module of the model: checked on its meta-device skeleton (no weights, milliseconds), before
+    a run directory is made.
+
+    Raises:
+        ConfigError: a name that matches no linear module, with the ones there are.
+    """
+    from workbench.config import ConfigError
+    from workbench.models.build import build_skeleton
+
+    if cfg.peft != "lora":
+        return
+    skeleton, _ = build_skeleton(cfg.model)
+    try:
+        targets_for(skeleton, cfg.lora_targets)
+    except ValueError as e:
+        raise ConfigError([str(e)]) from None
+
+
 def inject_lora(model: nn.Module, rank: int, alpha: float, lora_targets: str) -> None:
     """Wrap the target modules of ``model`` (a skeleton, usually on meta) with peft's LoRA
     layers, adapter weights on meta too (the engines materialise them with ``init_lora``)."""

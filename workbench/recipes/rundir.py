@@ -2,9 +2,10 @@
 saved ever replaced without being asked.
 
 Beside the record's own files (``telemetry.record``) a run directory holds:
-    run.lock       the pid of the process writing the run. Created exclusively and held with
-                   ``flock`` for the run's life, so the lock of a process that died (kill -9)
-                   is free and is taken over, with a warning.
+    run.lock       the pid of the process writing the run (``lockfile``): the lock of a process
+                   that died (kill -9) is free and is taken over, with a warning. A
+                   ``checkpoint_dir`` outside the run directory gets its own ``checkpoint.lock``:
+                   two live runs never write one folder of checkpoints.
     run.json       ``status: running`` from the start; rewritten atomically (temp file, fsync,
                    rename) at checkpoints (at most once a second: a checkpoint every step must
                    not rewrite a long history every step), at least every ``WRITE_EVERY_S`` and
@@ -15,10 +16,8 @@ Beside the record's own files (``telemetry.record``) a run directory holds:
 """
 from __future__ import annotations
 
-import fcntl
 import json
 import math
-import os
 import shutil
 import time
 import warnings
@@ -26,8 +25,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from workbench.config import ConfigError
-from workbench.engine.checkpoint import checkpoint_step, complete_checkpoints
+from workbench.engine.checkpoint import checkpoint_identity, complete_checkpoints
 from workbench.engine.events import EvalEvent, Event, StepEvent
+from workbench.recipes import lockfile
 from workbench.telemetry.record import RunRecord, atomic_write, write_json
 
 WRITE_EVERY_S = 30.0
@@ -35,6 +35,7 @@ WRITE_EVERY_S = 30.0
 RUN_FILES = ("run.json", "history.jsonl", "events.json.gz", "samples.json.gz", "trace.json",
              "checkpoints", "report.html")
 LOCK = "run.lock"
+CHECKPOINT_LOCK = "checkpoint.lock"  # in a checkpoint_dir outside the run directory
 
 
 class RunDirError(ConfigError):
@@ -49,8 +50,9 @@ class RunWarning(UserWarning):
 
 
 def holds_run(path: Path) -> bool:
-    return any((path / name).exists() for name in ("run.json", "history.jsonl", "checkpoints",
-                                                   LOCK))
+    """A run was started here (a lock alone, free, is what a start that failed at once left)."""
+    return any((path / name).exists() for name in ("run.json", "history.jsonl", "checkpoints")) \
+        or (path / LOCK).exists() and not lockfile.is_stale(path / LOCK)
 
 
 def holds_checkpoints(root: Path) -> bool:
@@ -67,6 +69,7 @@ class RunDir:
     def __init__(self, path: Path, checkpoint_root: Path | None):
         self.path, self.checkpoint_root = Path(path), checkpoint_root
         self._fd: int | None = None
+        self._ck_fd: int | None = None  # checkpoint.lock of a checkpoint_dir outside ``path``
         self.was_claimed = False  # stays True after the release: this run wrote here
         self._journal = None
         self._last_write = 0.0
@@ -82,11 +85,34 @@ class RunDir:
             if not overwrite:
                 raise RunDirError(f"--out: {p} already holds a run ({self._describe()}); continue "
                                   f"it with --resume {p} or replace it with --overwrite")
-        elif p.is_dir() and any(p.iterdir()):
+        elif p.is_dir() and any(q.name != LOCK for q in p.iterdir()):
             raise RunDirError(f"--out: {p} is a folder holding other files; give a new or empty "
                               "folder (nothing there is deleted, not even with --overwrite)")
-        root = self.checkpoint_root
-        if root is not None and not _inside(root, p) and holds_checkpoints(root) and not overwrite:
+        self._check_checkpoint_dir(overwrite)
+
+    def _check_checkpoint_dir(self, overwrite: bool) -> None:
+        """A checkpoint_dir outside the run directory: not in use by a live run; holding another
+        run's checkpoints only with ``overwrite``, and never those of a run whose directory
+        still holds it (they are that run's way back)."""
+        root, p = self.checkpoint_root, self.path
+        if root is None or _inside(root, p):
+            return
+        pid = lockfile.holder(root / CHECKPOINT_LOCK)
+        if pid is not None:
+            raise RunDirError(f"checkpoint_dir: {root} is in use by another run (pid {pid}, "
+                              f"{CHECKPOINT_LOCK}); give each run its own checkpoint_dir")
+        if not holds_checkpoints(root):
+            return
+        owner = next((i for i in map(checkpoint_identity, reversed(complete_checkpoints(root)))
+                      if i), None)
+        theirs = owner is not None and owner.get("run_dir") and \
+            Path(owner["run_dir"]) != p.resolve() and _holds_run_id(Path(owner["run_dir"]),
+                                                                    owner.get("run_id"))
+        if theirs:
+            raise RunDirError(f"checkpoint_dir: {root} holds the checkpoints of the run in "
+                              f"{owner['run_dir']} (run id {owner['run_id']}), which may still "
+                              "resume from them; give this run another checkpoint_dir")
+        if not overwrite:
             raise RunDirError(f"checkpoint_dir: {root} already holds checkpoints of another run; "
                               "give an empty folder, or --overwrite to delete them")
 
@@ -94,7 +120,16 @@ class RunDir:
         """The record of the run to continue (run.json, history folded in)."""
         self._refuse_if_in_use("--resume")
         if not (self.path / "run.json").is_file():
-            raise RunDirError(f"--resume: {self.path} is not a run directory (no run.json)")
+            raise RunDirError(f"--resume: {self.path} is not a run directory (no run.json)"
+                              + ("; the lock alone was left by a start that failed at once: "
+                                 "start the run anew with --out" if (self.path / LOCK).exists()
+                                 else ""))
+        root = self.checkpoint_root
+        if root is not None and not _inside(root, self.path):
+            pid = lockfile.holder(root / CHECKPOINT_LOCK)
+            if pid is not None:
+                raise RunDirError(f"checkpoint_dir: {root} is in use by another run (pid {pid}, "
+                                  f"{CHECKPOINT_LOCK}); give each run its own checkpoint_dir")
         try:
             previous = RunRecord.load(self.path)
         except ValueError as e:  # RecordError: damaged telemetry need not stop a resume
@@ -107,21 +142,13 @@ class RunDir:
 
     def _refuse_if_in_use(self, option: str = "--out") -> None:
         """A live process holds the lock: say so (its pid) rather than anything else."""
-        try:
-            fd = os.open(self.path / LOCK, os.O_RDONLY)
-        except OSError:
-            return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # free unless a run holds it
-        except BlockingIOError:
-            raise self._in_use(fd, option) from None
-        finally:
-            os.close(fd)
+        pid = lockfile.holder(self.path / LOCK)
+        if pid is not None:
+            raise RunDirError(self._busy(option).format(pid=pid))
 
-    def _in_use(self, fd: int, option: str = "--out") -> RunDirError:
-        pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-        return RunDirError(f"{option}: {self.path} is being written by another run (pid {pid}, "
-                           f"{LOCK}); wait for it to end or stop it")
+    def _busy(self, option: str = "--out") -> str:
+        return (f"{option}: {self.path} is being written by another run (pid {{pid}}, {LOCK}); "
+                "wait for it to end or stop it")
 
     def _describe(self) -> str:
         try:
@@ -139,9 +166,20 @@ class RunDir:
         """Take the lock (refusing a directory another process writes); for a ``new`` run,
         check again under the lock that no run finished here meanwhile; with ``overwrite``,
         remove the old run's files; clear temp files a killed run left behind."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        self._lock()
         try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise RunDirError(f"--out: cannot create {self.path} ({e.strerror or e})") from None
+        self._fd = lockfile.take(self.path / LOCK, self._busy(), "--out", RunWarning)
+        self.was_claimed = True
+        try:
+            root = self.checkpoint_root
+            if root is not None and not _inside(root, self.path):
+                root.mkdir(parents=True, exist_ok=True)
+                self._ck_fd = lockfile.take(
+                    root / CHECKPOINT_LOCK, f"checkpoint_dir: {root} is in use by another run "
+                    f"(pid {{pid}}, {CHECKPOINT_LOCK}); give each run its own checkpoint_dir",
+                    "checkpoint_dir", RunWarning)
             if new and not overwrite and any((self.path / n).exists() for n in
                                              ("run.json", "history.jsonl", "checkpoints")):
                 raise RunDirError(f"--out: {self.path} already holds a run (it finished while "
@@ -163,45 +201,18 @@ class RunDir:
             self.release()
             raise
 
-    def _lock(self) -> None:
-        path = self.path / LOCK
-        while True:
-            try:
-                fd, fresh = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644), True
-            except FileExistsError:
-                try:
-                    fd, fresh = os.open(path, os.O_RDWR), False
-                except FileNotFoundError:
-                    continue  # released in between: try to create it again
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                error = self._in_use(fd)
-                os.close(fd)
-                raise error from None
-            try:  # the file we locked must still be the one at ``path`` (not just released)
-                same = os.stat(path).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:
-                same = False
-            if not same:
-                os.close(fd)
-                continue
-            if not fresh:
-                old = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-                warnings.warn(f"{path}: taking over the lock of pid {old}, which is no longer "
-                              "running", RunWarning)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-            self._fd, self.was_claimed = fd, True
-            return
-
     def release(self) -> None:
         if self._journal is not None:
-            self._journal.close()
+            try:
+                self._journal.close()
+            except OSError:
+                pass  # its last lines did not fit (a full disk): run.json has what it can
             self._journal = None
+        if self._ck_fd is not None:
+            lockfile.release(self.checkpoint_root / CHECKPOINT_LOCK, self._ck_fd)
+            self._ck_fd = None
         if self._fd is not None:
-            (self.path / LOCK).unlink(missing_ok=True)  # before unlocking: see ``_lock``
-            os.close(self._fd)
+            lockfile.release(self.path / LOCK, self._fd)
             self._fd = None
 
     # --- while running ----------------------------------------------------------------------
@@ -266,13 +277,13 @@ def read_history(path: Path) -> tuple[list[dict], list[dict]]:
     return [steps[k] for k in sorted(steps)], [evals[k] for k in sorted(evals)]
 
 
-def newest_covered(root: Path, steps: list[dict]) -> tuple[list[Path], Path | None]:
-    """Complete checkpoints under ``root`` (oldest first) and the newest one whose earlier
-    steps are all in ``steps`` (the history), so a resumed history has no gap."""
-    found = complete_checkpoints(root) if root is not None else []
-    done = {r["step"] for r in steps}
-    covered = [p for p in found if all(t in done for t in range(checkpoint_step(p)))]
-    return found, (covered[-1] if covered else None)
+def _holds_run_id(path: Path, run_id: str | None) -> bool:
+    """``path``'s run.json belongs to the run ``run_id``."""
+    try:
+        info = json.loads((path / "run.json").read_text()).get("info") or {}
+    except (OSError, ValueError, AttributeError):
+        return False
+    return run_id is not None and info.get("run_id") == run_id
 
 
 def _inside(child: Path, parent: Path) -> bool:

@@ -23,6 +23,7 @@ import torch
 
 from workbench import distributed
 from workbench.config import ZO_METHODS, ConfigError, RunConfig, check_environment
+from workbench.data.sources import sst2_folder
 from workbench.data.task import build_task, make_objective
 from workbench.engine import build_engine
 from workbench.engine.checkpoint import AsyncCheckpointer, StepLog
@@ -32,13 +33,15 @@ from workbench.engine.timing import Deferred
 from workbench.engine.warmup import warm_kernels
 from workbench.engine.zo_common import step_seed
 from workbench.models.build import build_skeleton, check_model_folder
+from workbench.models.lora import check_lora_targets
 from workbench.models.tokenizer import load_tokenizer
 from workbench.planner import check_fits
 from workbench.recipes.guard import RunGuard
 from workbench.recipes.limits import cap_gpu_memory
 from workbench.recipes.prefetch import BatchPrefetch
 from workbench.recipes.outcome import artefact_failed, error_line, os_error, outcome_line
-from workbench.recipes.resume import load_resume_checkpoint, plan_resume
+from workbench.recipes.identity import accept_data, data_fingerprint, identity, new_run_id
+from workbench.recipes.resume import load_resume_checkpoint, plan_resume, resume_roots
 from workbench.recipes.rundir import WRITE_EVERY_S, RunDir, RunWarning
 from workbench.telemetry.collector import Collector
 from workbench.telemetry.environment import environment
@@ -89,7 +92,9 @@ class TrainRecipe:
         self.guard: RunGuard | None = None  # divergence and failing checkpoint writes
         self.tokenizer = self.task = None  # read in ``prepare`` (but synthetic data)
         self._prepared = False
-        self._resume_from: list[str] = []  # checkpoint names to try, newest first
+        self._resume_from: list[str] = []  # checkpoint folders to try, newest first
+        self._resume_roots: list[Path] = []  # where they were looked for
+        self.identity: dict[str, Any] | None = None  # the run's, in every checkpoint
         self._unsubscribe_rundir = lambda: None
 
     # --- setup ------------------------------------------------------------------------------
@@ -114,15 +119,28 @@ class TrainRecipe:
                 previous = self.rundir.check_resume()
             else:
                 self.rundir.check_new(self.overwrite)
+        if cfg.data_changed_ok and not resume:
+            raise ConfigError(["data_changed_ok: applies to a resumed run only (--resume)"])
+        run_id = previous.info.get("run_id") if previous is not None else None
         if resume:
-            self._resume_from = plan_resume(cfg, self.checkpoint_root, previous, self.dist)
+            self._resume_roots = resume_roots(cfg, self.checkpoint_root, self.out_dir, previous)
+            self._resume_from = plan_resume(cfg, self._resume_roots, previous, self.dist, run_id)
         check_model_folder(cfg.model)
+        check_lora_targets(cfg)
         if not self.force:  # arithmetic only: before the tokenizer, which may need the Hub
             check_fits(cfg)
+        if cfg.data == "sst2":  # named before the tokenizer, which may try the Hub for a while
+            sst2_folder(cfg.resolved_data_dir)
         if cfg.data != "synthetic":  # read and checked before the model is built
             self.tokenizer = load_tokenizer(cfg.model, cfg.resolved_data_dir)
             # the objective's head chunk is sized again for the model's vocabulary in setup
             self.task = build_task(cfg, self.tokenizer, CHUNK_VOCAB)
+        found = data_fingerprint(cfg, self.task, self.tokenizer)
+        info = {"run_id": run_id or new_run_id(), "data_fingerprint": found}
+        if resume:
+            info.update(accept_data(cfg, previous, self._resume_from, found))
+        self.record.info.update(info)
+        self.identity = identity(info["run_id"], self.out_dir, cfg, found)
         if self.rundir is not None:
             self.rundir.claim(overwrite=self.overwrite and not resume, new=not resume)
             self._unsubscribe_rundir = self.bus.subscribe(self.rundir)  # history.jsonl
@@ -163,7 +181,8 @@ class TrainRecipe:
         root = self.checkpoint_root if self.dist is None or self.dist.main else None
         steplog = None
         if root is not None:
-            self.checkpointer = AsyncCheckpointer(root, cfg.keep_last, self.bus, self.engine.timer)
+            self.checkpointer = AsyncCheckpointer(root, cfg.keep_last, self.bus, self.engine.timer,
+                                                  self.identity)
             if cfg.method in ZO_METHODS:
                 steplog = StepLog(root)
         self.guard = RunGuard(self.checkpointer, steplog, self.bus, self.stop_event, cfg.seed)
@@ -191,8 +210,8 @@ class TrainRecipe:
     def _resume(self) -> None:
         """Continue from the newest usable checkpoint: its weights, its step, the history
         before it (no step twice)."""
-        snap = load_resume_checkpoint(self.engine, self.cfg, self.checkpoint_root,
-                                      self._resume_from)
+        snap = load_resume_checkpoint(self.engine, self.cfg, self._resume_from,
+                                      " or ".join(map(str, self._resume_roots)))
         self.step = start = snap.step if snap is not None else 0
         with self.record.lock:
             self.record.steps = [r for r in self.record.steps if r["step"] < start]

@@ -114,6 +114,7 @@ def tune(cfg: RunConfig, out_dir: str | Path, gpu: str | None = None,
     budget = budget_bytes(cfg, gpu, budget_gb)
     candidates = propose(cfg, gpu, budget, top)
     capped = budget / GiB if budget is not None and (gpu or budget_gb) else 0.0
+    capped = capped if cfg.device == "cuda" else 0.0  # the cap is a GPU's (a CPU run: none)
     final = cfg.replace(method="zo-offload", gpu_mem_limit_gb=round(capped, 3))
     trial = final.replace(steps=trial_steps, eval_samples=1, checkpoint_every=0)
     sweep = Sweep(trial, candidates, out_dir, kind="tune",

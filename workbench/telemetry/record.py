@@ -106,16 +106,7 @@ class RunRecord:
         data = _read(path, lambda: json.loads(path.read_text(encoding="utf-8")))
         if not isinstance(data, dict):
             raise RecordError(f"{path} is not a run record (a JSON object)")
-        try:
-            rec = cls(config=data.get("config", {}), environment=data.get("environment", {}),
-                      steps=data.get("steps", []), evals=data.get("evals", []),
-                      info=data.get("info", {}), summary=data.get("summary", {}),
-                      param_digest=data.get("param_digest", ""),
-                      param_norm=_nan(data.get("param_norm")),
-                      status=data.get("status", "done"), error=data.get("error", ""),
-                      base_digest=data.get("base_digest", ""))
-        except (TypeError, ValueError) as e:
-            raise RecordError(f"{path} is not a run record ({e})") from None
+        rec = cls(**_fields(path, data))
         ev, sm = run_dir / "events.json.gz", run_dir / "samples.json.gz"
         if telemetry and ev.is_file():
             def events():
@@ -131,6 +122,42 @@ class RunRecord:
                 return [{k: _nan(v[i]) for k, v in cols.items()} for i in range(n)]
             rec.samples = _read(sm, samples)
         return rec
+
+
+#: run.json's keys: (the type its value must have, the value a null or a missing key reads as).
+SHAPES: dict[str, tuple[type | tuple[type, ...], Any]] = {
+    "config": (dict, {}), "environment": (dict, {}), "steps": (list, []), "evals": (list, []),
+    "info": (dict, {}), "summary": (dict, {}), "param_digest": (str, ""),
+    "param_norm": ((int, float), None), "status": (str, "done"), "error": (str, ""),
+    "base_digest": (str, "")}
+
+
+def _fields(path: Path, data: dict[str, Any]) -> dict[str, Any]:
+    """RunRecord's fields from run.json: a null or missing key reads as empty (a record with
+    holes renders with what is there); a value of the wrong type is one RecordError line."""
+    out: dict[str, Any] = {}
+    for key, (kind, empty) in SHAPES.items():
+        value = data.get(key)
+        if value is None:
+            value = type(empty)() if isinstance(empty, (dict, list)) else empty
+        elif isinstance(value, bool) or not isinstance(value, kind):
+            raise RecordError(f"{path} is not a run record ({key!r} is "
+                              f"{type(value).__name__}, not {_kind_name(kind)})")
+        out[key] = value
+    for key in ("steps", "evals"):
+        bad = next((i for i, row in enumerate(out[key]) if not isinstance(row, dict)
+                    or not isinstance(row.get("step"), int)), None)
+        if bad is not None:
+            raise RecordError(f"{path} is not a run record ({key}[{bad}] is not a row with a "
+                              "whole-number step)")
+    out["param_norm"] = _nan(out["param_norm"])
+    return out
+
+
+def _kind_name(kind) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    names = {dict: "an object", list: "a list", str: "text", int: "a number", float: "a number"}
+    return " or ".join(dict.fromkeys(names[k] for k in kinds))
 
 
 def _read(path: Path, parse):
