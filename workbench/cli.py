@@ -83,8 +83,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             if recipe.rundir is None or not recipe.record.error:
                 raise
             if rank == 0:
-                print(f"error: {recipe.record.error} (details in {Path(out) / 'run.json'})",
-                      file=sys.stderr)
+                print(f"error: {recipe.record.error} ({recipe.where_recorded()})", file=sys.stderr)
             return 1
     if rank == 0 and rec.status == "done":
         print(format_summary([rec]))
@@ -392,10 +391,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_demo)
     sp = sub.add_parser("sweep", help="run a grid of settings and compare them")
     common(sp)
-    sp.add_argument("--sweep", action="append", required=True, metavar="KNOB=V1,V2,...",
+    sp.add_argument("--sweep", action="append", metavar="KNOB=V1,V2,...",
                     help="a knob and its values; repeat for a grid")
-    sp.add_argument("--out", required=True, help="folder: a run directory per point, "
-                    "sweep.json and report.html")
+    sp.add_argument("--out", help="folder: a run directory per point, sweep.json and "
+                    "report.html")
+    sp.add_argument("--resume", metavar="SWEEP_DIR", help="finish the sweep SWEEP_DIR holds: "
+                    "its finished points are kept, the others run (or continue)")
+    sp.add_argument("--overwrite", action="store_true",
+                    help="replace the sweep --out holds (its points' runs, manifest, report)")
     sp.add_argument("--quiet", action="store_true", help="no progress bars")
     sp.set_defaults(fn=cmd_sweep)
     sp = sub.add_parser("tune", help="measure the planner's best settings; write the fastest")

@@ -20,22 +20,53 @@ from workbench.recipes.sweep import Point, Sweep, SweepError, parse_sweeps
 
 
 def sweep_command(base: RunConfig, args: argparse.Namespace) -> int:
-    """Check the grid, run it, print the table, write ``--out/report.html``."""
-    axes = parse_sweeps(args.sweep)
+    """Check the grid, run it, print the table, write ``--out/report.html``; with
+    ``--resume DIR``, finish the sweep DIR holds, on its own grid."""
+    if args.resume:
+        base, axes, args.out = _resumed(args)
+    elif not args.sweep or not args.out:
+        raise SweepError(["sweep: --sweep KNOB=V1,V2,... and --out are needed (or --resume "
+                          "SWEEP_DIR)"])
+    else:
+        axes = parse_sweeps(args.sweep)
     both = sorted(set(axes) & set(_set_keys(args)))
     if both:
         raise SweepError([f"{k}: given with --set and --sweep; keep it in --sweep only"
                           for k in both])
-    sweep = Sweep.grid(base, axes, args.out)
+    sweep = Sweep.grid(base, axes, args.out, resume=bool(args.resume), overwrite=args.overwrite)
     _say_refused(sweep)
-    if not sweep.runnable:
-        sweep.save()
+    if not sweep.runnable and not sweep.finished():
         raise SweepError([f"sweep: every point of the grid was refused ({len(sweep.points)}); "
                           "nothing ran"])
     print(f"sweep: {len(sweep.runnable)} run(s) of {len(sweep.points)} points -> "
           f"{Path(args.out).resolve()}", flush=True)
     return _run_and_report(sweep, lambda: sweep.run(progress=not args.quiet,
                                                     on_update=_progress_line))
+
+
+def _resumed(args: argparse.Namespace):
+    """(base, axes, folder) of the sweep ``--resume`` names; it runs as it was started."""
+    from workbench.config import resume_base
+    from workbench.recipes.sweep import load_manifest
+
+    given = [o for o, v in (("--set", args.set), ("--config", args.config),
+                            ("--sweep", args.sweep), ("--overwrite", args.overwrite)) if v]
+    if given:
+        raise SweepError([f"{o}: not with --resume (a resumed sweep runs its own grid)"
+                          for o in given])
+    if args.out and Path(args.out).resolve() != Path(args.resume).resolve():
+        raise SweepError([f"--out: a resumed sweep continues in its own folder ({args.resume}); "
+                          "leave out --out"])
+    try:
+        manifest = load_manifest(args.resume)
+    except FileNotFoundError as e:
+        raise SweepError([f"--resume: {e}"]) from None
+    except ValueError as e:
+        raise SweepError([f"--resume: {args.resume}/sweep.json cannot be read ({e})"]) from None
+    if manifest.get("kind") != "sweep" or not isinstance(manifest.get("axes"), dict):
+        raise SweepError([f"--resume: {args.resume} holds a {manifest.get('kind')}, not a grid "
+                          "sweep; run it again into another --out"])
+    return RunConfig(**resume_base(manifest.get("base") or {})), manifest["axes"], args.resume
 
 
 def tune_command(base: RunConfig, args: argparse.Namespace) -> int:
@@ -75,9 +106,12 @@ def _run_and_report(sweep: Sweep | None, work, holder: list[Sweep] | None = None
         work()
     except KeyboardInterrupt:  # what finished is saved; report it and say so
         interrupted = True
-        print("interrupted: the finished runs are kept; the rest are marked skipped",
-              file=sys.stderr)
     sweep = sweep or (holder[0] if holder else None)
+    if interrupted:
+        how = (f"; finish it with: python -m workbench sweep --resume {sweep.out_dir}"
+               if sweep is not None and sweep.kind == "sweep" else "")
+        print("interrupted: the finished runs are kept, the rest marked skipped" + how,
+              file=sys.stderr)
     if sweep is None:
         return 2
     print(sweep.table())

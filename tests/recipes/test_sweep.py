@@ -69,19 +69,25 @@ def test_cli_sweep_runs_the_grid_and_writes_the_report(cli_sweep):
         for p in ranked]
 
 
-def test_a_second_sweep_into_the_folder_reuses_or_refuses(cli_sweep):
+def test_a_second_sweep_into_the_folder_is_refused_resumed_or_overwritten(cli_sweep, tmp_path):
     _, out = cli_sweep
     base = RunConfig(**TINY)
-    again = Sweep.grid(base, {"overlap": [True, False], "prefetch_depth": [1, 2]}, out)
+    axes = {"overlap": [True, False], "prefetch_depth": [1, 2]}
+    before = (out / "sweep.json").read_bytes()
+    with pytest.raises(SweepError, match="holds a sweep .*--resume .* --overwrite"):
+        Sweep.grid(base, axes, out)  # a folder holding a sweep: never replaced unasked
+    again = Sweep.grid(base, axes, out, resume=True)
     assert [p.status for p in again.points] == ["reused"] * 4 and not again.runnable
-    with pytest.raises(SweepError) as err:  # other settings: never overwritten
-        Sweep.grid(base.replace(steps=4), {"overlap": [True], "prefetch_depth": [1]}, out)
-    assert "holds another run (different settings)" in str(err.value)
-    stray = out / folder_name({"seed": 7})  # a point's folder holding someone's files
-    stray.mkdir()
+    with pytest.raises(SweepError, match="other settings \\(base, axes, points differ\\)"):
+        Sweep.grid(base.replace(steps=4), {"overlap": [True], "prefetch_depth": [1]}, out,
+                   resume=True)
+    assert (out / "sweep.json").read_bytes() == before
+    other = tmp_path / "other"  # no manifest: a point's folder holding someone's files
+    stray = other / folder_name({"seed": 7})
+    stray.mkdir(parents=True)
     (stray / "notes.txt").write_text("mine")
     with pytest.raises(SweepError, match="exists and is not a run directory"):
-        Sweep(base, [{"seed": 7}], out, fits=lambda c: None)
+        Sweep(base, [{"seed": 7}], other, fits=lambda c: None)
     assert (stray / "notes.txt").read_text() == "mine"
 
 
@@ -185,7 +191,8 @@ def test_propose_ranks_what_fits_and_drops_moot_codecs():
 def test_config_toml_round_trips_every_field(tmp_path):
     # a knob that applies to one method only is set with that method (others refuse it)
     for cfg in (RunConfig(model="tiny-opt", method="zo-offload", lr=2.5e-7, eps=1e-3, steps=12,
-                          overlap=False, data_dir='we"ird\\path', gpu_mem_limit_gb=24.0),
+                          overlap=False, data_dir='we"ird\\path', gpu_mem_limit_gb=24.0,
+                          device="cuda"),
                 RunConfig(model="tiny-opt", method="fo-offload", update_stride="-3")):
         path = tmp_path / "c.toml"
         path.write_text(config_toml(cfg, ["a comment"]))

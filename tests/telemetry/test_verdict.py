@@ -150,7 +150,7 @@ def test_verdict_module_needs_no_ui_packages():
 
 # --- advice -----------------------------------------------------------------------------------
 def _record(**cfg) -> RunRecord:
-    c = RunConfig(**{"method": "zo-offload", **cfg})
+    c = RunConfig(**{"method": "zo-offload", "device": "cuda", **cfg})
     return RunRecord(config={**c.to_dict(), "device": "cuda"},
                      environment={"gpu name": "NVIDIA H200", "host ram (bytes)": 2 * 10**12})
 

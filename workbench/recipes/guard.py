@@ -71,8 +71,9 @@ class RunGuard:
             self.bus.publish(InfoEvent("checkpoint_error", line))
             if ck.failures >= MAX_WRITE_FAILURES and not self.failure:
                 self.failure = (f"checkpoint_dir: {ck.failures} checkpoint writes failed in a "
-                                f"row (last: {line}); free space in {ck.root} or point "
-                                "checkpoint_dir elsewhere, then --resume")
+                                f"row (last: {line}); free space in {ck.root} and --resume, or "
+                                "resume writing elsewhere: --resume RUN_DIR --set "
+                                "checkpoint_dir=FOLDER")
                 self.stop.set()
 
     def _diverge(self, t: int, loss: float, g: float | None) -> None:

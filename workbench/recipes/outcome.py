@@ -18,6 +18,8 @@ def error_line(cfg: RunConfig, error: BaseException, step: int) -> str:
         return out_of_memory_line(cfg, error)
     if isinstance(error, ConfigError):
         return "; ".join(error.problems)
+    if isinstance(error, OSError) and error.strerror:  # a full or read-only disk, ...
+        return f"{os_error(error)} (at step {step})"
     return f"{type(error).__name__} at step {step}: {_first_line(error, 300)}"
 
 

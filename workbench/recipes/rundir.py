@@ -201,19 +201,41 @@ class RunDir:
             self.release()
             raise
 
-    def release(self) -> None:
+    def _close_journal(self) -> None:
         if self._journal is not None:
             try:
                 self._journal.close()
             except OSError:
-                pass  # its last lines did not fit (a full disk): run.json has what it can
+                pass  # its last line did not fit (a full disk): run.json has the steps
             self._journal = None
+
+    def release(self) -> None:
+        self._close_journal()
         if self._ck_fd is not None:
             lockfile.release(self.checkpoint_root / CHECKPOINT_LOCK, self._ck_fd)
             self._ck_fd = None
         if self._fd is not None:
             lockfile.release(self.path / LOCK, self._fd)
             self._fd = None
+
+    def start(self, record: RunRecord, fresh: bool) -> None:
+        """run.json saying ``running`` (and, for a ``fresh`` run, an empty history.jsonl), just
+        after the claim. A disk that cannot take them ends the start here: the lock is given
+        back, nothing the run wrote is left, and the error is one line."""
+        try:
+            if fresh:
+                self.start_history([], [])
+            self.write(record)
+        except OSError as e:
+            try:
+                if fresh:
+                    self.finish()
+            except OSError:
+                pass  # a read-only disk: nothing could be written there either
+            self.release()
+            why = e.strerror or str(e)
+            raise RunDirError(f"--out: cannot write in {self.path} ({why}); nothing was "
+                              "started, free space or give another folder") from None
 
     # --- while running ----------------------------------------------------------------------
     def start_history(self, steps: list[dict], evals: list[dict]) -> None:
@@ -229,8 +251,13 @@ class RunDir:
         key = "step" if isinstance(event, StepEvent) else "eval"
         row = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                for k, v in asdict(event).items()}
-        self._journal.write(json.dumps({key: row}) + "\n")
-        self._journal.flush()  # in the OS's hands: survives a kill -9 of this process
+        try:
+            self._journal.write(json.dumps({key: row}) + "\n")
+            self._journal.flush()  # in the OS's hands: survives a kill -9 of this process
+        except OSError as e:  # a full disk: the run goes on, its steps kept in memory
+            warnings.warn(f"{self.path / 'history.jsonl'} not written ({e.strerror or e}); "
+                          "the steps are kept for run.json, which a kill would lose", RunWarning)
+            self._close_journal()
 
     def write(self, record: RunRecord, every_s: float = 0.0) -> bool:
         """Rewrite run.json atomically (only if ``every_s`` has passed since the last write)."""
@@ -246,9 +273,7 @@ class RunDir:
 
     def finish(self) -> None:
         """run.json holds the whole history now: drop the journal."""
-        if self._journal is not None:
-            self._journal.close()
-            self._journal = None
+        self._close_journal()
         (self.path / "history.jsonl").unlink(missing_ok=True)
 
 

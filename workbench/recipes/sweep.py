@@ -11,8 +11,14 @@ with the reason; the others run one after the other. ``sweep.json`` records ever
 status, the planner's prediction and what was measured, after each change, so the CLI, the
 notebook widget and the report read one file. A sweep can be stopped at any time
 (``stop()``: the current run ends after its step and is saved as stopped; the rest are
-skipped) and run again into the same folder: finished points with the same settings are
-reused, and a folder holding anything else is refused before any work, never overwritten.
+skipped).
+
+A sweep folder has the lifecycle of a run directory: ``sweep.lock`` (``lockfile``) keeps a
+second sweep out while one runs; a folder holding a sweep is refused before any work, unless
+``resume`` (the same grid: finished points are reused, a stopped, failed or interrupted one
+continues from its checkpoint, the rest run) or ``overwrite`` (the old sweep's points, manifest
+and report are removed, nothing else). A point folder holding anything but the sweep's own run
+is never replaced.
 """
 from __future__ import annotations
 
@@ -28,19 +34,16 @@ from typing import Any, Callable, Mapping, Sequence
 from workbench.config import ConfigError, RunConfig, check_environment, parse_value
 from workbench.engine.events import EventBus, StepEvent
 from workbench.planner import check_fits
+from workbench.recipes.sweep_folder import (MANIFEST, SweepError, check_sweep_folder, claim,
+                                            load_manifest, release)
 from workbench.telemetry.record import RunRecord, write_json
 from workbench.telemetry.verdict import verdict
 
-MANIFEST = "sweep.json"
 #: States a point ends in; "reused": finished in an earlier sweep into the same folder.
 FINISHED = ("done", "stopped", "reused")
 #: What the manifest keeps of each finished run's summary.
 MEASURED = ("tokens_per_s", "step_seconds", "peak_gpu_mem_bytes", "final_loss",
             "eval_accuracy")
-
-
-class SweepError(ConfigError):
-    """A sweep that cannot start (bad ``--sweep`` values, a folder holding other runs)."""
 
 
 @dataclass
@@ -65,6 +68,7 @@ class Point:
     reason: str = ""
     predicted: dict[str, Any] = field(default_factory=dict)
     measured: dict[str, Any] = field(default_factory=dict)
+    resume: bool = False  # its folder holds its own unfinished run: continue it
 
     def to_json(self, root: Path) -> dict[str, Any]:
         return {"name": self.name, "changes": self.changes, "dir": _rel(self.dir, root),
@@ -127,14 +131,21 @@ class Sweep:
         kind: "sweep" or "tune" (written to the manifest).
         fits: the fit check (default ``planner.check_fits``); raises ``ConfigError`` to refuse.
 
+        resume: ``out_dir`` holds this sweep (same settings): finish it.
+        overwrite: ``out_dir`` holds a sweep: replace it (when the run starts).
+
     Raises:
-        SweepError: a point's folder holds a different run, or files that are not a run.
+        SweepError: ``out_dir`` holds a sweep (and neither ``resume`` nor ``overwrite``), or
+            one in progress, or ``resume`` with other settings; a point's folder holds a
+            different run, or files that are not a run.
     """
 
     def __init__(self, base: RunConfig, points: Sequence[Mapping[str, Any]],
                  out_dir: str | Path, axes: Mapping[str, list[Any]] | None = None,
-                 kind: str = "sweep", fits: Callable[[RunConfig], Any] = check_fits):
+                 kind: str = "sweep", fits: Callable[[RunConfig], Any] = check_fits, *,
+                 resume: bool = False, overwrite: bool = False):
         self.base, self.out_dir, self.kind = base, Path(out_dir), kind
+        self.resume, self.overwrite = resume, overwrite
         self.axes = dict(axes or {})
         self.extra: dict[str, Any] = {}  # written to the manifest as is (e.g. tune's winner)
         self.stop_event = threading.Event()
@@ -150,6 +161,8 @@ class Sweep:
                 folder = f"{folder_name(changes)}-{n}"
             taken.add(folder)
             self.points.append(Point(point_name(changes), dict(changes), self.out_dir / folder))
+        self._fd: int | None = None  # sweep.lock, held while the sweep runs
+        self.replaced = check_sweep_folder(self)  # under ``overwrite``: the old sweep's points
         problems = []
         for p in self.points:
             self._check(p, fits)
@@ -178,21 +191,25 @@ class Sweep:
                        ("tokens_per_s", "step_seconds", "peak_gpu_mem_bytes")}
 
     def _check_folder(self, p: Point) -> list[str]:
-        """Reuse a finished run with the same settings; refuse anything else in the way."""
-        if not p.dir.exists():
+        """Reuse a finished run with the same settings; under ``resume``, continue an
+        unfinished one; refuse anything else in the way."""
+        if not p.dir.exists() or p.dir in self.replaced:
             return []
         if not (p.dir / "run.json").is_file():
-            if any(p.dir.iterdir()):
+            if any(q.name != "run.lock" for q in p.dir.iterdir()):
                 return [f"{p.dir}: exists and is not a run directory; remove it or choose "
                         "another --out"]
-            return []
-        old = RunRecord.load(p.dir)
-        if p.cfg is not None and old.config == p.cfg.to_dict() and old.status == "done":
+            return []  # empty, or a lock a start that failed at once left
+        old = RunRecord.load(p.dir, telemetry=False)
+        same = p.cfg is not None and old.config == p.cfg.to_dict()
+        if same and old.status == "done":
             p.status = "reused"
             p.measured = measured(old)
             return []
-        why = (f"status {old.status}" if p.cfg is not None and old.config == p.cfg.to_dict()
-               else "different settings")
+        if same and self.resume:
+            p.resume = True  # stopped, failed, or killed while running: go on from there
+            return []
+        why = f"status {old.status}" if same else "different settings"
         return [f"{p.dir}: holds another run ({why}); it is never replaced: remove it or "
                 "choose another --out"]
 
@@ -216,9 +233,10 @@ class Sweep:
         """
         from workbench.recipes.train import run as train_run
 
+        self._fd = claim(self)
         self.status = "running"
-        self.save()
         try:
+            self.save()
             for p in self.points:
                 if p.status != "pending":
                     continue
@@ -233,7 +251,7 @@ class Sweep:
                 self._changed(p, on_update)
                 try:
                     rec = train_run(p.cfg, p.dir, bus=bus, progress=progress,
-                                    stop_event=self.stop_event)
+                                    stop_event=self.stop_event, resume=p.resume)
                     p.status, p.measured = rec.status, measured(rec)
                 except Exception as e:  # one broken point must not lose the others
                     p.status, p.reason = "failed", f"{type(e).__name__}: {e}"
@@ -248,7 +266,10 @@ class Sweep:
             raise
         finally:
             self.current = None
-            self.save()
+            try:
+                self.save()
+            finally:
+                self._fd = release(self, self._fd)
         return self.points
 
     def stop(self) -> None:
@@ -306,18 +327,6 @@ class Sweep:
         lines += [f"{p.name}: {p.status}: {p.reason}" for p in self.points
                   if p.status not in FINISHED]
         return "\n".join(lines)
-
-
-def load_manifest(out_dir: str | Path) -> dict[str, Any]:
-    """A sweep folder's ``sweep.json``.
-
-    Raises:
-        FileNotFoundError: the folder holds no sweep.
-    """
-    path = Path(out_dir) / MANIFEST
-    if not path.is_file():
-        raise FileNotFoundError(f"{out_dir} is not a sweep folder (no {MANIFEST})")
-    return json.loads(path.read_text())
 
 
 def measured(rec: RunRecord) -> dict[str, Any]:

@@ -94,6 +94,7 @@ class TrainRecipe:
         self._prepared = False
         self._resume_from: list[str] = []  # checkpoint folders to try, newest first
         self._resume_roots: list[Path] = []  # where they were looked for
+        self.record_written = True  # False while the last write of run.json failed
         self.identity: dict[str, Any] | None = None  # the run's, in every checkpoint
         self._unsubscribe_rundir = lambda: None
 
@@ -148,10 +149,8 @@ class TrainRecipe:
                 with self.record.lock:
                     self.record.steps, self.record.evals = previous.steps, previous.evals
                     self.record.step_ops = previous.step_ops
-            else:
-                self.rundir.start_history([], [])
             self.record.status = "running"
-            self.rundir.write(self.record)
+            self.rundir.start(self.record, fresh=previous is None)
         self._prepared = True
         return self
 
@@ -348,8 +347,10 @@ class TrainRecipe:
         if self.rundir is None or not self.rundir.claimed:
             return  # refused before the claim: nothing of ours is there
         try:
-            self.rundir.write(self.record, every_s=every_s)
+            self.record_written = self.rundir.write(self.record, every_s=every_s) or \
+                self.record_written
         except OSError as e:
+            self.record_written = False
             warnings.warn(f"run.json not updated ({os_error(e)}); the previous one stays",
                           RunWarning)
 
@@ -437,7 +438,12 @@ class TrainRecipe:
 
             # run.json first, with the final status; a larger artefact that fails after it
             # is reported and costs nothing else.
-            rec.save(self.out_dir, on_error=artefact_failed)
+            try:
+                rec.save(self.out_dir, on_error=artefact_failed)
+            except OSError:
+                self.record_written = False
+                raise
+            self.record_written = True
             try:
                 write_trace(rec, self.out_dir / "trace.json")
             except OSError as e:
@@ -492,6 +498,15 @@ class TrainRecipe:
             raise
         finally:
             self.cleanup()
+
+    def where_recorded(self) -> str:
+        """Where the details of a failure are: run.json, or how to go on when it could not be
+        written (a full disk: it still says ``running``)."""
+        run_json = self.out_dir / "run.json" if self.out_dir else None
+        if run_json is None or self.record_written:
+            return f"details in {run_json}" if run_json else "not recorded (no run directory)"
+        return (f"{run_json} could not be written either and still says running; free space, "
+                f"then continue with: python -m workbench run --resume {self.out_dir}")
 
     def outcome(self) -> str:
         """One line saying how the run ended (the CLI prints it, the panel shows it)."""
