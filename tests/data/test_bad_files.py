@@ -81,7 +81,89 @@ def test_k_way_labels_and_a_huge_field(tmp_path):
     assert "line 4: field 'label' is 3, outside 0..2 (label_words has 3 words)" in \
         _refusal(_classify(path, 3))
     path.write_text("text,label\n" + "w" * (2 << 20) + ",1\n")
-    assert f"{path} line 2: field larger than field limit" in _refusal(_classify(path))
+    assert f"{path} line 2: longer than 1 MiB (the limit of a line and of a field)" in \
+        _refusal(_classify(path))
+    path.write_text('text,label\n"' + "w\n" * (1 << 19) + 'w",1\n')  # a field over many lines
+    assert f"{path} line " in _refusal(_classify(path)) and "field larger than field limit" in \
+        _refusal(_classify(path))
+
+
+def test_a_huge_jsonl_line_is_refused_without_reading_it_whole(tmp_path):
+    import tracemalloc
+
+    path = tmp_path / "train.jsonl"
+    with open(path, "w") as fh:
+        fh.write('{"text": "ok", "label": 1}\n{"text": "' + "a" * (48 << 20) + '", "label": 0}\n')
+    tracemalloc.start()
+    try:
+        line = _refusal(lambda: read_file(path))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert line == f"data: {path} line 2: longer than 1 MiB (the limit of a line and of a field)"
+    assert peak < 8 << 20, f"{peak / 2**20:.0f} MiB held for a 48 MiB line"
+
+
+@pytest.mark.parametrize("suffix, text", [
+    (".jsonl", '{"text": "good", "label": 1}\n{"text": "bad", "label": 0}\n'),
+    (".csv", "text,label\ngood,1\nbad,0\n"), (".tsv", "text\tlabel\ngood\t1\nbad\t0\n")])
+def test_a_utf8_byte_order_mark_is_dropped(tmp_path, suffix, text):
+    path = tmp_path / f"train{suffix}"
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    rows = read_file(path)
+    assert rows.columns == ["text", "label"]
+    assert [(e.text, e.label) for e in classify_examples(rows, 2)] == [("good", 1), ("bad", 0)]
+    assert rows.digest.startswith("sha256:") and rows.digest != read_file(
+        _plain_copy(path, tmp_path, text)).digest  # the digest is of the bytes as they are
+
+
+def _plain_copy(path, tmp_path, text):
+    (tmp_path / "plain").mkdir()
+    copy = tmp_path / "plain" / path.name
+    copy.write_text(text)
+    return copy
+
+
+@pytest.mark.parametrize("objective, rows, said", [
+    ("completion", [{"prompt": "a", "completion": ""}, {"prompt": "b", "completion": "  "}],
+     "field 'completion' is blank in all 2 examples (lines 1-2): nothing to learn"),
+    ("lm", [{"text": ""}, {"text": "\n"}, {"text": " "}],
+     "field 'text' is blank in all 3 examples (lines 1-3): the model would learn end-of-text"),
+    ("classify", [{"text": "", "label": 0}, {"text": " ", "label": 1}],
+     "field 'text' is blank in all 2 examples (lines 1-2)")])
+def test_a_split_with_nothing_in_it_is_refused(tmp_path, objective, rows, said):
+    from workbench.data.fields import text_examples
+
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    call = {"completion": lambda: completion_examples(read_file(path)),
+            "lm": lambda: text_examples(read_file(path)),
+            "classify": _classify(path)}[objective]
+    line = _refusal(call)
+    assert line.startswith(f"data: {path}: {said}"), line
+    rows[0] = {**rows[0], ("completion" if objective == "completion" else "text"): "x"}
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    call()  # one example with something in it: fine
+
+
+def test_two_names_of_the_dev_split_are_refused(tmp_path):
+    for name in ("train", "dev", "validation"):
+        (tmp_path / f"{name}.jsonl").write_text('{"text": "a", "label": 1}\n')
+    assert "several dev splits (dev.jsonl, validation.jsonl); keep one" in \
+        _refusal(lambda: load_rows(str(tmp_path), None))
+    (tmp_path / "dev.jsonl").rename(tmp_path / "test.jsonl")  # validation, and test: fine
+    train, dev = load_rows(str(tmp_path), None)
+    assert dev.origin.endswith("validation.jsonl")
+
+
+def test_sst2_without_its_folder_names_data_dir(tmp_path):
+    from workbench.config import ConfigError
+
+    for where, why in ((tmp_path / "nowhere", "does not exist"), (tmp_path, "has no sst2/")):
+        with pytest.raises(ConfigError) as err:
+            load_rows("sst2", where)
+        (line,) = err.value.problems
+        assert line.startswith(f"data_dir: {where} {why}") and "hf:nyu-mll/glue:sst2" in line
 
 
 def test_folder_problems(tmp_path):

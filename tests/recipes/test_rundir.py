@@ -94,3 +94,38 @@ def test_resume_picks_the_newest_checkpoint_the_history_covers(tmp_path):
     found = found_checkpoints([tmp_path])
     covered = newest_covered(found, history)
     assert [p.name for p in found][-1] == "step-00000006" and covered.name == "step-00000004"
+
+
+def test_a_lock_that_cannot_be_written_is_not_left_behind(tmp_path, monkeypatch):
+    import errno
+
+    from workbench.recipes import lockfile
+
+    def full(fd, data, offset):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(lockfile.os, "pwrite", full)
+    with pytest.raises(RunDirError, match="--out: cannot write the lock .*No space left"):
+        RunDir(tmp_path / "r", None).claim()
+    assert list((tmp_path / "r").iterdir()) == []  # no 0-byte run.lock for the next run
+
+
+def test_an_empty_free_lock_is_no_run_and_is_taken_over(tmp_path):
+    (tmp_path / "run.lock").write_bytes(b"")  # what a start on a full disk used to leave
+    rd = RunDir(tmp_path, None)
+    rd.check_new(overwrite=False)  # not "already holds a run"
+    with pytest.warns(RunWarning, match="never wrote its pid"):
+        rd.claim()
+    rd.release()
+
+
+def test_a_checkpoint_dir_outside_the_run_is_locked_while_it_runs(tmp_path):
+    first = RunDir(tmp_path / "a", tmp_path / "ck")
+    first.claim()
+    assert (tmp_path / "ck" / "checkpoint.lock").read_text().strip() == str(os.getpid())
+    for check in (lambda rd: rd.check_new(overwrite=True), lambda rd: rd.claim()):
+        with pytest.raises(RunDirError, match=r"checkpoint_dir: .*ck is in use by another run"):
+            check(RunDir(tmp_path / "b", tmp_path / "ck"))
+    first.release()
+    assert not (tmp_path / "ck" / "checkpoint.lock").exists()
+    RunDir(tmp_path / "b", tmp_path / "ck").check_new(overwrite=False)

@@ -100,3 +100,42 @@ def test_a_failing_artefact_after_run_json_is_reported_not_fatal(tmp_path, monke
     assert failed == ["events.json.gz", "samples.json.gz"]
     assert RunRecord.load(tmp_path).status == "done"
     monkeypatch.setattr(record_module, "_write_gz", real)
+
+
+@pytest.mark.parametrize("hole", ["summary", "config", "steps", "evals", "info", "environment",
+                                  "status", "param_digest", "param_norm", "error"])
+def test_a_record_with_a_null_field_loads_with_what_is_there(tmp_path, hole):
+    data = RunRecord(config={"method": "mezo"}, steps=[{"step": 0, "loss": 1.0}],
+                     summary={"tokens_per_s": 5.0, "eval": {"accuracy": 0.5}}).run_json()
+    data[hole] = None
+    (tmp_path / "run.json").write_text(json.dumps(data))
+    rec = RunRecord.load(tmp_path)
+    empty = {"summary": {}, "config": {}, "steps": [], "evals": [], "info": {},
+             "environment": {}, "status": "done", "param_digest": "", "error": ""}
+    if hole == "param_norm":
+        assert rec.param_norm != rec.param_norm  # NaN: no norm recorded
+    else:
+        assert getattr(rec, hole) == empty[hole]
+
+
+@pytest.mark.parametrize("change, said", [
+    ({"summary": []}, "'summary' is list, not an object"),
+    ({"steps": "many"}, "'steps' is str, not a list"),
+    ({"steps": [1, 2]}, "steps[0] is not a row with a whole-number step"),
+    ({"evals": [{"accuracy": 1}]}, "evals[0] is not a row with a whole-number step"),
+    ({"status": 3}, "'status' is int, not text"),
+    ({"param_norm": "x"}, "'param_norm' is str, not a number")])
+def test_a_record_of_the_wrong_shape_is_one_error(tmp_path, change, said):
+    from workbench.telemetry.record import RecordError
+
+    (tmp_path / "run.json").write_text(json.dumps({**RunRecord().run_json(), **change}))
+    with pytest.raises(RecordError) as err:
+        RunRecord.load(tmp_path)
+    assert str(err.value) == f"{tmp_path / 'run.json'} is not a run record ({said})"
+
+
+def test_summary_figures_that_are_not_numbers_are_holes(tmp_path):
+    data = {**RunRecord().run_json(), "summary": {"tokens_per_s": "fast", "final_loss": 2.0,
+                                                  "eval": {"accuracy": 1.0}, "steps": True}}
+    (tmp_path / "run.json").write_text(json.dumps(data))
+    assert RunRecord.load(tmp_path).summary == {"final_loss": 2.0, "eval": {"accuracy": 1.0}}

@@ -99,12 +99,13 @@ class RunDir:
             return
         pid = lockfile.holder(root / CHECKPOINT_LOCK)
         if pid is not None:
-            raise RunDirError(f"checkpoint_dir: {root} is in use by another run (pid {pid}, "
-                              f"{CHECKPOINT_LOCK}); give each run its own checkpoint_dir")
+            raise RunDirError(_ck_busy(root).format(pid=pid))
         if not holds_checkpoints(root):
             return
-        owner = next((i for i in map(checkpoint_identity, reversed(complete_checkpoints(root)))
-                      if i), None)
+        with warnings.catch_warnings():  # an incomplete one is said when the run reads them
+            warnings.simplefilter("ignore")
+            found = complete_checkpoints(root)
+        owner = next((i for i in map(checkpoint_identity, reversed(found)) if i), None)
         theirs = owner is not None and owner.get("run_dir") and \
             Path(owner["run_dir"]) != p.resolve() and _holds_run_id(Path(owner["run_dir"]),
                                                                     owner.get("run_id"))
@@ -128,8 +129,7 @@ class RunDir:
         if root is not None and not _inside(root, self.path):
             pid = lockfile.holder(root / CHECKPOINT_LOCK)
             if pid is not None:
-                raise RunDirError(f"checkpoint_dir: {root} is in use by another run (pid {pid}, "
-                                  f"{CHECKPOINT_LOCK}); give each run its own checkpoint_dir")
+                raise RunDirError(_ck_busy(root).format(pid=pid))
         try:
             previous = RunRecord.load(self.path)
         except ValueError as e:  # RecordError: damaged telemetry need not stop a resume
@@ -170,16 +170,20 @@ class RunDir:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise RunDirError(f"--out: cannot create {self.path} ({e.strerror or e})") from None
-        self._fd = lockfile.take(self.path / LOCK, self._busy(), "--out", RunWarning)
+        try:
+            self._fd = lockfile.take(self.path / LOCK, self._busy(), "--out", RunWarning)
+        except lockfile.LockError as e:
+            raise RunDirError(e.problems[0]) from None
         self.was_claimed = True
         try:
             root = self.checkpoint_root
             if root is not None and not _inside(root, self.path):
                 root.mkdir(parents=True, exist_ok=True)
-                self._ck_fd = lockfile.take(
-                    root / CHECKPOINT_LOCK, f"checkpoint_dir: {root} is in use by another run "
-                    f"(pid {{pid}}, {CHECKPOINT_LOCK}); give each run its own checkpoint_dir",
-                    "checkpoint_dir", RunWarning)
+                try:
+                    self._ck_fd = lockfile.take(root / CHECKPOINT_LOCK, _ck_busy(root),
+                                                "checkpoint_dir", RunWarning)
+                except lockfile.LockError as e:
+                    raise RunDirError(e.problems[0]) from None
             if new and not overwrite and any((self.path / n).exists() for n in
                                              ("run.json", "history.jsonl", "checkpoints")):
                 raise RunDirError(f"--out: {self.path} already holds a run (it finished while "
@@ -300,6 +304,11 @@ def read_history(path: Path) -> tuple[list[dict], list[dict]]:
             elif "eval" in row:
                 evals[row["eval"]["step"]] = row["eval"]
     return [steps[k] for k in sorted(steps)], [evals[k] for k in sorted(evals)]
+
+
+def _ck_busy(root: Path) -> str:
+    return (f"checkpoint_dir: {root} is in use by another run (pid {{pid}}, {CHECKPOINT_LOCK}); "
+            "give each run its own checkpoint_dir")
 
 
 def _holds_run_id(path: Path, run_id: str | None) -> bool:

@@ -151,6 +151,9 @@ def _fields(path: Path, data: dict[str, Any]) -> dict[str, Any]:
             raise RecordError(f"{path} is not a run record ({key}[{bad}] is not a row with a "
                               "whole-number step)")
     out["param_norm"] = _nan(out["param_norm"])
+    # summary figures are numbers (or null, or a dict of dev metrics): anything else is a hole
+    out["summary"] = {k: v for k, v in out["summary"].items()
+                      if v is None or isinstance(v, (int, float, dict)) and not isinstance(v, bool)}
     return out
 
 
