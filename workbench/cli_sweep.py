@@ -121,7 +121,12 @@ def _run_and_report(sweep: Sweep | None, work, holder: list[Sweep] | None = None
         from workbench.ui.sweep_view import write_sweep_report
     except ImportError:  # UI packages not installed: the printed table stands alone
         return 130 if interrupted else 0
-    print(f"report: {write_sweep_report(sweep.out_dir).resolve()}")
+    try:
+        print(f"report: {write_sweep_report(sweep.out_dir).resolve()}")
+    except KeyboardInterrupt:  # the runs and sweep.json are whole; only the page is missing
+        print(f"interrupted while writing {sweep.out_dir / 'report.html'}; the runs and "
+              "sweep.json are kept", file=sys.stderr)
+        return 130
     return 130 if interrupted else 0
 
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from workbench.recipes import lockfile
+
 REPO = Path(__file__).resolve().parents[2]
 ENV = dict(os.environ, OMP_NUM_THREADS="1",  # every run alike, and a loaded machine stays calm
            PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
@@ -192,12 +194,18 @@ def failing_disk(tmp_path: Path, kind: str = "full"):
 
 @pytest.mark.parametrize("kind, says", [("full", "No space left on device"),
                                         ("read-only", "Read-only file system")])
-def test_failing_checkpoint_writes_are_reported_and_after_three_the_run_fails(tmp_path, kind,
-                                                                              says):
+def test_failing_checkpoint_writes_are_reported_and_after_three_the_run_fails(straight, tmp_path,
+                                                                              kind, says):
     with failing_disk(tmp_path, kind) as (root, prefix, fail, heal):
         fail()
         out = tmp_path / "run"
         r = cli("run", *sets(*RUN, f"checkpoint_dir={root}"), "--out", str(out), prefix=prefix)
+        if prefix is None and kind == "read-only":  # a real read-only mount: not even its
+            assert r.returncode == 2  # checkpoint.lock can be made, so the start is refused
+            assert f"checkpoint_dir: cannot write the lock {root / 'checkpoint.lock'} (" \
+                f"{says})" in one_line(r.stderr)
+            assert not (out / "run.json").exists() and not (out / "run.lock").exists()
+            return
         assert r.returncode == 1
         line = one_line(r.stderr)
         assert line.startswith("error: checkpoint_dir: 3 checkpoint writes failed in a row")
@@ -208,6 +216,62 @@ def test_failing_checkpoint_writes_are_reported_and_after_three_the_run_fails(tm
         assert 6 <= len(rec["steps"]) < STEPS
         assert not list(root.glob("step-*"))  # no partial checkpoint left behind
         assert_clean(out, root)
+        if kind == "read-only":
+            return
+        # The advice works: the run goes on, writing its checkpoints elsewhere (issue 37)
+        advice = line.split("resume writing elsewhere: ")[1]
+        assert advice == "--resume RUN_DIR --set checkpoint_dir=FOLDER"
+        elsewhere = tmp_path / "elsewhere"
+        r = cli("run", "--resume", str(out), *sets(f"checkpoint_dir={elsewhere}"), prefix=prefix)
+        assert r.returncode == 0, r.stderr
+        assert "no complete checkpoint yet" in r.stderr  # none was written: from step 0
+        assert_same_as_straight(out, straight)
+        assert (elsewhere / f"step-{STEPS:08d}").is_dir() and not list(root.glob("step-*"))
+
+
+def fs_fault(mode: str, root: Path, flag: Path) -> list[str]:
+    """The CLI with every write under ``root`` failing while ``flag`` exists (fault_cli.py)."""
+    return [*FAULT_CLI, "fs", mode, str(root), str(flag)]
+
+
+def test_a_full_run_directory_ends_consistent_and_the_advice_works(straight, tmp_path):
+    """--out fills up mid-run: history, run.json and checkpoint writes fail; the run ends in one
+    line saying run.json could not be written and how to go on; no lock stays; once space is
+    back, that advice finishes the run exactly (issue 37, class 8)."""
+    disk, flag, out = tmp_path / "disk", tmp_path / "full", tmp_path / "disk" / "run"
+    disk.mkdir()
+    proc = start("run", *sets(*RUN), "--out", str(out), log=tmp_path / "full.log",
+                 prefix=fs_fault("full", disk, flag))
+    wait_for(lambda: history_steps(out) >= 8, proc)
+    flag.touch()
+    assert proc.wait(timeout=300) == 1
+    line = one_line((tmp_path / "full.log").read_text())
+    assert "No space left on device" in line
+    assert line.endswith(f"{out / 'run.json'} could not be written either and still says running; "
+                         f"free space, then continue with: python -m workbench run --resume {out})")
+    assert record(out)["status"] == "running"  # the last good run.json: valid, never torn
+    assert not (out / "run.lock").exists()
+    flag.unlink()
+    r = cli("run", "--resume", str(out))
+    assert r.returncode == 0, r.stderr
+    assert_same_as_straight(out, straight)
+
+
+@pytest.mark.parametrize("mode, says", [("full", "cannot write the lock"),
+                                        ("read-only", "cannot create")])
+def test_a_start_on_a_disk_that_takes_nothing_leaves_nothing(tmp_path, mode, says):
+    disk, flag, out = tmp_path / "disk", tmp_path / "flag", tmp_path / "disk" / "run"
+    disk.mkdir()
+    flag.touch()
+    r = cli("run", *sets(*RUN, "steps=2"), "--out", str(out), prefix=fs_fault(mode, disk, flag))
+    assert r.returncode == 2
+    line = one_line(r.stderr)
+    assert line.startswith("error: --out: ") and says in line and "nothing was started" in line
+    assert not (out / "run.lock").exists() and not (out / "run.json").exists()
+    flag.unlink()
+    r = cli("run", *sets(*RUN, "steps=2"), "--out", str(out))  # the next run: a plain start
+    assert r.returncode == 0, r.stderr
+    assert record(out)["status"] == "done"
 
 
 def test_full_disk_for_a_while_training_goes_on(straight, tmp_path):
@@ -291,6 +355,96 @@ def test_a_reused_directory_is_refused_and_overwrite_replaces_it(straight, tmp_p
     assert_same_as_straight(out, straight)
 
 
+def test_a_checkpoint_dir_belongs_to_the_run_that_wrote_it(straight, tmp_path):
+    """Issue 37, class 1: another run may not take a checkpoint_dir whose run can still resume
+    from it (not even with --overwrite); a resume never loads another run's checkpoints."""
+    ck, a, b = tmp_path / "ck", tmp_path / "a", tmp_path / "b"
+    r = cli("run", *sets(*RUN, f"checkpoint_dir={ck}", "steps=20"), "--out", str(a))
+    assert r.returncode == 0, r.stderr
+    for extra in ([], ["--overwrite"]):
+        r = cli("run", *sets(*RUN, f"checkpoint_dir={ck}", "seed=1"), "--out", str(b), *extra)
+        assert r.returncode == 2
+        assert f"checkpoint_dir: {ck} holds the checkpoints of the run in {a.resolve()}" in \
+            one_line(r.stderr)
+        assert not b.exists()
+    r = cli("run", "--resume", str(a), *sets(f"steps={STEPS}"))  # A itself goes on exactly
+    assert r.returncode == 0, r.stderr
+    assert_same_as_straight(a, straight)
+    manifest = json.loads((ck / f"step-{STEPS:08d}" / "manifest.json").read_text())
+    ident = manifest["identity"]
+    assert ident["run_id"] == record(a)["info"]["run_id"] and ident["run_dir"] == str(a.resolve())
+    assert (ident["model"], ident["seed"]) == ("tiny-opt", 0) and len(ident["data"]) == 16
+    # A's directory moves away: its checkpoints are nobody's, and --overwrite may take them
+    moved = tmp_path / "a-moved"
+    shutil.move(str(a), str(moved))
+    r = cli("run", *sets(*RUN, f"checkpoint_dir={ck}", "seed=1", "steps=4"), "--out", str(b),
+            "--overwrite")
+    assert r.returncode == 0, r.stderr
+    r = cli("run", "--resume", str(moved), *sets(f"steps={STEPS + 4}"))  # B's weights: never
+    assert r.returncode == 2
+    line = one_line(r.stderr)
+    assert f"checkpoint_dir: {ck} holds checkpoints of another run (step-00000004: run id " \
+        f"{record(b)['info']['run_id']}, written by the run in {b.resolve()})" in line
+    assert record(moved)["status"] == "done" and len(record(moved)["steps"]) == STEPS
+
+
+DATA = [{"text": f"{w} film number {i}", "label": i % 3}
+        for i, w in enumerate(["a dull", "an odd", "a fine", "a grim", "a warm", "a slow"] * 5)]
+WORDS = " bad, fine, great"  # three labels; the spaces are part of the words
+
+
+def test_a_resume_refuses_changed_data_unless_told(tmp_path):
+    """Issue 37, class 2 (and 3, 4): the run records its data's fingerprint; a resume on edited
+    data is refused, on the restored data it ends as a straight run does, and with
+    data_changed_ok=true it goes on, recorded. The straight run sets label_words with --set, the
+    other in TOML: the same words (nothing stripped). The train file starts with a UTF-8 BOM."""
+    data = tmp_path / "data"
+    data.mkdir()
+    train = b"\xef\xbb\xbf" + "".join(json.dumps(r) + "\n" for r in DATA).encode()
+    (data / "train.jsonl").write_bytes(train)
+    (data / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in DATA[:6]))
+    task = ["model=tiny-opt", "method=mezo", f"data={data}", "batch_size=4", "seq_len=32",
+            "lr=2e-3", "checkpoint_every=4", "sample_hz=0", "eval_samples=6"]
+    r = cli("run", *sets(*task, "steps=8", f"label_words={WORDS}"), "--out", str(tmp_path / "s"))
+    assert r.returncode == 0, r.stderr
+    straight = record(tmp_path / "s")
+    assert straight["config"]["label_words"] == WORDS
+    toml = tmp_path / "words.toml"
+    toml.write_text(f"[run]\nlabel_words = {json.dumps(WORDS)}\n")
+    out = tmp_path / "r"
+    r = cli("run", "--config", str(toml), *sets(*task, "steps=4"), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert record(out)["info"]["data_fingerprint"]["train"]["source"] == str(data / "train.jsonl")
+    lines = train.splitlines(keepends=True)
+    (data / "train.jsonl").write_bytes(b"".join([lines[0], lines[2], lines[1], *lines[3:]]))
+    r = cli("run", "--resume", str(out), *sets("steps=8"))
+    assert r.returncode == 2
+    assert one_line(r.stderr) == (
+        f"error: data: the train split ({data / 'train.jsonl'}) changed since this run started "
+        "(its content fingerprint differs); a resume continues on the data it began with: "
+        "restore it, or set data_changed_ok=true to go on with the new data (run.json records "
+        "that)")
+    (data / "train.jsonl").write_bytes(train)  # restored: the resume is the straight run
+    r = cli("run", "--resume", str(out), *sets("steps=8"))
+    assert r.returncode == 0, r.stderr
+    assert record(out)["param_digest"] == straight["param_digest"]
+    (data / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in DATA[6:12]))
+    r = cli("run", "--resume", str(out), *sets("steps=10"))
+    assert r.returncode == 2 and "the dev split" in one_line(r.stderr)
+    r = cli("run", "--resume", str(out), *sets("steps=10", "data_changed_ok=true"))
+    assert r.returncode == 0, r.stderr
+    assert "warning: data: the dev split" in r.stderr
+    rec = record(out)
+    assert rec["config"]["data_changed_ok"] is True
+    assert [c["changed"] for c in rec["info"]["data_changed"]] == [
+        [f"the dev split ({data / 'dev.jsonl'})"]]
+    r = cli("run", "--resume", str(out), *sets("steps=12"))  # the new data is the run's now
+    assert r.returncode == 0, r.stderr
+    rec = record(out)
+    assert rec["config"]["data_changed_ok"] is False and len(rec["info"]["data_changed"]) == 1
+    assert [s["step"] for s in rec["steps"]] == list(range(12))
+
+
 def test_corrupted_checkpoint_falls_back_and_a_damaged_record_is_one_line(straight, tmp_path):
     out = tmp_path / "run"
     r = cli("run", *sets(*RUN, "steps=20"), "--out", str(out))
@@ -330,6 +484,103 @@ def test_corrupted_checkpoint_falls_back_and_a_damaged_record_is_one_line(straig
     assert_same_as_straight(out, straight)
 
 
+# --- sweeps (issue 37, class 6) ---------------------------------------------------------------
+def test_a_sweep_folder_has_a_lifecycle(straight, tmp_path):
+    """A lock (a second sweep into the folder is refused), Ctrl-C then --resume (the interrupted
+    point continues from its checkpoint and ends as a straight run), a rerun refused before any
+    damage."""
+    out = tmp_path / "sweep"
+    grid = [*sets(*[kv for kv in RUN if not kv.startswith("steps=")]), "--sweep", "steps=40,4",
+            "--out", str(out)]
+    first = start("sweep", *grid, log=tmp_path / "sweep.log")
+    point = out / "steps-40"
+    wait_for(lambda: history_steps(point) >= 5, first)
+    first.send_signal(signal.SIGINT)
+    assert first.wait(timeout=120) == 130
+    log = (tmp_path / "sweep.log").read_text()
+    assert "Traceback" not in log
+    assert f"finish it with: python -m workbench sweep --resume {out}" in log
+    assert not (out / "sweep.lock").exists()
+    # While a sweep holds the folder (here: this process holds its lock) a second is refused
+    fd = lockfile.take(out / "sweep.lock", "busy {pid}", "--out")
+    try:
+        for args in (grid, ["--resume", str(out)]):
+            r = cli("sweep", *args, "--quiet")
+            assert r.returncode == 2
+            assert f"is being written by another sweep (pid {os.getpid()}, sweep.lock)" in \
+                one_line(r.stderr)
+    finally:
+        lockfile.release(out / "sweep.lock", fd)
+    before = (out / "sweep.json").read_bytes()
+    manifest = json.loads(before)
+    assert manifest["status"] == "stopped" and record(point)["status"] == "stopped"
+    assert not (out / "sweep.lock").exists()
+    r = cli("sweep", *grid, "--quiet")  # again, unasked: refused, nothing touched
+    assert r.returncode == 2
+    assert f"holds a sweep (status stopped, 0 of 2 points done); finish it with --resume {out}" \
+        in one_line(r.stderr)
+    assert (out / "sweep.json").read_bytes() == before
+    r = cli("sweep", "--resume", str(out), "--quiet")
+    assert r.returncode == 0, r.stderr
+    manifest = json.loads((out / "sweep.json").read_text())
+    assert manifest["status"] == "done"
+    assert [p["status"] for p in manifest["points"]] == ["done", "done"]
+    assert_same_as_straight(point, straight)
+    assert len(record(out / "steps-4")["steps"]) == 4
+
+
+def test_a_sweep_folder_is_replaced_only_with_overwrite(tmp_path):
+    out = tmp_path / "sweep"
+    grid = [*sets(*[kv for kv in RUN if not kv.startswith("steps=")], "steps=2"), "--sweep",
+            "seed=3", "--out", str(out), "--quiet"]
+    assert cli("sweep", *grid).returncode == 0
+    (out / "notes.txt").write_text("mine")
+    old_id = record(out / "seed-3")["info"]["run_id"]
+    r = cli("sweep", *grid)
+    assert r.returncode == 2 and "--overwrite" in one_line(r.stderr)
+    r = cli("sweep", *grid, "--overwrite")
+    assert r.returncode == 0, r.stderr
+    assert record(out / "seed-3")["info"]["run_id"] != old_id  # a new run
+    assert (out / "notes.txt").read_text() == "mine"  # not the sweep's: kept
+    r = cli("sweep", "--resume", str(out), "--overwrite")
+    assert r.returncode == 2 and "--overwrite: not with --resume" in one_line(r.stderr)
+
+
+# --- records with holes (issue 37, class 7) ---------------------------------------------------
+def test_records_with_holes_are_read_with_what_is_there(straight, tmp_path):
+    cases = {}
+    for hole in ("summary", "config", "steps"):
+        d = tmp_path / hole
+        d.mkdir()
+        rec = record(straight["dir"])
+        rec[hole] = None
+        (d / "run.json").write_text(json.dumps(rec))
+        cases[f"compare {hole}"] = (("compare", str(d)), 0, None)
+        cases[f"report {hole}"] = (("report", str(d), "-o", str(tmp_path / f"{hole}.html")), 0,
+                                   None)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "run.json").write_text(json.dumps({**record(straight["dir"]), "steps": "many"}))
+    cases["compare wrong type"] = (("compare", str(bad)), 2, "'steps' is str, not a list")
+    disk, flag = tmp_path / "ro", tmp_path / "ro-flag"
+    disk.mkdir()
+    flag.touch()
+    cases["report read-only"] = (("report", str(straight["dir"]), "-o", str(disk / "r.html")),
+                                 2, f"-o: cannot write {disk / 'r.html'} (Read-only file system)")
+    prefix = {"report read-only": fs_fault("read-only", disk, flag)}
+    with ThreadPoolExecutor(4) as pool:
+        results = dict(zip(cases, pool.map(lambda k: cli(*cases[k][0], prefix=prefix.get(k)),
+                                           cases)))
+    for name, r in results.items():
+        args, code, said = cases[name]
+        assert r.returncode == code, (name, r.stderr)
+        assert "Traceback" not in r.stderr, name
+        if said:
+            assert said in one_line(r.stderr), name
+    assert "run" in results["compare config"].stdout  # the table, with what is there
+    assert (tmp_path / "summary.html").is_file() and not (disk / "r.html").exists()
+
+
 # --- bad input: one line, exit 2, nothing written ---------------------------------------------
 def _write_bad_inputs(d: Path) -> dict[str, tuple[list[str], str]]:
     """name -> (CLI arguments, what the one line must say)."""
@@ -347,6 +598,16 @@ def _write_bad_inputs(d: Path) -> dict[str, tuple[list[str], str]]:
     with open(d / "long-line" / "train.tsv", "w") as fh:
         fh.write("sentence\tlabel\n" + "a" * 50_000_000 + "\t1\n")
     (d / "config.bin").write_bytes(bytes(range(128, 256)) * 4)
+    # degenerate data (issue 37): nothing in a split, a huge JSONL line, two dev splits
+    (d / "blank-completions.jsonl").write_text('{"prompt": "a", "completion": ""}\n' * 3)
+    (d / "blank-texts.jsonl").write_text('{"text": ""}\n{"text": " "}\n' * 2)
+    with open(d / "huge-line.jsonl", "w") as fh:
+        fh.write('{"text": "ok", "label": 1}\n{"text": "' + "a" * (3 << 20) + '", "label": 0}\n')
+    (d / "two-devs").mkdir()
+    for name in ("train", "dev", "validation"):
+        (d / "two-devs" / f"{name}.jsonl").write_text('{"text": "a", "label": 1}\n' * 3)
+    (d / "demo.toml").write_text('[run]\ndevice = "cpu"\n')
+    (d / "dashes.toml").write_text("[run]\nbatch-size = 4\n")
     (d / "extra.toml").write_text("[run]\nsteps = 3\n[optim]\nlr = 1e-3\n")
     (d / "outside.toml").write_text("steps = 3\n[run]\nlr = 1e-3\n")
     (d / "a-file").write_text("x")
@@ -366,7 +627,7 @@ def _write_bad_inputs(d: Path) -> dict[str, tuple[list[str], str]]:
             "label-range": " line 2: field 'label' is 7, outside 0..1", "empty": ": the file is empty",
             "header-only": ": a header (sentence, label) but no examples",
             "missing-field": " line 3: 1 fields, the header has 2",
-            "binary": " line 2: not UTF-8 text", "long-line": " line 2: field larger than field limit"}
+            "binary": " line 2: not UTF-8 text", "long-line": " line 2: longer than 1 MiB"}
     cases = {f"data {k}": (run(f"data={d / k}"), f"data: {d / k / 'train.tsv'}{said[k]}")
              for k in said}
     cases.update({
@@ -391,7 +652,48 @@ def _write_bad_inputs(d: Path) -> dict[str, tuple[list[str], str]]:
                            "label_words: 'good' needs k >= 2 non-empty words"),
         "too big": (["run", *sets("model=opt-175b", "method=zo-offload"), *out],
                     "host memory: zo-offload on opt-175b needs"),
+        # issue 37, class 3: values as typed; label words the model can tell apart
+        "label words twice": (run("data=embedded", "label_words= bad, bad"),
+                              "label_words: ' bad, bad' repeats a word (' bad')"),
+        "label word prefix": (run("data=embedded", "label_words= good, goodness"),
+                              "label_words: the tokens of ' good' begin another word's"),
+        # class 4: degenerate data, in one line naming file, line and field
+        "completions blank": (run("objective=completion", f"data={d / 'blank-completions.jsonl'}"),
+                              "field 'completion' is blank in all"),
+        "texts blank": (run("objective=lm", f"data={d / 'blank-texts.jsonl'}"),
+                        "field 'text' is blank in all"),
+        "jsonl huge line": (run(f"data={d / 'huge-line.jsonl'}"),
+                            f"data: {d / 'huge-line.jsonl'} line 2: longer than 1 MiB"),
+        "data empty": (run("data="), "data: '' is empty"),
+        "two dev splits": (run(f"data={d / 'two-devs'}"),
+                           "several dev splits (dev.jsonl, validation.jsonl); keep one"),
+        "sst2 without data_dir": (run("model=opt-125m", "data=sst2", f"data_dir={d / 'nowhere'}"),
+                                  f"data_dir: {d / 'nowhere'} does not exist (data=sst2 reads"),
+        # class 5: checks before anything is built
+        "max_new_tokens": (run("objective=completion", "data=embedded", "max_new_tokens=500"),
+                           "max_new_tokens: 500 new tokens after a prompt of up to seq_len=16 "
+                           "reach position 515, beyond the 512 positions of tiny-opt"),
+        "lora_targets": (run("peft=lora", "lora_targets=q_proj,nosuch"),
+                         "lora_targets: nosuch matches no linear module of this model"),
+        "gpu cap on cpu": (run("gpu_mem_limit_gb=2"), "gpu_mem_limit_gb: 2 applies only with "
+                           "device=cuda"),
+        "demo method": (["demo", *sets("method=fo"), *out], "method: the demo sets it itself"),
+        "demo device": (["demo", "--config", str(d / "demo.toml"), *out],
+                        "device: the demo sets it itself"),
+        "two configs": (["run", "--config", str(d / "demo.toml"), "--config",
+                         str(d / "dashes.toml"), *out], "--config: given 2 times"),
+        "plan suggest": (["plan", "--suggest", "-5"], "--suggest: -5 GiB is not a GPU memory"),
+        "typo": (run("stpes=3"), "stpes: unknown setting; did you mean steps?"),
+        "dashes": (["run", "--config", str(d / "dashes.toml"), *out],
+                   "batch-size: unknown setting; did you mean batch_size?"),
+        "data_changed_ok fresh": (run("data_changed_ok=true"),
+                                  "data_changed_ok: applies to a resumed run only"),
+        "sweep resume nothing": (["sweep", "--resume", str(d / "others")],
+                                 f"--resume: {d / 'others'} is not a sweep folder"),
     })
+    if not shutil.which("nvidia-smi"):
+        cases["calibrate cuda"] = (["calibrate", "--device", "cuda"],
+                                   "--device: cuda was asked for but this machine has no CUDA")
     return cases
 
 

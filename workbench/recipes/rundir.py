@@ -169,7 +169,8 @@ class RunDir:
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise RunDirError(f"--out: cannot create {self.path} ({e.strerror or e})") from None
+            raise RunDirError(f"--out: cannot create {self.path} ({e.strerror or e}); nothing "
+                              "was started") from None
         try:
             self._fd = lockfile.take(self.path / LOCK, self._busy(), "--out", RunWarning)
         except lockfile.LockError as e:
