@@ -31,6 +31,7 @@ Master = Literal["fp32", "compressed-sr"]
 Objective = Literal["classify", "completion", "lm"]
 Peft = Literal["none", "lora"]
 BaseCodec = Literal["fp32", "bf16", "fp16", "fp8-e4m3", "int8"]
+StopOn = Literal["never", "diverged"]
 
 #: Methods that stream transformer blocks host <-> GPU.
 STREAMING_METHODS = ("zo-offload", "forward-grad")
@@ -54,7 +55,7 @@ METHOD_KNOBS: dict[str, tuple[str, ...]] = {
 RESUMABLE = ("steps", "lr", "weight_decay", "eval_every", "eval_samples", "device", "data_dir",
              "overlap", "reuse_buffers", "fused_update", "resident_blocks", "prefetch_depth",
              "telemetry", "sample_hz", "keep_steps", "checkpoint_every", "keep_last",
-             "digest_check_every", "host_share", "gpu_mem_limit_gb", "max_new_tokens")
+             "digest_check_every", "host_share", "gpu_mem_limit_gb", "max_new_tokens", "stop_on")
 
 
 def default_data_dir() -> str:
@@ -119,6 +120,9 @@ class RunConfig:
     amp: Amp = _knob("off", "autocast dtype for block computations")
     eval_every: int = _knob(0, "evaluate on dev every N steps (0 = only at the end)", lo=0,
                             hi=10_000_000, unit="steps")
+    stop_on: StopOn = _knob("never", "end the run early when its learning health says so: never, "
+                            "or diverged (the loss far above its start or best, or not finite; "
+                            "status diverged, with the evidence)")
     # zo-offload scheduler (issue: offload engine)
     overlap: bool = _knob(True, "upload / compute / offload on three CUDA streams", group="offload")
     reuse_buffers: bool = _knob(True, "copy blocks into GPU slots allocated once", group="offload")
@@ -214,6 +218,7 @@ def knob_info(name: str) -> dict[str, Any]:
 
 _TYPES = {"Method": Method, "Device": Device, "Amp": Amp, "Rng": Rng, "Codec": Codec,
           "Master": Master, "Objective": Objective, "Peft": Peft, "BaseCodec": BaseCodec,
+          "StopOn": StopOn,
           "int": int, "float": float, "str": str, "bool": bool}
 
 

@@ -46,6 +46,7 @@ class RunRecord:
     status: str = "new"  # new | running | done | stopped | failed | diverged
     error: str = ""  # one line: why the run failed, diverged or stopped
     base_digest: str = ""  # adapter runs: the same digest of the frozen base (never trained)
+    path: str = ""  # its run directory, where it has one (not saved: the directory is where)
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
 
     @property
@@ -60,7 +61,7 @@ class RunRecord:
                              list(self.evals), list(self.events), list(self.step_ops),
                              list(self.samples), dict(self.info), dict(self.summary),
                              self.param_digest, self.param_norm, self.status, self.error,
-                             self.base_digest)
+                             self.base_digest, self.path)
 
     # --- persistence ------------------------------------------------------------------------
     def run_json(self) -> dict[str, Any]:
@@ -113,7 +114,7 @@ class RunRecord:
                       param_digest=data.get("param_digest", ""),
                       param_norm=_nan(data.get("param_norm")),
                       status=data.get("status", "done"), error=data.get("error", ""),
-                      base_digest=data.get("base_digest", ""))
+                      base_digest=data.get("base_digest", ""), path=str(run_dir))
         except (TypeError, ValueError) as e:
             raise RecordError(f"{path} is not a run record ({e})") from None
         ev, sm = run_dir / "events.json.gz", run_dir / "samples.json.gz"

@@ -5,9 +5,9 @@ Figures size to their container's width (``autosize``; plotly.js ``responsive`` 
 every horizontal gap is a fraction of a width only known in the browser. The layout therefore
 keeps the text that could collide apart by construction: a right-hand (secondary) axis is only
 ever drawn in a grid's last column, beside the figure's right margin; vertical gaps are set in
-pixels from the known height; each panel has its own small legend inside its top-right corner
-(a full-width panel's runs along its title band instead), so no legend competes with an axis
-for the margins. The browser test checks the result from the SVG text boxes.
+pixels from the known height; each panel has its own small legend in one row along its title
+band, right-aligned (the title is at the left), outside the data and clear of the axes. The
+browser test checks the result from the SVG text boxes.
 """
 from __future__ import annotations
 
@@ -171,6 +171,7 @@ def fill(fig: go.Figure, grid: list[list[Panel]],
     traces: list[dict[str, Any]] = []
     layout: dict[str, Any] = {}
     notes: list[dict[str, Any]] = []
+    panel_no = 0
     for r, row in enumerate(grid, start=1):
         for c, p in enumerate(row, start=1):
             main = fig.get_subplot(r, c)
@@ -181,15 +182,17 @@ def fill(fig: go.Figure, grid: list[list[Panel]],
                 y2 = fig.get_subplot(r, c, secondary_y=True).yaxis.plotly_name
                 ref2["yaxis"] = y2.replace("axis", "")
                 layout[y2] = {"title": {"text": p.y2title}, **p.y2axis}
-            legend = _legend_id(layout) if _listed(p.traces) else None
+            # One legend per panel, named by its place in the grid and always in the layout,
+            # listed traces or not: a legend that first appeared on a live refresh reached
+            # plotly.js as "legend2" and "legend2.xref" at once, which it refuses ("cannot set
+            # legend2.xref and a parent attribute simultaneously").
+            legend = "legend" if not panel_no else f"legend{panel_no + 1}"
+            panel_no += 1
             for trace, secondary in zip(p.traces, p.secondary):
                 trace = {**trace, **(ref2 if secondary else ref)}  # the panel keeps its own
-                if legend:
-                    trace["legend"] = legend
+                trace["legend"] = legend
                 traces.append(trace)
-            if legend:
-                layout[legend] = _legend_at(main.xaxis.domain, main.yaxis.domain,
-                                            in_title_band=len(row) == 1 and bool(bars))
+            layout[legend] = _legend_at(main.xaxis.domain, main.yaxis.domain)
             # An empty panel keeps its titles but no tick labels: plotly.js would number its
             # default ranges, and the note says what is missing. x tick labels stand off the
             # axis so the x and y zeros at a corner do not touch.
@@ -217,22 +220,9 @@ def fill(fig: go.Figure, grid: list[list[Panel]],
     return traces, layout, notes
 
 
-def _listed(traces: Sequence[dict[str, Any]]) -> bool:
-    return any(t.get("showlegend") is not False and t.get("name") for t in traces)
-
-
-def _legend_id(layout: dict[str, Any]) -> str:
-    """The next free legend: "legend", "legend2", "legend3", ..."""
-    n = 1 + sum(k.startswith("legend") for k in layout)
-    return "legend" if n == 1 else f"legend{n}"
-
-
-def _legend_at(xdomain: Sequence[float], ydomain: Sequence[float],
-               in_title_band: bool) -> dict[str, Any]:
-    """A panel's legend: inside its top-right corner; for a full-width timeline, in a row along
-    its title band (bars fill the plot; the title sits at the left)."""
-    base = dict(xref="paper", yref="paper", xanchor="right", x=xdomain[1], font=dict(size=10),
-                bgcolor="rgba(255,255,255,0.75)", itemclick="toggle", tracegroupgap=2)
-    if in_title_band:
-        return dict(base, orientation="h", y=ydomain[1], yanchor="bottom")
-    return dict(base, orientation="v", y=ydomain[1], yanchor="top")
+def _legend_at(xdomain: Sequence[float], ydomain: Sequence[float]) -> dict[str, Any]:
+    """A panel's legend: outside its data, in one row along its title band (the title at the
+    left, the legend at the right, its bottom on the plot's top edge)."""
+    return dict(xref="paper", yref="paper", xanchor="right", x=xdomain[1], font=dict(size=10),
+                bgcolor="rgba(255,255,255,0)", itemclick="toggle", tracegroupgap=2,
+                orientation="h", y=ydomain[1], yanchor="bottom", entrywidthmode="pixels")
