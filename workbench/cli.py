@@ -55,6 +55,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from workbench.recipes.signals import Interrupted, exit_status, graceful_stop
     from workbench.recipes.train import TrainRecipe
 
+    from workbench.recipes.threads import choose_threads
+
+    choose_threads(cfg)  # as the notebooks do; the run records it
     rank = int(os.environ.get("RANK", "0"))  # under torchrun only rank 0 reports
     recipe = TrainRecipe(cfg, out, progress=not args.quiet and rank == 0,
                          overwrite=args.overwrite, force=args.force)
@@ -97,6 +100,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """The main job: a short MeZO run and a short ZO-offload run, then the comparison."""
     import torch
 
+    from workbench.recipes.threads import choose_threads
     from workbench.recipes.train import run
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -110,6 +114,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for method in ("mezo", "zo-offload"):
         cfg = _config(args, {**demo, "device": device, "method": method})
         check_environment(cfg)
+        choose_threads(cfg)  # as the notebooks do; the run records it
         print(f"== {method}: {cfg.model} on {cfg.data}, {cfg.steps} steps, device={device}")
         # The demo's folders are its own: a second demo replaces the first one's runs.
         records.append(run(cfg, out / method, progress=not args.quiet, overwrite=True))
@@ -316,6 +321,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a knob and its values; repeat for a grid")
     sp.add_argument("--out", required=True, help="folder: a run directory per point, "
                     "sweep.json and report.html")
+    sp.add_argument("--rank-by", metavar="METRIC", help="what ranks the points: tokens_per_s, "
+                    "loss, or dev.<metric> (dev.accuracy, dev.loss, ...); default: the "
+                    "objective's dev metric when there is dev data, else tokens_per_s")
     sp.add_argument("--quiet", action="store_true", help="no progress bars")
     sp.set_defaults(fn=cmd_sweep)
     sp = sub.add_parser("tune", help="measure the planner's best settings; write the fastest")

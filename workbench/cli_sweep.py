@@ -26,7 +26,18 @@ def sweep_command(base: RunConfig, args: argparse.Namespace) -> int:
     if both:
         raise SweepError([f"{k}: given with --set and --sweep; keep it in --sweep only"
                           for k in both])
-    sweep = Sweep.grid(base, axes, args.out)
+    rank_by = getattr(args, "rank_by", None)
+    if rank_by is not None:
+        from workbench.telemetry.ranking import parse_rank_by
+
+        parse_rank_by(rank_by)  # a bad name: one line, before any point is checked
+        if rank_by.startswith("dev.") and base.data == "synthetic":
+            raise SweepError([f"--rank-by {rank_by}: data=synthetic has no dev split to "
+                              "evaluate; rank by tokens_per_s or loss, or use a data set"])
+    sweep = Sweep.grid(base, axes, args.out, rank_by=rank_by)
+    from workbench.recipes.threads import choose_threads
+
+    choose_threads(base)  # as the notebooks do (the grid's model and device are the base's)
     _say_refused(sweep)
     if not sweep.runnable:
         sweep.save()
@@ -53,8 +64,12 @@ def tune_command(base: RunConfig, args: argparse.Namespace) -> int:
 
     code = _run_and_report(None, go, holder)
     if result is not None and result.toml is not None:
+        tied = result.sweep.extra.get("within_noise") or []
         print(f"fastest: {result.best.name} "
-              f"({result.best.measured.get('tokens_per_s') or 0:,.0f} tokens/s measured)")
+              f"({result.best.measured.get('tokens_per_s') or 0:,.0f} tokens/s measured)"
+              if len(tied) < 2 else
+              f"no winner: {len(tied)} trials within noise of each other ({', '.join(tied)}); "
+              f"kept the planner's first choice of them, {result.best.name}")
         print(f"config: {result.toml.resolve()}   "
               f"(python -m workbench run --config {result.toml} --out DIR)")
     return code

@@ -39,6 +39,7 @@ from workbench.recipes.guard import RunGuard
 from workbench.recipes.limits import cap_gpu_memory
 from workbench.recipes.prefetch import BatchPrefetch
 from workbench.recipes.outcome import artefact_failed, error_line, os_error, outcome_line
+from workbench.recipes import threads
 from workbench.recipes.resume import load_resume_checkpoint, plan_resume
 from workbench.recipes.rundir import WRITE_EVERY_S, RunDir, RunWarning
 from workbench.telemetry.collector import Collector
@@ -178,7 +179,7 @@ class TrainRecipe:
         self.sampler = Sampler(hz=cfg.sample_hz, t0=self.engine.timer.t0,
                                device_index=self.device.index or 0, on_sample=self._on_sample)
         self.record.environment = {**environment(cfg.device, self.sampler.static_info()),
-                                   **before}
+                                   **before, "torch threads (why)": threads.REASON}
         self.sampler.start()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)

@@ -1,7 +1,7 @@
 """Names of runs shown side by side: their directory and the settings that differ between them.
 
-    runs/lr4 (mezo, lr=1e-4) and runs/lr3 (mezo, lr=1e-3)  ->  "lr4: mezo lr=1e-4", "lr3: mezo lr=1e-3"
-    runs/demo/mezo and runs/demo/zo-offload                 ->  "mezo", "zo-offload"
+    runs/lr4 (mezo, lr=1e-4), runs/lr3 (mezo, lr=1e-3) -> "lr4: mezo lr=1e-4", "lr3: mezo lr=1e-3"
+    runs/demo/mezo, runs/demo/zo-offload               -> "mezo", "zo-offload"
 
 The method always leads (it is what a reader asks first); then each setting whose value is not
 the same in every run, as ``knob=value`` under its one name (the ``--set`` key). The directory

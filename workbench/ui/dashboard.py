@@ -8,8 +8,9 @@ message per refresh and the user's zoom survives. The subplot grid is laid out o
 it costs ~10x more than the data, and a refresh runs on the interpreter the training loop needs.
 Refreshes are throttled (default at most 2 per second, and at most ``BUDGET`` = 2% of the time:
 a refresh of a long run that took 40 ms waits 2 s for the next): the training loop never waits
-for the view. The header says the run's state, why its step takes what it takes (``verdict``) and the
-planner's best next knob (``advice``), from the same record.
+for the view. The header says the run's state and its learning health (``health``: learning,
+diverging, ... with the next thing to try), why its step takes what it takes (``verdict``) and
+the planner's best next knob (``advice``), from the same record.
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ from plotly.basedatatypes import Undefined
 
 from workbench.telemetry.advice import Advice, next_knob
 from workbench.telemetry.evals import eval_value, main_metric
+from workbench.telemetry.health import Health, health
+from workbench.telemetry.naming import run_labels
 from workbench.telemetry.record import RunRecord
 from workbench.telemetry.steady import throughput
 from workbench.telemetry.verdict import Verdict, verdict
@@ -43,7 +46,7 @@ DATA_KEYS = ("x", "y", "base", "customdata", "text")
 #: Every this many refreshes (and on a forced one) the layout is sent whole again.
 RESYNC_EVERY = 10
 #: Record states after which nothing more will arrive.
-FINAL_STATES = ("done", "stopped", "failed")
+FINAL_STATES = ("done", "stopped", "failed", "diverged")
 
 
 class Dashboard:
@@ -56,9 +59,10 @@ class Dashboard:
     Attributes:
         widget: the ipywidgets container to display.
         figure: the ``go.FigureWidget`` inside it.
-        status: the header (state, verdict, next knob); smoothing: its slider.
+        status: the header (state, health, verdict, next knob); smoothing: its slider.
         refreshes: how many refreshes have redrawn the figure.
-        verdict / advice: what the header shows (None until there is something to say).
+        verdict / advice / health: what the header shows (None until there is something to
+            say).
     """
 
     def __init__(self, record: RunRecord, last_steps: int = 3, min_interval_s: float = 0.5,
@@ -68,7 +72,9 @@ class Dashboard:
         snap = record.snapshot()
         self.verdict: Verdict | None = None
         self.advice: Advice | None = None
+        self.health: Health | None = None
         self._verdict_steps = -1
+        self._health_key: tuple = ()
         self._advice_key: Any = None
         self.smoothing = widgets.FloatSlider(
             value=smoothing, min=0.0, max=0.99, step=0.01, description="loss smoothing",
@@ -183,7 +189,10 @@ class Dashboard:
             t = time.thread_time()
             self._advice_key, self.advice = key, next_knob(snap)
             self._once_s = time.thread_time() - t
-        return _status_html(snap, self.verdict, self.advice)
+        seen = (len(snap.steps), len(snap.evals), snap.status)
+        if seen != self._health_key:  # linear in the steps: only when something was added
+            self._health_key, self.health = seen, health(snap) if snap.steps else None
+        return _status_html(snap, self.verdict, self.advice, self.health)
 
     def _apply(self, traces: list[dict], layout: dict[str, Any], notes: list[dict]) -> None:
         fig = self.figure
@@ -265,10 +274,18 @@ def _grid_key(panels: list) -> tuple:
     return tuple(tuple(p.title for p in row) for row in panels)
 
 
-def _status_html(rec: RunRecord, v: Verdict | None = None, advice: Advice | None = None) -> str:
-    """Line 1: state, steps done of planned, latest loss and steady throughput, and why GPU metrics
-    are off when they are. Line 2: the bottleneck verdict and the planner's next knob."""
-    parts = [f"<b>{html.escape(rec.name)}</b>", html.escape(rec.status)]
+#: Header colours of the health states (the report's too).
+HEALTH_COLOURS = {"learning": "#1a7f37", "not learning": "#666", "diverging": "#b35900",
+                  "diverged": "#b00020", "too short to tell": "#666"}
+
+
+def _status_html(rec: RunRecord, v: Verdict | None = None, advice: Advice | None = None,
+                 h: Health | None = None) -> str:
+    """Line 1: the run (its folder, method and model), state, steps done of planned, latest
+    loss and steady throughput, and why GPU metrics are off when they are. Line 2: its
+    learning health and the next thing to try. Line 3: the bottleneck verdict and the
+    planner's next knob."""
+    parts = [f"<b>{html.escape(run_labels([rec])[0])}</b>", html.escape(rec.status)]
     planned = rec.config.get("steps")
     parts.append(f"step {len(rec.steps)}" + (f" of {planned}" if planned else ""))
     if rec.steps:
@@ -291,6 +308,10 @@ def _status_html(rec: RunRecord, v: Verdict | None = None, advice: Advice | None
         off = nvml.split(":")[0] if nvml.startswith("NVML unavailable") else nvml
         parts.append(f"<span style='color:#666'>GPU metrics off ({html.escape(off)})</span>")
     lines = [" · ".join(parts)]
+    if h is not None:
+        colour = HEALTH_COLOURS.get(h.state, "#222")
+        lines.append(f"<b style='color:{colour}'>{html.escape(h.text)}</b>"
+                     + (f" · next: {html.escape(h.advice)}" if h.advice else ""))
     why = []
     if v is not None:
         why.append(f"<b>{html.escape(v.text)}</b>")

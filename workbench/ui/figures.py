@@ -271,7 +271,8 @@ def _timeline_panel(rec: RunRecord, last_steps: int | None, align: bool = False,
         colour = op_colour(op)
         lane = op in LANES
         p.add(dict(
-            type="bar", orientation="h", y=[_lane(e) for e in evs], base=[e.start - t0 for e in evs],
+            type="bar", orientation="h", y=[_lane(e) for e in evs],
+            base=[e.start - t0 for e in evs],
             x=[max(e.end - e.start, least) for e in evs], width=0.8, name=op, legendgroup=op,
             # every op keyed (its colour is what a reader looks up), in every timeline of a stack
             showlegend=True, marker=dict(color=colour, line=dict(color=colour, width=1)),

@@ -147,7 +147,8 @@ def story_html(recs: Sequence[RunRecord], labels: Sequence[str]) -> str:
         memory = (f"peak GPU memory {peak / MB:,.1f} MB" if _finite(peak) and peak > 0
                   else "no GPU memory (CPU run)")
         lines = [f"<b>{html.escape(label)}</b>: {state} {why}.{next_}",
-                 "; ".join(x for x in (speed, memory) if x) + f" <span class=note>({html.escape(timing)})</span>",
+                 "; ".join(x for x in (speed, memory) if x)
+                 + f" <span class=note>({html.escape(timing)})</span>",
                  f"bound: {html.escape(verdict(rec).text)}; next knob: "
                  f"{html.escape(next_knob(rec).text)}"]
         items.append("<li>" + "<br>".join(lines) + "</li>")

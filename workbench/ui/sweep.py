@@ -186,7 +186,7 @@ class SweepPanel:
         """Tune the base settings on a daemon thread (the Tune button): the planner's ``top``
         settings within the budget, ``trial_steps`` steps each; the fastest goes to
         ``<folder>/best.toml``."""
-        from workbench.recipes.tune import tune
+        from workbench.recipes.tune import gpu_problems, tune
 
         if self.running:
             self._say("a sweep is already going: Stop it first")
@@ -195,6 +195,11 @@ class SweepPanel:
             base = self._base_config()
         except ConfigError as e:
             self.grid_info.value = _problems(e.problems)
+            return None
+        refused = gpu_problems(base)  # on a CPU: one line, no thread, no folder
+        if refused:
+            self.grid_info.value = _problems(refused)
+            self._say(refused[0])
             return None
         folder = self._folder("tune")
         budget = self.budget.value or None
@@ -262,7 +267,8 @@ class SweepPanel:
         if s is None:
             return
         points = [p.to_json(s.out_dir) for p in s.points]
-        self.table.value = sweep_table_html(points, predicted_vs_measured=s.kind == "tune")
+        self.table.value = sweep_table_html(points, predicted_vs_measured=s.kind == "tune",
+                                            rank=s.rank, config=s.base.to_dict())
         try:
             recs = s.records()
         except FileNotFoundError:  # a run directory removed under us: the table still stands
