@@ -127,6 +127,16 @@ def test_cli_sweep_errors_before_any_work(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and err.count("refused: model=") == 2 and "nothing ran" in err
     assert not any((tmp_path / "c").glob("*/run.json"))
+    # a ranking it cannot do: one line, nothing written
+    assert main(["sweep", *SETS, "--sweep", "seed=1,2", "--rank-by", "dev.speed",
+                 "--out", str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --rank-by: 'dev.speed' is not ")
+    assert main(["sweep", *SETS, "--set", "data=synthetic", "--set", "eval_samples=0",
+                 "--sweep", "seed=1,2", "--rank-by", "dev.accuracy",
+                 "--out", str(tmp_path / "e")]) == 2
+    assert "data=synthetic has no dev split" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists() and not (tmp_path / "e").exists()
 
 
 def test_stop_ends_the_current_run_and_skips_the_rest(tmp_path):

@@ -30,6 +30,7 @@ from workbench.engine.events import EventBus, StepEvent
 from workbench.planner import check_fits
 from workbench.telemetry import noise, ranking
 from workbench.telemetry.evals import main_metric
+from workbench.telemetry.naming import value_text
 from workbench.telemetry.record import RunRecord, write_json
 from workbench.telemetry.verdict import verdict
 
@@ -360,7 +361,8 @@ def _rel(path: Path, root: Path) -> str:
 
 
 def _text(v: Any) -> str:
-    return str(v).lower() if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else str(v)
+    """A value as every view names it (``lr=1e-4``, ``overlap=true``): ``naming.value_text``."""
+    return value_text(v)
 
 
 def _num(v: Any) -> float:

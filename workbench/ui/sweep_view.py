@@ -17,6 +17,7 @@ from typing import Any, Sequence
 from workbench.recipes.sweep import FINISHED, load_manifest
 from workbench.telemetry import noise, ranking
 from workbench.telemetry.evals import main_metric
+from workbench.telemetry.naming import value_text
 from workbench.telemetry.record import RunRecord
 from workbench.ui.report import write_report
 
@@ -151,4 +152,4 @@ def write_sweep_report(out_dir: str | Path, path: str | Path | None = None,
 
 
 def _text(v: Any) -> str:
-    return str(v).lower() if isinstance(v, bool) else str(v)
+    return value_text(v)
