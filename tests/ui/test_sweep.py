@@ -91,8 +91,7 @@ def test_a_full_sweep_ranks_every_run(tmp_path):
 def test_tune_button_on_a_cpu_says_why_it_cannot(tmp_path):
     sp = SweepPanel(RunConfig(**TINY, steps=30), out_dir=tmp_path, trial_steps=2)
     assert sp.tune() is None and sp.thread is None and not any(tmp_path.iterdir())
-    assert "tune: needs a CUDA GPU" in sp.message.value
-    assert "tune: needs a CUDA GPU" in sp.grid_info.value
+    assert sp.grid_info.value.count("tune: needs a CUDA GPU") == 1
 
 
 @pytest.mark.gpu

@@ -308,7 +308,9 @@ class Sweep:
             top = fastest.measured if fastest is not None else {}
             best = _num(top.get("tokens_per_s"))
             ratio = ""  # to the fastest, "within noise" where the step spreads cover it
-            if best > 0 and math.isfinite(tps):
+            if best > 0 and math.isfinite(tps) and p is fastest:
+                ratio = " (1.00x)"  # the fastest itself: no noise to weigh
+            elif best > 0 and math.isfinite(tps):
                 ratio = noise.ratio_text(tps / best, top.get("noise") or {},
                                          m.get("noise") or {})
                 ratio = f" ({ratio})"

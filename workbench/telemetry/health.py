@@ -19,7 +19,7 @@ outliers), so a claim needs the loss to move by more than its noise:
                   the dev loss down by ``DEV_MOVE`` or more, or the main dev metric (accuracy,
                   exact match) up by more than two standard errors of its dev set
     not learning  none of those over at least ``MIN_STEPS`` steps
-    too short     fewer than ``MIN_STEPS`` steps and no dev evals to read
+    too short     fewer than ``MIN_STEPS`` steps, and the dev evals (if any) show no change
 The dev evals (the same examples at every eval, so no batch noise) carry the most weight on
 short runs: a tiny random model's dev loss moves by 1e-6 at a flat learning rate, by 10% at
 a sane one.
@@ -121,8 +121,11 @@ def health(rec: RunRecord) -> Health:
     if gains:
         return Health("learning", "learning: " + "; ".join(gains),
                       "more steps go further" if len(rec.steps) < 1000 else "", ev)
-    return Health("not learning", "not learning: " + "; ".join(
-        t for t in (train.get("flat"), dev.get("flat")) if t), _flat_advice(rec, lr), ev)
+    flat = "; ".join(t for t in (train.get("flat"), dev.get("flat")) if t)
+    if len(losses) < MIN_STEPS:  # a few steps that changed little say nothing yet
+        return Health("too short to tell", f"too short to tell: {len(losses)} step(s); {flat}",
+                      f"run at least {MIN_STEPS} steps", ev)
+    return Health("not learning", f"not learning: {flat}", _flat_advice(rec, lr), ev)
 
 
 # --- evidence ---------------------------------------------------------------------------------

@@ -6,7 +6,8 @@
 The method always leads (it is what a reader asks first); then each setting whose value is not
 the same in every run, as ``knob=value`` under its one name (the ``--set`` key). The directory
 is put in front unless it only repeats the settings (a sweep's ``overlap-true`` folders, the
-demo's ``mezo``). A run named explicitly (``info["name"]``: a sweep's point) keeps its name.
+demo's ``mezo``); what it says already is not repeated after it (the panel's
+``20261125-021208-zo-offload`` runs read "20261125-021208-zo-offload: tiny-opt"). A run named explicitly (``info["name"]``: a sweep's point) keeps its name.
 Runs that still share a label are numbered. ``compare``, the report, the dashboard and sweeps
 all call ``run_labels``.
 """
@@ -57,8 +58,11 @@ def run_labels(recs: Sequence[RunRecord]) -> list[str]:
             continue
         text = settings_text(r.config, keys)
         folder = Path(r.path).name if r.path else ""
-        labels.append(text if not folder or _slug(folder) in _slug(text)
-                      else f"{folder}: {text}")
+        if folder and _slug(folder) not in _slug(text):
+            # the folder, then what it does not say already ("20261125-zo-offload: tiny-opt")
+            rest = [w for w in text.split(" ") if _slug(w) not in _slug(folder)]
+            text = f"{folder}: {' '.join(rest)}" if rest else folder
+        labels.append(text)
     return [f"{n} #{labels[:i].count(n) + 1}" if labels.count(n) > 1 else n
             for i, n in enumerate(labels)]
 

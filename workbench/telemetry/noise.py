@@ -89,14 +89,19 @@ def within(ratio: float, a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 
 def ratio_text(ratio: float, a: dict[str, Any], b: dict[str, Any]) -> str:
-    """"0.31x", or "0.98x, within noise (±12%)"."""
+    """"0.31x", or "0.98x, within noise ±12%"."""
     if not math.isfinite(ratio):
         return "-"
-    m = margin(a, b)
-    if abs(ratio - 1) > m:
+    if abs(ratio - 1) > margin(a, b):
         return f"{ratio:.2f}x"
-    why = (f"±{m:.0%}" if math.isfinite(m) else f"under {MIN_STEADY} steady steps")
-    return f"{ratio:.2f}x, within noise ({why})"
+    return f"{ratio:.2f}x, {within_text(a, b)}"
+
+
+def within_text(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """"within noise ±12%", or "within noise: under 5 steady steps"."""
+    m = margin(a, b)
+    return (f"within noise ±{m:.0%}" if math.isfinite(m)
+            else f"within noise: under {MIN_STEADY} steady steps")
 
 
 def describe(n: dict[str, Any]) -> str:

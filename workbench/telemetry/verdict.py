@@ -139,9 +139,9 @@ def _decide(busy: dict[str, float], rates: dict[str, float], link: float, gpu_ut
                               f"GB/s{of_link}; compute idle {1 - comp:.0%}")
     if comp >= BOUND:
         if not cuda:  # the host's cores compute the blocks: say so, not "GPU"
-            copies = f", copies {pcie:.0%}" if pcie > 0 else ""
-            return "compute-bound", (f"compute-bound (host CPU): the blocks compute {comp:.0%} "
-                                     f"of the step{copies} (CPU run: no GPU, no PCIe)")
+            copies = f", copies {pcie:.0%}" if pcie >= 0.005 else ""
+            return "compute-bound", (f"compute-bound (host CPU): blocks {comp:.0%} of the "
+                                     f"step{copies}")
         if pcie > 0 or math.isfinite(nvml_link):
             extra = ", " + _link_share(pcie, rates[xfer], link, nvml_link)
         else:

@@ -281,9 +281,10 @@ HEALTH_COLOURS = {"learning": "#1a7f37", "not learning": "#666", "diverging": "#
 
 def _status_html(rec: RunRecord, v: Verdict | None = None, advice: Advice | None = None,
                  h: Health | None = None) -> str:
-    """Line 1: the run (its folder, method and model), state, steps done of planned, latest
-    loss and steady throughput, and why GPU metrics are off when they are. Line 2: its
-    learning health and the next thing to try. Line 3: the bottleneck verdict and the
+    """Line 1: the run (its folder, method and model), state, steps done of planned, learning
+    health (its evidence and the next thing to try on hover), latest loss and steady
+    throughput, and why GPU metrics are off when they are. A diverging or diverged run: its
+    evidence and what to try, on a line of its own. Last: the bottleneck verdict and the
     planner's next knob."""
     parts = [f"<b>{html.escape(run_labels([rec])[0])}</b>", html.escape(rec.status)]
     planned = rec.config.get("steps")
@@ -307,10 +308,13 @@ def _status_html(rec: RunRecord, v: Verdict | None = None, advice: Advice | None
     if nvml != "ok":
         off = nvml.split(":")[0] if nvml.startswith("NVML unavailable") else nvml
         parts.append(f"<span style='color:#666'>GPU metrics off ({html.escape(off)})</span>")
+    if h is not None:  # the state here, its evidence on hover (the header stays short)
+        full = h.text + (f"; next: {h.advice}" if h.advice else "")
+        parts.insert(3, f"<b style='color:{HEALTH_COLOURS.get(h.state, '#222')}' "
+                        f"title='{html.escape(full, quote=True)}'>{html.escape(h.state)}</b>")
     lines = [" · ".join(parts)]
-    if h is not None:
-        colour = HEALTH_COLOURS.get(h.state, "#222")
-        lines.append(f"<b style='color:{colour}'>{html.escape(h.text)}</b>"
+    if h is not None and h.state in ("diverging", "diverged"):  # worth a line of its own
+        lines.append(f"<b style='color:{HEALTH_COLOURS[h.state]}'>{html.escape(h.text)}</b>"
                      + (f" · next: {html.escape(h.advice)}" if h.advice else ""))
     why = []
     if v is not None:

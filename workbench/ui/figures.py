@@ -33,8 +33,8 @@ from workbench.telemetry.record import RunRecord
 from workbench.telemetry.summary import summary_metrics  # noqa: F401  (ditto)
 from workbench.telemetry.trace import block_label
 from workbench.telemetry.verdict import verdict
-from workbench.ui.layout import (ROW_HEIGHT, SMOOTHING_STEPS, TEMPLATE, Panel,  # noqa: F401
-                                 compose, ema, fill)
+from workbench.ui.layout import (LEGEND_LINE, ROW_HEIGHT, SMOOTHING_STEPS,  # noqa: F401
+                                 TEMPLATE, Panel, compose, ema, fill)
 from workbench.ui.series import (MAX_POINTS, col, downsample, finite, num,  # noqa: F401
                                  seed_columns, shared_columns, xy)
 
@@ -62,7 +62,7 @@ SMOOTHING = 0.6
 #: text gives the true duration.
 MIN_BAR = 0.002
 #: The live view's compact sizes (px): it shares a 900 px high window with the knob panel.
-LIVE_ROW_HEIGHT, LIVE_ROW_GAP = 135, 82
+LIVE_ROW_HEIGHT, LIVE_ROW_GAP = 135 - LEGEND_LINE, 82 + LEGEND_LINE
 
 
 def has_gpu(rec: RunRecord) -> bool:
@@ -199,8 +199,9 @@ def compare_loss(recs: Sequence[RunRecord], smoothing: float = SMOOTHING) -> go.
         twin = next((other for other, ox, oy in seen if _same(x, y, ox, oy)), None)
         seen.append((label, x, y))
         name = f"{label} (identical to {twin})" if twin else label
+        # the legend lists the smoothed lines by the runs' names alone (the raw ones are faint)
         _add_smoothed(p, x, y, name, RUN_COLOURS[i % len(RUN_COLOURS)], smoothing,
-                      dash="dash" if twin else None)
+                      dash="dash" if twin else None, suffix="")
     p.note = "" if p.traces else "no finished steps"
     return compose([[p]], slider=True, smoothing=smoothing)
 
@@ -418,9 +419,9 @@ def _loss_panel(rec: RunRecord, smoothing: float = SMOOTHING) -> Panel:
 
 
 def _add_smoothed(p: Panel, x: np.ndarray, y: np.ndarray, name: str, colour: str,
-                  smoothing: float, dash: str | None = None) -> None:
+                  smoothing: float, dash: str | None = None, suffix: str = " (EMA)") -> None:
     """The raw series, faint, named ``name`` (hidden from the legend when a smoothed line is
-    drawn over it), and its EMA at ``smoothing`` named ``name (EMA)``, both in one legend
+    drawn over it), and its EMA at ``smoothing`` named ``name + suffix``, both in one legend
     group; the EMA is registered for the smoothing slider."""
     raw = _line(x, y, name, colour, dash=dash)
     if smoothing <= 0:
@@ -428,7 +429,7 @@ def _add_smoothed(p: Panel, x: np.ndarray, y: np.ndarray, name: str, colour: str
         return
     raw.update(opacity=0.3, showlegend=False, legendgroup=name, line={**raw["line"], "width": 1})
     p.add(raw)
-    i = p.add(_line(x, ema(y, smoothing), f"{name} (EMA)", colour, dash=dash))
+    i = p.add(_line(x, ema(y, smoothing), name + suffix, colour, dash=dash))
     p.traces[i]["legendgroup"] = name
     p.smooth.append((i, y))
 

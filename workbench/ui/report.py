@@ -65,7 +65,8 @@ def write_report(runs: Sequence[str | Path | RunRecord], path: str | Path,
     First what happened (per run: health, speed, memory, bound, next knob), then ``intro``
     (HTML parts, e.g. a sweep's table); with two runs or more, the comparison: one summary
     table, the settings that differ (the rest folded), the comparison figures; then a section
-    per run: its figures (only panels with data), its settings and environment folded. The
+    per run: its figures (only panels with data; its timeline is in the comparison when there
+    is one), its settings and environment folded. The
     file embeds plotly.js once (about 5 MB) and loads nothing.
 
     Raises:
@@ -97,7 +98,8 @@ def write_report(runs: Sequence[str | Path | RunRecord], path: str | Path,
             parts.append(summary_table_html([rec], digest_chars=64))
         elif rec.param_digest:
             parts.append(f"<p class=note>param_digest <code>{rec.param_digest}</code></p>")
-        parts.append(_figure_html(figures.dashboard_figure(rec)))
+        # with a comparison, the stream timelines are drawn there, stacked: not twice
+        parts.append(_figure_html(figures.dashboard_figure(rec, 0 if len(recs) > 1 else 3)))
         parts.append(_folded(f"settings ({len(rec.config)})", config_table_html(rec)))
         parts.append(_folded(f"environment ({len(rec.environment)})", _table(
             ["key", "value"], [[k, fmt_value(v)] for k, v in rec.environment.items()])))
@@ -112,14 +114,16 @@ def write_report(runs: Sequence[str | Path | RunRecord], path: str | Path,
     return path
 
 
-def comparison_figures(recs: Sequence[RunRecord]) -> list[go.Figure]:
+def comparison_figures(recs: Sequence[RunRecord], last_steps: int | None = 3
+                       ) -> list[go.Figure]:
     """The comparison's figures that have data: speed (and memory) bars, the losses, each
-    run's own GPU memory (GPU runs), the stream timelines (runs with stream events)."""
+    run's own GPU memory (GPU runs), the stream timelines of the ``last_steps`` steps (runs
+    with stream events)."""
     figs = [figures.compare_bars(recs), figures.compare_loss(recs)]
     if any(figures.run_memory(r) for r in recs):
         figs.append(figures.compare_memory(recs))
     if any(r.events for r in recs):
-        figs.append(figures.compare_timelines(recs))
+        figs.append(figures.compare_timelines(recs, last_steps))
     return figs
 
 
@@ -141,7 +145,7 @@ def story_html(recs: Sequence[RunRecord], labels: Sequence[str]) -> str:
             a, b = metrics[0]["noise"], m["noise"]
             within = noise.within(ratio, a, b)
             speed += (f" ({ratio:.2f}x {html.escape(labels[0])}'s"
-                      + (f", within noise: ±{noise.margin(a, b):.0%}" if within else "") + ")")
+                      + (f", {noise.within_text(a, b)}" if within else "") + ")")
         timing = noise.describe(m["noise"])
         peak = m["peak_gpu_mem_bytes"]
         memory = (f"peak GPU memory {peak / MB:,.1f} MB" if _finite(peak) and peak > 0

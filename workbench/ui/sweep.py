@@ -199,7 +199,6 @@ class SweepPanel:
         refused = gpu_problems(base)  # on a CPU: one line, no thread, no folder
         if refused:
             self.grid_info.value = _problems(refused)
-            self._say(refused[0])
             return None
         folder = self._folder("tune")
         budget = self.budget.value or None

@@ -73,7 +73,9 @@ def sweep_table_html(points: Sequence[dict[str, Any]], predicted_vs_measured: bo
         if p["status"] in FINISHED:
             tps, peak = _num(m.get("tokens_per_s")), _num(m.get("peak_gpu_mem_bytes"))
             ratio = ""  # to the fastest, "within noise" where the step spreads cover it
-            if best > 0 and math.isfinite(tps):
+            if best > 0 and math.isfinite(tps) and m is fastest:
+                ratio = " (1.00x)"  # the fastest itself: no noise to weigh
+            elif best > 0 and math.isfinite(tps):
                 ratio = " (" + noise.ratio_text(tps / best, fastest.get("noise") or {},
                                                 m.get("noise") or {}) + ")"
             want = _num(pred.get("tokens_per_s"))
