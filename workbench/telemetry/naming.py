@@ -7,9 +7,9 @@ The method always leads (it is what a reader asks first); then each setting whos
 the same in every run, as ``knob=value`` under its one name (the ``--set`` key). The directory
 is put in front unless it only repeats the settings (a sweep's ``overlap-true`` folders, the
 demo's ``mezo``); what it says already is not repeated after it (the panel's
-``20261125-021208-zo-offload`` runs read "20261125-021208-zo-offload: tiny-opt"). A run named explicitly (``info["name"]``: a sweep's point) keeps its name.
-Runs that still share a label are numbered. ``compare``, the report, the dashboard and sweeps
-all call ``run_labels``.
+``20261125-021208-zo-offload`` runs read "20261125-021208-zo-offload: tiny-opt"). A run named
+explicitly (``info["name"]``: a sweep's point) keeps its name. Runs that still share a label
+are numbered. ``compare``, the report, the dashboard and sweeps all call ``run_labels``.
 """
 from __future__ import annotations
 
