@@ -27,9 +27,10 @@ a sane one.
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
+
+import numpy as np
 
 from workbench.config import ZO_METHODS
 from workbench.telemetry.evals import main_metric, metrics_of
@@ -92,20 +93,23 @@ def window(n: int) -> int:
 
 
 def health(rec: RunRecord) -> Health:
-    """``rec``'s learning health (see the module docstring)."""
+    """``rec``'s learning health (see the module docstring). Linear in the steps, vectorised:
+    the live view and ``stop_on`` read it as the run goes (100,000 steps: ~0.1 s)."""
     cfg = rec.config
     lr = _num(cfg.get("lr"))
-    bad = _non_finite(rec)
+    loss = _column(rec.steps, "loss")
+    bad = _non_finite(rec, loss)
     if bad is not None:
         return Health("diverged", f"diverged: {bad}", _lower_lr(lr, math.inf),
                       {"steps": len(rec.steps)})
-    losses = [(int(s.get("step", i)), float(s["loss"])) for i, s in enumerate(rec.steps)
-              if _finite(s.get("loss")) and s["loss"] > 0]
-    ev: dict[str, Any] = {"steps": len(losses)}
-    train = _train_evidence(losses, ev)
+    ok = loss > 0  # every loss is finite here; a cross-entropy is positive
+    steps = np.array([s.get("step", i) for i, s in enumerate(rec.steps)], dtype=float)[ok]
+    n = int(ok.sum())
+    ev: dict[str, Any] = {"steps": n}
+    train = _train_evidence(np.log(loss[ok]), steps, ev)
     dev = _dev_evidence(rec, ev)
     if train is None and dev is None:
-        return Health("too short to tell", f"too short to tell: {len(losses)} step(s) with a "
+        return Health("too short to tell", f"too short to tell: {n} step(s) with a "
                       f"loss (at least {MIN_STEPS}, or a dev eval before and after)",
                       f"run at least {MIN_STEPS} steps", ev)
     train, dev = train or {}, dev or {}
@@ -122,48 +126,58 @@ def health(rec: RunRecord) -> Health:
         return Health("learning", "learning: " + "; ".join(gains),
                       "more steps go further" if len(rec.steps) < 1000 else "", ev)
     flat = "; ".join(t for t in (train.get("flat"), dev.get("flat")) if t)
-    if len(losses) < MIN_STEPS:  # a few steps that changed little say nothing yet
-        return Health("too short to tell", f"too short to tell: {len(losses)} step(s); {flat}",
+    if n < MIN_STEPS:  # a few steps that changed little say nothing yet
+        return Health("too short to tell", f"too short to tell: {n} step(s); {flat}",
                       f"run at least {MIN_STEPS} steps", ev)
     return Health("not learning", f"not learning: {flat}", _flat_advice(rec, lr), ev)
 
 
 # --- evidence ---------------------------------------------------------------------------------
-def _non_finite(rec: RunRecord) -> str | None:
+def _column(rows: Sequence[dict[str, Any]], key: str) -> np.ndarray:
+    """``key`` of every row as floats, NaN where missing or null (run.json stores NaN as
+    null)."""
+    try:
+        return np.array([r.get(key) for r in rows], dtype=float)
+    except (TypeError, ValueError):  # text where a number belongs: not a number
+        return np.array([_num(r.get(key)) for r in rows], dtype=float)
+
+
+def _non_finite(rec: RunRecord, loss: np.ndarray) -> str | None:
     """Why the run is lost to NaN/inf (or ended diverged), or None."""
     if rec.status == "diverged":
         return rec.error or "the run ended diverged"
-    zo = rec.config.get("method") in ZO_METHODS
-    for i, s in enumerate(rec.steps):
-        step = s.get("step", i)
-        if not _finite(s.get("loss")):
-            return f"the loss is not finite at step {step}"
-        if zo and "projected_grad" in s and not _finite(s.get("projected_grad")):
-            return f"the projected gradient is not finite at step {step}"
-    return None
+    where = {"loss": np.flatnonzero(~np.isfinite(loss))}
+    if rec.config.get("method") in ZO_METHODS:  # other methods have no projected gradient
+        has = np.array(["projected_grad" in s for s in rec.steps], dtype=bool)
+        g = _column(rec.steps, "projected_grad")
+        where["projected gradient"] = np.flatnonzero(has & ~np.isfinite(g))
+    first = min(((int(i[0]), what) for what, i in where.items() if len(i)), default=None)
+    if first is None:
+        return None
+    i, what = first
+    return f"the {what} is not finite at step {rec.steps[i].get('step', i)}"
 
 
-def _train_evidence(losses: Sequence[tuple[int, float]], ev: dict[str, Any]) -> dict | None:
+def _train_evidence(y: np.ndarray, steps: np.ndarray, ev: dict[str, Any]) -> dict | None:
     """The training loss's trend over the run and its start, recent and best levels (medians
-    of windows), with its noise; None below ``MIN_STEPS`` losses."""
-    n = len(losses)
+    of windows of the log losses ``y`` at ``steps``), with its noise; None below
+    ``MIN_STEPS`` losses."""
+    n = len(y)
     if n < MIN_STEPS:
         return None
-    y = [math.log(v) for _, v in losses]
     k = window(n)
-    start, recent = statistics.median(y[:k]), statistics.median(y[-k:])
+    start, recent = float(np.median(y[:k])), float(np.median(y[-k:]))
     hop = max(1, k // 2)
-    levels = [(statistics.median(y[i:i + k]), i) for i in range(0, n - 2 * k + 1, hop)]
+    levels = [(float(np.median(y[i:i + k])), i) for i in range(0, n - 2 * k + 1, hop)]
     best, at = min(levels) if levels else (start, 0)
-    diffs = [b - a for a, b in zip(y, y[1:])]
-    noise = 1.4826 * statistics.median(abs(d) for d in diffs) / math.sqrt(2)
+    noise = 1.4826 * float(np.median(np.abs(np.diff(y)))) / math.sqrt(2)
     # The noise is estimated from the run itself: a short run's estimate is rough, so its
     # tests ask for more (about Student's t at 0.1% over the few degrees of freedom).
-    strict = 1 + 8 / len(diffs)
+    strict = 1 + 8 / (n - 1)
     se = 1.2533 * noise / math.sqrt(k)  # of a window's median
     change, change_se = _trend(y, noise)
     ev.update(window=k, loss_start=math.exp(start), loss_recent=math.exp(recent),
-              loss_best=math.exp(best), best_step=losses[at + k // 2][0], noise=noise,
+              loss_best=math.exp(best), best_step=int(steps[at + k // 2]), noise=noise,
               trend=math.exp(change) - 1, trend_se=change_se)
     out: dict[str, Any] = {}
     rise = recent - min(start, best)
@@ -182,24 +196,23 @@ def _train_evidence(losses: Sequence[tuple[int, float]], ev: dict[str, Any]) -> 
     return out
 
 
-def _trend(y: Sequence[float], noise: float) -> tuple[float, float]:
+def _trend(y: np.ndarray, noise: float) -> tuple[float, float]:
     """Change of ``y`` from its first point to its last along a robust straight-line fit
     (Theil-Sen over at most ``BINS`` bin medians), and that change's standard error from the
     fit's residuals (MAD), at least what the step-to-step ``noise`` implies (a few residuals
     can happen to lie close to the line)."""
     n = len(y)
     size = -(-n // BINS)
-    xs = [i + (min(i + size, n) - i - 1) / 2 for i in range(0, n, size)]
-    zs = [statistics.median(y[i:i + size]) for i in range(0, n, size)]
-    slopes = [(zs[b] - zs[a]) / (xs[b] - xs[a]) for a in range(len(zs))
-              for b in range(a + 1, len(zs))]
-    slope = statistics.median(slopes)
-    icept = statistics.median(z - slope * x for x, z in zip(xs, zs))
-    sigma = 1.4826 * statistics.median(abs(z - icept - slope * x) for x, z in zip(xs, zs))
+    starts = range(0, n, size)
+    xs = np.array([i + (min(i + size, n) - i - 1) / 2 for i in starts])
+    zs = np.array([np.median(y[i:i + size]) for i in starts])
+    a, b = np.triu_indices(len(zs), 1)
+    slope = float(np.median((zs[b] - zs[a]) / (xs[b] - xs[a])))
+    icept = float(np.median(zs - slope * xs))
+    sigma = 1.4826 * float(np.median(np.abs(zs - icept - slope * xs)))
     sigma = max(sigma, 1.2533 * noise / math.sqrt(size))  # a bin's median of ``size`` steps
-    xbar = statistics.fmean(xs)
-    sxx = sum((x - xbar) ** 2 for x in xs)
-    span = xs[-1] - xs[0]
+    sxx = float(((xs - xs.mean()) ** 2).sum())
+    span = float(xs[-1] - xs[0])
     se = sigma / math.sqrt(sxx) * span if sxx > 0 else math.inf
     return slope * span, max(se, 1e-12)
 
@@ -265,13 +278,13 @@ def _flat_advice(rec: RunRecord, lr: float) -> str:
     """Not learning: eps when the perturbed losses were equal, else a higher lr or more steps."""
     cfg = rec.config
     if cfg.get("method") in ("mezo", "zo-offload"):
-        pairs = [(s.get("loss_plus"), s.get("loss_minus")) for s in rec.steps]
-        pairs = [(a, b) for a, b in pairs if _finite(a) and _finite(b)]
-        if pairs and sum(a == b for a, b in pairs) / len(pairs) >= EQUAL_LOSSES:
-            share = sum(a == b for a, b in pairs) / len(pairs)
+        plus, minus = _column(rec.steps, "loss_plus"), _column(rec.steps, "loss_minus")
+        both = np.isfinite(plus) & np.isfinite(minus)
+        share = float((plus[both] == minus[both]).mean()) if both.any() else 0.0
+        if share >= EQUAL_LOSSES:
             return (f"check eps: the two perturbed losses were equal in {share:.0%} of steps "
-                    f"(eps={short_number(_num(cfg.get('eps')))}, amp={cfg.get('amp', 'off')}: the "
-                    "perturbation is lost in rounding)")
+                    f"(eps={short_number(_num(cfg.get('eps')))}, amp={cfg.get('amp', 'off')}: "
+                    "the perturbation is lost in rounding)")
     if not lr > 0:
         return "lr is 0: nothing changes; set lr > 0"
     return f"raise lr 10x (to lr={short_number(lr * 10)}) or run more steps"
@@ -279,10 +292,6 @@ def _flat_advice(rec: RunRecord, lr: float) -> str:
 
 def _pct(log_or_frac: float) -> str:
     return f"{log_or_frac:+.0%}" if abs(log_or_frac) >= 0.01 else f"{log_or_frac:+.1%}"
-
-
-def _finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _num(x: Any) -> float:
