@@ -209,6 +209,10 @@ class SweepPanel:
                                         start=self._adopt)
             if r.toml is None:
                 return f"{r.sweep.status}: no trial finished; folder {folder}"
+            tied = r.sweep.extra.get("within_noise") or []
+            if len(tied) > 1:  # no winner: the planner's first choice among them is kept
+                return (f"no winner: {len(tied)} trials within noise of each other; kept the "
+                        f"planner's first choice, {r.best.name}; settings written to {r.toml}")
             return f"fastest: {r.best.name}; settings written to {r.toml}"
 
         return self._start(work, folder, f"tuning: planning candidates -> {folder}")
@@ -261,7 +265,7 @@ class SweepPanel:
                       f"{e.step + 1} of {p.cfg.steps}")
 
     def _show(self) -> None:
-        """Redraw the table and the comparison of the finished runs (fastest first)."""
+        """Redraw the table and the comparison of the finished runs (best first)."""
         s = self.sweep_obj
         if s is None:
             return
