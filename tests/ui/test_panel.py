@@ -180,7 +180,7 @@ def test_dashboard_refresh_updates_the_same_widget():
                               "end": s + 1.0})
             rec.events.append(OpEvent("upload", "upload", s, 0, 10**6, s, s + 0.1))
     assert d.refresh(force=True)
-    assert d.figure is fig and d.widget.children[1] is fig
+    assert d.figure is fig and d.widget.children[-1] is fig
     assert list(_trace(fig, "loss").y) == pytest.approx([1.0, 0.9, 0.8])
     assert len(_trace(fig, "upload").x) == 3
     assert "step 3 of 10" in d.status.value

@@ -84,10 +84,13 @@ class Dashboard:
         panels = dashboard_panels(snap, last_steps, smoothing, live=True)
         self.figure = figure_widget(dashboard_figure(snap, last_steps, panels, live=True))
         self.status = widgets.HTML(self._header(snap),
-                                   layout=widgets.Layout(flex="1 1 auto", min_width="0"))
+                                   layout=widgets.Layout(width="100%", min_width="0"))
+        # The header takes the whole width (beside the slider it wrapped to a dozen lines in
+        # the knob panel's column); the slider sits on the right, over the loss panel.
         self.widget = widgets.VBox(
-            [widgets.HBox([self.status, self.smoothing],
-                          layout=widgets.Layout(width="100%", align_items="flex-start")),
+            [self.status,
+             widgets.HBox([self.smoothing], layout=widgets.Layout(
+                 width="100%", justify_content="flex-end")),
              self.figure], layout=widgets.Layout(width="100%", min_width="0"))
         self.refreshes = 0
         self.last_refresh_s = 0.0  # CPU time the last refresh took on its thread (s)
@@ -174,7 +177,7 @@ class Dashboard:
         self._titles = tuple(self.figure.layout.annotations[:sum(len(r) for r in panels)])
         self._grid, self._layout, self._notes = _grid_key(panels), {}, None
         self._shape = None
-        self.widget.children = (self.widget.children[0], self.figure)
+        self.widget.children = (*self.widget.children[:2], self.figure)
 
     def _header(self, snap: RunRecord) -> str:
         """Status line, then the verdict and the next knob (recomputed when a step was added;
