@@ -86,7 +86,8 @@ class Dashboard:
         self.status = widgets.HTML(self._header(snap),
                                    layout=widgets.Layout(width="100%", min_width="0"))
         # The header takes the whole width (beside the slider it wrapped to a dozen lines in
-        # the knob panel's column); the slider sits on the right, over the loss panel.
+        # the knob panel's column); the slider has a row of its own, right-aligned (the loss
+        # panel is in the right-hand column).
         self.widget = widgets.VBox(
             [self.status,
              widgets.HBox([self.smoothing], layout=widgets.Layout(
