@@ -14,8 +14,6 @@ from pathlib import Path
 
 from workbench.config import (ConfigError, RunConfig, check_environment, load_config, parse_sets,
                               resume_base)
-from workbench.telemetry.evals import eval_rows, eval_value
-from workbench.telemetry.steady import STEADY_NOTE
 
 DEMO = {"model": "tiny-opt", "data": "embedded", "steps": "40", "batch_size": "16",
         "seq_len": "64", "lr": "2e-3", "eps": "1e-3", "eval_samples": "0"}
@@ -66,6 +64,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from workbench.recipes.signals import Interrupted, exit_status, graceful_stop
     from workbench.recipes.train import TrainRecipe
 
+    from workbench.recipes.threads import choose_threads
+
+    choose_threads(cfg)  # as the notebooks do; the run records it
     rank = int(os.environ.get("RANK", "0"))  # under torchrun only rank 0 reports
     recipe = TrainRecipe(cfg, out, progress=not args.quiet and rank == 0,
                          overwrite=args.overwrite, force=args.force)
@@ -107,6 +108,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """The main job: a short MeZO run and a short ZO-offload run, then the comparison."""
     import torch
 
+    from workbench.recipes.threads import choose_threads
     from workbench.recipes.train import run
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -126,6 +128,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for method in ("mezo", "zo-offload"):
         cfg = _config(args, {**demo, "device": device, "method": method})
         check_environment(cfg)
+        choose_threads(cfg)  # as the notebooks do; the run records it
         print(f"== {method}: {cfg.model} on {cfg.data}, {cfg.steps} steps, device={device}")
         # The demo's folders are its own: a second demo replaces the first one's runs.
         records.append(run(cfg, out / method, progress=not args.quiet, overwrite=True))
@@ -157,19 +160,29 @@ def cmd_compare(args: argparse.Namespace) -> int:
             records.append(RunRecord.load(d, telemetry=False))
             damaged.append(f"note: {e}; its verdict has no stream events")
     print(format_summary(records))
-    print(format_why(records, args.run_dirs))
+    print(format_why(records))
     for line in damaged:
         print(line)
     return 0
 
 
-def format_why(records, run_dirs) -> str:
-    """Per run: what bounds its step, and the planner's best next knob."""
+def format_why(records) -> str:
+    """Per run: what bounds its step and the planner's best next knob; then the settings that
+    differ between the runs (the labels show at most a few)."""
     from workbench.telemetry.advice import next_knob
+    from workbench.telemetry.naming import differing, run_labels, value_text
     from workbench.telemetry.verdict import verdict
 
-    return "\n".join(f"{d}: {verdict(r).text}\n  next knob: {next_knob(r).text}"
-                     for r, d in zip(records, run_dirs))
+    lines = [f"{label}: {verdict(r).text}\n  next knob: {next_knob(r).text}"
+             for r, label in zip(records, run_labels(records))]
+    keys = differing([r.config for r in records]) if len(records) > 1 else []
+    if keys:
+        lines.append("settings that differ: " + "; ".join(
+            f"{k} " + " / ".join(value_text(r.config.get(k, "-")) for r in records)
+            for k in keys))
+    elif len(records) > 1:
+        lines.append("settings: the same in every run")
+    return "\n".join(lines)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -294,69 +307,13 @@ def _maybe_report(run_dirs: list[Path], path: Path) -> Path | None:
     return write_report(run_dirs, path)
 
 
-RATIO_ROWS = ("tokens/s (steady)", "peak GPU mem (MB)")
-
-
 def format_summary(records) -> str:
-    """A side-by-side table of runs, with ratios to the first."""
-    rows = [("run", lambda r: r.name, None),
-            ("tokens/s (steady)", lambda r: r.summary.get("tokens_per_s"), "{:,.0f}"),
-            ("step (s, steady median)", lambda r: r.summary.get("step_seconds"), "{:.4f}"),
-            ("tokens/s (all steps)", lambda r: r.summary.get("wall_tokens_per_s"), "{:,.0f}"),
-            ("warm-up steps left out", lambda r: r.summary.get("warmup_steps"), "{:,}"),
-            ("peak GPU mem (MB)", lambda r: r.summary.get("peak_gpu_mem_bytes", 0) / 1e6,
-             "{:,.1f}"),
-            ("H2D per step (MB)", lambda r: r.summary.get("bytes_h2d", 0) / 1e6, "{:,.2f}"),
-            ("D2H per step (MB)", lambda r: r.summary.get("bytes_d2h", 0) / 1e6, "{:,.2f}"),
-            ("final loss", lambda r: r.summary.get("final_loss"), "{:.4f}"),
-            *_eval_rows(records),
-            *_schedule_rows(records),
-            ("param_digest", lambda r: r.param_digest[:16], None)]
-    table = []
-    for label, get, fmt in rows:
-        cells = []
-        for i, r in enumerate(records):
-            v = get(r)
-            text = "-" if v is None else (fmt.format(v) if fmt else str(v))
-            if i and fmt and v is not None and label in RATIO_ROWS:
-                base = get(records[0])
-                text += f" ({v / base:.2f}x)" if base else ""
-            cells.append(text)
-        table.append((label, cells))
-    width = max(len(label) for label, _ in table)
-    cols = [max(len(c[i]) for _, c in table) for i in range(len(records))]
-    lines = [f"{label:<{width}}  " + "  ".join(f"{c:>{w}}" for c, w in zip(cells, cols))
-             for label, cells in table]
-    return "\n".join(lines + [f"note: {STEADY_NOTE} MB = 10^6 bytes."])
+    """The runs side by side (``telemetry/summary.py``: the report's table, as text), named by
+    their directories and the settings that differ (``telemetry/naming.py``)."""
+    from workbench.telemetry.naming import run_labels
+    from workbench.telemetry.summary import text_table
 
-
-def _schedule_rows(records) -> list:
-    """fo-offload's optimizer-update placement, where some run recorded one."""
-    if not any("fo_stride" in r.info for r in records):
-        return []
-    return [("fo-offload update schedule", lambda r: schedule_text(r.info), None)]
-
-
-def schedule_text(info: dict) -> str | None:
-    """"stride 3, downcast on gpu, best of 5 tried" from a run's fo-offload records (None for
-    other methods): the stride kept, where 16-bit weights are downcast, and under
-    update_stride=auto how many placements were tried."""
-    from workbench.engine.perfmodel import NO_GPU
-
-    if "fo_stride" not in info:
-        return None
-    stride = info["fo_stride"]
-    text = "all on the CPU" if stride == NO_GPU else f"stride {stride}"
-    downcast = info.get("fo_perf_inputs", {}).get("downcast", "none")
-    text += f", downcast on {downcast}" if downcast != "none" else ""
-    tried = info.get("fo_trial", {}).get("candidates", [])
-    return text + (f", best of {len(tried)} tried" if tried else "")
-
-
-def _eval_rows(records) -> list:
-    """Start and end rows of every dev metric some run recorded (``telemetry/evals.py``)."""
-    return [(label, lambda r, k=key, w=when: eval_value(r, k, w), fmt)
-            for label, key, when, fmt in eval_rows(records)]
+    return text_table(records, run_labels(records))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -399,6 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "its finished points are kept, the others run (or continue)")
     sp.add_argument("--overwrite", action="store_true",
                     help="replace the sweep --out holds (its points' runs, manifest, report)")
+    sp.add_argument("--rank-by", metavar="METRIC", help="what ranks the points: tokens_per_s, "
+                    "loss, or dev.<metric> (dev.accuracy, dev.loss, ...); default: the "
+                    "objective's dev metric when there is dev data, else tokens_per_s")
     sp.add_argument("--quiet", action="store_true", help="no progress bars")
     sp.set_defaults(fn=cmd_sweep)
     sp = sub.add_parser("tune", help="measure the planner's best settings; write the fastest")

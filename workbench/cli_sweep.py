@@ -22,8 +22,9 @@ from workbench.recipes.sweep import Point, Sweep, SweepError, parse_sweeps
 def sweep_command(base: RunConfig, args: argparse.Namespace) -> int:
     """Check the grid, run it, print the table, write ``--out/report.html``; with
     ``--resume DIR``, finish the sweep DIR holds, on its own grid."""
+    saved_rank = None
     if args.resume:
-        base, axes, args.out = _resumed(args)
+        base, axes, args.out, saved_rank = _resumed(args)
     elif not args.sweep or not args.out:
         raise SweepError(["sweep: --sweep KNOB=V1,V2,... and --out are needed (or --resume "
                           "SWEEP_DIR)"])
@@ -33,7 +34,19 @@ def sweep_command(base: RunConfig, args: argparse.Namespace) -> int:
     if both:
         raise SweepError([f"{k}: given with --set and --sweep; keep it in --sweep only"
                           for k in both])
-    sweep = Sweep.grid(base, axes, args.out, resume=bool(args.resume), overwrite=args.overwrite)
+    rank_by = getattr(args, "rank_by", None) or saved_rank
+    if rank_by is not None:
+        from workbench.telemetry.ranking import parse_rank_by
+
+        parse_rank_by(rank_by)  # a bad name: one line, before any point is checked
+        if rank_by.startswith("dev.") and base.data == "synthetic":
+            raise SweepError([f"--rank-by {rank_by}: data=synthetic has no dev split to "
+                              "evaluate; rank by tokens_per_s or loss, or use a data set"])
+    sweep = Sweep.grid(base, axes, args.out, resume=bool(args.resume), overwrite=args.overwrite,
+                       rank_by=rank_by)
+    from workbench.recipes.threads import choose_threads
+
+    choose_threads(base)  # as the notebooks do (the grid's model and device are the base's)
     _say_refused(sweep)
     if not sweep.runnable and not sweep.finished():
         raise SweepError([f"sweep: every point of the grid was refused ({len(sweep.points)}); "
@@ -45,7 +58,8 @@ def sweep_command(base: RunConfig, args: argparse.Namespace) -> int:
 
 
 def _resumed(args: argparse.Namespace):
-    """(base, axes, folder) of the sweep ``--resume`` names; it runs as it was started."""
+    """(base, axes, folder, rank_by) of the sweep ``--resume`` names; it runs as it was
+    started (and ranks as it did, unless ``--rank-by`` says otherwise)."""
     from workbench.config import resume_base
     from workbench.recipes.sweep import load_manifest
 
@@ -66,7 +80,9 @@ def _resumed(args: argparse.Namespace):
     if manifest.get("kind") != "sweep" or not isinstance(manifest.get("axes"), dict):
         raise SweepError([f"--resume: {args.resume} holds a {manifest.get('kind')}, not a grid "
                           "sweep; run it again into another --out"])
-    return RunConfig(**resume_base(manifest.get("base") or {})), manifest["axes"], args.resume
+    rank_by = manifest.get("rank_by") if isinstance(manifest.get("rank_by"), str) else None
+    return (RunConfig(**resume_base(manifest.get("base") or {})), manifest["axes"], args.resume,
+            rank_by)
 
 
 def tune_command(base: RunConfig, args: argparse.Namespace) -> int:
@@ -84,8 +100,12 @@ def tune_command(base: RunConfig, args: argparse.Namespace) -> int:
 
     code = _run_and_report(None, go, holder)
     if result is not None and result.toml is not None:
+        tied = result.sweep.extra.get("within_noise") or []
         print(f"fastest: {result.best.name} "
-              f"({result.best.measured.get('tokens_per_s') or 0:,.0f} tokens/s measured)")
+              f"({result.best.measured.get('tokens_per_s') or 0:,.0f} tokens/s measured)"
+              if len(tied) < 2 else
+              f"no winner: {len(tied)} trials within noise of each other ({', '.join(tied)}); "
+              f"kept the planner's first choice of them, {result.best.name}")
         print(f"config: {result.toml.resolve()}   "
               f"(python -m workbench run --config {result.toml} --out DIR)")
     return code

@@ -32,6 +32,7 @@ Master = Literal["fp32", "compressed-sr"]
 Objective = Literal["classify", "completion", "lm"]
 Peft = Literal["none", "lora"]
 BaseCodec = Literal["fp32", "bf16", "fp16", "fp8-e4m3", "int8"]
+StopOn = Literal["never", "diverged"]
 
 #: Methods that stream transformer blocks host <-> GPU.
 STREAMING_METHODS = ("zo-offload", "forward-grad")
@@ -56,7 +57,7 @@ RESUMABLE = ("steps", "lr", "weight_decay", "eval_every", "eval_samples", "devic
              "overlap", "reuse_buffers", "fused_update", "resident_blocks", "prefetch_depth",
              "telemetry", "sample_hz", "keep_steps", "checkpoint_every", "keep_last",
              "digest_check_every", "host_share", "gpu_mem_limit_gb", "max_new_tokens",
-             "checkpoint_dir", "data_changed_ok")
+             "checkpoint_dir", "data_changed_ok", "stop_on")
 #: Knobs that answer one question of one start (is changed data all right?): a resumed run
 #: does not inherit them, so the next resume asks again.
 ONE_START = ("data_changed_ok",)
@@ -125,6 +126,9 @@ class RunConfig:
     amp: Amp = _knob("off", "autocast dtype for block computations")
     eval_every: int = _knob(0, "evaluate on dev every N steps (0 = only at the end)", lo=0,
                             hi=10_000_000, unit="steps")
+    stop_on: StopOn = _knob("never", "end the run early when its learning health says so: never, "
+                            "or diverged (the loss far above its start or best, or not finite; "
+                            "status diverged, with the evidence)")
     # zo-offload scheduler (issue: offload engine)
     overlap: bool = _knob(True, "upload / compute / offload on three CUDA streams", group="offload")
     reuse_buffers: bool = _knob(True, "copy blocks into GPU slots allocated once", group="offload")
@@ -225,6 +229,7 @@ def knob_info(name: str) -> dict[str, Any]:
 
 _TYPES = {"Method": Method, "Device": Device, "Amp": Amp, "Rng": Rng, "Codec": Codec,
           "Master": Master, "Objective": Objective, "Peft": Peft, "BaseCodec": BaseCodec,
+          "StopOn": StopOn,
           "int": int, "float": float, "str": str, "bool": bool}
 
 

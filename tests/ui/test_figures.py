@@ -106,7 +106,8 @@ def test_fo_offload_timeline_has_update_lanes_with_each_subgroup_once_per_step(t
     assert len(steps) == 3
     for fig in (F.timeline(rec, last_steps=None), F.dashboard_figure(rec, last_steps=None)):
         bars = {b.name: b for b in _bars(fig)}
-        rows = list(fig.layout.yaxis.categoryarray)
+        axis = bars["cpu-update"].yaxis.replace("y", "yaxis")  # the timeline's, in a dashboard
+        rows = list(fig.layout[axis].categoryarray)
         assert rows.index("compute") < rows.index("gpu update") < rows.index("cpu update")
         cpu, gpu = bars["cpu-update"], bars["gpu-update"]
         assert set(cpu.y) == {"cpu update"} and set(gpu.y) == {"gpu update"}
@@ -134,10 +135,17 @@ def test_memory_pcie_utilisation_values_in_units():
     assert mem.layout.yaxis.title.text == "GPU memory (GB)"
     assert mem.layout.xaxis.title.text == "time (s)"
     by = {t.name: t for t in mem.data}
-    assert set(by) == {"torch allocated", "torch reserved", "torch peak", "NVML used"}
-    np.testing.assert_allclose(by["torch allocated"].y, [1, 2, 3, 4, 5])
-    np.testing.assert_allclose(by["torch allocated"].x, [r["end"] for r in rec.steps])
-    assert by["NVML used"].y[0] == pytest.approx(4.0)
+    assert set(by) == {"allocated", "reserved", "peak", "NVML"}
+    np.testing.assert_allclose(by["allocated"].y, [1, 2, 3, 4, 5])
+    np.testing.assert_allclose(by["allocated"].x, [r["end"] for r in rec.steps])
+    assert by["NVML"].y[0] == pytest.approx(4.0)
+    # the run's own: what the process held before it (read at setup) is left out
+    rec.environment.update({"torch allocated before run (bytes)": 0.5e9,
+                            "gpu mem used before run (bytes)": 3e9})
+    by = {t.name: t for t in F.memory(rec).data}
+    np.testing.assert_allclose(by["allocated"].y, [0.5, 1.5, 2.5, 3.5, 4.5])
+    np.testing.assert_allclose(by["peak"].y, [2.5] * 5)
+    assert by["NVML"].y[0] == pytest.approx(1.0)
 
     pc = F.pcie(rec)
     assert pc.layout.yaxis.title.text == "PCIe throughput (GB/s)"
@@ -260,10 +268,11 @@ def test_identical_runs_are_told_apart():
     a.info["name"], b.info["name"], c.info["name"] = "mezo", "zo-offload", "other"
     c.steps[3]["loss"] = 0.123
     fig = F.compare_loss([a, b, c])
-    ema = {t.name: t for t in fig.data if t.name and "(EMA)" in t.name}
-    assert set(ema) == {"mezo (EMA)", "zo-offload (identical to mezo) (EMA)", "other (EMA)"}
-    assert ema["zo-offload (identical to mezo) (EMA)"].line.dash == "dash"
-    assert ema["mezo (EMA)"].line.dash is None and ema["other (EMA)"].line.dash is None
+    # the smoothed lines are the ones the legend lists, by the runs' names alone
+    ema = {t.name: t for t in fig.data if t.showlegend is not False}
+    assert set(ema) == {"mezo", "zo-offload (identical to mezo)", "other"}
+    assert ema["zo-offload (identical to mezo)"].line.dash == "dash"
+    assert ema["mezo"].line.dash is None and ema["other"].line.dash is None
 
 
 def test_cpu_run_and_missing_data_give_empty_figures_with_notes(offload_run):
@@ -291,7 +300,7 @@ def test_cpu_run_and_missing_data_give_empty_figures_with_notes(offload_run):
 def test_dashboard_figure_has_every_panel():
     fig = F.dashboard_figure(synthetic())
     names = {t.name for t in fig.data}
-    assert {"upload", "loss", "loss (EMA)", "tokens/s", "NVML used", "RX host→GPU", "GPU util",
+    assert {"upload", "loss", "loss (EMA)", "tokens/s", "NVML", "RX host→GPU", "GPU util",
             "host CPU", "host RAM used"} <= names
     fig.to_json()
 
@@ -301,14 +310,15 @@ def test_gpu_dashboard_grid_keeps_right_axes_in_the_last_column(live):
     rec = synthetic()
     rec.config["device"] = "cuda"
     grid = F.dashboard_panels(rec, live=live)
-    assert [len(row) for row in grid] == ([1, 3, 3] if live else [1, 2, 2, 2])
+    # a saved run's loss comes first, the smoothing slider right above it
+    assert [len(row) for row in grid] == ([1, 3, 3] if live else [2, 1, 2, 2])
+    assert live or grid[0][1].title.startswith("loss")
     assert all(not p.y2title for row in grid for p in row[:-1])
     fig = F.dashboard_figure(rec, live=live)
     assert fig.layout.autosize and fig.layout.width is None  # sized by its container
     assert bool(fig.layout.sliders) is not live and bool(fig.layout.title.text) is not live
     legends = [k for k in fig.layout.to_plotly_json() if k.startswith("legend")]
-    assert len(legends) == sum(any(t.get("showlegend") is not False for t in p.traces)
-                               for row in grid for p in row)  # one small legend per panel
+    assert len(legends) == sum(len(row) for row in grid)  # one small legend per panel
 
 
 def test_short_transfers_get_a_minimum_width_and_their_true_duration():
@@ -328,7 +338,7 @@ def test_long_runs_are_downsampled_keeping_peaks():
     rec = synthetic(samples=100_000)
     rec.samples[54_321]["gpu mem used (bytes)"] = 99e9  # one spike
     fig = F.memory(rec)
-    nvml = next(t for t in fig.data if t.name == "NVML used")
+    nvml = next(t for t in fig.data if t.name == "NVML")
     assert len(nvml.x) <= F.MAX_POINTS
     assert max(nvml.y) == pytest.approx(99.0)
     assert np.all(np.diff(nvml.x) > 0)
@@ -365,8 +375,10 @@ def test_downsample_matches_a_plain_reference(n):
 
 
 # --- comparisons ------------------------------------------------------------------------------
-def _with_summary(rec: RunRecord, peak: float, tps: float, name: str) -> RunRecord:
-    rec.summary = {"peak_gpu_mem_bytes": peak, "tokens_per_s": tps}
+def _with_summary(rec: RunRecord, peak: float, tps: float, name: str,
+                  spread: float = 0.05) -> RunRecord:
+    rec.summary = {"peak_gpu_mem_bytes": peak, "tokens_per_s": tps,
+                   "noise": {"step_spread": spread, "steady_steps": 20}}
     rec.info["name"] = name
     return rec
 
@@ -385,6 +397,19 @@ def test_compare_bars_one_bar_per_run_per_metric():
     # run names once, on the left; the first run on top
     assert fig.layout.yaxis.showticklabels and fig.layout.yaxis2.showticklabels is False
     assert fig.layout.yaxis.autorange == "reversed"
+    # a ratio inside the runs' step spread is marked, never shown as a win
+    noisy = F.compare_bars([a, _with_summary(synthetic(), 1e9, 1100.0, "offload", 0.2)])
+    assert noisy.data[0].text[1] == "1100 (1.10x, within noise)"
+    assert noisy.data[1].text[1] == "1 (0.25x)"  # memory: no noise mark
+    # CPU runs: no GPU memory panel at all (not an empty one)
+    cpu = [_with_summary(synthetic(), 0.0, 1000.0, n) for n in ("a", "b")]
+    for r in cpu:
+        for row in r.steps:
+            row.update(mem_allocated=0, mem_reserved=0, mem_peak=0)
+        r.samples = [{k: v for k, v in x.items() if not k.startswith(("gpu", "pcie"))}
+                     for x in r.samples]
+    bars = F.compare_bars(cpu)
+    assert len(bars.data) == 1 and "xaxis2" not in bars.layout.to_plotly_json()
 
 
 def test_compare_bars_labels_are_distinct():
@@ -396,9 +421,12 @@ def test_compare_bars_labels_are_distinct():
 def test_compare_loss_memory_timelines():
     a, b = synthetic(steps=4), synthetic(steps=6)
     loss = F.compare_loss([a, b])
-    assert [len(t.y) for t in loss.data if "(EMA)" in t.name] == [4, 6]
-    mem = F.compare_memory([a, b])
-    assert len(mem.data) == 2 and all("NVML used" in t.name for t in mem.data)
+    assert [len(t.y) for t in loss.data if t.showlegend is not False] == [4, 6]
+    mem = F.compare_memory([a, b])  # each run's torch allocated and peak (not NVML's)
+    assert [t.name for t in mem.data] == ["zo-offload steps=4 allocated",
+                                          "zo-offload steps=4 peak",
+                                          "zo-offload steps=6 allocated",
+                                          "zo-offload steps=6 peak"]
     tl = F.compare_timelines([a, b], last_steps=2)
     per_run = [len([e for e in r.events if e.step >= len(r.steps) - 2]) for r in (a, b)]
     by_axis: dict[str, int] = {}
@@ -407,8 +435,9 @@ def test_compare_loss_memory_timelines():
     assert sorted(by_axis.values()) == sorted(per_run)
     assert len(by_axis) == 2
     assert min(min(t.base) for t in tl.data) == pytest.approx(0.0)  # aligned to window start
-    legend = [t.name for t in tl.data if t.showlegend is not False]
-    assert len(legend) == len(set(legend))  # each op once in the legend
+    for axis in by_axis:  # every op keyed once in each timeline's own legend
+        keyed = [t.name for t in tl.data if t.yaxis == axis and t.showlegend is not False]
+        assert sorted(keyed) == sorted({t.name for t in tl.data if t.yaxis == axis})
 
 
 def test_save_load_gives_the_same_figure(offload_run):

@@ -88,8 +88,15 @@ def test_a_full_sweep_ranks_every_run(tmp_path):
     assert [f"overlap={o}" for _, o in rows] == ranked
 
 
-def test_tune_button_writes_the_fastest_setting(tmp_path):
+def test_tune_button_on_a_cpu_says_why_it_cannot(tmp_path):
     sp = SweepPanel(RunConfig(**TINY, steps=30), out_dir=tmp_path, trial_steps=2)
+    assert sp.tune() is None and sp.thread is None and not any(tmp_path.iterdir())
+    assert sp.grid_info.value.count("tune: needs a CUDA GPU") == 1
+
+
+@pytest.mark.gpu
+def test_tune_button_writes_the_fastest_setting(tmp_path):
+    sp = SweepPanel(RunConfig(**TINY, device="cuda", steps=30), out_dir=tmp_path, trial_steps=2)
     sp.top.value = 1
     sp.tune().join(timeout=120)
     r = sp.tune_result

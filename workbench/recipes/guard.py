@@ -2,7 +2,9 @@
 
 Both are seen without waiting for the GPU: a step's loss and projected gradient are checked when
 its record is published (the values have already landed on the host), and the checkpoint
-writer's failures are polled between steps.
+writer's failures are polled between steps. With ``stop_on=diverged`` the run's learning health
+(``telemetry.health``, the verdict every view shows) is read as steps are published, and a run
+it calls diverged stops as one with a non-finite loss does.
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from workbench.engine.events import EventBus, InfoEvent
 from workbench.engine.zo_common import step_seed
 from workbench.recipes.outcome import os_error
 from workbench.recipes.rundir import RunWarning
+from workbench.telemetry.health import health
+from workbench.telemetry.record import RunRecord
 
 MAX_WRITE_FAILURES = 3  # checkpoint writes failing in a row before the run stops as failed
 
@@ -26,9 +30,10 @@ class RunGuard:
     """
 
     def __init__(self, checkpointer: AsyncCheckpointer | None, steplog: StepLog | None,
-                 bus: EventBus, stop: threading.Event, seed: int):
+                 bus: EventBus, stop: threading.Event, seed: int, stop_on: str = "never"):
         self.checkpointer, self.steplog, self.bus, self.stop = checkpointer, steplog, bus, stop
-        self.seed = seed
+        self.seed, self.stop_on = seed, stop_on
+        self._next_check = 0  # steps recorded when health is read next (stop_on)
         self.failure = ""  # why the run must end as failed
         self.diverged_at: int | None = None
         self.error = ""  # the divergence, in one line
@@ -59,6 +64,24 @@ class RunGuard:
         if self.checkpointer is not None:
             self.checkpointer.verified = t + 1  # checkpoints up to here hold good states
         return True
+
+    def watch(self, rec: RunRecord, t: int) -> None:
+        """``stop_on=diverged``: after step ``t`` was recorded in ``rec``, stop the run when its
+        health says diverged. Read every step for the first 100, then every 1% of the steps
+        so far (a read is linear in the steps)."""
+        n = len(rec.steps)
+        if self.stop_on != "diverged" or self.diverged_at is not None or n < self._next_check:
+            return
+        self._next_check = n + max(1, n // 100)
+        with rec.lock:
+            snap = RunRecord(config=rec.config, steps=list(rec.steps), evals=list(rec.evals))
+        h = health(snap)
+        if h.state == "diverged":
+            self.diverged_at = t
+            self.stop.set()
+            why = h.text.removeprefix("diverged: ")
+            self.error = (f"diverged at step {t} (stop_on=diverged): {why}"
+                          + (f"; {h.advice}" if h.advice else ""))
 
     def writes(self) -> None:
         """Report failed checkpoint writes as they happen; after MAX_WRITE_FAILURES in a row

@@ -36,14 +36,14 @@ from workbench.engine.events import EventBus, StepEvent
 from workbench.planner import check_fits
 from workbench.recipes.sweep_folder import (MANIFEST, SweepError, check_sweep_folder, claim,
                                             load_manifest, release)
+from workbench.telemetry import noise, ranking
+from workbench.telemetry.evals import main_metric
+from workbench.telemetry.naming import value_text
 from workbench.telemetry.record import RunRecord, write_json
 from workbench.telemetry.verdict import verdict
 
 #: States a point ends in; "reused": finished in an earlier sweep into the same folder.
 FINISHED = ("done", "stopped", "reused")
-#: What the manifest keeps of each finished run's summary.
-MEASURED = ("tokens_per_s", "step_seconds", "peak_gpu_mem_bytes", "final_loss",
-            "eval_accuracy")
 
 
 @dataclass
@@ -57,7 +57,8 @@ class Point:
         status: pending | running | done | stopped | failed | refused | skipped | reused.
         reason: why it was refused, failed or skipped.
         predicted: the planner's ``tokens_per_s``, ``peak_gpu_mem_bytes``, ``step_seconds``.
-        measured: from the run's summary (``MEASURED``) and its bottleneck ``verdict``.
+        measured: ``measured(rec)``: speed, memory, losses, dev metrics, health, timing
+            noise and the bottleneck ``verdict``.
     """
 
     name: str
@@ -130,6 +131,9 @@ class Sweep:
         axes: the grid's knobs and values, when the points are a grid (for the report).
         kind: "sweep" or "tune" (written to the manifest).
         fits: the fit check (default ``planner.check_fits``); raises ``ConfigError`` to refuse.
+        rank_by: what ranks the finished points (``telemetry.ranking``: tokens_per_s, loss,
+            dev.<metric>); default the objective's main dev metric when there is dev data,
+            else tokens_per_s.
 
         resume: ``out_dir`` holds this sweep (same settings): finish it.
         overwrite: ``out_dir`` holds a sweep: replace it (when the run starts).
@@ -143,9 +147,10 @@ class Sweep:
     def __init__(self, base: RunConfig, points: Sequence[Mapping[str, Any]],
                  out_dir: str | Path, axes: Mapping[str, list[Any]] | None = None,
                  kind: str = "sweep", fits: Callable[[RunConfig], Any] = check_fits, *,
-                 resume: bool = False, overwrite: bool = False):
+                 resume: bool = False, overwrite: bool = False, rank_by: str | None = None):
         self.base, self.out_dir, self.kind = base, Path(out_dir), kind
         self.resume, self.overwrite = resume, overwrite
+        self.rank = ranking.parse_rank_by(rank_by or ranking.default_rank_by(base.to_dict()))
         self.axes = dict(axes or {})
         self.extra: dict[str, Any] = {}  # written to the manifest as is (e.g. tune's winner)
         self.stop_event = threading.Event()
@@ -283,12 +288,12 @@ class Sweep:
 
     # --- results ----------------------------------------------------------------------------
     def finished(self) -> list[Point]:
-        """Finished points, fastest first (steady tokens/s)."""
+        """Finished points, best first by ``rank`` (ties: the faster first)."""
         done = [p for p in self.points if p.status in FINISHED]
-        return sorted(done, key=lambda p: -_num(p.measured.get("tokens_per_s")))
+        return ranking.ranked(done, self.rank, lambda p: p.measured)
 
     def records(self) -> list[RunRecord]:
-        """The finished runs' records, fastest first, each named after its point."""
+        """The finished runs' records, best first, each named after its point."""
         out = []
         for p in self.finished():
             rec = RunRecord.load(p.dir)
@@ -302,36 +307,57 @@ class Sweep:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             path = self.out_dir / MANIFEST
             write_json(path, {"kind": self.kind, "status": self.status,
+                               "rank_by": self.rank.key,
                                "base": self.base.to_dict(), "axes": self.axes,
                                "extra": self.extra,
                                "points": [p.to_json(self.out_dir) for p in self.points]})
             return path
 
     def table(self) -> str:
-        """The points as text: finished ones fastest first, then the rest with their reason."""
-        rows = [("point", "status", "tokens/s", "step s", "peak GPU GB", "predicted tok/s",
-                 "bound")]
-        best = max((_num(p.measured.get("tokens_per_s")) for p in self.finished()),
-                   default=math.nan)
-        for p in self.finished():
+        """The points as text: finished ones best first by ``rank``, with loss and the dev
+        metric beside speed, each marked against the first ("best", "within noise" of it, or
+        "" when worse beyond the noise); then the rest with their reason."""
+        done = self.finished()
+        main = main_metric(self.base.to_dict())
+        rows = [("point", "status", "tokens/s", "step s", "peak GPU GB", "final loss",
+                 main.label, "health", "predicted tok/s", "bound", "vs first")]
+        fastest = max(done, key=lambda p: _num(p.measured.get("tokens_per_s")), default=None)
+        for i, p in enumerate(done):
             m = p.measured
             tps = _num(m.get("tokens_per_s"))
-            rows.append((p.name, p.status, f"{tps:,.0f} ({tps / best:.2f}x)" if best > 0
-                         else "-", _fmt(m.get("step_seconds"), "{:.4f}"),
+            top = fastest.measured if fastest is not None else {}
+            best = _num(top.get("tokens_per_s"))
+            ratio = ""  # to the fastest, "within noise" where the step spreads cover it
+            if best > 0 and math.isfinite(tps) and p is fastest:
+                ratio = " (1.00x)"  # the fastest itself: no noise to weigh
+            elif best > 0 and math.isfinite(tps):
+                ratio = noise.ratio_text(tps / best, top.get("noise") or {},
+                                         m.get("noise") or {})
+                ratio = f" ({ratio})"
+            mark = ("best" if i == 0 else "within noise" if self.rank.within(done[0].measured, m)
+                    else "")
+            rows.append((p.name, p.status, _fmt(tps, "{:,.0f}") + ratio,
+                         _fmt(m.get("step_seconds"), "{:.4f}"),
                          _fmt(_num(m.get("peak_gpu_mem_bytes")) / 1e9 or None, "{:.2f}"),
+                         _fmt(m.get("final_loss"), "{:.4f}"),
+                         _fmt((m.get("dev") or {}).get(main.key), main.fmt),
+                         str(m.get("health") or "-"),
                          _fmt(p.predicted.get("tokens_per_s"), "{:,.0f}"),
-                         str(m.get("bound", "-"))))
+                         str(m.get("bound", "-")), mark))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        lines = ["  ".join(c.ljust(w) if i in (0, 1, 6) else c.rjust(w)
-                           for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+        left = (0, 1, 7, 9, 10)
+        lines = [f"ranked by {self.rank.label} ({'higher' if self.rank.higher else 'lower'} "
+                 "first); 'within noise': not told apart from the first"]
+        lines += ["  ".join(c.ljust(w) if i in left else c.rjust(w)
+                            for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows]
         lines += [f"{p.name}: {p.status}: {p.reason}" for p in self.points
                   if p.status not in FINISHED]
         return "\n".join(lines)
 
 
 def measured(rec: RunRecord) -> dict[str, Any]:
-    """What the manifest keeps of a finished run: its summary's numbers and its bound."""
-    out = {k: _finite(rec.summary.get(k, math.nan)) for k in MEASURED}
+    """What the manifest keeps of a finished run (``ranking.measured``) and its bound."""
+    out = ranking.measured(rec)
     v = verdict(rec)
     out.update(bound=v.kind, verdict=v.text, steps=len(rec.steps))
     return out
@@ -345,7 +371,8 @@ def _rel(path: Path, root: Path) -> str:
 
 
 def _text(v: Any) -> str:
-    return str(v).lower() if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else str(v)
+    """A value as every view names it (``lr=1e-4``, ``overlap=true``): ``naming.value_text``."""
+    return value_text(v)
 
 
 def _num(v: Any) -> float:

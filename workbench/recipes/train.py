@@ -9,6 +9,7 @@ in one place; each concept it uses lives beside it (``rundir``, ``resume``, ``gu
 """
 from __future__ import annotations
 
+import gc
 import math
 import sys
 import threading
@@ -40,13 +41,16 @@ from workbench.recipes.guard import RunGuard
 from workbench.recipes.limits import cap_gpu_memory
 from workbench.recipes.prefetch import BatchPrefetch
 from workbench.recipes.outcome import artefact_failed, error_line, os_error, outcome_line
+from workbench.recipes import threads
 from workbench.recipes.identity import accept_data, data_fingerprint, identity, new_run_id
 from workbench.recipes.resume import load_resume_checkpoint, plan_resume, resume_roots
 from workbench.recipes.rundir import WRITE_EVERY_S, RunDir, RunWarning
 from workbench.telemetry.collector import Collector
-from workbench.telemetry.environment import environment
+from workbench.telemetry.environment import environment, load_average
+from workbench.telemetry.health import health
+from workbench.telemetry.noise import noise
 from workbench.telemetry.record import RunRecord
-from workbench.telemetry.sampler import Sampler
+from workbench.telemetry.sampler import Sampler, gpu_memory_used
 from workbench.telemetry.steady import throughput
 
 
@@ -73,7 +77,8 @@ class TrainRecipe:
         self.overwrite, self.force = overwrite, force
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.bus = bus or EventBus()
-        self.record = RunRecord(config=cfg.to_dict(), status="new")
+        self.record = RunRecord(config=cfg.to_dict(), status="new",
+                                path=str(self.out_dir) if self.out_dir is not None else "")
         self.collector = Collector(self.record, cfg.keep_steps)
         self._unsubscribe = self.bus.subscribe(self.collector)
         self.stop_event = threading.Event()
@@ -162,6 +167,7 @@ class TrainRecipe:
         torch.manual_seed(cfg.seed)
         self.device = self.dist.device(cfg) if self.dist else torch.device(cfg.device)
         cap_gpu_memory(cfg, self.device)
+        before = _gpu_baseline(self.device)  # what the process held before this run
         model, source = build_skeleton(cfg.model)
         self.train_data, self.dev_data = self._data(model.config.vocab_size)
         t = time.perf_counter()
@@ -184,12 +190,14 @@ class TrainRecipe:
                                                   self.identity)
             if cfg.method in ZO_METHODS:
                 steplog = StepLog(root)
-        self.guard = RunGuard(self.checkpointer, steplog, self.bus, self.stop_event, cfg.seed)
+        self.guard = RunGuard(self.checkpointer, steplog, self.bus, self.stop_event, cfg.seed,
+                              cfg.stop_on)
         if resume:
             self._resume()
         self.sampler = Sampler(hz=cfg.sample_hz, t0=self.engine.timer.t0,
                                device_index=self.device.index or 0, on_sample=self._on_sample)
-        self.record.environment = environment(cfg.device, self.sampler.static_info())
+        self.record.environment = {**environment(cfg.device, self.sampler.static_info()),
+                                   **before, "torch threads (why)": threads.REASON}
         self.sampler.start()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -380,10 +388,12 @@ class TrainRecipe:
             finite = self.guard.published(t, loss, g, has_g, lr, wd)
             self.bus.publish(StepEvent(t, loss, g, seconds, tokens,
                                        loss_plus, loss_minus, lr, *mem, *moved, end=end_t))
+            if finite:
+                self.guard.watch(self.record, t)  # stop_on=diverged reads the run's health
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss:.4f}", g=f"{g:.3g}")
-            if not finite and self.vote is not None:
+            if self.guard.diverged_at is not None and self.vote is not None:
                 self.stop_at = min(self.stop_at, t + RUN_AHEAD + 1)
             block = False
 
@@ -422,6 +432,7 @@ class TrainRecipe:
             with rec.lock:  # seconds the end-of-run digests took (largest runs: minutes)
                 rec.info["digest_seconds"] = time.perf_counter() - began
         with rec.lock:
+            rec.info["load average at end"] = load_average()  # noise: the host, start to end
             rec.summary = _summary(rec, self.engine, self.device)
         if self.dist is not None:  # every rank's own view, merged into rank 0's record
             mine = {"rank": self.dist.rank, "device": str(self.device),
@@ -479,6 +490,8 @@ class TrainRecipe:
                 self.sampler.stop()
             if self.engine is not None:
                 self.engine.close()
+                if self.device.type == "cuda":  # a next run in this process starts clean
+                    torch.cuda.empty_cache()
             if self.dist is not None:
                 distributed.shutdown()
         finally:
@@ -540,6 +553,20 @@ def _memory(device: torch.device) -> tuple[int, int, int]:
             torch.cuda.max_memory_allocated(device))
 
 
+def _gpu_baseline(device: torch.device) -> dict[str, float]:
+    """GPU memory in use before a run builds anything (bytes): NVML's reading (this process's
+    CUDA context, other processes) and torch's allocated memory (what the caller holds). The
+    figures draw the run's own memory above them. An earlier run of this process is collected
+    and its cached blocks returned first."""
+    if device.type != "cuda":
+        return {}
+    gc.collect()  # an earlier run's engine, unreachable but held in a reference cycle
+    torch.cuda.synchronize(device)  # setup only: the CUDA context exists before the reading
+    torch.cuda.empty_cache()
+    return {"gpu mem used before run (bytes)": gpu_memory_used(device.index or 0),
+            "torch allocated before run (bytes)": float(torch.cuda.memory_allocated(device))}
+
+
 def _summary(rec: RunRecord, engine, device: torch.device) -> dict[str, Any]:
     steps = rec.steps
     tail = steps[-max(1, len(steps) // 10):] if steps else []
@@ -548,7 +575,9 @@ def _summary(rec: RunRecord, engine, device: torch.device) -> dict[str, Any]:
     out: dict[str, Any] = {
         "steps": len(steps),
         **throughput(steps),  # tokens_per_s, step_seconds: steady steps (telemetry/steady.py)
-        "peak_gpu_mem_bytes": _memory(device)[2],
+        # the run's own: what the process held before it is not counted
+        "peak_gpu_mem_bytes": max(_memory(device)[2] - int(
+            rec.environment.get("torch allocated before run (bytes)") or 0), 0),
         "gpu_param_bytes": engine.gpu_param_bytes(),
         "final_loss": sum(losses) / len(losses) if losses else math.nan,
         "bytes_h2d": sum(s.get("bytes_h2d", 0) for s in steps) // n,
@@ -556,6 +585,8 @@ def _summary(rec: RunRecord, engine, device: torch.device) -> dict[str, Any]:
         "build_seconds": rec.info.get("build_seconds"),
         "warmup_seconds": rec.info.get("warmup_seconds"),
         "digest_seconds": rec.info.get("digest_seconds"),  # None: the digest was skipped
+        "noise": noise(rec),  # step spread, other processes' CPU, load (telemetry/noise.py)
+        "health": health(rec).to_dict(),  # learning health with its evidence
     }
     if rec.evals:
         out["eval_accuracy"] = rec.evals[-1]["accuracy"]

@@ -9,7 +9,10 @@ blocks) within the GPU budget, best predicted tokens/s first; the top ``top`` ru
 ``trial_steps`` steps each through the sweep machinery (so they are normal run directories,
 refused if they cannot fit, stoppable), with one dev example evaluated and, on a GPU, the
 budget as ``gpu_mem_limit_gb``. The winner is the fastest measured run, which need not be the
-planner's first choice: the report shows predicted against measured for each.
+planner's first choice: the report shows predicted against measured for each. Trials whose
+speeds the noise cannot tell apart (``telemetry.noise``) are no winner over each other: among
+them the planner's first choice is kept, and ``best.toml`` says so. Tune refuses a CPU run: its
+timings there rank the load of the host, not the settings.
 """
 from __future__ import annotations
 
@@ -37,6 +40,17 @@ class TuneResult:
     best: Point | None
     config: RunConfig | None
     toml: Path | None
+
+
+def gpu_problems(cfg: RunConfig) -> list[str]:
+    """Why tune cannot run ``cfg`` here: it needs a CUDA GPU ([] when it has one)."""
+    import torch
+
+    if cfg.device == "cuda" and torch.cuda.is_available():
+        return []
+    where = "this machine has no CUDA GPU" if not torch.cuda.is_available() else "set device=cuda"
+    return [f"tune: needs a CUDA GPU ({where}): it times trial runs to rank the GPU settings "
+            "codec, master and resident_blocks; on a CPU the timings rank the host's load"]
 
 
 def budget_bytes(cfg: RunConfig, gpu: str | None, budget_gb: float | None) -> int | None:
@@ -109,6 +123,7 @@ def tune(cfg: RunConfig, out_dir: str | Path, gpu: str | None = None,
         problems.append(f"trial_steps: {trial_steps} is below 2 (the first step is warm-up)")
     if budget_gb is not None and not budget_gb > 0:
         problems.append(f"budget_gb: {budget_gb} is not a positive number of GiB")
+    problems += gpu_problems(cfg)
     if problems:
         raise ConfigError(problems)
     budget = budget_bytes(cfg, gpu, budget_gb)
@@ -118,7 +133,8 @@ def tune(cfg: RunConfig, out_dir: str | Path, gpu: str | None = None,
     final = cfg.replace(method="zo-offload", gpu_mem_limit_gb=round(capped, 3))
     trial = final.replace(steps=trial_steps, eval_samples=1, checkpoint_every=0)
     sweep = Sweep(trial, candidates, out_dir, kind="tune",
-                  fits=lambda c: check_fits(c, gpu=gpu) if gpu else check_fits(c))
+                  fits=lambda c: check_fits(c, gpu=gpu) if gpu else check_fits(c),
+                  rank_by="tokens_per_s")
     sweep.extra = {"gpu": gpu, "budget_bytes": budget, "trial_steps": trial_steps}
     if start is not None:
         start(sweep)
@@ -127,19 +143,31 @@ def tune(cfg: RunConfig, out_dir: str | Path, gpu: str | None = None,
     if not done:
         sweep.save()
         return TuneResult(sweep, None, None, None)
-    best = done[0]
+    best, tied = pick(sweep, done)
     best_cfg = final.replace(**best.changes)
     path = Path(out_dir) / TOML_NAME
     tps, want = best.measured.get("tokens_per_s"), best.predicted.get("tokens_per_s")
+    why = (f"the fastest of {len(sweep.finished())} trials" if len(tied) < 2 else
+           f"{len(tied)} trials within noise of the fastest ({', '.join(p.name for p in tied)}): "
+           "no winner among them; this is the planner's first choice of those")
     path.write_text(config_toml(best_cfg, [
-        f"written by python -m workbench tune on {_dt.date.today().isoformat()}: the fastest "
-        f"of {len(sweep.finished())} trials",
+        f"written by python -m workbench tune on {_dt.date.today().isoformat()}: {why}",
         f"measured {_num_text(tps)} tokens/s over {trial_steps} steps; planner predicted "
         f"{_num_text(want)}" + (f" (for gpu={gpu})" if gpu else ""),
         f"trials and report: {Path(out_dir).resolve()}"]))
-    sweep.extra.update(best=best.name, toml=TOML_NAME)
+    sweep.extra.update(best=best.name, toml=TOML_NAME,
+                       within_noise=[p.name for p in tied] if len(tied) > 1 else [])
     sweep.save()
     return TuneResult(sweep, best, best_cfg, path)
+
+
+def pick(sweep: Sweep, done: list[Point]) -> tuple[Point, list[Point]]:
+    """The trial to keep, and the trials within noise of the fastest (itself included): one
+    of those is no faster than the others, so the planner's first choice among them (the
+    earliest candidate) is kept rather than the one the noise put first."""
+    fastest = done[0]  # ``finished()`` ranks by tokens/s
+    tied = [p for p in done if p is fastest or sweep.rank.within(fastest.measured, p.measured)]
+    return min(tied, key=sweep.points.index), tied
 
 
 def config_toml(cfg: RunConfig, comments: list[str] = ()) -> str:

@@ -94,8 +94,9 @@ def next_knob(rec: RunRecord, min_gain: float = MIN_GAIN) -> Advice:
             best = (gain, change)
     gain, change = best
     if not change or not gain >= min_gain:
-        return Advice(gain=gain if change else math.nan,
-                      text=f"no single knob predicted to gain {min_gain - 1:.0%} or more")
+        text = (f"no single knob predicted to gain {min_gain - 1:.0%} or more"
+                if cfg.device == "cuda" else "none on a CPU (its knobs tune a GPU's transfers)")
+        return Advice(gain=gain if change else math.nan, text=text)
     knobs = " ".join(f"{k}={_text(v)}" for k, v in change.items())
     return Advice(change, gain, f"{knobs}: predicted {gain:.2f}x tokens/s")
 

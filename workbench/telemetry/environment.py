@@ -18,6 +18,15 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def load_average() -> float | None:
+    """The host's 1-minute load average (processes running or waiting for a core); None where
+    the platform has none."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
 def environment(device: str = "cpu", sampler_info: dict | None = None) -> dict[str, object]:
     """Describe the software and hardware of this run.
 
@@ -30,8 +39,10 @@ def environment(device: str = "cpu", sampler_info: dict | None = None) -> dict[s
     Returns:
         Flat dict: ``python``, ``platform``, ``torch``, ``transformers``, ``triton`` (versions or
         None), ``cuda`` (torch's CUDA version or None), ``device``, ``cpu count``,
-        ``host ram (bytes)``, ``date`` (ISO 8601, UTC), then the ``sampler_info`` entries
-        (``gpu name``, ``driver``, ``pcie ...``, ``nvml``).
+        ``host ram (bytes)``, ``torch threads`` (intra-op threads of this process),
+        ``load average at start`` (runnable processes, 1 minute; ``telemetry.noise`` reads
+        it), ``date`` (ISO 8601, UTC), then the ``sampler_info`` entries (``gpu name``,
+        ``driver``, ``pcie ...``, ``nvml``).
     """
     try:
         import torch
@@ -55,6 +66,8 @@ def environment(device: str = "cpu", sampler_info: dict | None = None) -> dict[s
         "device": dev_name,
         "cpu count": os.cpu_count(),
         "host ram (bytes)": psutil.virtual_memory().total,
+        "torch threads": torch.get_num_threads() if torch is not None else None,
+        "load average at start": load_average(),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
     if sampler_info is None and device.startswith("cuda"):

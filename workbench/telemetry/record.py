@@ -46,6 +46,7 @@ class RunRecord:
     status: str = "new"  # new | running | done | stopped | failed | diverged
     error: str = ""  # one line: why the run failed, diverged or stopped
     base_digest: str = ""  # adapter runs: the same digest of the frozen base (never trained)
+    path: str = ""  # its run directory, where it has one (not saved: the directory is where)
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
 
     @property
@@ -60,7 +61,7 @@ class RunRecord:
                              list(self.evals), list(self.events), list(self.step_ops),
                              list(self.samples), dict(self.info), dict(self.summary),
                              self.param_digest, self.param_norm, self.status, self.error,
-                             self.base_digest)
+                             self.base_digest, self.path)
 
     # --- persistence ------------------------------------------------------------------------
     def run_json(self) -> dict[str, Any]:
@@ -106,7 +107,7 @@ class RunRecord:
         data = _read(path, lambda: json.loads(path.read_text(encoding="utf-8")))
         if not isinstance(data, dict):
             raise RecordError(f"{path} is not a run record (a JSON object)")
-        rec = cls(**_fields(path, data))
+        rec = cls(**_fields(path, data), path=str(run_dir))
         ev, sm = run_dir / "events.json.gz", run_dir / "samples.json.gz"
         if telemetry and ev.is_file():
             def events():

@@ -24,7 +24,9 @@ LANE_BYTES_PER_S = {1: 0.25e9, 2: 0.5e9, 3: 0.985e9, 4: 1.969e9, 5: 3.938e9, 6: 
 
 GPU_KEYS = ("gpu util (%)", "gpu mem used (bytes)", "pcie rx (bytes/s)", "pcie tx (bytes/s)",
             "pcie rx total (bytes)", "pcie tx total (bytes)", "power (W)", "sm clock (MHz)")
-HOST_KEYS = ("host cpu (%)", "host ram used (bytes)", "process rss (bytes)")
+#: ``process cpu (%)`` is this process's share of the whole host (all cores = 100), so
+#: ``host cpu (%)`` less it is what other processes took (``telemetry.noise``).
+HOST_KEYS = ("host cpu (%)", "process cpu (%)", "host ram used (bytes)", "process rss (bytes)")
 
 # nvmlValueType_t -> union member of c_nvmlValue_t
 _VALUE_FIELDS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
@@ -120,6 +122,7 @@ class Sampler:
             if self.t0 is None:
                 self.t0 = time.perf_counter()
             psutil.cpu_percent(interval=None)  # primes the counter: the first call returns 0.0
+            _try(lambda: self._process.cpu_percent(interval=None))  # and this process's
             self._pcie_last, self._pcie_total = [None, None], [0, 0]
             self._stop.clear()
             self._thread = threading.Thread(target=self._run, name="telemetry-sampler", daemon=True)
@@ -157,6 +160,9 @@ class Sampler:
         s: dict[str, float] = {"t (s)": time.perf_counter() - t0}
         s.update(self._gpu() if self._handle is not None else dict.fromkeys(GPU_KEYS, NAN))
         s["host cpu (%)"] = _num(lambda: psutil.cpu_percent(interval=None))
+        # psutil counts a process's cores (2 busy cores = 200%); shared over the host's
+        s["process cpu (%)"] = _num(lambda: self._process.cpu_percent(interval=None)
+                                    / (psutil.cpu_count() or 1))
         s["host ram used (bytes)"] = _num(lambda: psutil.virtual_memory().used)
         s["process rss (bytes)"] = _num(lambda: self._process.memory_info().rss)
         return s
@@ -264,6 +270,19 @@ class Sampler:
             if delay < 0:  # fell behind (slow NVML): skip missed ticks rather than burst
                 deadline, delay = time.perf_counter(), 0.0
             self._stop.wait(delay)
+
+
+def gpu_memory_used(device_index: int = 0, nvml_module: Any = None) -> float:
+    """NVML's used memory of one GPU now (bytes: every process's, CUDA contexts included);
+    NaN without NVML. A run reads it before it builds anything, so its figures can draw the
+    run's own memory above what was there."""
+    s = Sampler(hz=0, device_index=device_index, nvml_module=nvml_module)
+    if s._open_nvml() != "ok":
+        return NAN
+    try:
+        return _num(lambda: s._nvml.nvmlDeviceGetMemoryInfo(s._handle).used)
+    finally:
+        s._close_nvml()
 
 
 def _try(fn: Callable[[], Any], default: Any = None) -> Any:

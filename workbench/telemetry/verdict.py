@@ -138,9 +138,11 @@ def _decide(busy: dict[str, float], rates: dict[str, float], link: float, gpu_ut
         return "pcie-bound", (f"PCIe-bound: {xfer} busy {pcie:.0%} of the step at {rate:.1f} "
                               f"GB/s{of_link}; compute idle {1 - comp:.0%}")
     if comp >= BOUND:
-        if not cuda:
-            extra = (f", copies {pcie:.0%}" if pcie > 0 else "") + " (CPU run, no PCIe)"
-        elif pcie > 0 or math.isfinite(nvml_link):
+        if not cuda:  # the host's cores compute the blocks: say so, not "GPU"
+            copies = f", copies {pcie:.0%}" if pcie >= 0.005 else ""
+            return "compute-bound", (f"compute-bound (host CPU): blocks {comp:.0%} of the "
+                                     f"step{copies}")
+        if pcie > 0 or math.isfinite(nvml_link):
             extra = ", " + _link_share(pcie, rates[xfer], link, nvml_link)
         else:
             extra = ""

@@ -14,23 +14,25 @@ import ipywidgets as widgets
 
 from workbench.config import RunConfig, load_config
 from workbench.telemetry.record import RunRecord
-from workbench.ui import figures
+from workbench.telemetry.naming import run_labels
 from workbench.ui.fit import figure_widget
-from workbench.ui.report import digest_note, load_runs, summary_table_html, why_html
+from workbench.ui.report import (comparison_figures, digest_note, load_runs, settings_html,
+                                 story_html, summary_table_html)
 
 
 def compare(*runs: RunRecord | str | Path, last_steps: int = 3) -> widgets.VBox:
-    """A summary table and the comparison figures of ``runs`` (records or run directories).
+    """What happened (health, speed, memory, bound per run), the summary table, the settings
+    that differ and the comparison figures that have data, of ``runs`` (records or run
+    directories): the report's comparison section, as widgets.
 
     Raises:
         ValueError: no runs.
         FileNotFoundError: a path that is not a run directory.
     """
     recs = load_runs(runs, "compare")
-    figs = [figures.compare_bars(recs), figures.compare_loss(recs),
-            figures.compare_memory(recs), figures.compare_timelines(recs, last_steps)]
-    table = widgets.HTML(summary_table_html(recs) + f"<p>{html.escape(digest_note(recs))}</p>"
-                         + why_html(recs))
+    figs = comparison_figures(recs, last_steps)  # those with data: no GPU memory on CPU runs
+    table = widgets.HTML(story_html(recs, run_labels(recs)) + summary_table_html(recs)
+                         + f"<p>{html.escape(digest_note(recs))}</p>" + settings_html(recs))
     box = widgets.VBox([table, *(figure_widget(f) for f in figs)])
     box.records = recs  # the snapshots drawn, for notebooks that want the numbers
     return box

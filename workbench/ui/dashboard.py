@@ -8,8 +8,9 @@ message per refresh and the user's zoom survives. The subplot grid is laid out o
 it costs ~10x more than the data, and a refresh runs on the interpreter the training loop needs.
 Refreshes are throttled (default at most 2 per second, and at most ``BUDGET`` = 2% of the time:
 a refresh of a long run that took 40 ms waits 2 s for the next): the training loop never waits
-for the view. The header says the run's state, why its step takes what it takes (``verdict``) and the
-planner's best next knob (``advice``), from the same record.
+for the view. The header says the run's state and its learning health (``health``: learning,
+diverging, ... with the next thing to try), why its step takes what it takes (``verdict``) and
+the planner's best next knob (``advice``), from the same record.
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ from plotly.basedatatypes import Undefined
 
 from workbench.telemetry.advice import Advice, next_knob
 from workbench.telemetry.evals import eval_value, main_metric
+from workbench.telemetry.health import Health, health
+from workbench.telemetry.naming import run_labels
 from workbench.telemetry.record import RunRecord
 from workbench.telemetry.steady import throughput
 from workbench.telemetry.verdict import Verdict, verdict
@@ -43,7 +46,7 @@ DATA_KEYS = ("x", "y", "base", "customdata", "text")
 #: Every this many refreshes (and on a forced one) the layout is sent whole again.
 RESYNC_EVERY = 10
 #: Record states after which nothing more will arrive.
-FINAL_STATES = ("done", "stopped", "failed")
+FINAL_STATES = ("done", "stopped", "failed", "diverged")
 
 
 class Dashboard:
@@ -56,9 +59,10 @@ class Dashboard:
     Attributes:
         widget: the ipywidgets container to display.
         figure: the ``go.FigureWidget`` inside it.
-        status: the header (state, verdict, next knob); smoothing: its slider.
+        status: the header (state, health, verdict, next knob); smoothing: its slider.
         refreshes: how many refreshes have redrawn the figure.
-        verdict / advice: what the header shows (None until there is something to say).
+        verdict / advice / health: what the header shows (None until there is something to
+            say).
     """
 
     def __init__(self, record: RunRecord, last_steps: int = 3, min_interval_s: float = 0.5,
@@ -68,7 +72,9 @@ class Dashboard:
         snap = record.snapshot()
         self.verdict: Verdict | None = None
         self.advice: Advice | None = None
+        self.health: Health | None = None
         self._verdict_steps = -1
+        self._health_key: tuple = ()
         self._advice_key: Any = None
         self.smoothing = widgets.FloatSlider(
             value=smoothing, min=0.0, max=0.99, step=0.01, description="loss smoothing",
@@ -78,10 +84,14 @@ class Dashboard:
         panels = dashboard_panels(snap, last_steps, smoothing, live=True)
         self.figure = figure_widget(dashboard_figure(snap, last_steps, panels, live=True))
         self.status = widgets.HTML(self._header(snap),
-                                   layout=widgets.Layout(flex="1 1 auto", min_width="0"))
+                                   layout=widgets.Layout(width="100%", min_width="0"))
+        # The header takes the whole width (beside the slider it wrapped to a dozen lines in
+        # the knob panel's column); the slider has a row of its own, right-aligned (the loss
+        # panel is in the right-hand column).
         self.widget = widgets.VBox(
-            [widgets.HBox([self.status, self.smoothing],
-                          layout=widgets.Layout(width="100%", align_items="flex-start")),
+            [self.status,
+             widgets.HBox([self.smoothing], layout=widgets.Layout(
+                 width="100%", justify_content="flex-end")),
              self.figure], layout=widgets.Layout(width="100%", min_width="0"))
         self.refreshes = 0
         self.last_refresh_s = 0.0  # CPU time the last refresh took on its thread (s)
@@ -168,7 +178,7 @@ class Dashboard:
         self._titles = tuple(self.figure.layout.annotations[:sum(len(r) for r in panels)])
         self._grid, self._layout, self._notes = _grid_key(panels), {}, None
         self._shape = None
-        self.widget.children = (self.widget.children[0], self.figure)
+        self.widget.children = (*self.widget.children[:2], self.figure)
 
     def _header(self, snap: RunRecord) -> str:
         """Status line, then the verdict and the next knob (recomputed when a step was added;
@@ -183,7 +193,10 @@ class Dashboard:
             t = time.thread_time()
             self._advice_key, self.advice = key, next_knob(snap)
             self._once_s = time.thread_time() - t
-        return _status_html(snap, self.verdict, self.advice)
+        seen = (len(snap.steps), len(snap.evals), snap.status)
+        if seen != self._health_key:  # linear in the steps: only when something was added
+            self._health_key, self.health = seen, health(snap) if snap.steps else None
+        return _status_html(snap, self.verdict, self.advice, self.health)
 
     def _apply(self, traces: list[dict], layout: dict[str, Any], notes: list[dict]) -> None:
         fig = self.figure
@@ -265,10 +278,19 @@ def _grid_key(panels: list) -> tuple:
     return tuple(tuple(p.title for p in row) for row in panels)
 
 
-def _status_html(rec: RunRecord, v: Verdict | None = None, advice: Advice | None = None) -> str:
-    """Line 1: state, steps done of planned, latest loss and steady throughput, and why GPU metrics
-    are off when they are. Line 2: the bottleneck verdict and the planner's next knob."""
-    parts = [f"<b>{html.escape(rec.name)}</b>", html.escape(rec.status)]
+#: Header colours of the health states (the report's too).
+HEALTH_COLOURS = {"learning": "#1a7f37", "not learning": "#666", "diverging": "#b35900",
+                  "diverged": "#b00020", "too short to tell": "#666"}
+
+
+def _status_html(rec: RunRecord, v: Verdict | None = None, advice: Advice | None = None,
+                 h: Health | None = None) -> str:
+    """Line 1: the run (its folder, method and model), state, steps done of planned, learning
+    health (its evidence and the next thing to try on hover), latest loss and steady
+    throughput, and why GPU metrics are off when they are. A diverging or diverged run: its
+    evidence and what to try, on a line of its own. Last: the bottleneck verdict and the
+    planner's next knob."""
+    parts = [f"<b>{html.escape(run_labels([rec])[0])}</b>", html.escape(rec.status)]
     planned = rec.config.get("steps")
     parts.append(f"step {len(rec.steps)}" + (f" of {planned}" if planned else ""))
     if rec.steps:
@@ -290,7 +312,14 @@ def _status_html(rec: RunRecord, v: Verdict | None = None, advice: Advice | None
     if nvml != "ok":
         off = nvml.split(":")[0] if nvml.startswith("NVML unavailable") else nvml
         parts.append(f"<span style='color:#666'>GPU metrics off ({html.escape(off)})</span>")
+    if h is not None:  # the state here, its evidence on hover (the header stays short)
+        full = h.text + (f"; next: {h.advice}" if h.advice else "")
+        parts.insert(3, f"<b style='color:{HEALTH_COLOURS.get(h.state, '#222')}' "
+                        f"title='{html.escape(full, quote=True)}'>{html.escape(h.state)}</b>")
     lines = [" · ".join(parts)]
+    if h is not None and h.state in ("diverging", "diverged"):  # worth a line of its own
+        lines.append(f"<b style='color:{HEALTH_COLOURS[h.state]}'>{html.escape(h.text)}</b>"
+                     + (f" · next: {html.escape(h.advice)}" if h.advice else ""))
     why = []
     if v is not None:
         why.append(f"<b>{html.escape(v.text)}</b>")

@@ -26,13 +26,15 @@ from plotly.colors import qualitative
 from workbench.config import ConfigError, RunConfig
 from workbench.planner import plan
 from workbench.telemetry.advice import run_config
+from workbench.telemetry import noise
 from workbench.telemetry.evals import main_metric, metrics_of
+from workbench.telemetry.naming import run_labels  # noqa: F401  (views import it from here)
 from workbench.telemetry.record import RunRecord
-from workbench.telemetry.steady import throughput
+from workbench.telemetry.summary import summary_metrics  # noqa: F401  (ditto)
 from workbench.telemetry.trace import block_label
 from workbench.telemetry.verdict import verdict
-from workbench.ui.layout import (ROW_HEIGHT, SMOOTHING_STEPS, TEMPLATE, Panel,  # noqa: F401
-                                 compose, ema, fill)
+from workbench.ui.layout import (LEGEND_LINE, ROW_HEIGHT, SMOOTHING_STEPS,  # noqa: F401
+                                 TEMPLATE, Panel, compose, ema, fill)
 from workbench.ui.series import (MAX_POINTS, col, downsample, finite, num,  # noqa: F401
                                  seed_columns, shared_columns, xy)
 
@@ -60,54 +62,7 @@ SMOOTHING = 0.6
 #: text gives the true duration.
 MIN_BAR = 0.002
 #: The live view's compact sizes (px): it shares a 900 px high window with the knob panel.
-LIVE_ROW_HEIGHT, LIVE_ROW_GAP = 135, 82
-
-
-# --- numbers shared by figures, tables and reports ------------------------------------------
-def summary_metrics(rec: RunRecord) -> dict[str, Any]:
-    """Headline numbers of a run, from ``rec.summary`` where the run was saved, else computed
-    from its steps (a live run has no summary yet).
-
-    Returns:
-        ``tokens_per_s`` and ``step_seconds`` (s, median) over steady steps,
-        ``wall_tokens_per_s`` over all steps, ``warmup_steps`` (``telemetry.steady``),
-        ``peak_gpu_mem_bytes``, ``bytes_h2d`` and ``bytes_d2h`` (bytes per step),
-        ``final_loss``, ``steps``, ``status``, ``param_digest``; NaN where unknown; ``dev``:
-        the first and last evals' metrics, ``{"start": {...}, "end": {...}}``
-        (``telemetry/evals.py``; empty without evals).
-    """
-    s, steps = rec.summary, rec.steps
-    speed = throughput(steps)
-    tail = [num(r.get("loss")) for r in steps[-max(1, len(steps) // 10):]]
-    tail = [x for x in tail if math.isfinite(x)]
-    n = max(len(steps), 1)
-    peak = num(s.get("peak_gpu_mem_bytes"))
-    if not peak > 0:  # CPU run or no summary: the allocator's per-step peak, then NVML
-        peak = max((num(r.get("mem_peak"), 0.0) for r in steps), default=0.0)
-    if not peak > 0:
-        peak = max((v for v in col(rec.samples, "gpu mem used (bytes)") if math.isfinite(v)),
-                   default=math.nan)
-    out = {
-        **{k: s.get(k, v) for k, v in speed.items() if k != "steady_steps"},
-        "peak_gpu_mem_bytes": peak,
-        "bytes_h2d": s.get("bytes_h2d", sum(num(r.get("bytes_h2d"), 0.0) for r in steps) / n),
-        "bytes_d2h": s.get("bytes_d2h", sum(num(r.get("bytes_d2h"), 0.0) for r in steps) / n),
-        "final_loss": s.get("final_loss", sum(tail) / len(tail) if tail else math.nan),
-        "dev": {w: metrics_of(rec.evals[i]) if rec.evals else {}
-                for w, i in (("start", 0), ("end", -1))},
-        "steps": len(steps),
-        "status": rec.status,
-        "param_digest": rec.param_digest,
-    }
-    return {k: num(v) if k not in ("status", "param_digest", "steps", "warmup_steps", "dev") else v
-            for k, v in out.items()}
-
-
-def run_labels(recs: Sequence[RunRecord]) -> list[str]:
-    """One distinct label per run (its name, numbered where two runs share one)."""
-    names = [r.name for r in recs]
-    return [f"{n} #{names[:i].count(n) + 1}" if names.count(n) > 1 else n
-            for i, n in enumerate(names)]
+LIVE_ROW_HEIGHT, LIVE_ROW_GAP = 135 - LEGEND_LINE, 82 + LEGEND_LINE
 
 
 def has_gpu(rec: RunRecord) -> bool:
@@ -177,18 +132,24 @@ def dashboard_figure(rec: RunRecord, last_steps: int | None = 3,
 def dashboard_panels(rec: RunRecord, last_steps: int | None = 3, smoothing: float = SMOOTHING,
                      live: bool = False) -> list[list[Panel]]:
     """The dashboard's panels, row by row (``compose`` lays them out; the live view refills
-    its existing figure from them through ``fill``). The grid's shape depends only on whether
-    the run has GPU data (and ``live``: GPU runs get three columns there, to fit the height)."""
+    its existing figure from them through ``fill``). Live, the grid's shape depends only on
+    whether the run has GPU data (GPU runs get three columns there, to fit the height); for a
+    saved run (the report) it holds the panels that have data, the loss first."""
     with shared_columns():
         tl = _timeline_panel(rec, last_steps)
         tput, loss = _throughput_panel(rec), _loss_panel(rec, smoothing)
         util, host = _util_panel(rec), _host_memory_panel(rec)
+        if has_gpu(rec):
+            mem, link = _memory_panel(rec), _pcie_panel(rec)
+    if live:  # a fixed grid, refilled on every refresh; the loss axis in the last column
         if not has_gpu(rec):
             return [[tl], [tput, loss], [util, host]]
-        mem, link = _memory_panel(rec), _pcie_panel(rec)
-    if live:  # the loss panel's right-hand axis stays in the last column
         return [[tl], [tput, util, loss], [mem, link, host]]
-    return [[tl], [tput, loss], [mem, link], [util, host]]
+    # A saved run: the loss first (the smoothing slider sits right above it), then only the
+    # panels that have data (a CPU run has no GPU panels, telemetry off no timeline).
+    grid = [[tput, loss], [tl], *([[mem, link]] if has_gpu(rec) else []), [util, host]]
+    kept = [[p for p in row if p.traces] for row in grid]
+    return [row for row in kept if row] or [[loss]]
 
 
 def dashboard_title(rec: RunRecord) -> str:
@@ -197,26 +158,31 @@ def dashboard_title(rec: RunRecord) -> str:
 
 # --- two runs or more -------------------------------------------------------------------------
 def compare_bars(recs: Sequence[RunRecord]) -> go.Figure:
-    """Steady throughput (tokens/s, warm-up steps left out) and peak GPU memory (GB), one
-    horizontal bar per run (the first on top, run names once, on the left: long sweep names never
-    collide), labelled with the ratio to the first run. Throughput comes first: it always has
-    data, and carries the names."""
+    """Steady throughput (tokens/s, warm-up steps left out) and, where a run has GPU data, its
+    peak GPU memory (GB, the run's own), one horizontal bar per run (the first on top, run names
+    once, on the left: long sweep names never collide), labelled with the ratio to the first
+    run; a throughput ratio within the runs' timing noise says so (``telemetry.noise``).
+    Throughput comes first: it always has data, and carries the names."""
     labels, metrics = run_labels(recs), [summary_metrics(r) for r in recs]
     panels = []
-    for key, title, scale, unit in (("tokens_per_s", "steady throughput", 1.0, "tokens/s"),
-                                    ("peak_gpu_mem_bytes", "peak GPU memory", GB, "GB")):
+    bars = [("tokens_per_s", "steady throughput", 1.0, "tokens/s")]
+    if any(m["peak_gpu_mem_bytes"] > 0 for m in metrics):  # no empty panel for CPU runs
+        bars.append(("peak_gpu_mem_bytes", "peak GPU memory", GB, "GB"))
+    for key, title, scale, unit in bars:
         values = [m[key] / scale for m in metrics]
         p = Panel(title, f"{title} ({unit})", "", yaxis=dict(
             type="category", categoryorder="array", categoryarray=labels, autorange="reversed",
             automargin=True, **({} if not panels else {"showticklabels": False})))
         base = values[0] if values else math.nan
-        text = [_ratio_text(v, base, i) for i, v in enumerate(values)]
-        p.add(dict(type="bar", y=labels, x=[v if math.isfinite(v) else 0.0 for v in values], text=text,
-                     orientation="h", textposition="auto", name=title, showlegend=False,
-                     marker_color=[RUN_COLOURS[i % len(RUN_COLOURS)] for i in range(len(recs))],
-                     hovertemplate=f"%{{y}}<br>%{{x:.4g}} {unit}<extra></extra>"))
+        text = [_ratio_text(v, base, i, (metrics[0]["noise"], metrics[i]["noise"])
+                            if key == "tokens_per_s" else None) for i, v in enumerate(values)]
+        p.add(dict(type="bar", y=labels, x=[v if math.isfinite(v) else 0.0 for v in values],
+                   text=text, orientation="h", textposition="auto", name=title,
+                   showlegend=False,
+                   marker_color=[RUN_COLOURS[i % len(RUN_COLOURS)] for i in range(len(recs))],
+                   hovertemplate=f"%{{y}}<br>%{{x:.4g}} {unit}<extra></extra>"))
         if not any(math.isfinite(v) and v > 0 for v in values):
-            p.note = f"no {title} data" + (" (CPU runs)" if key.startswith("peak") else "")
+            p.note = f"no {title} data"
         panels.append(p)
     return compose([panels], row_height=max(160, 34 * len(recs) + 40))
 
@@ -233,42 +199,61 @@ def compare_loss(recs: Sequence[RunRecord], smoothing: float = SMOOTHING) -> go.
         twin = next((other for other, ox, oy in seen if _same(x, y, ox, oy)), None)
         seen.append((label, x, y))
         name = f"{label} (identical to {twin})" if twin else label
+        # the legend lists the smoothed lines by the runs' names alone (the raw ones are faint)
         _add_smoothed(p, x, y, name, RUN_COLOURS[i % len(RUN_COLOURS)], smoothing,
-                      dash="dash" if twin else None)
+                      dash="dash" if twin else None, suffix="")
     p.note = "" if p.traces else "no finished steps"
     return compose([[p]], slider=True, smoothing=smoothing)
 
 
 def compare_memory(recs: Sequence[RunRecord]) -> go.Figure:
-    """GPU memory (GB) over time (s) of each run, overlaid: NVML's used memory where sampled,
-    else torch's allocated memory at each step's end."""
-    p = Panel("GPU memory", "time (s)", "GPU memory (GB)")
+    """Each run's own GPU memory (GB) over time (s), overlaid: torch's allocated memory at each
+    step's end (solid) and its peak so far (dashed), less what the process held before the run
+    (``run_memory``), so two runs of one process are drawn as the table counts them."""
+    p = Panel("GPU memory (each run's own)", "time (s)", "GPU memory (GB)")
     for i, (rec, label) in enumerate(zip(recs, run_labels(recs))):
         colour = RUN_COLOURS[i % len(RUN_COLOURS)]
-        x, y = xy(rec.samples, "t (s)", "gpu mem used (bytes)")
-        source = "NVML used"
-        if not (np.isfinite(y) & (y > 0)).any():
-            x, y = xy(rec.steps, "end", "mem_allocated")
-            source = "torch allocated"
-        if (np.isfinite(y) & (y > 0)).any():
-            p.add(_line(x, y / GB, f"{label} ({source})", colour))
-    p.note = "" if p.traces else "no GPU memory data (CPU runs, or NVML unavailable)"
+        series = run_memory(rec)
+        for key, dash in (("allocated", None), ("peak", "dash")):
+            if key in series:
+                x, y = series[key]
+                p.add(_line(x, y / GB, f"{label} {key}", colour, dash=dash))
+    p.note = "" if p.traces else "no GPU memory data (CPU runs)"
     return compose([[p]])
+
+
+def run_memory(rec: RunRecord) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The run's own GPU memory in bytes over time (s): torch's ``allocated``, ``reserved``
+    and ``peak`` at each step's end less torch's allocation before the run, and NVML's ``nvml``
+    reading less NVML's before the run (the CUDA context, other processes, an earlier run's
+    leftovers: ``recipes.train`` reads both before building anything). Series without data
+    (CPU runs, no NVML) are left out."""
+    env = rec.environment
+    torch0 = num(env.get("torch allocated before run (bytes)"), 0.0)
+    nvml0 = num(env.get("gpu mem used before run (bytes)"), 0.0)
+    out = {}
+    for key, name in (("mem_allocated", "allocated"), ("mem_reserved", "reserved"),
+                      ("mem_peak", "peak")):
+        x, y = xy(rec.steps, "end", key)
+        if (np.isfinite(y) & (y > 0)).any():  # CPU runs report 0: that is "no data"
+            out[name] = (x, np.maximum(y - torch0, 0.0))
+    x, y = xy(rec.samples, "t (s)", "gpu mem used (bytes)")
+    if np.isfinite(y).any():
+        out["nvml"] = (x, np.maximum(y - nvml0, 0.0))
+    return out
 
 
 def compare_timelines(recs: Sequence[RunRecord], last_steps: int | None = 3) -> go.Figure:
     """The runs' timelines stacked, each shifted to start at 0 on one shared time axis, so the
     same steps can be compared bar for bar; each titled with its run and its bound."""
-    legend: set[str] = set()
-    grid = [[_timeline_panel(r, last_steps, align=True, legend=legend,
-                             title=f"{label}: {verdict(r).kind}")]
+    grid = [[_timeline_panel(r, last_steps, align=True, title=f"{label}: {verdict(r).kind}")]
             for r, label in zip(recs, run_labels(recs))]
     return compose(grid, bars=True, shared_x=True, row_height=max(140, ROW_HEIGHT // 2))
 
 
 # --- panels: one subplot's traces and axes ---------------------------------------------------
 def _timeline_panel(rec: RunRecord, last_steps: int | None, align: bool = False,
-                    legend: set[str] | None = None, title: str = "stream timeline") -> Panel:
+                    title: str = "stream timeline") -> Panel:
     p = Panel(title, "time from window start (s)" if align else "time (s)", "stream")
     chosen = sorted({e.step for e in rec.events})
     keep = set(chosen if last_steps is None else chosen[-last_steps:] if last_steps > 0 else [])
@@ -282,19 +267,16 @@ def _timeline_panel(rec: RunRecord, last_steps: int | None, align: bool = False,
     least = MIN_BAR * (max(e.end for e in shown) - min(e.start for e in shown))
     ops = sorted({e.op for e in shown}, key=lambda o: (list(OP_COLOURS).index(o)
                                                        if o in OP_COLOURS else 99, o))
-    legend = set() if legend is None else legend
     for op in ops:
         evs = [e for e in shown if e.op == op]
         colour = op_colour(op)
-        # An op drawn only on its own stream's row (upload, compute, offload) is named by the
-        # row; the legend lists the others (update, codec, eval, ...), so it stays short.
-        named = op not in legend and any(e.stream != op for e in evs)
         lane = op in LANES
         p.add(dict(
-            type="bar", orientation="h", y=[_lane(e) for e in evs], base=[e.start - t0 for e in evs],
+            type="bar", orientation="h", y=[_lane(e) for e in evs],
+            base=[e.start - t0 for e in evs],
             x=[max(e.end - e.start, least) for e in evs], width=0.8, name=op, legendgroup=op,
-            showlegend=named, marker=dict(color=colour, line=dict(color=colour,
-                                                                            width=1)),
+            # every op keyed (its colour is what a reader looks up), in every timeline of a stack
+            showlegend=True, marker=dict(color=colour, line=dict(color=colour, width=1)),
             **(dict(text=[str(e.block) for e in evs], textposition="inside",
                     insidetextanchor="middle") if lane and op in SUBGROUP_OPS else {}),
             customdata=[[_where(e), e.step, e.nbytes / MB, (e.end - e.start) * 1e3,
@@ -302,8 +284,6 @@ def _timeline_panel(rec: RunRecord, last_steps: int | None, align: bool = False,
             hovertemplate=("%{customdata[0]} %{customdata[4]}<br>step %{customdata[1]}<br>"
                            "%{customdata[2]:.3f} MB<br>%{customdata[3]:.3f} ms"
                            "<extra>%{fullData.name}</extra>")))
-        if named:
-            legend.add(op)
     # Category order is explicit so upload sits on top and rows never reshuffle as ops arrive.
     p.yaxis = dict(type="category", categoryorder="array", categoryarray=rows,
                    autorange="reversed")
@@ -322,16 +302,15 @@ def _where(e) -> str:
 
 
 def _memory_panel(rec: RunRecord) -> Panel:
-    p = Panel("GPU memory", "time (s)", "GPU memory (GB)")
-    for key, name, dash in (("mem_allocated", "torch allocated", None),
-                            ("mem_reserved", "torch reserved", "dot"),
-                            ("mem_peak", "torch peak", "dash")):
-        x, y = xy(rec.steps, "end", key)
-        if (np.isfinite(y) & (y > 0)).any():  # CPU runs report 0: that is "no data"
-            p.add(_line(x, y / GB, name, None, dash=dash))
-    x, y = xy(rec.samples, "t (s)", "gpu mem used (bytes)")
-    if np.isfinite(y).any():
-        p.add(_line(x, y / GB, "NVML used", "#d62728"))
+    p = Panel("GPU memory (this run's)", "time (s)", "GPU memory (GB)")
+    series = run_memory(rec)
+    for key, name, colour, dash in (("allocated", "allocated", None, None),
+                                    ("reserved", "reserved", None, "dot"),
+                                    ("peak", "peak", None, "dash"),
+                                    ("nvml", "NVML", "#d62728", None)):
+        if key in series:
+            x, y = series[key]
+            p.add(_line(x, y / GB, name, colour, dash=dash))
     p.note = "" if p.traces else "no GPU memory data (no step yet, or NVML unavailable)"
     return p
 
@@ -351,7 +330,8 @@ def _util_panel(rec: RunRecord) -> Panel:
     p = Panel("utilisation" if gpu else "host CPU", "time (s)", "utilisation (%)",
               yaxis={"range": [0, 105]})
     _sample_lines(p, rec, [("gpu util (%)", "GPU util", "#2ca02c")] * gpu
-                  + [("host cpu (%)", "host CPU", "#8c564b")])
+                  + [("host cpu (%)", "host CPU", "#8c564b"),
+                     ("process cpu (%)", "this process", "#1f77b4")])
     p.note = "" if p.traces else "no utilisation samples (sample_hz=0, or no sample yet)"
     return p
 
@@ -439,9 +419,9 @@ def _loss_panel(rec: RunRecord, smoothing: float = SMOOTHING) -> Panel:
 
 
 def _add_smoothed(p: Panel, x: np.ndarray, y: np.ndarray, name: str, colour: str,
-                  smoothing: float, dash: str | None = None) -> None:
+                  smoothing: float, dash: str | None = None, suffix: str = " (EMA)") -> None:
     """The raw series, faint, named ``name`` (hidden from the legend when a smoothed line is
-    drawn over it), and its EMA at ``smoothing`` named ``name (EMA)``, both in one legend
+    drawn over it), and its EMA at ``smoothing`` named ``name + suffix``, both in one legend
     group; the EMA is registered for the smoothing slider."""
     raw = _line(x, y, name, colour, dash=dash)
     if smoothing <= 0:
@@ -449,7 +429,7 @@ def _add_smoothed(p: Panel, x: np.ndarray, y: np.ndarray, name: str, colour: str
         return
     raw.update(opacity=0.3, showlegend=False, legendgroup=name, line={**raw["line"], "width": 1})
     p.add(raw)
-    i = p.add(_line(x, ema(y, smoothing), f"{name} (EMA)", colour, dash=dash))
+    i = p.add(_line(x, ema(y, smoothing), name + suffix, colour, dash=dash))
     p.traces[i]["legendgroup"] = name
     p.smooth.append((i, y))
 
@@ -489,8 +469,14 @@ def _line(x: np.ndarray, y: np.ndarray, name: str, colour: str | None,
                 hovertemplate=f"%{{x:.5~g}}<br>%{{y:.4g}}<extra>{name}</extra>")
 
 
-def _ratio_text(v: float, base: float, i: int) -> str:
+def _ratio_text(v: float, base: float, i: int, noises: tuple | None = None) -> str:
+    """"1234 (0.31x)"; with ``noises`` (the two runs' ``telemetry.noise``) a ratio within
+    them reads "1234 (0.98x, within noise)"."""
     if not math.isfinite(v):
         return "-"
-    ratio = f" ({v / base:.2f}x)" if math.isfinite(base) and base > 0 else ""
-    return f"{v:.4g}{ratio}"
+    if not (math.isfinite(base) and base > 0):
+        return f"{v:.4g}"
+    ratio = v / base
+    if noises is not None and i and noise.within(ratio, *noises):
+        return f"{v:.4g} ({ratio:.2f}x, within noise)"
+    return f"{v:.4g} ({ratio:.2f}x)"

@@ -5,9 +5,10 @@ Figures size to their container's width (``autosize``; plotly.js ``responsive`` 
 every horizontal gap is a fraction of a width only known in the browser. The layout therefore
 keeps the text that could collide apart by construction: a right-hand (secondary) axis is only
 ever drawn in a grid's last column, beside the figure's right margin; vertical gaps are set in
-pixels from the known height; each panel has its own small legend inside its top-right corner
-(a full-width panel's runs along its title band instead), so no legend competes with an axis
-for the margins. The browser test checks the result from the SVG text boxes.
+pixels from the known height; each panel has its own small legend on a line of its own above
+its title, left-aligned with it: outside the data, clear of the axes, and never on the title
+however long either is. The browser test checks the result from the SVG
+text boxes.
 """
 from __future__ import annotations
 
@@ -21,13 +22,19 @@ from plotly.subplots import make_subplots
 
 TEMPLATE = "plotly_white"
 ROW_HEIGHT = 300  # px per subplot row (reports); the live view passes a smaller one
-ROW_GAP = 78  # px between rows: x tick labels, x-axis title, the next row's subplot title
-TOP = 40  # px above the first row: its subplot titles
+#: px of a panel's legend line, above its title line (``TITLE_LINE`` px over the plot)
+LEGEND_LINE, TITLE_LINE = 18, 26
+#: px between rows: x tick labels, x-axis title, the next row's legend and subplot title
+ROW_GAP = 78 + LEGEND_LINE
+TOP = 40 + LEGEND_LINE  # px above the first row: its legends and subplot titles
 TITLE = 36  # px more for a figure title
 SLIDER = 70  # px more for the smoothing slider
 AXIS_BELOW = 52  # px under the last row: its tick labels and x-axis title
 LEFT, RIGHT, RIGHT_Y2 = 64, 24, 64  # px margins (RIGHT_Y2: a secondary axis in the last column)
 H_SPACING = 0.15  # between columns: the right panel's tick labels and y-axis title
+#: A legend's width, estimated: px per character at its font size, and per entry (the symbol
+#: and the gaps); figures are laid out for the narrowest width they are drawn at.
+CHAR_PX, ENTRY_PX, MIN_WIDTH = 6.0, 46, 560
 #: Smoothing weights the slider offers (0 = raw), as experiment trackers do.
 SMOOTHING_STEPS = (0.0, 0.3, 0.6, 0.8, 0.9, 0.95, 0.99)
 
@@ -96,7 +103,9 @@ def compose(grid: list[list[Panel]], bars: bool = False, shared_x: bool = False,
             raise ValueError("secondary (right-hand) axes go in the last column of a row")
     slider = slider and any(p.smooth for row in grid for p in row)
     rows = len(grid)
-    top = TOP + (TITLE if title else 0) + (SLIDER if slider else 0)
+    extra = (legend_lines(grid) - 1) * LEGEND_LINE  # a long legend wraps: room for its lines
+    row_gap += extra
+    top = TOP + extra + (TITLE if title else 0) + (SLIDER if slider else 0)
     plot = rows * row_height + (rows - 1) * row_gap
     fig = make_subplots(rows=rows, cols=cols, specs=specs,
                         subplot_titles=[p.title for row in grid for p in row],
@@ -109,7 +118,7 @@ def compose(grid: list[list[Panel]], bars: bool = False, shared_x: bool = False,
     # Lifted a little: the top tick label of a right-hand axis reaches above the plot.
     for label, x in zip(fig.layout.annotations, at):
         label.update(x=x, xanchor="left", yshift=8)
-    traces, layout, notes = fill(fig, grid, bars)
+    traces, layout, notes = fill(fig, grid, bars, plot_px=plot)
     fig.add_traces(traces)
     bottom = AXIS_BELOW
     right = RIGHT_Y2 if any(row[-1].y2title for row in grid) else RIGHT
@@ -127,6 +136,22 @@ def compose(grid: list[list[Panel]], bars: bool = False, shared_x: bool = False,
     if slider:
         fig.update_layout(sliders=[smoothing_slider(grid, fig, smoothing, top)])
     return fig
+
+
+def legend_lines(grid: list[list[Panel]], width: float = MIN_WIDTH) -> int:
+    """Lines the longest legend of ``grid`` wraps to in a figure ``width`` px wide (plotly
+    wraps a horizontal legend at the plot's width, then gives every entry the widest one's
+    room); at least 1."""
+    plot = width - LEFT - RIGHT_Y2
+    lines = 1
+    for row in grid:
+        for p in row:
+            sizes = [ENTRY_PX + CHAR_PX * len(str(t["name"])) for t in p.traces
+                     if t.get("showlegend") is not False and t.get("name")]
+            if sizes and sum(sizes) > plot:
+                per_line = max(1, int(plot // max(sizes)))
+                lines = max(lines, -(-len(sizes) // per_line))
+    return lines
 
 
 def smoothing_slider(grid: list[list[Panel]], fig: go.Figure, active: float,
@@ -159,18 +184,21 @@ def _plot_px(fig: go.Figure) -> float:
     return fig.layout.height - m.t - m.b
 
 
-def fill(fig: go.Figure, grid: list[list[Panel]],
-         bars: bool = False) -> tuple[list[dict], dict[str, Any], list[dict]]:
+def fill(fig: go.Figure, grid: list[list[Panel]], bars: bool = False,
+         plot_px: float | None = None) -> tuple[list[dict], dict[str, Any], list[dict]]:
     """The traces (bound to their subplot's axes), axis settings and notes of ``grid``, for a
     figure that ``compose`` made from a grid of the same shape.
 
     One ``add_traces`` and one ``update_layout`` with these cost a tenth of plotly's per-subplot
     ``row=/col=`` helpers, which matters to the live view: it refills its figure on every
-    refresh, on the interpreter the training loop runs on.
+    refresh, on the interpreter the training loop runs on. ``plot_px``: the height of the
+    figure's plotting area (default: read from ``fig``), which places the legend lines.
     """
+    above = TITLE_LINE / (plot_px or _plot_px(fig))  # the legend line's bottom, in paper units
     traces: list[dict[str, Any]] = []
     layout: dict[str, Any] = {}
     notes: list[dict[str, Any]] = []
+    panel_no = 0
     for r, row in enumerate(grid, start=1):
         for c, p in enumerate(row, start=1):
             main = fig.get_subplot(r, c)
@@ -181,15 +209,17 @@ def fill(fig: go.Figure, grid: list[list[Panel]],
                 y2 = fig.get_subplot(r, c, secondary_y=True).yaxis.plotly_name
                 ref2["yaxis"] = y2.replace("axis", "")
                 layout[y2] = {"title": {"text": p.y2title}, **p.y2axis}
-            legend = _legend_id(layout) if _listed(p.traces) else None
+            # One legend per panel, named by its place in the grid and always in the layout,
+            # listed traces or not: a legend that first appeared on a live refresh reached
+            # plotly.js as "legend2" and "legend2.xref" at once, which it refuses ("cannot set
+            # legend2.xref and a parent attribute simultaneously").
+            legend = "legend" if not panel_no else f"legend{panel_no + 1}"
+            panel_no += 1
             for trace, secondary in zip(p.traces, p.secondary):
                 trace = {**trace, **(ref2 if secondary else ref)}  # the panel keeps its own
-                if legend:
-                    trace["legend"] = legend
+                trace["legend"] = legend
                 traces.append(trace)
-            if legend:
-                layout[legend] = _legend_at(main.xaxis.domain, main.yaxis.domain,
-                                            in_title_band=len(row) == 1 and bool(bars))
+            layout[legend] = _legend_at(main.xaxis.domain, main.yaxis.domain[1] + above)
             # An empty panel keeps its titles but no tick labels: plotly.js would number its
             # default ranges, and the note says what is missing. x tick labels stand off the
             # axis so the x and y zeros at a corner do not touch.
@@ -217,22 +247,10 @@ def fill(fig: go.Figure, grid: list[list[Panel]],
     return traces, layout, notes
 
 
-def _listed(traces: Sequence[dict[str, Any]]) -> bool:
-    return any(t.get("showlegend") is not False and t.get("name") for t in traces)
-
-
-def _legend_id(layout: dict[str, Any]) -> str:
-    """The next free legend: "legend", "legend2", "legend3", ..."""
-    n = 1 + sum(k.startswith("legend") for k in layout)
-    return "legend" if n == 1 else f"legend{n}"
-
-
-def _legend_at(xdomain: Sequence[float], ydomain: Sequence[float],
-               in_title_band: bool) -> dict[str, Any]:
-    """A panel's legend: inside its top-right corner; for a full-width timeline, in a row along
-    its title band (bars fill the plot; the title sits at the left)."""
-    base = dict(xref="paper", yref="paper", xanchor="right", x=xdomain[1], font=dict(size=10),
-                bgcolor="rgba(255,255,255,0.75)", itemclick="toggle", tracegroupgap=2)
-    if in_title_band:
-        return dict(base, orientation="h", y=ydomain[1], yanchor="bottom")
-    return dict(base, orientation="v", y=ydomain[1], yanchor="top")
+def _legend_at(xdomain: Sequence[float], bottom: float) -> dict[str, Any]:
+    """A panel's legend: one row on its own line right above the panel's title, its bottom at
+    ``bottom`` (paper units), left-aligned with the title (so each legend reads as its panel's,
+    however close the next panel's is)."""
+    return dict(xref="paper", yref="paper", xanchor="left", x=xdomain[0], font=dict(size=10),
+                bgcolor="rgba(255,255,255,0)", itemclick="toggle", tracegroupgap=2,
+                orientation="h", y=bottom, yanchor="bottom", valign="middle")

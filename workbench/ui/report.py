@@ -14,39 +14,21 @@ import html
 import math
 import sys
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from workbench.config import STREAMING_METHODS, knob_info
+from workbench.telemetry import noise
 from workbench.telemetry.advice import next_knob
-from workbench.telemetry.evals import eval_rows
+from workbench.telemetry.naming import differing, run_labels, value_text
 from workbench.telemetry.record import RunRecord
+from workbench.telemetry.summary import (DIGEST_CHARS, MB, fmt_value, summary_metrics,  # noqa: F401
+                                         table)
 from workbench.telemetry.steady import STEADY_NOTE
 from workbench.telemetry.verdict import verdict
 from workbench.ui import figures
-from workbench.ui.figures import MB, run_labels, summary_metrics
-
-#: Summary rows: label, value from ``summary_metrics``, format; units in the label.
-SUMMARY_ROWS: list[tuple[str, Callable[[dict[str, Any]], Any], str | None]] = [
-    ("status", lambda m: m["status"], None),
-    ("steps", lambda m: m["steps"], "{:,}"),
-    ("tokens/s (steady)", lambda m: m["tokens_per_s"], "{:,.0f}"),
-    ("step time (s, steady median)", lambda m: m["step_seconds"], "{:.4f}"),
-    ("tokens/s (all steps)", lambda m: m["wall_tokens_per_s"], "{:,.0f}"),
-    ("warm-up steps left out", lambda m: m["warmup_steps"], "{:,}"),
-    ("peak GPU memory (MB)", lambda m: m["peak_gpu_mem_bytes"] / MB, "{:,.1f}"),
-    ("H2D per step (MB)", lambda m: m["bytes_h2d"] / MB, "{:,.2f}"),
-    ("D2H per step (MB)", lambda m: m["bytes_d2h"] / MB, "{:,.2f}"),
-    ("final loss", lambda m: m["final_loss"], "{:.4f}"),
-    # here: the dev metrics the runs recorded, start and end (``summary_rows``)
-    ("param_digest", lambda m: m["param_digest"] or None, None),
-]
-RATIO_ROWS = ("tokens/s (steady)", "peak GPU memory (MB)")
-#: Hex digits of ``param_digest`` shown when runs sit side by side (the full 64 made every column
-#: ~500 px wide, pushing a table of 3+ runs off the notebook); run sections show it whole.
-DIGEST_CHARS = 16
 
 CSS = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1400px; color: #222; }
@@ -55,7 +37,11 @@ table { border-collapse: collapse; margin: 8px 0 16px; }
 th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-align: top; }
 th { background: #f6f6f6; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 code { font-size: 12px; } .tables { display: flex; gap: 24px; flex-wrap: wrap; }
-.note { color: #666; } ul.why { padding-left: 20px; }
+.note { color: #666; } ul.why, ul.story { padding-left: 20px; } ul.story li { margin: 6px 0; }
+details { margin: 6px 0 12px; } summary { cursor: pointer; color: #444; }
+.health { font-weight: 600; padding: 0 4px; border-radius: 3px; }
+.h-learning { background: #e3f4e3; } .h-not-learning, .h-too-short-to-tell { background: #f1f1f1; }
+.h-diverging { background: #fdf0d5; } .h-diverged { background: #fbdcdc; }
 """
 
 
@@ -76,9 +62,12 @@ def write_report(runs: Sequence[str | Path | RunRecord], path: str | Path,
                  title: str = "zo-workbench report", intro: Sequence[str] = ()) -> Path:
     """Write one HTML file describing ``runs``; returns its path.
 
-    Per run: summary, dashboard charts, config and environment tables; with two runs or more, a
-    comparison section first; ``intro`` (HTML parts, e.g. a sweep's table) before both. The file
-    embeds plotly.js once (about 5 MB) and loads nothing.
+    First what happened (per run: health, speed, memory, bound, next knob), then ``intro``
+    (HTML parts, e.g. a sweep's table); with two runs or more, the comparison: one summary
+    table, the settings that differ (the rest folded), the comparison figures; then a section
+    per run: its figures (only panels with data; its timeline is in the comparison when there
+    is one), its settings and environment folded. The
+    file embeds plotly.js once (about 5 MB) and loads nothing.
 
     Raises:
         ValueError: no runs.
@@ -91,33 +80,29 @@ def write_report(runs: Sequence[str | Path | RunRecord], path: str | Path,
              f"{_dt.datetime.now().isoformat(timespec='seconds')}. {html.escape(STEADY_NOTE)} "
              "Memory in MB = 10<sup>6</sup> bytes, GB = 10<sup>9</sup> bytes (GiB = "
              "2<sup>30</sup> bytes where named); times in seconds since each run's start.</p>",
-             *intro]
+             "<h2 id='story'>what happened</h2>", story_html(recs, labels), *intro]
     toc = [f"<li><a href='#run-{i}'>{html.escape(label)}</a></li>"
            for i, label in enumerate(labels)]
     if len(recs) > 1:
         toc.insert(0, "<li><a href='#comparison'>comparison</a></li>")
     parts.append(f"<ul>{''.join(toc)}</ul>")
     if len(recs) > 1:
-        parts.append("<h2 id='comparison'>comparison</h2>")
-        parts.append(summary_table_html(recs))
-        parts.append(f"<p>{html.escape(digest_note(recs))}</p>")
-        parts.append(why_html(recs))
-        for fig in (figures.compare_bars(recs), figures.compare_loss(recs),
-                    figures.compare_memory(recs), figures.compare_timelines(recs)):
-            parts.append(_figure_html(fig))
+        parts += ["<h2 id='comparison'>comparison</h2>", summary_table_html(recs),
+                  f"<p>{html.escape(digest_note(recs))}</p>", settings_html(recs)]
+        parts += [_figure_html(f) for f in comparison_figures(recs)]
     for i, (rec, label) in enumerate(zip(recs, labels)):
         parts.append(f"<h2 id='run-{i}'>{html.escape(label)}</h2>")
-        parts.append(why_html([rec], labels=False))
-        metrics = summary_metrics(rec)
         if stream_note(rec):
             parts.append(f"<p><b>{html.escape(stream_note(rec))}</b></p>")
-        parts.append(_table(["metric", "value"], [[lbl, _fmt(get(metrics), fmt)]
-                                                  for lbl, get, fmt in summary_rows([rec])]))
-        parts.append(_figure_html(figures.dashboard_figure(rec)))
-        parts.append("<div class=tables><div><h3>config</h3>" + config_table_html(rec)
-                     + "</div><div><h3>environment</h3>"
-                     + _table(["key", "value"], [[k, _fmt(v)] for k, v in rec.environment.items()])
-                     + "</div></div>")
+        if len(recs) == 1:  # else its numbers are in the comparison's table
+            parts.append(summary_table_html([rec], digest_chars=64))
+        elif rec.param_digest:
+            parts.append(f"<p class=note>param_digest <code>{rec.param_digest}</code></p>")
+        # with a comparison, the stream timelines are drawn there, stacked: not twice
+        parts.append(_figure_html(figures.dashboard_figure(rec, 0 if len(recs) > 1 else 3)))
+        parts.append(_folded(f"settings ({len(rec.config)})", config_table_html(rec)))
+        parts.append(_folded(f"environment ({len(rec.environment)})", _table(
+            ["key", "value"], [[k, fmt_value(v)] for k, v in rec.environment.items()])))
     page = ("<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
             f"<title>{html.escape(title)}</title><style>{CSS}</style>"
             # plotly.js inline, once, so the file works offline and figures share it.
@@ -129,33 +114,71 @@ def write_report(runs: Sequence[str | Path | RunRecord], path: str | Path,
     return path
 
 
-def summary_rows(recs: Sequence[RunRecord]) -> list[tuple[str, Callable, str | None]]:
-    """``SUMMARY_ROWS`` with, after the final loss, the start and end of each dev metric some
-    run of ``recs`` recorded (classify: accuracy, loss; completion: loss, perplexity, exact
-    match, token F1; lm: loss, perplexity)."""
-    dev = [(label, lambda m, k=key, w=when: m["dev"][w].get(k), fmt)
-           for label, key, when, fmt in eval_rows(recs)]
-    at = [label for label, _, _ in SUMMARY_ROWS].index("final loss") + 1
-    return SUMMARY_ROWS[:at] + dev + SUMMARY_ROWS[at:]
+def comparison_figures(recs: Sequence[RunRecord], last_steps: int | None = 3
+                       ) -> list[go.Figure]:
+    """The comparison's figures that have data: speed (and memory) bars, the losses, each
+    run's own GPU memory (GPU runs), the stream timelines of the ``last_steps`` steps (runs
+    with stream events)."""
+    figs = [figures.compare_bars(recs), figures.compare_loss(recs)]
+    if any(figures.run_memory(r) for r in recs):
+        figs.append(figures.compare_memory(recs))
+    if any(r.events for r in recs):
+        figs.append(figures.compare_timelines(recs, last_steps))
+    return figs
 
 
-def summary_table_html(recs: Sequence[RunRecord]) -> str:
-    """Runs side by side (one column per run), with ratios to the first for tokens/s and peak
-    GPU memory; digests shortened to their first ``DIGEST_CHARS`` hex digits."""
+def story_html(recs: Sequence[RunRecord], labels: Sequence[str]) -> str:
+    """Per run, a few lines: its learning health and what to try next; its speed (the ratio to
+    the first run, or "within noise"), its memory, what bounds its step and the planner's next
+    knob."""
     metrics = [summary_metrics(r) for r in recs]
-    rows = []
-    for label, get, fmt in summary_rows(recs):
-        cells, base = [label], get(metrics[0])
-        for i, m in enumerate(metrics):
-            v = get(m)
-            text = _fmt(v, fmt)
-            if (i and label in RATIO_ROWS and _finite(v) and _finite(base) and base > 0):
-                text += f" ({v / base:.2f}x)"
-            if label == "param_digest" and len(text) > DIGEST_CHARS:
-                text = text[:DIGEST_CHARS] + "…"
-            cells.append(text)
-        rows.append(cells)
-    return _table(["", *run_labels(recs)], rows)
+    items = []
+    for i, (rec, label, m) in enumerate(zip(recs, labels, metrics)):
+        h = m["health"]
+        state = (f"<span class='health h-{h.state.replace(' ', '-')}'>"
+                 f"{html.escape(h.state)}</span>")
+        why = html.escape(h.text.split(": ", 1)[1] if ": " in h.text else "")
+        next_ = f" <i>Next:</i> {html.escape(h.advice)}." if h.advice else ""
+        speed = f"{m['tokens_per_s']:,.0f} tokens/s steady" if _finite(m["tokens_per_s"]) else ""
+        if speed and i and _finite(metrics[0]["tokens_per_s"]) and metrics[0]["tokens_per_s"] > 0:
+            ratio = m["tokens_per_s"] / metrics[0]["tokens_per_s"]
+            a, b = metrics[0]["noise"], m["noise"]
+            within = noise.within(ratio, a, b)
+            speed += (f" ({ratio:.2f}x {html.escape(labels[0])}'s"
+                      + (f", {noise.within_text(a, b)}" if within else "") + ")")
+        timing = noise.describe(m["noise"])
+        peak = m["peak_gpu_mem_bytes"]
+        memory = (f"peak GPU memory {peak / MB:,.1f} MB" if _finite(peak) and peak > 0
+                  else "no GPU memory (CPU run)")
+        lines = [f"<b>{html.escape(label)}</b>: {state} {why}.{next_}",
+                 "; ".join(x for x in (speed, memory) if x)
+                 + f" <span class=note>({html.escape(timing)})</span>",
+                 f"bound: {html.escape(verdict(rec).text)}; next knob: "
+                 f"{html.escape(next_knob(rec).text)}"]
+        items.append("<li>" + "<br>".join(lines) + "</li>")
+    return f"<ul class=story>{''.join(items)}</ul>"
+
+
+def summary_table_html(recs: Sequence[RunRecord], digest_chars: int = DIGEST_CHARS) -> str:
+    """Runs side by side (one column per run): ``telemetry.summary``'s rows, the CLI's table;
+    tokens/s and peak GPU memory with the ratio to the first run ("within noise" where the
+    runs' timing noise covers it)."""
+    return _table(["", *run_labels(recs)],
+                  [[label, *cells] for label, cells in table(recs, digest_chars)])
+
+
+def settings_html(recs: Sequence[RunRecord]) -> str:
+    """One table of the settings that differ between the runs, the rest folded."""
+    keys = differing([r.config for r in recs])
+    labels = run_labels(recs)
+    same = [k for k in recs[0].config if k not in keys]
+    head = (_table(["setting", *labels], [[k, *(value_text(r.config.get(k, "-")) for r in recs)]
+                                          for k in keys])
+            if keys else "<p>Every setting is the same in every run.</p>")
+    rest = _table(["setting", "value", "unit", "help"],
+                  [_config_row(k, recs[0].config[k]) for k in same])
+    return (f"<h3>settings that differ</h3>{head}"
+            + _folded(f"the {len(same)} settings every run shares", rest))
 
 
 def why_html(recs: Sequence[RunRecord], labels: bool = True) -> str:
@@ -196,15 +219,21 @@ def digest_note(recs: Sequence[RunRecord]) -> str:
 
 def config_table_html(rec: RunRecord) -> str:
     """The run's settings with their units; fields unknown to this version are shown as is."""
-    rows = []
-    for key, value in rec.config.items():
-        try:
-            info = knob_info(key)
-            unit, help_ = info.get("unit") or "", info.get("help") or ""
-        except KeyError:
-            unit = help_ = ""
-        rows.append([key, _fmt(value), unit, help_])
-    return _table(["field", "value", "unit", "help"], rows)
+    return _table(["field", "value", "unit", "help"],
+                  [_config_row(k, v) for k, v in rec.config.items()])
+
+
+def _config_row(key: str, value: Any) -> list[str]:
+    try:
+        info = knob_info(key)
+        unit, help_ = info.get("unit") or "", info.get("help") or ""
+    except KeyError:
+        unit = help_ = ""
+    return [key, fmt_value(value), unit, help_]
+
+
+def _folded(summary: str, body: str) -> str:
+    return f"<details><summary>{html.escape(summary)}</summary>{body}</details>"
 
 
 def _figure_html(fig: go.Figure) -> str:
@@ -226,18 +255,6 @@ def _cell(text: str) -> str:
 
 def _finite(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _fmt(v: Any, fmt: str | None = None) -> str:
-    if v is None or isinstance(v, float) and not math.isfinite(v):
-        return "-"
-    if fmt is not None and _finite(v):
-        return fmt.format(v)
-    if isinstance(v, float):
-        return f"{v:.6g}"
-    if isinstance(v, int) and not isinstance(v, bool):
-        return f"{v:,}"
-    return str(v)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -186,7 +186,7 @@ class SweepPanel:
         """Tune the base settings on a daemon thread (the Tune button): the planner's ``top``
         settings within the budget, ``trial_steps`` steps each; the fastest goes to
         ``<folder>/best.toml``."""
-        from workbench.recipes.tune import tune
+        from workbench.recipes.tune import gpu_problems, tune
 
         if self.running:
             self._say("a sweep is already going: Stop it first")
@@ -195,6 +195,10 @@ class SweepPanel:
             base = self._base_config()
         except ConfigError as e:
             self.grid_info.value = _problems(e.problems)
+            return None
+        refused = gpu_problems(base)  # on a CPU: one line, no thread, no folder
+        if refused:
+            self.grid_info.value = _problems(refused)
             return None
         folder = self._folder("tune")
         budget = self.budget.value or None
@@ -205,6 +209,10 @@ class SweepPanel:
                                         start=self._adopt)
             if r.toml is None:
                 return f"{r.sweep.status}: no trial finished; folder {folder}"
+            tied = r.sweep.extra.get("within_noise") or []
+            if len(tied) > 1:  # no winner: the planner's first choice among them is kept
+                return (f"no winner: {len(tied)} trials within noise of each other; kept the "
+                        f"planner's first choice, {r.best.name}; settings written to {r.toml}")
             return f"fastest: {r.best.name}; settings written to {r.toml}"
 
         return self._start(work, folder, f"tuning: planning candidates -> {folder}")
@@ -257,12 +265,13 @@ class SweepPanel:
                       f"{e.step + 1} of {p.cfg.steps}")
 
     def _show(self) -> None:
-        """Redraw the table and the comparison of the finished runs (fastest first)."""
+        """Redraw the table and the comparison of the finished runs (best first)."""
         s = self.sweep_obj
         if s is None:
             return
         points = [p.to_json(s.out_dir) for p in s.points]
-        self.table.value = sweep_table_html(points, predicted_vs_measured=s.kind == "tune")
+        self.table.value = sweep_table_html(points, predicted_vs_measured=s.kind == "tune",
+                                            rank=s.rank, config=s.base.to_dict())
         try:
             recs = s.records()
         except FileNotFoundError:  # a run directory removed under us: the table still stands
