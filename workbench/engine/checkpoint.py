@@ -73,16 +73,20 @@ def halves(n_groups: int) -> tuple[range, range]:
     return range(0, cut), range(cut, n_groups)
 
 
-def write_checkpoint(root: Path, snap: Snapshot, pause_s: float = 0.0) -> Path:
+def write_checkpoint(root: Path, snap: Snapshot, pause_s: float = 0.0, name: str = "",
+                     per_group: bool = False) -> Path:
     """Write ``snap`` under ``root`` atomically; returns the final folder.
 
-    ``pause_s`` sleeps between shards (tests use it to kill a writer mid-way)."""
+    ``pause_s`` sleeps between shards (tests use it to kill a writer mid-way). ``name``: the
+    folder's name (default ``step-NNNNNNNN``). ``per_group``: one shard per group rather than
+    the two halves, so a ``LazyFlats`` snapshot is written holding one group at a time (the
+    end-of-run weights, ``recipes/train.py``)."""
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step-{snap.step:08d}"
-    tmp = root / f"step-{snap.step:08d}.partial"
+    final = root / (name or f"step-{snap.step:08d}")
+    tmp = root / f"{final.name}.partial"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        return _write_folder(root, tmp, final, snap, pause_s)
+        return _write_folder(root, tmp, final, snap, pause_s, per_group)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # a failed write (a full disk) leaves nothing
         raise
@@ -103,12 +107,19 @@ def _save_shard(tensors: dict[str, torch.Tensor], path: Path) -> None:
         raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(path)) from None
 
 
-def _write_folder(root: Path, tmp: Path, final: Path, snap: Snapshot, pause_s: float) -> Path:
+def _write_folder(root: Path, tmp: Path, final: Path, snap: Snapshot, pause_s: float,
+                  per_group: bool) -> Path:
     tmp.mkdir()
-    shards = {}
-    for part, idx in zip(("p1", "p2"), halves(len(snap.flats))):
+    shards, numels = {}, {}
+    n = len(snap.flats)
+    parts = ([(f"g{i:05d}", [i]) for i in range(n)] if per_group
+             else zip(("p1", "p2"), halves(n)))
+    for part, idx in parts:
         path = tmp / f"{part}.safetensors"
-        _save_shard({snap.names[i]: snap.flats[i].contiguous() for i in idx}, path)
+        tensors = {snap.names[i]: snap.flats[i].contiguous() for i in idx}
+        numels.update((name, t.numel()) for name, t in tensors.items())
+        _save_shard(tensors, path)
+        del tensors  # a lazy snapshot's group is dropped before the next is made
         with open(path, "rb+") as fh:
             os.fsync(fh.fileno())  # the shard is on disk before the manifest can name it
         shards[path.name] = _sha256(path)
@@ -117,8 +128,7 @@ def _write_folder(root: Path, tmp: Path, final: Path, snap: Snapshot, pause_s: f
 
             time.sleep(pause_s)
     manifest = {"format": FORMAT, "step": snap.step, "pending": snap.pending,
-                "config": snap.config, "groups": [[n, f.numel()] for n, f in
-                                                  zip(snap.names, snap.flats)],
+                "config": snap.config, "groups": [[name, numels[name]] for name in snap.names],
                 "n_decay": snap.n_decay, "shards": shards}
     mtmp = tmp / "manifest.json.tmp"
     mtmp.write_text(json.dumps(manifest, indent=1))

@@ -403,6 +403,8 @@ class TrainRecipe:
                 rec.info["digest_seconds"] = time.perf_counter() - began
         with rec.lock:
             rec.summary = _summary(rec, self.engine, self.device)
+        if self.out_dir is not None and self.cfg.save_final and rec.status in ("done", "stopped"):
+            self._save_final()
         if self.dist is not None:  # every rank's own view, merged into rank 0's record
             mine = {"rank": self.dist.rank, "device": str(self.device),
                     "param_digest": rec.param_digest, "summary": rec.summary,
@@ -426,6 +428,28 @@ class TrainRecipe:
             if self.rundir is not None:
                 self.rundir.finish()
         return rec
+
+    def _save_final(self) -> None:
+        """The end-of-run weights (pending update applied) in ``RUN_DIR/weights``, in the
+        checkpoint format with a shard per group, written one group at a time (a streamed block
+        is decoded when it is reached): what ``python -m workbench export`` reads. A failed
+        write (a full disk) is reported and costs nothing else."""
+        from workbench.engine.checkpoint import Snapshot, write_checkpoint
+        from workbench.engine.groups import LazyFlats
+
+        began, flats = time.perf_counter(), self.engine.state_flats()
+        layouts = self.engine.group_layouts()
+        host = LazyFlats(len(layouts), lambda k: flats[k].detach().to("cpu", torch.float32))
+        snap = Snapshot(self.step, host, [lay.name for lay in layouts], None, self.cfg.to_dict(),
+                        [lay.n_decay for lay in layouts])
+        try:
+            write_checkpoint(self.out_dir, snap, name="weights", per_group=True)
+        except OSError as e:
+            artefact_failed("weights", e)
+            return
+        with self.record.lock:
+            self.record.info["final_weights"] = {"step": self.step,
+                                                 "seconds": time.perf_counter() - began}
 
     def fail(self, error: BaseException) -> None:
         """Record how the run ended by ``error``: stopped (a signal), failed otherwise, with one
