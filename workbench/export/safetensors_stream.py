@@ -1,4 +1,4 @@
-"""A safetensors file written a tensor at a time, its header first.
+"""safetensors files written and read a tensor at a time, without holding a file in memory.
 
 ``safetensors.torch.save_file`` takes every tensor of a file at once; an export shard of 5 GB
 would then hold 5 GB of tensors in host memory. The format is simple enough to stream: an
@@ -7,6 +7,12 @@ range, then the bytes in that order. Every tensor's name, dtype and shape is kno
 weight is read (the group layouts), so the header is written first and each tensor's bytes
 follow as its group arrives, cast to the file's dtype a chunk at a time (host memory: one
 chunk of ``CHUNK`` elements beside the caller's fp32 group).
+
+``read_fp32`` reads one tensor back as fp32 with plain reads into its own buffer, not through a
+memory map: a mapped file's pages count in the process's resident memory while the tensor is
+copied out of them (two copies of a group at once), and a bf16 tensor would be held in both
+dtypes. Here the fp32 result is the only large buffer (a bf16 / fp16 tensor is widened a chunk
+at a time).
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ import torch
 #: Elements cast per write when the file's dtype is not fp32 (16 MiB of fp32).
 CHUNK = 1 << 22
 DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+FROM_NAME = {v: k for k, v in DTYPES.items()}
 #: A 2-byte dtype is written through a same-size integer view (numpy has no bfloat16).
 _RAW = {torch.float32: torch.float32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 
@@ -108,3 +115,44 @@ class StreamWriter:
 
     def abort(self) -> None:
         self._fh.close()
+
+
+def read_header(path: Path) -> tuple[int, dict]:
+    """(byte offset of the data, the JSON header) of a safetensors file."""
+    with open(path, "rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        return 8 + n, json.loads(fh.read(n))
+
+
+def read_fp32(path: Path, name: str, header: tuple[int, dict] | None = None) -> torch.Tensor:
+    """Tensor ``name`` of the file at ``path`` as a new flat fp32 CPU tensor (see the module
+    doc). ``header``: ``read_header(path)``, if the caller has it."""
+    start, entries = header or read_header(path)
+    entry = entries[name]
+    dtype = FROM_NAME.get(entry["dtype"])
+    if dtype is None:
+        raise ValueError(f"{path.name}: {name} is {entry['dtype']}, not a float dtype read here")
+    lo, hi = entry["data_offsets"]
+    size = torch.empty((), dtype=dtype).element_size()
+    out = torch.empty((hi - lo) // size, dtype=torch.float32)
+    with open(path, "rb", buffering=0) as fh:
+        fh.seek(start + lo)
+        if dtype == torch.float32:
+            _read_into(fh, out)
+            return out
+        buf = torch.empty(min(CHUNK, out.numel()), dtype=dtype)
+        for at in range(0, out.numel(), CHUNK):
+            piece = buf[:min(CHUNK, out.numel() - at)]
+            _read_into(fh, piece)
+            out[at:at + piece.numel()].copy_(piece)  # exact: fp32 holds every bf16 / fp16
+    return out
+
+
+def _read_into(fh, t: torch.Tensor) -> None:
+    view = memoryview(t.view(_RAW[t.dtype]).numpy()).cast("B")
+    got = 0
+    while got < len(view):
+        n = fh.readinto(view[got:])
+        if not n:
+            raise ValueError(f"{fh.name}: truncated")
+        got += n

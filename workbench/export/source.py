@@ -26,6 +26,7 @@ from workbench.engine.checkpoint import (CheckpointError, Snapshot, checkpoint_s
                                          complete_checkpoints, read_checkpoint)
 from workbench.engine.groups import LazyFlats
 from workbench.export.pending import PendingFlush
+from workbench.export.safetensors_stream import read_fp32, read_header
 from workbench.recipes.rundir import read_history
 from workbench.telemetry.record import RecordError, RunRecord
 
@@ -151,11 +152,25 @@ def _manifest(path: Path) -> dict:
 
 
 def _read(path: Path) -> Snapshot:
+    """The checkpoint at ``path``, verified (shard digests, groups) by ``read_checkpoint``, its
+    groups read by plain reads rather than through a memory map (``read_fp32``)."""
     groups = _manifest(path)["groups"]
+    names = [g[0] for g in groups]
     try:
-        return read_checkpoint(path, [g[0] for g in groups], [g[1] for g in groups])
+        snap = read_checkpoint(path, names, [g[1] for g in groups])
     except CheckpointError as e:
         raise ExportError(str(e)) from None
+    where: dict[str, tuple[Path, tuple[int, dict]]] = {}
+    for shard in _manifest(path)["shards"]:
+        header = read_header(path / shard)
+        where.update((name, (path / shard, header)) for name in header[1] if name in names)
+
+    def load(k: int) -> torch.Tensor:
+        file, header = where[names[k]]
+        return read_fp32(file, names[k], header)
+
+    snap.flats = LazyFlats(len(names), load)
+    return snap
 
 
 def _status_line(run_dir: Path, rec: RunRecord) -> str:
