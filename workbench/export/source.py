@@ -103,7 +103,7 @@ def run_weights(run_dir: str | Path, step: int | None = None, force: bool = Fals
     if step is not None:
         picked = [c for c in candidates if c[0] == step]
         if not picked:
-            have = ", ".join(str(s) for s, _ in candidates) or "none"
+            have = ", ".join(str(s) for s in sorted({s for s, _ in candidates})) or "none"
             raise ExportError(f"--step: {run_dir} has no weights after {step} steps (it has "
                               f"weights after: {have})")
     else:
