@@ -13,14 +13,13 @@ from workbench.config import load_config, parse_sets
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from workbench.export.exporter import export_run
+    from workbench.export.exporter import KINDS, export_run
 
     res = export_run(args.run_dir, args.out, dtype=args.dtype, step=args.step,
                      shard_size=args.shard_size, merge=args.merge, force=args.force,
                      overwrite=args.overwrite, device=args.device,
                      progress=None if args.quiet else _progress())
-    what = {"model": "model", "adapter": "PEFT adapter", "merged": "merged model"}[res.kind]
-    print(f"exported the {what} after {res.step} steps ({res.origin}, {res.dtype}) to "
+    print(f"exported the {KINDS[res.kind]} after {res.step} steps ({res.origin}, {res.dtype}) to "
           f"{res.out.resolve()} in {res.seconds:.1f} s")
     if res.matches_run is True:
         print(f"param_digest {res.digest[:16]} equals the run's")

@@ -35,6 +35,7 @@ from workbench.models.adapter import BlockAdapter
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+KINDS = {"model": "model", "adapter": "PEFT adapter", "merged": "merged model"}
 INFO_FILE = "workbench_export.json"  # provenance: the run, its digests, what was written
 
 
@@ -118,6 +119,17 @@ def _export(folder: AtomicFolder, weights: RunWeights, dtype: str | None, size: 
         files = sorted(p.name for p in tmp.iterdir())
     return ExportResult(folder.out, kind, weights.step, weights.origin, NAMES[want], digest,
                         matches, time.perf_counter() - began, files)
+
+
+def export_line(run_dir: Path, out: Path) -> str:
+    """Export ``run_dir`` to ``out`` (replaced if there) and say how it went in one line (the
+    panel's Export model button)."""
+    try:
+        res = export_run(run_dir, out, overwrite=True)
+    except ConfigError as e:  # ExportError and the run's settings: one line each
+        return f"export failed: {'; '.join(e.problems)}"
+    return (f"exported the {KINDS[res.kind]} after {res.step} steps to {res.out} "
+            f"({res.dtype}, {res.seconds:.1f} s)")
 
 
 def _run_config(config: dict[str, Any]) -> RunConfig:

@@ -33,7 +33,8 @@ from workbench.telemetry.record import RunRecord, atomic_write, write_json
 WRITE_EVERY_S = 30.0
 #: What a run writes in its directory (``--overwrite`` removes these and nothing else).
 RUN_FILES = ("run.json", "history.jsonl", "events.json.gz", "samples.json.gz", "trace.json",
-             "checkpoints", "report.html", "weights", "weights.partial")
+             "checkpoints", "report.html", "weights", "weights.partial", "tensorboard", "wandb",
+             "mlruns")
 LOCK = "run.lock"
 
 

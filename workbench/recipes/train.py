@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from workbench import distributed
-from workbench.config import ZO_METHODS, ConfigError, RunConfig, check_environment
+from workbench.config import ZO_METHODS, ConfigError, RunConfig, check_environment, trackers
 from workbench.data.task import build_task, make_objective
 from workbench.engine import build_engine
 from workbench.engine.checkpoint import AsyncCheckpointer, StepLog
@@ -91,6 +91,7 @@ class TrainRecipe:
         self._prepared = False
         self._resume_from: list[str] = []  # checkpoint names to try, newest first
         self._unsubscribe_rundir = lambda: None
+        self.trackers = None  # report_to's (``telemetry/trackers.py``), from setup on
 
     # --- setup ------------------------------------------------------------------------------
     def prepare(self, resume: bool = False) -> "TrainRecipe":
@@ -116,6 +117,9 @@ class TrainRecipe:
                 self.rundir.check_new(self.overwrite)
         if resume:
             self._resume_from = plan_resume(cfg, self.checkpoint_root, previous, self.dist)
+        if trackers(cfg) and self.out_dir is None and main:
+            raise ConfigError(["report_to: trackers write into the run directory; give the run "
+                               "one (--out)"])
         check_model_folder(cfg.model)
         if not self.force:  # arithmetic only: before the tokenizer, which may need the Hub
             check_fits(cfg)
@@ -142,6 +146,8 @@ class TrainRecipe:
         ``resume``, continue from the newest usable checkpoint."""
         self.prepare(resume)
         cfg = self.cfg
+        if trackers(cfg) and self.out_dir is not None:
+            self._start_trackers()
         torch.manual_seed(cfg.seed)
         self.device = self.dist.device(cfg) if self.dist else torch.device(cfg.device)
         cap_gpu_memory(cfg, self.device)
@@ -176,6 +182,17 @@ class TrainRecipe:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         return self
+
+    def _start_trackers(self) -> None:
+        """report_to's trackers, subscribed like the collector (a failed start: one line)."""
+        from workbench.telemetry.trackers import Trackers
+
+        try:
+            self.trackers = Trackers(trackers(self.cfg), self.cfg.to_dict(), self.out_dir,
+                                     self.record.name)
+        except RuntimeError as e:
+            raise ConfigError([str(e)]) from None
+        self._unsubscribe_trackers = self.bus.subscribe(self.trackers)
 
     def _checkpoint_root(self) -> Path | None:
         cfg = self.cfg
@@ -472,6 +489,9 @@ class TrainRecipe:
         if error is not None and self.record.status in ("new", "running"):
             self.fail(error)
         try:
+            if self.trackers is not None:
+                self._unsubscribe_trackers()
+                self.trackers.close(self.record.status, self.record.summary)
             if self.checkpointer is not None:
                 self.checkpointer.close()
             if self.sampler is not None:
