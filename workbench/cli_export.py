@@ -15,10 +15,14 @@ from workbench.config import load_config, parse_sets
 def cmd_export(args: argparse.Namespace) -> int:
     from workbench.export.exporter import KINDS, export_run
 
-    res = export_run(args.run_dir, args.out, dtype=args.dtype, step=args.step,
-                     shard_size=args.shard_size, merge=args.merge, force=args.force,
-                     overwrite=args.overwrite, device=args.device,
-                     progress=None if args.quiet else _progress())
+    try:
+        res = export_run(args.run_dir, args.out, dtype=args.dtype, step=args.step,
+                         shard_size=args.shard_size, merge=args.merge, force=args.force,
+                         overwrite=args.overwrite, device=args.device,
+                         progress=None if args.quiet else _progress())
+    except KeyboardInterrupt:  # the temporary folder is already removed
+        print(f"error: export interrupted; nothing was written to {args.out}", file=sys.stderr)
+        return 130
     print(f"exported the {KINDS[res.kind]} after {res.step} steps ({res.origin}, {res.dtype}) to "
           f"{res.out.resolve()} in {res.seconds:.1f} s")
     if res.matches_run is True:

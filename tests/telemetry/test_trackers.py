@@ -112,3 +112,38 @@ def test_trackers_are_checked_before_anything_runs(tmp_path, monkeypatch, capsys
     assert capsys.readouterr().err.strip().splitlines() == [
         "error: report_to: mlflow is not installed; pip install 'zo-workbench[mlflow]'"]
     assert not (tmp_path / "out").exists()
+
+
+def test_a_failing_tracker_is_dropped_with_a_warning_and_the_others_go_on(tmp_path,
+                                                                          monkeypatch):
+    from workbench.engine.events import StepEvent
+    from workbench.telemetry import trackers
+
+    class Broken:
+        name = "wandb"
+
+        def __init__(self, *args):
+            self.logged, self.closed = [], None
+
+        def log(self, step, metrics):
+            raise OSError("No space left on device")
+
+        def close(self, status, summary):
+            self.closed = status
+
+    class Fine(Broken):
+        name = "mlflow"
+
+        def log(self, step, metrics):
+            self.logged.append((step, metrics["train/loss"]))
+
+    monkeypatch.setattr(trackers, "SINKS", {"wandb": Broken, "mlflow": Fine})
+    t = trackers.Trackers(["wandb", "mlflow"], {}, tmp_path, "x")
+    broken, fine = t.sinks
+    with pytest.warns(UserWarning, match=r"report_to: wandb stopped logging at step 0 "
+                                         r"\(OSError: No space left on device\)"):
+        for step in range(3):
+            t(StepEvent(step, 1.0 + step, 0.1, 0.5, 10))
+        t.close("done", {})
+    assert fine.logged == [(0, 1.0), (1, 2.0), (2, 3.0)] and fine.closed == "done"
+    assert broken.closed == "failed"  # closed as failed when it was dropped

@@ -54,6 +54,7 @@ class ExportResult:
     matches_run: bool | None
     seconds: float
     files: list[str]
+    numels: list[int]  # elements of each group written (base groups for a merge)
 
 
 def export_run(run_dir: str | Path, out: str | Path, *, dtype: str | None = None,
@@ -117,8 +118,9 @@ def _export(folder: AtomicFolder, weights: RunWeights, dtype: str | None, size: 
         (tmp / INFO_FILE).write_text(json.dumps(facts | {"matches_run_digest": matches},
                                                 indent=1))
         files = sorted(p.name for p in tmp.iterdir())
+    numels = [lay.numel for lay in (model.base if kind != "adapter" else model.trainable)]
     return ExportResult(folder.out, kind, weights.step, weights.origin, NAMES[want], digest,
-                        matches, time.perf_counter() - began, files)
+                        matches, time.perf_counter() - began, files, numels)
 
 
 def export_line(run_dir: Path, out: Path) -> str:
@@ -222,17 +224,10 @@ class _Model:
 def _write_model(tmp: Path, weights: RunWeights, model: _Model, dtype: torch.dtype,
                  size: int, progress, merged: bool) -> str:
     """The weights files of a full model; returns the digest of the trained groups."""
-    writer = WeightsWriter(tmp, tensor_specs(model.base), dtype, size)
-    try:
+    with WeightsWriter(tmp, tensor_specs(model.base), dtype, size) as writer:
         if merged:
-            digest = _merged(writer, weights, model, progress)
-        else:
-            digest = fingerprint(_written(writer, weights.groups, progress))[0]
-        writer.close()
-    except BaseException:
-        writer.abort()
-        raise
-    return digest
+            return _merged(writer, weights, model, progress)
+        return fingerprint(_written(writer, weights.groups, progress))[0]
 
 
 def _written(writer: WeightsWriter, groups, progress):
@@ -276,14 +271,9 @@ def _merged(writer: WeightsWriter, weights: RunWeights, model: _Model, progress)
 
 def _write_adapter(tmp: Path, weights: RunWeights, model: _Model, dtype: torch.dtype,
                    size: int, progress) -> str:
-    writer = WeightsWriter(tmp, tensor_specs(model.trainable, peft_key), dtype,
-                           max(size, 1 << 62), prefix="adapter_model")  # one file, as peft's
-    try:
+    with WeightsWriter(tmp, tensor_specs(model.trainable, peft_key), dtype, max(size, 1 << 62),
+                       prefix="adapter_model") as writer:  # one file, as peft writes it
         digest = fingerprint(_written(writer, weights.groups, progress))[0]
-        writer.close()
-    except BaseException:
-        writer.abort()
-        raise
     write_adapter_config(tmp, weights.config, model.trainable, model.base_name())
     return digest
 

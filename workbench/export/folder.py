@@ -14,7 +14,6 @@ a time and are written straight into the open shard (``safetensors_stream.py``).
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import tempfile
@@ -22,9 +21,11 @@ from pathlib import Path
 
 import torch
 
+from workbench.engine.checkpoint import _fsync_dir
 from workbench.engine.groups import GroupLayout
 from workbench.export.safetensors_stream import StreamWriter, TensorSpec, file_bytes
 from workbench.export.source import ExportError
+from workbench.recipes.outcome import os_error
 
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
@@ -64,7 +65,7 @@ class AtomicFolder:
             self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.partial-",
                                              dir=self.out.parent))
         except OSError as e:
-            raise ExportError(f"--out: cannot write in {self.out.parent} ({_os_line(e)})") from None
+            raise ExportError(f"--out: cannot write in {self.out.parent} ({os_error(e)})") from None
         return self.tmp
 
     def __exit__(self, kind, error, tb) -> bool:
@@ -72,11 +73,11 @@ class AtomicFolder:
         if error is not None:
             shutil.rmtree(tmp, ignore_errors=True)
             if isinstance(error, OSError):
-                raise ExportError(f"--out: the export failed and left nothing ({_os_line(error)})"
+                raise ExportError(f"--out: the export failed and left nothing ({os_error(error)})"
                                   ) from None
             return False
         try:
-            _fsync(tmp)
+            _fsync_dir(tmp)
             old = None
             if self.out.exists():
                 if not self.overwrite:  # made meanwhile by someone else: keep theirs
@@ -85,27 +86,15 @@ class AtomicFolder:
                 old = self.out.with_name(f".{self.out.name}.old-{tmp.name.rsplit('-', 1)[-1]}")
                 self.out.rename(old)
             tmp.rename(self.out)  # the folder exists, complete, from this rename on
-            _fsync(self.out.parent)
+            _fsync_dir(self.out.parent)
             if old is not None:
                 shutil.rmtree(old, ignore_errors=True)
         except BaseException as e:
             shutil.rmtree(tmp, ignore_errors=True)
             if isinstance(e, OSError):
-                raise ExportError(f"--out: {self.out} not published ({_os_line(e)})") from None
+                raise ExportError(f"--out: {self.out} not published ({os_error(e)})") from None
             raise
         return False
-
-
-def _os_line(e: OSError) -> str:
-    return (e.strerror or str(e)) + (f": {e.filename}" if e.filename else "")
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(str(path), os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def tensor_specs(layouts: list[GroupLayout], rename=lambda name: name) -> list[list[TensorSpec]]:
@@ -127,7 +116,8 @@ def plan_shards(specs: list[TensorSpec], dtype: torch.dtype, shard_size: int
 class WeightsWriter:
     """Writes groups (fp32 (n,) each, in order; ``specs[k]`` the tensors of group k, in
     order) as ``prefix.safetensors``, or shards with ``prefix.safetensors.index.json``:
-    ``write(k, values)`` each group in turn, then ``close()``."""
+    ``with WeightsWriter(...) as w:`` ``w.write(k, values)`` each group in turn; the last
+    shard and the index are written when the block ends without an error."""
 
     def __init__(self, folder: Path, specs: list[list[TensorSpec]], dtype: torch.dtype,
                  shard_size: int, prefix: str = "model"):
@@ -170,6 +160,12 @@ class WeightsWriter:
             (self.folder / f"{self.prefix}.safetensors.index.json").write_text(
                 json.dumps(index, indent=2))
 
-    def abort(self) -> None:
-        if self._writer is not None:
-            self._writer.abort()
+    def __enter__(self) -> "WeightsWriter":
+        return self
+
+    def __exit__(self, kind, error, tb) -> bool:
+        if error is None:
+            self.close()
+        elif self._writer is not None:
+            self._writer.abort()  # the folder it is in is removed by ``AtomicFolder``
+        return False

@@ -157,6 +157,7 @@ class RunDir:
                             _remove(p)
             for tmp in self.path.glob("*.tmp"):
                 tmp.unlink(missing_ok=True)
+            _remove(self.path / "weights.partial")  # a final-weights write a kill cut short
             if self.checkpoint_root is not None and self.checkpoint_root.is_dir():
                 for partial in self.checkpoint_root.glob("step-*.partial"):
                     shutil.rmtree(partial, ignore_errors=True)  # a write a kill cut short

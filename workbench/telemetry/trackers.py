@@ -22,6 +22,7 @@ pcie/d2h_bytes, eval/<metric>. Values a method does not have (NaN) are left out.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import netrc
@@ -29,6 +30,7 @@ import os
 import queue
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -94,8 +96,16 @@ class Trackers:
     def _drain(self) -> None:
         while (item := self._queue.get()) is not _END:
             step, metrics = item
-            for sink in self.sinks:
-                sink.log(step, metrics)
+            for sink in list(self.sinks):
+                try:
+                    sink.log(step, metrics)
+                except Exception as e:  # a tracker that fails is dropped; the run goes on
+                    self.sinks.remove(sink)
+                    with contextlib.suppress(Exception):
+                        sink.close("failed", {})
+                    warnings.warn(f"report_to: {sink.name} stopped logging at step {step} "
+                                  f"({type(e).__name__}: {str(e).splitlines()[0][:200]})",
+                                  stacklevel=1)
 
     def close(self, status: str, summary: dict[str, Any]) -> None:
         """Write what is queued, then the run's end (status, summary) and close each tracker."""
@@ -111,6 +121,8 @@ def _scalars(summary: dict[str, Any]) -> dict[str, float]:
 
 
 class TensorBoardSink:
+    name = "tensorboard"
+
     def __init__(self, config: dict[str, Any], run_dir: Path, name: str):
         from torch.utils.tensorboard import SummaryWriter
 
@@ -129,6 +141,8 @@ class TensorBoardSink:
 
 
 class WandbSink:
+    name = "wandb"
+
     def __init__(self, config: dict[str, Any], run_dir: Path, name: str):
         import wandb
 
@@ -157,6 +171,7 @@ def _wandb_key() -> bool:
 
 
 class MlflowSink:
+    name = "mlflow"
     STATUS = {"done": "FINISHED", "stopped": "KILLED"}  # anything else: FAILED
 
     def __init__(self, config: dict[str, Any], run_dir: Path, name: str):
