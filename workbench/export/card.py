@@ -17,6 +17,8 @@ from workbench.config import HUB_ID, ZO_METHODS
 SETTINGS = ("lr", "eps", "weight_decay", "batch_size", "seq_len", "seed", "train_samples",
             "amp", "codec", "master", "peft", "lora_rank", "lora_alpha", "lora_targets",
             "base_codec", "template", "label_words", "max_new_tokens")
+#: Presets with real weights, and the Hub model they are (random-init presets have none).
+HUB_BASES = {"smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct"}
 METHODS = {
     "mezo": "MeZO (zeroth-order SPSA, two forward passes per step, whole model on the device)",
     "zo-offload": "ZO-offload (zeroth-order SPSA with the blocks streamed from host memory)",
@@ -39,6 +41,8 @@ def model_card(info: dict[str, Any]) -> str:
              + (["lora"] if cfg.get("peft") == "lora" else [])}
     if HUB_ID.fullmatch(str(model)) and not str(model).startswith((".", "/", "~")):
         front["base_model"] = model
+    elif model in HUB_BASES:
+        front["base_model"] = HUB_BASES[model]
     data = str(cfg.get("data", ""))
     if data.startswith("hf:"):
         front["datasets"] = [data[3:].split(":")[0]]
@@ -109,6 +113,8 @@ def _matters(key: str, cfg: dict) -> bool:
         return cfg.get("objective", "classify") == "classify"
     if key == "max_new_tokens":
         return cfg.get("objective") == "completion"
+    if key == "train_samples":
+        return bool(cfg.get(key))  # 0: every example
     return True
 
 

@@ -64,7 +64,7 @@ def export_run(run_dir: str | Path, out: str | Path, *, dtype: str | None = None
     """Export a run's weights to ``out`` (see the module doc).
 
     Args:
-        dtype: fp32, bf16 or fp16 (None: the model's own, fp32 for presets).
+        dtype: fp32, bf16 or fp16 (None: the model's own, fp32 for presets and adapters).
         step: a checkpoint's weights (or ``RUN_DIR/weights``') after this many steps.
         shard_size: largest weights file (bytes, or "5GB", "500MB", "2GiB").
         merge: a ``peft=lora`` run: the merged full model instead of the adapter.
@@ -98,13 +98,14 @@ def _export(folder: AtomicFolder, weights: RunWeights, dtype: str | None, size: 
     kind = "merged" if merge else "adapter" if cfg.peft == "lora" else "model"
     model = _Model(cfg)
     model.check(weights)
-    want = DTYPES[dtype] if dtype else model.own_dtype()
+    # default: the model's own dtype; an adapter's, fp32 (it trained in fp32, as peft keeps it)
+    want = DTYPES[dtype] if dtype else torch.float32 if kind == "adapter" else model.own_dtype()
     with folder as tmp:
+        ids = save_tokenizer(cfg.model, cfg.resolved_data_dir, tmp)  # first: it may refuse
         if kind == "adapter":
             digest = _write_adapter(tmp, weights, model, want, size, progress)
         else:
             digest = _write_model(tmp, weights, model, want, size, progress, merged=merge)
-        ids = save_tokenizer(cfg.model, cfg.resolved_data_dir, tmp)
         if kind != "adapter":
             model.write_configs(tmp, want, ids)
         matches = (digest == weights.expected_digest) if weights.expected_digest else None
@@ -290,6 +291,6 @@ def _facts(weights: RunWeights, kind: str, model: _Model, dtype: torch.dtype,
 
 
 def group_layouts(cfg: RunConfig) -> list[GroupLayout]:
-    """The trainable group layouts of ``cfg``'s model (tests and the notebook use them)."""
+    """The trainable group layouts of ``cfg``'s model (what its checkpoints hold)."""
     return _Model(cfg).trainable
 
