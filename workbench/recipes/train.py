@@ -34,6 +34,7 @@ from workbench.engine.zo_common import step_seed
 from workbench.models.build import build_skeleton, check_model_folder
 from workbench.models.tokenizer import load_tokenizer
 from workbench.planner import check_fits
+from workbench.recipes.final_weights import write_final
 from workbench.recipes.guard import RunGuard
 from workbench.recipes.limits import cap_gpu_memory
 from workbench.recipes.prefetch import BatchPrefetch
@@ -45,6 +46,7 @@ from workbench.telemetry.environment import environment
 from workbench.telemetry.record import RunRecord
 from workbench.telemetry.sampler import Sampler
 from workbench.telemetry.steady import throughput
+from workbench.telemetry.trackers import start_trackers
 
 
 RUN_AHEAD = 2  # steps the loop may run ahead of the published ones
@@ -146,8 +148,9 @@ class TrainRecipe:
         ``resume``, continue from the newest usable checkpoint."""
         self.prepare(resume)
         cfg = self.cfg
-        if trackers(cfg) and self.out_dir is not None:
-            self._start_trackers()
+        if trackers(cfg) and self.out_dir is not None:  # report_to, subscribed as the collector
+            self.trackers = start_trackers(cfg, self.out_dir, self.record.name)
+            self._unsubscribe_trackers = self.bus.subscribe(self.trackers)
         torch.manual_seed(cfg.seed)
         self.device = self.dist.device(cfg) if self.dist else torch.device(cfg.device)
         cap_gpu_memory(cfg, self.device)
@@ -182,17 +185,6 @@ class TrainRecipe:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         return self
-
-    def _start_trackers(self) -> None:
-        """report_to's trackers, subscribed like the collector (a failed start: one line)."""
-        from workbench.telemetry.trackers import Trackers
-
-        try:
-            self.trackers = Trackers(trackers(self.cfg), self.cfg.to_dict(), self.out_dir,
-                                     self.record.name)
-        except RuntimeError as e:
-            raise ConfigError([str(e)]) from None
-        self._unsubscribe_trackers = self.bus.subscribe(self.trackers)
 
     def _checkpoint_root(self) -> Path | None:
         cfg = self.cfg
@@ -421,7 +413,7 @@ class TrainRecipe:
         with rec.lock:
             rec.summary = _summary(rec, self.engine, self.device)
         if self.out_dir is not None and self.cfg.save_final and rec.status in ("done", "stopped"):
-            self._save_final()
+            write_final(self.engine, self.cfg, self.out_dir, self.step, rec)  # RUN_DIR/weights
         if self.dist is not None:  # every rank's own view, merged into rank 0's record
             mine = {"rank": self.dist.rank, "device": str(self.device),
                     "param_digest": rec.param_digest, "summary": rec.summary,
@@ -445,28 +437,6 @@ class TrainRecipe:
             if self.rundir is not None:
                 self.rundir.finish()
         return rec
-
-    def _save_final(self) -> None:
-        """The end-of-run weights (pending update applied) in ``RUN_DIR/weights``, in the
-        checkpoint format with a shard per group, written one group at a time (a streamed block
-        is decoded when it is reached): what ``python -m workbench export`` reads. A failed
-        write (a full disk) is reported and costs nothing else."""
-        from workbench.engine.checkpoint import Snapshot, write_checkpoint
-        from workbench.engine.groups import LazyFlats
-
-        began, flats = time.perf_counter(), self.engine.state_flats()
-        layouts = self.engine.group_layouts()
-        host = LazyFlats(len(layouts), lambda k: flats[k].detach().to("cpu", torch.float32))
-        snap = Snapshot(self.step, host, [lay.name for lay in layouts], None, self.cfg.to_dict(),
-                        [lay.n_decay for lay in layouts])
-        try:
-            write_checkpoint(self.out_dir, snap, name="weights", per_group=True)
-        except OSError as e:
-            artefact_failed("weights", e)
-            return
-        with self.record.lock:
-            self.record.info["final_weights"] = {"step": self.step,
-                                                 "seconds": time.perf_counter() - began}
 
     def fail(self, error: BaseException) -> None:
         """Record how the run ended by ``error``: stopped (a signal), failed otherwise, with one

@@ -34,6 +34,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from workbench.config import ConfigError, RunConfig, trackers
 from workbench.engine.events import EvalEvent, Event, StepEvent
 
 STEP_KEYS = {"loss": "train/loss", "lr": "train/lr", "projected_grad": "train/projected_grad",
@@ -208,3 +209,15 @@ class MlflowSink:
 
 
 SINKS = {"tensorboard": TensorBoardSink, "wandb": WandbSink, "mlflow": MlflowSink}
+
+
+def start_trackers(cfg: RunConfig, run_dir: Path, name: str) -> Trackers:
+    """``cfg.report_to``'s trackers for a run in ``run_dir``.
+
+    Raises:
+        ConfigError: a tracker that would not start, in one line.
+    """
+    try:
+        return Trackers(trackers(cfg), cfg.to_dict(), run_dir, name)
+    except RuntimeError as e:
+        raise ConfigError([str(e)]) from None
