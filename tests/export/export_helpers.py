@@ -8,7 +8,9 @@ import torch
 
 from workbench.config import RunConfig
 from workbench.engine.peft import block_adapter, model_groups
+from workbench.models.adapter import BlockAdapter
 from workbench.models.build import build_skeleton
+from workbench.models.generate import adapter_forward, greedy_decode
 from workbench.recipes.train import TrainRecipe
 from workbench.telemetry.record import RunRecord
 
@@ -36,18 +38,31 @@ def batch(vocab: int = 260, rows: int = 3, width: int = 12, seed: int = 1) -> to
     return torch.randint(4, vocab, (rows, width), generator=gen)
 
 
-def workbench_logits(cfg: RunConfig, flats: list[torch.Tensor], ids: torch.Tensor,
-                     cast: torch.dtype | None = None) -> torch.Tensor:
-    """Logits (B, T, V) of the block adapter's forward (the engines' own model code) with the
-    trainable groups set to ``flats`` (rounded through ``cast`` first, if given) and, for an
-    adapter run, the frozen base as the run built it."""
+def workbench_model(cfg: RunConfig, flats: list[torch.Tensor],
+                    cast: torch.dtype | None = None) -> BlockAdapter:
+    """The block adapter (the engines' own model code) of ``cfg``'s model with the trainable
+    groups set to ``flats`` (rounded through ``cast`` first, if given) and, for an adapter run,
+    the frozen base as the run built it."""
     model, source = build_skeleton(cfg.model)
     adapter = block_adapter(model, cfg)
     _, trainable = model_groups(adapter, source, cfg, torch.device("cpu"))
     for group, flat in zip(trainable, flats):
         group.load(flat if cast is None else flat.to(cast).float())
+    return adapter
+
+
+def workbench_logits(cfg: RunConfig, flats: list[torch.Tensor], ids: torch.Tensor,
+                     cast: torch.dtype | None = None) -> torch.Tensor:
+    """Logits (B, T, V) of ``workbench_model``'s forward."""
     with torch.no_grad():
-        return adapter.forward(ids, torch.ones_like(ids))
+        return workbench_model(cfg, flats, cast).forward(ids, torch.ones_like(ids))
+
+
+def workbench_greedy(cfg: RunConfig, flats: list[torch.Tensor], prompt: list[int], new: int,
+                     eos: int, pad: int) -> list[int]:
+    """The workbench's own greedy continuation of ``prompt`` (``models/generate.py``)."""
+    adapter = workbench_model(cfg, flats)
+    return greedy_decode(adapter_forward(adapter), adapter.head, [prompt], new, eos, pad)[0]
 
 
 def hf_logits(model, ids: torch.Tensor) -> torch.Tensor:

@@ -9,9 +9,9 @@ import json
 import pytest
 import torch
 from safetensors import safe_open
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from export_helpers import SHORT, batch, hf_logits, train_live, workbench_logits
+from export_helpers import SHORT, batch, hf_logits, train_live, workbench_greedy, workbench_logits
 from workbench.config import RunConfig
 from workbench.export.exporter import export_run
 
@@ -52,6 +52,15 @@ def check_round_trip(tmp_path, model: str, method: str, kw: dict) -> None:
     tied = hf.config.tie_word_embeddings
     assert ("lm_head.weight" in keys) == (not tied)  # a tied head is written once, as the embedding
     assert keys == set(hf.state_dict()) - ({"lm_head.weight"} if tied else set())
+    # generation: the folder's tokenizer and generation config, transformers' own generate
+    tok = AutoTokenizer.from_pretrained(tmp_path / "fp32")
+    gen = hf.generation_config
+    assert (gen.bos_token_id, gen.eos_token_id, gen.pad_token_id) == (
+        tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == (1, 2, 0)
+    prompt = tok("The movie was great. It was")["input_ids"]
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False)
+    assert out[0, len(prompt):].tolist() == workbench_greedy(cfg, flats, prompt, 6, 2, 0)
 
     export_run(tmp_path / "run", tmp_path / "bf16", dtype="bf16")
     assert json.loads((tmp_path / "bf16" / "config.json").read_text())["dtype"] == "bfloat16"

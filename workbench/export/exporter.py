@@ -193,21 +193,22 @@ class _Model:
         return self.cfg.model
 
     def write_configs(self, folder: Path, dtype: torch.dtype, ids: dict[str, int]) -> None:
-        """config.json (architectures, dtype) and generation_config.json (the tokenizer's
-        special ids where the model's config has none)."""
+        """config.json (architectures, dtype) and generation_config.json: the model folder's
+        own (the tokenizer's special ids filling what it lacks), else one made from the config
+        with the tokenizer's ids (the tiny presets' byte tokenizer numbers its specials its
+        own way)."""
         from transformers import GenerationConfig
 
         config = copy.deepcopy(self.skeleton.config)
         config.architectures = [type(self.skeleton).__name__]
         config.dtype = NAMES[dtype]
         config.save_pretrained(folder)
-        gen = None
         src = getattr(self.source, "folder", None)
-        if src is not None and (Path(src) / "generation_config.json").is_file():
-            gen = GenerationConfig.from_pretrained(src)
-        gen = gen or GenerationConfig.from_model_config(config)
+        own = src is not None and (Path(src) / "generation_config.json").is_file()
+        gen = GenerationConfig.from_pretrained(src) if own else \
+            GenerationConfig.from_model_config(config)
         for key, value in ids.items():
-            if getattr(gen, key, None) is None:
+            if not own or getattr(gen, key, None) is None:
                 setattr(gen, key, value)
         gen.save_pretrained(folder)
 
