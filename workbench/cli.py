@@ -1,4 +1,5 @@
-"""Command line: ``python -m workbench {run,validate,demo,compare,report,sweep,tune,...} ...``.
+"""Command line: ``python -m workbench {run,validate,demo,compare,report,sweep,tune,export,
+evaluate,...} ...``.
 
 Every subcommand checks its settings before any model is built; a bad setting exits with
 status 2 and one line per problem naming the field and what is allowed.
@@ -392,6 +393,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("run_dirs", nargs="+")
     sp.add_argument("-o", "--out", default="report.html", help="HTML file to write")
     sp.set_defaults(fn=cmd_report)
+    from workbench.cli_export import add_parsers
+
+    add_parsers(sub, common)  # export, evaluate
     return p
 
 

@@ -57,7 +57,8 @@ RESUMABLE = ("steps", "lr", "weight_decay", "eval_every", "eval_samples", "devic
              "overlap", "reuse_buffers", "fused_update", "resident_blocks", "prefetch_depth",
              "telemetry", "sample_hz", "keep_steps", "checkpoint_every", "keep_last",
              "digest_check_every", "host_share", "gpu_mem_limit_gb", "max_new_tokens",
-             "checkpoint_dir", "data_changed_ok", "stop_on")
+             "checkpoint_dir", "data_changed_ok", "stop_on", "save_final",
+             "report_to")
 #: Knobs that answer one question of one start (is changed data all right?): a resumed run
 #: does not inherit them, so the next resume asks again.
 ONE_START = ("data_changed_ok",)
@@ -161,6 +162,10 @@ class RunConfig:
                              unit="Hz", group="telemetry")
     keep_steps: int = _knob(50, "steps whose per-block events are kept in full", lo=1,
                             hi=1_000_000, unit="steps", group="telemetry")
+    report_to: str = _knob("", "trackers logging every step and eval, comma-separated: "
+                           "tensorboard (RUN_DIR/tensorboard), wandb (offline unless logged in "
+                           "or WANDB_MODE says), mlflow (MLFLOW_TRACKING_URI, else RUN_DIR/mlruns)",
+                           group="telemetry")
     # checkpoints
     checkpoint_every: int = _knob(0, "save a checkpoint every N steps (0 = never)", lo=0,
                                   hi=10_000_000, unit="steps", group="checkpoint")
@@ -172,6 +177,9 @@ class RunConfig:
     data_changed_ok: bool = _knob(False, "this resume may go on with data (or a tokenizer) that "
                                   "changed since the run started; run.json records it; not "
                                   "inherited by the next resume", group="checkpoint")
+    save_final: bool = _knob(True, "write the end-of-run weights to RUN_DIR/weights (what "
+                             "python -m workbench export reads), one group at a time",
+                             group="checkpoint")
     # first-order offload (interleaved optimizer states)
     subgroup_size: int = _knob(2_000_000, "parameters per optimizer subgroup", lo=1024,
                                hi=2**31 - 1, unit="params", group="fo")
@@ -311,6 +319,10 @@ def _check_values(cfg: RunConfig) -> list[str]:
         problems.append("master: compressed-sr stores bf16/fp16 on the host; with an fp8 codec use "
                         "master=fp32")
     problems += _check_peft(cfg)
+    problems += [f"report_to: {name!r} is not one of {', '.join(TRACKERS)} (comma-separated)"
+                 for name in trackers(cfg) if name not in TRACKERS]
+    if len(set(trackers(cfg))) < len(trackers(cfg)):
+        problems.append(f"report_to: {cfg.report_to!r} names a tracker twice")
     preset = PRESETS.get(cfg.model)
     if preset is not None and cfg.streaming and cfg.resident_blocks > preset.num_layers:
         problems.append(f"resident_blocks: {cfg.resident_blocks} exceeds the {preset.num_layers} "
@@ -319,6 +331,13 @@ def _check_values(cfg: RunConfig) -> list[str]:
 
 
 PEFT_METHODS = get_args(Method)  # every method trains adapters
+#: report_to's trackers -> the module each needs (installed by the extra of the same name).
+TRACKERS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+
+
+def trackers(cfg: RunConfig) -> list[str]:
+    """The trackers ``report_to`` names, in order (empty: none)."""
+    return [t.strip() for t in cfg.report_to.split(",") if t.strip()]
 
 
 def _check_peft(cfg: RunConfig) -> list[str]:
@@ -576,5 +595,10 @@ def check_environment(cfg: RunConfig) -> None:
     if cfg.method in ("fo", "fo-offload") and cfg.amp == "fp16" and cfg.device == "cpu":
         problems.append("amp: fp16 first-order training needs a GPU loss scaler; use amp=bf16 "
                         "or off on the CPU")
+    import importlib.util
+
+    problems += [f"report_to: {name} is not installed; pip install 'zo-workbench[{name}]'"
+                 for name in trackers(cfg)
+                 if name in TRACKERS and importlib.util.find_spec(TRACKERS[name]) is None]
     if problems:
         raise ConfigError(problems)

@@ -77,17 +77,22 @@ def halves(n_groups: int) -> tuple[range, range]:
 
 
 def write_checkpoint(root: Path, snap: Snapshot, pause_s: float = 0.0,
-                     identity: dict[str, Any] | None = None) -> Path:
+                     identity: dict[str, Any] | None = None, name: str = "",
+                     per_group: bool = False) -> Path:
     """Write ``snap`` under ``root`` atomically; returns the final folder.
 
     ``pause_s`` sleeps between shards (tests use it to kill a writer mid-way); ``identity``
-    (the writing run's, else ``snap.identity``) goes into the manifest."""
+    (the writing run's, else ``snap.identity``) goes into the manifest. ``name``: the
+    folder's name (default ``step-NNNNNNNN``). ``per_group``: one shard per group rather than
+    the two halves, so a ``LazyFlats`` snapshot is written holding one group at a time (the
+    end-of-run weights, ``recipes/final_weights.py``)."""
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step-{snap.step:08d}"
-    tmp = root / f"step-{snap.step:08d}.partial"
+    final = root / (name or f"step-{snap.step:08d}")
+    tmp = root / f"{final.name}.partial"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        return _write_folder(root, tmp, final, snap, pause_s, identity or snap.identity)
+        return _write_folder(root, tmp, final, snap, pause_s, identity or snap.identity,
+                             per_group)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # a failed write (a full disk) leaves nothing
         raise
@@ -109,12 +114,18 @@ def _save_shard(tensors: dict[str, torch.Tensor], path: Path) -> None:
 
 
 def _write_folder(root: Path, tmp: Path, final: Path, snap: Snapshot, pause_s: float,
-                  identity: dict[str, Any] | None) -> Path:
+                  identity: dict[str, Any] | None, per_group: bool) -> Path:
     tmp.mkdir()
-    shards = {}
-    for part, idx in zip(("p1", "p2"), halves(len(snap.flats))):
+    shards, numels = {}, {}
+    n = len(snap.flats)
+    parts = ([(f"g{i:05d}", [i]) for i in range(n)] if per_group
+             else zip(("p1", "p2"), halves(n)))
+    for part, idx in parts:
         path = tmp / f"{part}.safetensors"
-        _save_shard({snap.names[i]: snap.flats[i].contiguous() for i in idx}, path)
+        tensors = {snap.names[i]: snap.flats[i].contiguous() for i in idx}
+        numels.update((name, t.numel()) for name, t in tensors.items())
+        _save_shard(tensors, path)
+        del tensors  # a lazy snapshot's group is dropped before the next is made
         with open(path, "rb+") as fh:
             os.fsync(fh.fileno())  # the shard is on disk before the manifest can name it
         shards[path.name] = _sha256(path)
@@ -123,8 +134,7 @@ def _write_folder(root: Path, tmp: Path, final: Path, snap: Snapshot, pause_s: f
 
             time.sleep(pause_s)
     manifest = {"format": FORMAT, "step": snap.step, "pending": snap.pending,
-                "config": snap.config, "groups": [[n, f.numel()] for n, f in
-                                                  zip(snap.names, snap.flats)],
+                "config": snap.config, "groups": [[name, numels[name]] for name in snap.names],
                 "n_decay": snap.n_decay, "shards": shards, "identity": identity}
     mtmp = tmp / "manifest.json.tmp"
     mtmp.write_text(json.dumps(manifest, indent=1))

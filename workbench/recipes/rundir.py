@@ -33,7 +33,8 @@ from workbench.telemetry.record import RunRecord, atomic_write, write_json
 WRITE_EVERY_S = 30.0
 #: What a run writes in its directory (``--overwrite`` removes these and nothing else).
 RUN_FILES = ("run.json", "history.jsonl", "events.json.gz", "samples.json.gz", "trace.json",
-             "checkpoints", "report.html")
+             "checkpoints", "report.html", "weights", "weights.partial", "tensorboard", "wandb",
+             "mlruns")
 LOCK = "run.lock"
 CHECKPOINT_LOCK = "checkpoint.lock"  # in a checkpoint_dir outside the run directory
 
@@ -199,6 +200,7 @@ class RunDir:
                             _remove(p)
             for tmp in self.path.glob("*.tmp"):
                 tmp.unlink(missing_ok=True)
+            _remove(self.path / "weights.partial")  # a final-weights write a kill cut short
             if self.checkpoint_root is not None and self.checkpoint_root.is_dir():
                 for partial in self.checkpoint_root.glob("step-*.partial"):
                     shutil.rmtree(partial, ignore_errors=True)  # a write a kill cut short

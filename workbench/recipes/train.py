@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from workbench import distributed
-from workbench.config import ZO_METHODS, ConfigError, RunConfig, check_environment
+from workbench.config import ZO_METHODS, ConfigError, RunConfig, check_environment, trackers
 from workbench.data.sources import sst2_folder
 from workbench.data.task import build_task, make_objective
 from workbench.engine import build_engine
@@ -37,6 +37,7 @@ from workbench.models.build import build_skeleton, check_model_folder
 from workbench.models.lora import check_lora_targets
 from workbench.models.tokenizer import load_tokenizer
 from workbench.planner import check_fits
+from workbench.recipes.final_weights import write_final
 from workbench.recipes.guard import RunGuard
 from workbench.recipes.limits import cap_gpu_memory
 from workbench.recipes.prefetch import BatchPrefetch
@@ -52,6 +53,7 @@ from workbench.telemetry.noise import noise
 from workbench.telemetry.record import RunRecord
 from workbench.telemetry.sampler import Sampler, gpu_memory_used
 from workbench.telemetry.steady import throughput
+from workbench.telemetry.trackers import start_trackers
 
 
 RUN_AHEAD = 2  # steps the loop may run ahead of the published ones
@@ -102,6 +104,7 @@ class TrainRecipe:
         self.record_written = True  # False while the last write of run.json failed
         self.identity: dict[str, Any] | None = None  # the run's, in every checkpoint
         self._unsubscribe_rundir = lambda: None
+        self.trackers = None  # report_to's (``telemetry/trackers.py``), from setup on
 
     # --- setup ------------------------------------------------------------------------------
     def prepare(self, resume: bool = False) -> "TrainRecipe":
@@ -131,6 +134,9 @@ class TrainRecipe:
         if resume:
             self._resume_roots = resume_roots(cfg, self.checkpoint_root, self.out_dir, previous)
             self._resume_from = plan_resume(cfg, self._resume_roots, previous, self.dist, run_id)
+        if trackers(cfg) and self.out_dir is None and main:
+            raise ConfigError(["report_to: trackers write into the run directory; give the run "
+                               "one (--out)"])
         check_model_folder(cfg.model)
         check_lora_targets(cfg)
         if not self.force:  # arithmetic only: before the tokenizer, which may need the Hub
@@ -164,6 +170,9 @@ class TrainRecipe:
         ``resume``, continue from the newest usable checkpoint."""
         self.prepare(resume)
         cfg = self.cfg
+        if trackers(cfg) and self.out_dir is not None:  # report_to, subscribed as the collector
+            self.trackers = start_trackers(cfg, self.out_dir, self.record.name)
+            self._unsubscribe_trackers = self.bus.subscribe(self.trackers)
         torch.manual_seed(cfg.seed)
         self.device = self.dist.device(cfg) if self.dist else torch.device(cfg.device)
         cap_gpu_memory(cfg, self.device)
@@ -434,6 +443,8 @@ class TrainRecipe:
         with rec.lock:
             rec.info["load average at end"] = load_average()  # noise: the host, start to end
             rec.summary = _summary(rec, self.engine, self.device)
+        if self.out_dir is not None and self.cfg.save_final and rec.status in ("done", "stopped"):
+            write_final(self.engine, self.cfg, self.out_dir, self.step, rec)  # RUN_DIR/weights
         if self.dist is not None:  # every rank's own view, merged into rank 0's record
             mine = {"rank": self.dist.rank, "device": str(self.device),
                     "param_digest": rec.param_digest, "summary": rec.summary,
@@ -484,6 +495,9 @@ class TrainRecipe:
         if error is not None and self.record.status in ("new", "running"):
             self.fail(error)
         try:
+            if self.trackers is not None:
+                self._unsubscribe_trackers()
+                self.trackers.close(self.record.status, self.record.summary)
             if self.checkpointer is not None:
                 self.checkpointer.close()
             if self.sampler is not None:

@@ -1,4 +1,5 @@
-"""Knob panel: one control per ``RunConfig`` field, Run / Stop / Export buttons, a live view.
+"""Knob panel: one control per ``RunConfig`` field, Run / Stop / Export buttons (the report, the
+model), a live view.
 
 Controls are built from the config's field metadata (``knob_info``): the label is the field
 name (the same name as ``--set`` and the report), the tooltip is its help, range and unit.
@@ -15,6 +16,7 @@ import logging
 import threading
 import time
 from dataclasses import fields
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -131,9 +133,13 @@ class KnobPanel:
                                           disabled=True)
         self.export_button = widgets.Button(description="Export report", icon="file",
                                             disabled=True)
+        self.model_button = widgets.Button(description="Export model", icon="download",
+                                           disabled=True, tooltip="RUN_DIR/model: a Hugging "
+                                           "Face folder, as python -m workbench export")
         self.run_button.on_click(lambda _: self.run())
         self.stop_button.on_click(lambda _: self.stop())
         self.export_button.on_click(lambda _: self._export_clicked())
+        self.model_button.on_click(lambda _: self.export_model(background=True))
         self.problems = widgets.HTML()
         self.prediction = widgets.HTML()
         self.message = widgets.HTML()
@@ -143,10 +149,11 @@ class KnobPanel:
         # dashboard fits beside it in one window.
         self.knobs = widgets.Tab(layout=widgets.Layout(width="100%"))
         self._show_groups(method)
-        for b in (self.run_button, self.stop_button, self.export_button):
+        buttons = (self.run_button, self.stop_button, self.export_button, self.model_button)
+        for b in buttons:
             b.layout = widgets.Layout(width="auto")
         column = widgets.VBox([
-            self.knobs, widgets.HBox([self.run_button, self.stop_button, self.export_button]),
+            self.knobs, widgets.HBox(list(buttons)),
             self.problems, self.prediction, self.message],
             layout=widgets.Layout(width=KNOBS_WIDTH, flex=f"0 0 {KNOBS_WIDTH}"))
         self.widget = widgets.HBox([column, self.view], layout=widgets.Layout(
@@ -271,6 +278,7 @@ class KnobPanel:
         self.run_button.disabled = running
         self.stop_button.disabled = not running
         self.export_button.disabled = running or self.last_run_dir is None
+        self.model_button.disabled = running or self.last_run_dir is None
 
     def _set_live(self, name: str, value: Any) -> None:
         recipe = self.recipe
@@ -300,6 +308,18 @@ class KnobPanel:
         out = write_report([self.last_run_dir], path or self.last_run_dir / "report.html")
         self._say(f"report written to {out}")
         return out
+
+    def export_model(self, background: bool = False) -> None:
+        """Export the last finished run's weights to ``RUN_DIR/model`` as ``python -m
+        workbench export`` does (on a thread with ``background``); the message line says how
+        it went."""
+        from workbench.export.exporter import export_line
+
+        if self.last_run_dir is None:
+            raise RuntimeError("no finished run to export yet: press Run first")
+        self._say(f"exporting {self.last_run_dir} ...")
+        work = partial(lambda run: self._say(export_line(run, run / "model")), self.last_run_dir)
+        threading.Thread(target=work, daemon=True).start() if background else work()
 
     def _export_clicked(self) -> None:
         try:

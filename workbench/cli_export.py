@@ -1,0 +1,107 @@
+"""The export and evaluate subcommands (``cli.py`` registers them with ``add_parsers``).
+
+    python -m workbench export RUN_DIR --out DIR [--dtype bf16] [--step N] [--merge] ...
+    python -m workbench evaluate MODEL_OR_RUN_DIR [--set data=sst2 ...] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from workbench.config import load_config, parse_sets
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from workbench.export.exporter import KINDS, export_run
+
+    try:
+        res = export_run(args.run_dir, args.out, dtype=args.dtype, step=args.step,
+                         shard_size=args.shard_size, merge=args.merge, force=args.force,
+                         overwrite=args.overwrite, device=args.device,
+                         progress=None if args.quiet else _progress())
+    except KeyboardInterrupt:  # the temporary folder is already removed
+        print(f"error: export interrupted; nothing was written to {args.out}", file=sys.stderr)
+        return 130
+    print(f"exported the {KINDS[res.kind]} after {res.step} steps ({res.origin}, {res.dtype}) to "
+          f"{res.out.resolve()} in {res.seconds:.1f} s")
+    if res.matches_run is True:
+        print(f"param_digest {res.digest[:16]} equals the run's")
+    elif res.matches_run is False:  # a checkpoint's update replayed on another device type
+        print(f"note: param_digest {res.digest[:16]} differs from the run's (its pending update "
+              f"was applied on {args.device}; use --device as the run had it)", file=sys.stderr)
+    print("load it with: " + (
+        "PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(BASE), DIR)"
+        if res.kind == "adapter" else "AutoModelForCausalLM.from_pretrained(DIR)"))
+    return 0
+
+
+def _progress():
+    from tqdm.auto import tqdm
+
+    bar = None
+
+    def update(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=total, desc="export", unit="group", leave=False)
+        bar.update(done - bar.n)
+        if done == total:
+            bar.close()
+
+    return update
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from workbench.recipes.evaluate import evaluate, is_run_dir, run_config
+
+    overrides = parse_sets(args.set or [])
+    run_dir = args.model if args.model and is_run_dir(args.model) else None
+    if run_dir is not None:
+        cfg = run_config(run_dir, overrides, args.config)
+    else:
+        if args.model:
+            overrides = {"model": args.model, **overrides}
+        cfg = load_config(args.config, overrides)
+    metrics = evaluate(cfg, run_dir, step=args.step, force=args.force)
+    if args.json:
+        print(json.dumps(metrics, indent=1))
+        return 0
+    what = run_dir or cfg.model
+    print(f"{what} on {cfg.data} ({cfg.objective}, method={cfg.method}):")
+    for name, value in metrics.items():
+        print(f"  dev {name:<12} {value:.4f}")
+    return 0
+
+
+def add_parsers(sub, common) -> None:
+    """The export and evaluate subparsers (``common`` adds --config / --set)."""
+    sp = sub.add_parser("export", help="write a run's weights as a Hugging Face (or PEFT "
+                        "adapter) folder")
+    sp.add_argument("run_dir", metavar="RUN_DIR")
+    sp.add_argument("--out", required=True, help="folder to create")
+    sp.add_argument("--dtype", choices=("fp32", "bf16", "fp16"),
+                    help="weights' dtype (default: the model's own, fp32 for presets)")
+    sp.add_argument("--step", type=int, help="a checkpoint's weights after N steps (default: "
+                    "the newest the run vouches for)")
+    sp.add_argument("--shard-size", default="5GB", help="largest weights file (default 5GB)")
+    sp.add_argument("--merge", action="store_true",
+                    help="peft=lora runs: the base with the adapter merged, not the adapter")
+    sp.add_argument("--force", action="store_true",
+                    help="export a run that is running or failed (its newest kept weights)")
+    sp.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    sp.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                    help="where a checkpoint's pending update is applied (the run's device "
+                    "type gives its bits)")
+    sp.add_argument("--quiet", action="store_true", help="no progress bar")
+    sp.set_defaults(fn=cmd_export)
+    sp = sub.add_parser("evaluate", help="a model's dev metrics on a task, without training")
+    common(sp)
+    sp.add_argument("model", nargs="?", metavar="MODEL_OR_RUN_DIR",
+                    help="a preset, hub id, model folder or run directory (default: --set "
+                    "model=...)")
+    sp.add_argument("--step", type=int, help="a run directory's weights after N steps")
+    sp.add_argument("--force", action="store_true",
+                    help="a run that is running or failed; a model the planner says won't fit")
+    sp.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    sp.set_defaults(fn=cmd_evaluate)
