@@ -174,13 +174,19 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    """Predict memory, PCIe traffic and step time; exit 0 even when it would not fit."""
+    """Predict memory, PCIe traffic and step time. A plan that does not fit is printed, then
+    each shortfall with the knob that helps (stderr), and exits 1."""
     import json
 
     from workbench.calibration import load_calibration
-    from workbench.planner import plan, suggest
+    from workbench.planner import plan, shortfalls, suggest
 
-    cfg = _config(args)
+    # --gpu names a GPU: a CUDA run, unless a setting says otherwise (then one line, below)
+    cfg = load_config(args.config, parse_sets(args.set or []),
+                      base=RunConfig(device="cuda") if args.gpu else None)
+    if args.gpu and cfg.device != "cuda":
+        raise ConfigError([f"--gpu {args.gpu}: plans a CUDA run, but device={cfg.device} is set; "
+                           "set device=cuda or leave out --gpu"])
     calib = None if args.gpu else load_calibration(cfg.device)
     if args.suggest is not None:
         rows = suggest(cfg, int(args.suggest * 2 ** 30), args.gpu, calib)
@@ -188,7 +194,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return 0
     pl = plan(cfg, args.gpu, calib)
     print(json.dumps(pl.to_dict(), indent=1) if args.json else format_plan(cfg, pl))
-    return 0
+    problems = shortfalls(cfg, pl, args.gpu, calib)
+    for problem in problems:
+        print(f"does not fit: {problem}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 def format_plan(cfg: RunConfig, pl) -> str:
