@@ -64,7 +64,7 @@ def make_control(name: str, value: Any) -> widgets.ValueWidget:
     unit = f" {info['unit']}" if info.get("unit") else ""
     live = " (live: changeable during a run)" if info.get("live") else ""
     common = dict(description=name, tooltip=f"{info['help']}{rng}{unit}{live}",
-                  style=LABEL_STYLE, layout=widgets.Layout(width="100%"))
+                  style=LABEL_STYLE, layout=widgets.Layout(width="auto"))  # the column, less margins
     if info["choices"]:
         return widgets.Dropdown(options=list(info["choices"]), value=value, **common)
     if t in ("bool", bool):
@@ -123,6 +123,7 @@ class KnobPanel:
             group = knob_info(f.name)["group"]
             if group not in self._sections:
                 self._sections[group] = widgets.VBox(layout=widgets.Layout(width="100%"))
+                self._sections[group].add_class(f"wb-group-{group}")  # the page, for a browser
             box = self._sections[group]
             box.children = (*box.children, self.controls[f.name])
         for name, ctl in self.controls.items():
