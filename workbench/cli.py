@@ -16,16 +16,6 @@ from workbench.config import ConfigError, RunConfig, check_environment, load_con
 from workbench.telemetry.evals import eval_rows, eval_value
 from workbench.telemetry.steady import STEADY_NOTE
 
-DEMO = {"model": "tiny-opt", "data": "embedded", "steps": "40", "batch_size": "16",
-        "seq_len": "64", "lr": "2e-3", "eps": "1e-3", "eval_samples": "0"}
-#: On a GPU: tiny-opt's blocks (50 k parameters, microseconds of compute) leave the GPU waiting
-#: for the host, so its table would compare Python overheads, not offloading. opt-1.3b (opt-350m
-#: on a GPU under 16 GiB) on synthetic 16 x 128 batches: compute-bound as real runs are, and
-#: both runs, builds included, within a minute.
-DEMO_GPU = {"model": "opt-1.3b", "data": "synthetic", "steps": "20", "batch_size": "16",
-            "seq_len": "128", "lr": "1e-6", "eps": "1e-3"}
-
-
 def _config(args: argparse.Namespace, defaults: dict[str, str] | None = None) -> RunConfig:
     overrides = dict(defaults or {})
     overrides.update(parse_sets(args.set or []))
@@ -96,33 +86,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """The main job: a short MeZO run and a short ZO-offload run, then the comparison."""
-    import torch
+    from workbench.cli_demo import demo_command
 
-    from workbench.recipes.train import run
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    demo = dict(DEMO)
-    if device == "cuda":
-        demo.update(DEMO_GPU)
-        if torch.cuda.get_device_properties(0).total_memory < 16 * 2**30:
-            demo["model"] = "opt-350m"
-    out = Path(args.out)
-    records = []
-    for method in ("mezo", "zo-offload"):
-        cfg = _config(args, {**demo, "device": device, "method": method})
-        check_environment(cfg)
-        print(f"== {method}: {cfg.model} on {cfg.data}, {cfg.steps} steps, device={device}")
-        # The demo's folders are its own: a second demo replaces the first one's runs.
-        records.append(run(cfg, out / method, progress=not args.quiet, overwrite=True))
-    print(format_summary(records))
-    same = records[0].param_digest == records[1].param_digest
-    print(f"param_digest {'identical' if same else 'DIFFERENT'} across the two engines")
-    report = _maybe_report([out / "mezo", out / "zo-offload"], out / "report.html")
-    print(f"run directories: {out.resolve()}")
-    if report:
-        print(f"report: {report.resolve()}")
-    return 0 if same else 1
+    return demo_command(args, format_summary, _maybe_report)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -361,8 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("validate", help="check settings without running")
     common(sp)
     sp.set_defaults(fn=cmd_validate)
-    sp = sub.add_parser("demo", help="the main job: MeZO vs ZO-offload (tiny-opt on the embedded "
-                        "data on a CPU, opt-1.3b on synthetic batches on a GPU)")
+    sp = sub.add_parser("demo", help="the main job: MeZO vs ZO-offload training SmolLM2-135M "
+                        "(LoRA) on the embedded sentiment set; on a GPU also opt-1.3b for speed")
     common(sp)
     sp.add_argument("--out", default="runs/demo", help="folder for the two run directories")
     sp.add_argument("--quiet", action="store_true")
