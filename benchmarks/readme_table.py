@@ -1,5 +1,5 @@
-"""The README's fresh-process table, from ``benchmarks/results/fresh*.json`` (issue 16: the table
-is regenerated from the committed results, never typed in).
+"""The fresh-process table of ``docs/measurements.md``, from ``benchmarks/results/fresh*.json``
+(issue 16: the table is regenerated from the committed results, never typed in).
 
     python benchmarks/readme_table.py [--gpu H100]     # prints Markdown rows to paste
 """

@@ -7,12 +7,16 @@ through the same code the notebook and the report use:
     comparison.png  ``compare(*runs)``: the side-by-side table, the verdicts, the bars and
                     the smoothed losses
     report.png      the top of ``write_report(runs)`` (or of a sweep's report with --sweep)
+    knob-panel.png  (--panel) the knob panel beside its live dashboard in JupyterLab, at
+                    1400 x 900: notebooks/01_quickstart.ipynb run as a user runs it
 
     python benchmarks/screenshots.py --dashboard runs/shots/zo-offload \\
         --compare runs/shots/mezo runs/shots/zo-offload [--sweep runs/shots/sweep] --out assets
+    python benchmarks/screenshots.py --panel --out assets
 
-Writes ``assets/screenshots.json`` beside the PNGs: the run directories, their device and
-GPU, and the date, so a caption can say where the pictures come from.
+Writes ``assets/screenshots.json`` (``knob-panel.json`` for --panel) beside the PNGs: the run
+directories, their device and GPU, and the date, so a caption can say where the pictures come
+from.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import argparse
 import datetime as dt
 import html
 import json
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -103,6 +108,43 @@ def shoot(pages: dict[str, tuple[str | Path, int, int]], out: Path) -> list[Path
     return written
 
 
+PANEL_NOTEBOOK = "01_quickstart.ipynb"
+
+
+def panel_shot(out: Path) -> tuple[Path, Path]:
+    """The knob panel beside its live dashboard: ``PANEL_NOTEBOOK`` run in JupyterLab (Run
+    All, as a user does) in a 1400 x 900 window, its panel's cell at the top of the window.
+    Returns the PNG and the run directory the panel wrote."""
+    from playwright.sync_api import sync_playwright
+
+    import lab
+
+    with tempfile.TemporaryDirectory() as tmp, sync_playwright() as p:
+        root, home = Path(tmp) / "root", Path(tmp) / "home"
+        root.mkdir()
+        shutil.copy(lab.REPO / "notebooks" / PANEL_NOTEBOOK, root)
+        with lab.lab_server(root, home) as (url, token):
+            browser = p.chromium.launch(executable_path=str(lab.CHROMIUM),
+                                        args=lab.CHROMIUM_ARGS)
+            try:
+                page = browser.new_context(viewport=lab.WINDOW).new_page()
+                lab.open_and_run_all(page, url, token, PANEL_NOTEBOOK, timeout_s=900)
+                cell = page.locator(".jp-Notebook .jp-CodeCell", has=page.locator(".wb-knobs"))
+                cell.locator(".js-plotly-plot .main-svg").first.wait_for(timeout=60_000)
+                cell.locator(".jp-OutputArea").evaluate(
+                    "el => el.scrollIntoView({block: 'start'})")
+                page.wait_for_timeout(1000)  # plotly's responsive relayout
+                target = out / "knob-panel.png"
+                page.screenshot(path=str(target))
+            finally:
+                browser.close()
+        run_dir = next((root / "runs" / Path(PANEL_NOTEBOOK).stem).glob("*/run.json")).parent
+        kept = out / "knob-panel-run"  # the run the picture shows, for describe()
+        shutil.rmtree(kept, ignore_errors=True)
+        shutil.copytree(run_dir, kept)
+    return target, kept
+
+
 def describe(run_dirs: list[Path]) -> list[dict]:
     out = []
     for d in run_dirs:
@@ -116,12 +158,25 @@ def describe(run_dirs: list[Path]) -> list[dict]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--dashboard", type=Path, required=True, help="run directory to show live")
-    p.add_argument("--compare", type=Path, nargs="+", required=True, help="runs to compare")
+    p.add_argument("--dashboard", type=Path, help="run directory to show live")
+    p.add_argument("--compare", type=Path, nargs="+", help="runs to compare")
     p.add_argument("--sweep", type=Path, help="a sweep folder: its report is report.png")
+    p.add_argument("--panel", action="store_true", help="only the knob panel in JupyterLab")
     p.add_argument("--out", type=Path, default=Path("assets"))
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.panel:
+        png, run_dir = panel_shot(args.out)
+        run = describe([run_dir])[0]
+        run.pop("run_dir")  # a temporary folder of the lab's
+        shutil.rmtree(run_dir)
+        meta = {"date": dt.date.today().isoformat(), "notebook": f"notebooks/{PANEL_NOTEBOOK}",
+                "window": "1400 x 900, JupyterLab in Debian's chromium", "run": run}
+        (args.out / "knob-panel.json").write_text(json.dumps(meta, indent=1))
+        print(f"{png}  ({png.stat().st_size / 1e3:.0f} kB)")
+        return
+    if not (args.dashboard and args.compare):
+        p.error("--dashboard and --compare are required (or --panel alone)")
     with tempfile.TemporaryDirectory() as tmp:
         if args.sweep:
             from workbench.ui.sweep_view import write_sweep_report

@@ -9,7 +9,7 @@ PKG = Path(__file__).resolve().parents[1] / "workbench"
 LAYER = {"config": 0, "presets": 0, "models": 1, "data": 1, "engine": 1, "distributed": 1, "planner": 1,
          "planner_lora": 1,
          "calibration": 1, "calibration_shapes": 1, "flops": 0, "telemetry": 2, "recipes": 3, "export": 3, "ui": 4, "cli": 5,
-         "cli_sweep": 5, "cli_export": 5, "__main__": 5, "__init__": 0}
+         "cli_sweep": 5, "cli_export": 5, "cli_demo": 5, "__main__": 5, "__init__": 0}
 
 
 def _layer(module: str) -> int:

@@ -16,16 +16,6 @@ from pathlib import Path
 from workbench.config import (ConfigError, RunConfig, check_environment, load_config, parse_sets,
                               resume_base)
 
-DEMO = {"model": "tiny-opt", "data": "embedded", "steps": "40", "batch_size": "16",
-        "seq_len": "64", "lr": "2e-3", "eps": "1e-3", "eval_samples": "0"}
-#: On a GPU: tiny-opt's blocks (50 k parameters, microseconds of compute) leave the GPU waiting
-#: for the host, so its table would compare Python overheads, not offloading. opt-1.3b (opt-350m
-#: on a GPU under 16 GiB) on synthetic 16 x 128 batches: compute-bound as real runs are, and
-#: both runs, builds included, within a minute.
-DEMO_GPU = {"model": "opt-1.3b", "data": "synthetic", "steps": "20", "batch_size": "16",
-            "seq_len": "128", "lr": "1e-6", "eps": "1e-3"}
-
-
 def _config(args: argparse.Namespace, defaults: dict[str, str] | None = None) -> RunConfig:
     overrides = dict(defaults or {})
     overrides.update(parse_sets(args.set or []))
@@ -106,48 +96,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """The main job: a short MeZO run and a short ZO-offload run, then the comparison."""
-    import torch
+    from workbench.cli_demo import demo_command
 
-    from workbench.recipes.threads import choose_threads
-    from workbench.recipes.train import run
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    demo = dict(DEMO)
-    if device == "cuda":
-        demo.update(DEMO_GPU)
-        if torch.cuda.get_device_properties(0).total_memory < 16 * 2**30:
-            demo["model"] = "opt-350m"
-    mine = [k for k in ("method", "device") if k in parse_sets(args.set or []) or k in
-            _file_keys(_config_file(args))]
-    if mine:  # the demo is a comparison of two methods on this machine's device
-        raise ConfigError([f"{k}: the demo sets it itself (mezo, then zo-offload, on "
-                           f"device={device}); use python -m workbench run to choose it"
-                           for k in mine])
-    out = Path(args.out)
-    records = []
-    for method in ("mezo", "zo-offload"):
-        cfg = _config(args, {**demo, "device": device, "method": method})
-        check_environment(cfg)
-        choose_threads(cfg)  # as the notebooks do; the run records it
-        print(f"== {method}: {cfg.model} on {cfg.data}, {cfg.steps} steps, device={device}")
-        # The demo's folders are its own: a second demo replaces the first one's runs.
-        records.append(run(cfg, out / method, progress=not args.quiet, overwrite=True))
-    print(format_summary(records))
-    same = records[0].param_digest == records[1].param_digest
-    print(f"param_digest {'identical' if same else 'DIFFERENT'} across the two engines")
-    report = _maybe_report([out / "mezo", out / "zo-offload"], out / "report.html")
-    print(f"run directories: {out.resolve()}")
-    if report:
-        print(f"report: {report.resolve()}")
-    return 0 if same else 1
-
-
-def _file_keys(path: str | None) -> set[str]:
-    """The settings a TOML file gives (none without a file)."""
-    from workbench.config import read_settings
-
-    return set(read_settings(Path(path))) if path is not None else set()
+    return demo_command(args, _config_file(args), format_summary, _maybe_report)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -215,16 +166,22 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    """Predict memory, PCIe traffic and step time; exit 0 even when it would not fit."""
+    """Predict memory, PCIe traffic and step time. A plan that does not fit is printed, then
+    each shortfall with the knob that helps (stderr), and exits 1."""
     import json
 
     from workbench.calibration import load_calibration
-    from workbench.planner import plan, suggest
+    from workbench.planner import plan, shortfalls, suggest
 
-    cfg = _config(args)
     if args.suggest is not None and not args.suggest > 0:
         raise ConfigError([f"--suggest: {args.suggest:g} GiB is not a GPU memory budget; give a "
                            "number of GiB above 0"])
+    # --gpu names a GPU: a CUDA run, unless a setting says otherwise (then one line, below)
+    cfg = load_config(_config_file(args), parse_sets(args.set or []),
+                      base=RunConfig(device="cuda") if args.gpu else None)
+    if args.gpu and cfg.device != "cuda":
+        raise ConfigError([f"--gpu {args.gpu}: plans a CUDA run, but device={cfg.device} is set; "
+                           "set device=cuda or leave out --gpu"])
     calib = None if args.gpu else load_calibration(cfg.device)
     if args.suggest is not None:
         rows = suggest(cfg, int(args.suggest * 2 ** 30), args.gpu, calib)
@@ -232,7 +189,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return 0
     pl = plan(cfg, args.gpu, calib)
     print(json.dumps(pl.to_dict(), indent=1) if args.json else format_plan(cfg, pl))
-    return 0
+    problems = shortfalls(cfg, pl, args.gpu, calib)
+    for problem in problems:
+        print(f"does not fit: {problem}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 def format_plan(cfg: RunConfig, pl) -> str:
@@ -341,8 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("validate", help="check settings without running")
     common(sp)
     sp.set_defaults(fn=cmd_validate)
-    sp = sub.add_parser("demo", help="the main job: MeZO vs ZO-offload (tiny-opt on the embedded "
-                        "data on a CPU, opt-1.3b on synthetic batches on a GPU)")
+    sp = sub.add_parser("demo", help="the main job: MeZO vs ZO-offload training SmolLM2-135M "
+                        "(LoRA) on the embedded sentiment set; on a GPU also opt-1.3b for speed")
     common(sp)
     sp.add_argument("--out", default="runs/demo", help="folder for the two run directories")
     sp.add_argument("--quiet", action="store_true")

@@ -494,6 +494,13 @@ def check_fits(cfg: RunConfig, calibration: dict | None = None, gpu: str | None 
     return pl
 
 
+def shortfalls(cfg: RunConfig, pl: Plan, gpu: str | None = None,
+               calibration: dict | None = None) -> list[str]:
+    """What of ``pl`` (``plan(cfg, gpu, calibration)``) does not fit: a line per memory that
+    falls short, with by how much and each knob that helps; empty when it fits."""
+    return _problems(cfg, pl, lambda c: _plan(c, gpu, calibration))
+
+
 def _process_bytes(cfg: RunConfig) -> int:
     """Host memory of the process itself, beside the plan's buffers."""
     return HOST_PROCESS_BYTES if cfg.device == "cuda" else HOST_PROCESS_CPU_BYTES

@@ -7,18 +7,9 @@ or playwright is missing. Screenshots go to ``test-artifacts/`` (git-ignored) fo
 """
 from __future__ import annotations
 
-import json
-import os
-import re
-import secrets
+import importlib.util
 import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
 from contextlib import contextmanager
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -27,48 +18,27 @@ pytestmark = pytest.mark.browser
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+_spec = importlib.util.spec_from_file_location("lab_bench", REPO / "benchmarks" / "lab.py")
+lab_tools = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(lab_tools)  # the lab server and the user's steps, shared with screenshots
 WIDGET_ERRORS = ("Error displaying widget", "Failed to load model class")
 WIDGET_OUTPUT = ".jp-OutputArea-output .jupyter-widgets"  # an ipywidgets view in an output
-SERVER_START_S = 90
-KERNEL_START_S = 90
 RUN_ALL_S = 150
 
 
 @pytest.fixture(scope="module")
 def browser():
-    if not CHROMIUM.exists():
-        pytest.skip(f"{CHROMIUM} not found: install Debian's chromium (apt-get install chromium; "
-                    "./wb test does it when run as root)")
+    if not lab_tools.CHROMIUM.exists():
+        pytest.skip(f"{lab_tools.CHROMIUM} not found: install Debian's chromium (apt-get install "
+                    "chromium; ./wb test does it when run as root)")
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
     with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        b = p.chromium.launch(executable_path=str(lab_tools.CHROMIUM),
+                              args=lab_tools.CHROMIUM_ARGS)
         try:
             yield b
         finally:
             b.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _write_lab_settings(settings_dir: Path) -> None:
-    """User settings for a quiet, deterministic lab: every cell attached to the DOM (so plots
-    below the fold render), no news or update checks (no network, no pop-ups)."""
-    for plugin, values in {
-        "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
-        "@jupyterlab/apputils-extension/notification": {
-            "fetchNews": "false", "checkForUpdates": False, "doNotDisturbMode": True},
-    }.items():
-        path = settings_dir / f"{plugin}.jupyterlab-settings"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(values))
 
 
 @pytest.fixture(scope="module")
@@ -77,83 +47,8 @@ def lab(tmp_path_factory):
     root = tmp_path_factory.mktemp("lab-root")
     for nb in (REPO / "notebooks").glob("*.ipynb"):
         shutil.copy(nb, root / nb.name)
-    home = tmp_path_factory.mktemp("lab-home")
-    _write_lab_settings(home / "settings")
-    port, token = _free_port(), secrets.token_hex(16)
-    env = dict(os.environ,
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-               OMP_NUM_THREADS="1",  # the tiny model is fastest on one thread
-               JUPYTERLAB_SETTINGS_DIR=str(home / "settings"),
-               JUPYTERLAB_WORKSPACES_DIR=str(home / "workspaces"),
-               JUPYTER_RUNTIME_DIR=str(home / "runtime"),
-               JUPYTER_CONFIG_DIR=str(home / "config"))
-    log_path = home / "server.log"
-    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1",
-           f"--port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
-           f"--ServerApp.root_dir={root}", "--ServerApp.disable_check_xsrf=True",
-           "--LabApp.news_url=", "--allow-root"]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_for_server(proc, f"{url}/api/status", token, log_path)
+    with lab_tools.lab_server(root, tmp_path_factory.mktemp("lab-home")) as (url, token):
         yield url, token, root
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-
-
-def _wait_for_server(proc: subprocess.Popen, status_url: str, token: str, log: Path) -> None:
-    deadline = time.monotonic() + SERVER_START_S
-    request = urllib.request.Request(status_url, headers={"Authorization": f"token {token}"})
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"JupyterLab exited with {proc.returncode}:\n"
-                               f"{log.read_text(errors='replace')[-3000:]}")
-        try:
-            with urllib.request.urlopen(request, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"JupyterLab did not answer {status_url} within {SERVER_START_S} s:\n"
-                       f"{log.read_text(errors='replace')[-3000:]}")
-
-
-def _wait_for_kernel(page, timeout_s: float) -> None:
-    """The notebook's kernel has started and is idle. The indicator reads "idle" before a
-    kernel exists too (with "No Kernel" beside it), so both are checked."""
-    page.wait_for_function(
-        """() => {
-            const name = document.querySelector('.jp-NotebookPanel .jp-Toolbar-kernelName');
-            const ind = document.querySelector('.jp-NotebookPanel .jp-Notebook-ExecutionIndicator');
-            return name && /python/i.test(name.textContent)
-                && ind && ind.dataset.status === 'idle';
-        }""", timeout=timeout_s * 1e3, polling=250)
-
-
-def _run_all_cells(page) -> None:
-    """Run > Run All Cells, through the menu bar as a user would."""
-    page.locator("#jp-MainMenu .lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
-    page.locator(".lm-Menu-item:visible .lm-Menu-itemLabel",
-                 has_text=re.compile(r"^Run All Cells$")).click()
-
-
-def _wait_until_executed(page, timeout_s: float) -> None:
-    """Every code cell shows an execution count and the kernel is idle again."""
-    page.wait_for_function(
-        """() => {
-            const prompts = [...document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-InputPrompt')];
-            if (!prompts.length) return false;
-            const done = prompts.every(p => /\\[\\d+\\]/.test(p.textContent));
-            const busy = document.querySelector('.jp-Notebook-ExecutionIndicator[data-status="busy"]');
-            return done && !busy;
-        }""", timeout=timeout_s * 1e3, polling=500)
 
 
 #: Every visible SVG text of each plotly figure (axis and subplot titles, tick labels, legend
@@ -217,18 +112,7 @@ def _in_viewport(page, locator) -> bool:
 
 
 def _open_and_run_all(page, url: str, token: str, notebook: str) -> None:
-    """Open a notebook, check it starts its own kernel (no "Select Kernel" dialog), run all
-    cells through the menu and wait until every cell has run."""
-    # A workspace of its own: lab restores a workspace's open tabs, and another test's
-    # notebook in the same page would answer for this one.
-    workspace = notebook.split(".")[0].replace("_", "-")
-    page.goto(f"{url}/lab/workspaces/{workspace}/tree/{notebook}?token={token}&reset",
-              timeout=90_000)
-    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
-    _wait_for_kernel(page, KERNEL_START_S)
-    assert page.locator(".jp-Dialog").count() == 0, page.locator(".jp-Dialog").inner_text()
-    _run_all_cells(page)
-    _wait_until_executed(page, RUN_ALL_S)
+    lab_tools.open_and_run_all(page, url, token, notebook, RUN_ALL_S)
 
 
 def _note_overlaps(page) -> list[list[str]]:
@@ -252,15 +136,24 @@ def _note_overlaps(page) -> list[list[str]]:
         }""")
 
 
+def _collect_errors(page) -> list[str]:
+    """The page's uncaught JavaScript errors and the messages its console logs as errors
+    (plotly's complaints about a figure's layout land there), as they happen."""
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(f"uncaught: {e}"))
+    page.on("console", lambda m: errors.append(f"console: {m.text}") if m.type == "error"
+            else None)
+    return errors
+
+
 @contextmanager
 def _lab_page(browser, name: str):
     """A page in the issue's 1,400 x 900 window (knobs and dashboard must both fit it); yields
     the page and the list its JavaScript errors go to; a failure leaves ``name-failed.png``."""
     ARTIFACTS.mkdir(exist_ok=True)
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    context = browser.new_context(viewport=lab_tools.WINDOW)
     page = context.new_page()
-    page_errors: list[str] = []
-    page.on("pageerror", lambda e: page_errors.append(str(e)))
+    page_errors = _collect_errors(page)
     try:
         yield page, page_errors
     except BaseException:
@@ -291,20 +184,30 @@ def test_quickstart_runs_in_jupyterlab(browser, lab):
             assert message not in text, message
         assert "Traceback (most recent call last)" not in text
         assert "failed:" not in text  # the panel's message line after a failed run
-        assert "done · step 8 of 8" in text  # the dashboard's status line, final refresh
+        assert "done · step 40 of 40" in text  # the dashboard's status line, final refresh
         assert "next knob: " in text and "-bound" in text  # the verdict in the header
         assert "GPU metrics" not in text or text.count("GPU metrics off") == 2  # once each
         assert dashboards.count() >= 2, dashboards.count()
         assert page.locator(".jp-RenderedPlotly .barlayer .point").count()  # saved timeline
         assert not _note_overlaps(page)
-        assert not page_errors, page_errors
 
         # The knob panel and its dashboard side by side, both inside the window, and no axis
         # title, tick label or legend entry of any figure on top of another.
-        panel_cell = page.locator(".jp-Notebook .jp-CodeCell", has=page.locator(".widget-tab"))
+        panel_cell = page.locator(".jp-Notebook .jp-CodeCell", has=page.locator(".wb-knobs"))
         panel_cell.locator(".jp-OutputArea").evaluate("el => el.scrollIntoView({block: 'start'})")
         page.wait_for_timeout(500)
-        knobs = panel_cell.locator(".widget-tab").first
+        knobs = panel_cell.locator(".wb-knobs").first
+        # No group name, knob label or input cut, on any group's page (the page of each group
+        # is shown in turn, as a click on its button does)
+        column = knobs.locator("..")
+        groups = knobs.locator(".widget-toggle-button")
+        assert groups.count() >= 6, groups.count()
+        for i, name in enumerate(groups.all_inner_texts()):
+            groups.nth(i).click()
+            knobs.locator(f".wb-group-{name.strip()}").wait_for(state="visible", timeout=10_000)
+            assert not lab_tools.clipped(column), (name, lab_tools.clipped(column)[:5])
+        groups.first.click()
+        knobs.locator(".wb-group-run").wait_for(state="visible", timeout=10_000)
         dashboard = panel_cell.locator(".js-plotly-plot").first
         assert _in_viewport(page, knobs), knobs.bounding_box()
         assert _in_viewport(page, dashboard), dashboard.bounding_box()
@@ -316,6 +219,7 @@ def test_quickstart_runs_in_jupyterlab(browser, lab):
         assert not _text_overlaps(page), _text_overlaps(page)[:5]
         page.screenshot(path=str(ARTIFACTS / "jupyterlab-quickstart.png"))
         assert any((root / "runs" / "01_quickstart").glob("*/report.html"))
+        assert not page_errors, page_errors  # after the clicks above too
 
 
 def test_sweep_notebook_runs_in_jupyterlab(browser, lab):

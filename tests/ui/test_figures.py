@@ -12,6 +12,7 @@ from workbench.config import RunConfig
 from workbench.engine.events import EMBED, HEAD, OpEvent
 from workbench.recipes.train import run
 from workbench.telemetry.record import RunRecord
+from workbench.ui.layout import TITLE
 from workbench.ui import figures as F
 from workbench.ui.dashboard import _status_html
 
@@ -83,6 +84,16 @@ def test_timeline_one_bar_per_event_of_last_steps():
     assert up.customdata[0][1] == 2 and up.customdata[0][2] == pytest.approx(2.0)  # step, MB
     assert up.customdata[0][3] == pytest.approx(1.0)  # ms
     assert up.marker.color != next(b for b in bars if b.name == "compute").marker.color
+
+
+def test_timeline_title_gets_a_band_of_its_own():
+    """A titled timeline (notebook 5's update phases) is taller at the top by the title's band,
+    so the title sits above the panel's own title and legend, not on them."""
+    rec = synthetic(steps=2, blocks=2)
+    plain, titled = F.timeline(rec), F.timeline(rec, title="update phase of step 1")
+    assert titled.layout.title.text == "update phase of step 1" and not plain.layout.title.text
+    assert titled.layout.margin.t - plain.layout.margin.t == TITLE
+    assert titled.layout.height - plain.layout.height == TITLE
 
 
 def test_timeline_real_run_rows_and_counts(offload_run):

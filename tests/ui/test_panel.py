@@ -43,13 +43,18 @@ def test_controls_follow_the_config():
     assert isinstance(c["lr"], widgets.FloatText) and c["steps"].value == 7
     assert c["lr"].description == "lr" and "learning rate" in c["lr"].tooltip
     assert "[0, 10]" in c["lr"].tooltip
-    shown = lambda: list(p.knobs.titles)  # noqa: E731  (one tab per group)
+    shown = lambda: p.groups  # noqa: E731  (a button and a page of knobs per group)
     assert "offload" not in shown() and shown()[:2] == ["run", "optim"]
-    assert c["lr"] in p.knobs.children[1].children
-    p.knobs.selected_index = 1
-    c["method"].value = "zo-offload"
-    assert "offload" in shown() and p.knobs.titles[p.knobs.selected_index] == "optim"
-    assert c["overlap"] in p.knobs.children[shown().index("offload")].children
+    assert "task" in shown() and c["objective"] in p.sections.children[shown().index("task")].children
+    assert c["lr"] in p.sections.children[1].children
+    p.show_group("optim")
+    assert p.sections.selected_index == 1
+    c["method"].value = "zo-offload"  # the groups change; the page shown stays "optim"
+    assert "offload" in shown() and p.group_picker.value == "optim"
+    assert p.sections.children[p.sections.selected_index] is p.sections.children[1]
+    assert c["overlap"] in p.sections.children[shown().index("offload")].children
+    p.group_picker.value = "offload"  # a click on a group's button shows its page
+    assert c["overlap"] in p.sections.children[p.sections.selected_index].children
     assert p.config() == RunConfig(method="zo-offload", steps=7)
     with pytest.raises(ConfigError):
         KnobPanel(method="mezo", no_such_knob=1)

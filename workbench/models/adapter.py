@@ -18,9 +18,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import inspect
+
 import torch
 from torch import nn
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+#: The mask builders' cache argument: ``cache`` from transformers 5.24 (where the old name
+#: ``past_key_values`` warns that it is deprecated), ``past_key_values`` before.
+_CACHE_ARG = "cache" if "cache" in inspect.signature(create_causal_mask).parameters \
+    else "past_key_values"
 
 
 @dataclass(frozen=True)
@@ -132,8 +139,8 @@ class BlockAdapter:
             build = create_sliding_window_causal_mask if self.window else create_causal_mask
             model_mask = build(config=self.model.config,
                                inputs_embeds=ids.new_empty((*ids.shape, 0), dtype=torch.float32),
-                               attention_mask=mask if padded else None, past_key_values=None,
-                               allow_is_causal_skip=False)
+                               attention_mask=mask if padded else None,
+                               allow_is_causal_skip=False, **{_CACHE_ARG: None})
         else:  # the blocks get None (SDPA's causal path); a stand-in gets past the mask code
             model_mask = mask.new_ones((1, 1, 1, 1), dtype=torch.bool)
         ctx = BlockContext({}, mask.sum(dim=1) - 1, self._positions(mask), model_mask)

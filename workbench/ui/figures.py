@@ -77,10 +77,11 @@ def has_gpu(rec: RunRecord) -> bool:
 
 
 # --- one run ----------------------------------------------------------------------------------
-def timeline(rec: RunRecord, last_steps: int | None = 3) -> go.Figure:
+def timeline(rec: RunRecord, last_steps: int | None = 3, title: str = "") -> go.Figure:
     """Gantt chart of stream operations: one row per stream, one bar per ``OpEvent`` of the
-    last ``last_steps`` steps that have events (None: all kept steps); x in s."""
-    return compose([[_timeline_panel(rec, last_steps)]], bars=True)
+    last ``last_steps`` steps that have events (None: all kept steps); x in s. ``title``: a
+    figure title, in a band of its own above the panel's."""
+    return compose([[_timeline_panel(rec, last_steps)]], bars=True, title=title)
 
 
 def memory(rec: RunRecord) -> go.Figure:

@@ -29,13 +29,15 @@ from workbench.ui.dashboard import Dashboard
 
 log = logging.getLogger(__name__)
 
-#: Groups shown for every method; others depend on the method (see ``groups_for``).
-COMMON_GROUPS = ("run", "optim", "telemetry", "checkpoint", "planner")
+#: Groups shown for every method; others depend on the method (see ``groups_for``). The
+#: "distributed" knobs only matter under torchrun, which the panel does not start.
+COMMON_GROUPS = ("run", "optim", "task", "telemetry", "checkpoint", "planner")
 SLIDER_MAX_SPAN = 64  # int ranges up to this wide get a slider; wider ones a text box
-LABEL_STYLE = {"description_width": "130px"}
-CONTROL_WIDTH = "345px"
+#: Wide enough for the longest knob name (gpu_resident_ratio) at JupyterLab's widget font.
+LABEL_STYLE = {"description_width": "136px"}
 #: The knob column's width: beside it, the dashboard takes the rest of the row (and wraps
-#: below it when the row is narrower than ``KNOBS_WIDTH`` + ``VIEW_MIN_WIDTH``).
+#: below it when the row is narrower than ``KNOBS_WIDTH`` + ``VIEW_MIN_WIDTH``). Controls fill
+#: the column, so no input is cut at its edge.
 KNOBS_WIDTH, VIEW_MIN_WIDTH = "370px", "560px"
 
 
@@ -64,7 +66,7 @@ def make_control(name: str, value: Any) -> widgets.ValueWidget:
     unit = f" {info['unit']}" if info.get("unit") else ""
     live = " (live: changeable during a run)" if info.get("live") else ""
     common = dict(description=name, tooltip=f"{info['help']}{rng}{unit}{live}",
-                  style=LABEL_STYLE, layout=widgets.Layout(width=CONTROL_WIDTH))
+                  style=LABEL_STYLE, layout=widgets.Layout(width="auto"))  # the column, less margins
     if info["choices"]:
         return widgets.Dropdown(options=list(info["choices"]), value=value, **common)
     if t in ("bool", bool):
@@ -122,7 +124,8 @@ class KnobPanel:
         for f in fields(RunConfig):
             group = knob_info(f.name)["group"]
             if group not in self._sections:
-                self._sections[group] = widgets.VBox(layout=widgets.Layout(overflow="hidden"))
+                self._sections[group] = widgets.VBox(layout=widgets.Layout(width="100%"))
+                self._sections[group].add_class(f"wb-group-{group}")  # the page, for a browser
             box = self._sections[group]
             box.children = (*box.children, self.controls[f.name])
         for name, ctl in self.controls.items():
@@ -145,9 +148,17 @@ class KnobPanel:
         self.message = widgets.HTML()
         self.view = widgets.Box(layout=widgets.Layout(flex=f"1 1 {VIEW_MIN_WIDTH}",
                                                       min_width=VIEW_MIN_WIDTH))
-        # One tab per group, so the panel stays as short as its longest group and the
-        # dashboard fits beside it in one window.
-        self.knobs = widgets.Tab(layout=widgets.Layout(width="100%"))
+        # One page of knobs per group, so the panel stays as short as its longest group and
+        # the dashboard fits beside it in one window. The group buttons take the width of
+        # their names and wrap onto a second row (a tab bar would cut the names to fit one).
+        self.group_picker = widgets.ToggleButtons(
+            style={"button_width": "auto"}, layout=widgets.Layout(width="100%"),
+            tooltips=[])
+        self.sections = widgets.Stack(layout=widgets.Layout(width="100%"))
+        widgets.link((self.group_picker, "index"), (self.sections, "selected_index"))
+        self.knobs = widgets.VBox([self.group_picker, self.sections],
+                                  layout=widgets.Layout(width="100%"))
+        self.knobs.add_class("wb-knobs")
         self._show_groups(method)
         buttons = (self.run_button, self.stop_button, self.export_button, self.model_button)
         for b in buttons:
@@ -172,13 +183,22 @@ class KnobPanel:
                             else knob_info(name)["default"]  # do not apply: their defaults
                             for name, ctl in self.controls.items()})
 
+    @property
+    def groups(self) -> list[str]:
+        """The knob groups shown for the selected method, in order."""
+        return list(self.group_picker.options)
+
+    def show_group(self, group: str) -> None:
+        """Bring ``group``'s knobs forward (what clicking its button does)."""
+        self.group_picker.value = group
+
     def _show_groups(self, method: str) -> None:
         groups = [g for g in groups_for(method) if g in self._sections]
-        selected = self.knobs.titles[self.knobs.selected_index or 0] if self.knobs.children \
-            else groups[0]
-        self.knobs.children = [self._sections[g] for g in groups]
-        self.knobs.titles = groups
-        self.knobs.selected_index = groups.index(selected) if selected in groups else 0
+        selected = self.group_picker.value or groups[0]
+        self.sections.children = [self._sections[g] for g in groups]
+        self.group_picker.options = groups  # resets the selection: set again below
+        self.group_picker.value = selected if selected in groups else groups[0]
+        self.sections.selected_index = self.group_picker.index
 
     def _on_change(self, name: str) -> Callable[[dict], None]:
         def handler(change: dict) -> None:
