@@ -24,7 +24,7 @@ from common import save, table
 
 from workbench.calibration_shapes import host_step_seconds
 from workbench.engine.groups import build_layouts
-from workbench.engine.perturb import ZOOps
+from workbench.engine.zo.perturb import ZOOps
 from workbench.models.adapter import BlockAdapter
 from workbench.models.build import build_skeleton
 from workbench.presets import PRESETS

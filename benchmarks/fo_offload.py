@@ -324,11 +324,12 @@ def torchao_row(spec: dict) -> dict:
     from workbench.config import RunConfig
     from workbench.data.batches import SyntheticData
     from workbench.engine.events import OpEvent
-    from workbench.engine.fo import prompt_loss, trainable_params
+    from workbench.engine.fo.resident import prompt_loss, trainable_params
     from workbench.engine.groups import build_layouts, move_buffers
     from workbench.engine.objective import objective_for
     from workbench.engine.timing import OpTimer
-    from workbench.engine.zo_common import autocast, materialise
+    from workbench.engine.precision import autocast
+    from workbench.engine.storage import materialise
     from workbench.models.adapter import BlockAdapter
     from workbench.models.build import build_skeleton
 

@@ -108,7 +108,7 @@ NVML_PROBE = """
 import pynvml
 calls = []
 pynvml.nvmlInit = lambda *a, **k: calls.append("nvmlInit")  # recorded, never run
-import workbench.cli, workbench.recipes.train, workbench.engine.offload, workbench.planner
+import workbench.cli, workbench.recipes.train, workbench.engine.zo.offload, workbench.planner
 import workbench.telemetry.sampler as sampler
 bad = [m for m in ("ipywidgets", "plotly", "anywidget") if m in __import__("sys").modules]
 print(bad, len(calls))

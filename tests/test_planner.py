@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
+from workbench import planner
 from workbench.config import ConfigError, RunConfig
 from workbench.flops import block_flops
-from workbench import planner
 from workbench.planner import SAVE_KEY, GiB, PlanError, check_fits, plan, suggest
 from workbench.presets import PRESETS
 
@@ -73,7 +73,7 @@ def test_codecs_shrink_the_wire():
               gpu="h200")
     assert sr.pcie_bytes_per_step * 2 == fp32.pcie_bytes_per_step  # bf16 both ways
     assert masters(sr) * 2 == masters(fp32)  # bf16 masters, half the bytes
-    # fp8 with an fp32 master (the mirror transfer of engine/transfers.py): the fp8 mirror goes
+    # fp8 with an fp32 master (the mirror transfer of engine/stream/transfers.py): the fp8 mirror goes
     # up (a quarter plus one fp32 scale per 256 elements), the bf16 update comes down (a half).
     fp8 = plan(cfg_(model="opt-1.3b", method="zo-offload", codec="fp8-e4m3"), gpu="h200")
     assert fp8.h2d_bytes_per_step == n * ((nb + 15) // 16 * 16 + 4 * ((nb + 255) // 256))
@@ -423,7 +423,7 @@ def test_adapter_plans_of_the_other_methods_by_hand():
 @pytest.mark.parametrize("model", ["tiny-opt", "tiny-llama"])
 @pytest.mark.parametrize("codec", ["bf16", "fp8-e4m3", "int8"])
 def test_frozen_block_bytes_match_the_engine_codec(model, codec):
-    from workbench.engine.base_codecs import base_codec
+    from workbench.engine.codecs.base import base_codec
     from workbench.engine.groups import build_layouts
     from workbench.models.adapter import BlockAdapter
     from workbench.models.build import build_skeleton
@@ -436,7 +436,7 @@ def test_frozen_block_bytes_match_the_engine_codec(model, codec):
 def test_fo_offload_slots_as_the_engine_allocates_them():
     """The planner's fo-offload slots are the engine's: N_SLOTS slots of at most SLOT_PIECE
     elements whatever subgroup_size (a 50 M subgroup no longer costs 2.4 GB of slots)."""
-    from workbench.engine import fo_offload
+    from workbench.engine.fo import offload as fo_offload
 
     assert (planner.FO_SLOTS, planner.FO_SLOT_ELEMS) == (fo_offload.N_SLOTS, fo_offload.SLOT_PIECE)
     assert planner.FO_UPCAST_ELEMS == fo_offload.CHUNK

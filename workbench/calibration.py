@@ -223,7 +223,7 @@ def _perturb_cpu(quick: bool) -> dict[str, float]:
     """The CPU perturbation paths: torch philox (rng=philox) and randn + add (rng=torch)."""
     import torch
 
-    from workbench.engine import philox
+    from workbench.engine.zo import philox
 
     n = 2 ** 18 if quick else 2 ** 21
     x = torch.zeros(n)
@@ -295,13 +295,13 @@ def _gpu_rates(dev, quick: bool) -> dict[str, Any]:
                                                 "cuda", reps),
         "perturb_torch_per_s": n / _timeit(
             lambda: x.add_(torch.randn(n, generator=gen, device=dev), alpha=1e-3), "cuda", reps)}
-    from workbench.engine import philox
+    from workbench.engine.zo import philox
 
     m = n // 16
     out["perturb_philox_torch_per_s"] = m / _timeit(
         lambda: x[:m].add_(philox.normals(m, 1, 2, dev)), "cuda", 2)
     try:
-        from workbench.engine import zo_kernels
+        from workbench.engine.zo import kernels as zo_kernels
 
         def fused():
             zo_kernels.launch(x, x, None, n, 1, 0, 2, 1e-3, 0.0, 0.0, do_update=False,

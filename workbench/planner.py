@@ -8,9 +8,9 @@ Memory (n = elements of one block, B rows, T = seq_len, D hidden, F ffn, V vocab
   Parameters as the engines hold them (their ``gpu_param_bytes``). mezo: every group in fp32.
     zo-offload: embedding + head + resident blocks; prefetch_depth + 2 fp32 slots of a block
     (+ 1 under master=compressed-sr: a slot is free once encoded); a copy of a tied LM-head
-    weight in the head's compute dtype (``engine/tied.py``: bf16 / fp16 under amp, else fp32).
+    weight in the head's compute dtype (``engine/zo/tied.py``: bf16 / fp16 under amp, else fp32).
     A compressed codec adds two wire buffers (one per direction, shared by the slots) and,
-    with master=fp32 (the mirror transfer of ``engine/transfers.py``), a bf16 delta per slot.
+    with master=fp32 (the mirror transfer of ``engine/stream/transfers.py``), a bf16 delta per slot.
     reuse_buffers=false: fresh buffers, freed across streams only once their events complete,
     while the host enqueues a whole step: up to every streamed block at once (the allocator
     syncs rather than failing, so the fit check counts only the slots' number of them).
@@ -42,7 +42,7 @@ Memory (n = elements of one block, B rows, T = seq_len, D hidden, F ffn, V vocab
     libraries); no fragmentation (measured: 0.04-0.5 GB of reserved-but-free blocks).
     gpu_mem_limit_gb caps the NVML-level figure (GB = 10^9 bytes; figures here are in GiB).
   Host: the buffers above that live there; pinned ones of 64 MiB and more at their exact size
-    (``engine/pinned.py``), smaller ones rounded up to a power of two as torch's pinned
+    (``engine/stream/pinned.py``), smaller ones rounded up to a power of two as torch's pinned
     allocator does. The save's digest and norm, and a resume, hold one group in fp32 at a
     time (plus 4 MiB of fp64 buffers). checkpoint_every > 0: a
     snapshot holds an fp32 copy of every group until it is written (pinned for GPU groups,
@@ -84,7 +84,7 @@ HOST_PROCESS_BYTES = 3 * GiB  # Python, torch, CUDA libraries, transformers
 HOST_PROCESS_CPU_BYTES = 1 * GiB  # without CUDA (a tiny CPU run peaks near 0.5 GiB)
 EVAL_ROWS = 16  # the recipe evaluates in batches of max(batch_size, 16)
 OP_LAUNCH_S = 5e-5  # host time of one perturbation kernel or one transfer launch
-FO_SLOTS, FO_SLOT_ELEMS = 3, 1 << 23  # fo-offload's GPU slots (``engine/fo_offload.py``'s
+FO_SLOTS, FO_SLOT_ELEMS = 3, 1 << 23  # fo-offload's GPU slots (``engine/fo/offload.py``'s
 #                                        N_SLOTS, SLOT_PIECE: a slot holds a piece of a subgroup)
 FO_UPCAST_ELEMS = 1 << 24  # each of fo-offload's 2 fp32 gradient staging buffers (its CHUNK)
 SAVE_KEY = "save / resume: one group as fp32"
@@ -157,7 +157,7 @@ PIN_EXACT = 64 * MiB  # ``engine.pinned.HostMemory.LARGE``: from here on, regist
 
 def _pin(nbytes: int, cuda: bool) -> int:
     """Host bytes of a pinned request: buffers of 64 MiB and more are page-locked at their exact
-    size (``engine/pinned.py``); smaller ones come from torch's caching host allocator, which
+    size (``engine/stream/pinned.py``); smaller ones come from torch's caching host allocator, which
     rounds up to a power of two. No pinning, no rounding, on the CPU."""
     if not cuda or nbytes <= 1 or nbytes >= PIN_EXACT:
         return nbytes

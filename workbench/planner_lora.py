@@ -5,10 +5,10 @@ and owns the rates).
 
 Per block (n elements, D hidden, F ffn, kv the key/value width, r the LoRA rank):
   Adapters: r x (in + out) per target module, fp32, resident on the GPU in every method.
-  Base bytes by ``base_codec`` (as ``engine/base_codecs.py``): fp32 4n, bf16 / fp16 2n,
+  Base bytes by ``base_codec`` (as ``engine/codecs/base.py``): fp32 4n, bf16 / fp16 2n,
   fp8-e4m3 codec bytes (1 B + an fp32 scale per 256), int8 1 B per matrix element (padded to
   4) + 4 B per matrix row + 4 B per 1-D element (biases, norms stay fp32).
-  Device form of a base block (``engine/frozen_form.py``, every method): fp32 4n for
+  Device form of a base block (``engine/codecs/frozen_form.py``, every method): fp32 4n for
   base_codec=fp32; else the matrices in the amp dtype (2 B, fp32 without amp), padded to 16 B,
   then the 1-D tail in fp32. Under amp those matrices are not cast again in each pass (no
   autocast weight copy, 2 B read per weight instead of 4 + a cast).

@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from workbench.engine.base_codecs import base_codec, round_trip
-from workbench.engine.codecs import CHUNK
+from workbench.engine.codecs.base import base_codec, round_trip
+from workbench.engine.codecs.wire import CHUNK
 from workbench.engine.groups import Entry, GroupLayout
 
 
@@ -101,7 +101,7 @@ def test_decode_form_rounds_the_fp32_decoding_once(name, dtype):
     """Into a ``FrozenForm``: each matrix element is its fp32 decoding rounded to nearest into
     the form's dtype (what autocast does to the fp32 weight), the tail its fp32 decoding. The
     matrix prefix (3931) ends inside an fp8 chunk, so a chunk's scale spans both parts."""
-    from workbench.engine.frozen_form import FrozenForm
+    from workbench.engine.codecs.frozen_form import FrozenForm
 
     lay = layout(SHAPES)
     x = weights(lay)

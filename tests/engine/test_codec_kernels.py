@@ -10,8 +10,8 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
 
 SCRIPT = r"""
 import torch
-from workbench.engine import codec_kernels
-from workbench.engine.codecs import SR_KEY, stochastic_round
+from workbench.engine.codecs import sr_kernel as codec_kernels
+from workbench.engine.codecs.wire import SR_KEY, stochastic_round
 
 n = 10_003  # not a multiple of 4: the last counter's lanes are partly masked
 x = torch.randn(n, generator=torch.Generator().manual_seed(0)) * 0.02
@@ -39,7 +39,7 @@ def test_sr_kernel_compiles_for_hopper(out_type, drop):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from workbench.engine import codec_kernels as k
+    from workbench.engine.codecs import sr_kernel as k
 
     sig = {"x_ptr": "*fp32", "out_ptr": out_type, "n": "i32", "q": "i32", "seed": "i32",
            "key": "i32", "DROP": "constexpr", "BLOCK": "constexpr"}

@@ -2,12 +2,12 @@
 import pytest
 import torch
 
-from workbench.engine.codecs import CHUNK, get_codec, stochastic_round
-from workbench.engine.groups import GroupLayout
-from workbench.engine.perturb import PendingUpdate, ZOOps
-from workbench.engine.timing import OpTimer
+from workbench.engine.codecs.wire import CHUNK, get_codec, stochastic_round
 from workbench.engine.events import EventBus
-from workbench.engine.transfers import MirrorTransfer, SRTransfer
+from workbench.engine.groups import GroupLayout
+from workbench.engine.stream.transfers import MirrorTransfer, SRTransfer
+from workbench.engine.timing import OpTimer
+from workbench.engine.zo.perturb import PendingUpdate, ZOOps
 
 from zo_helpers import check_codec_run
 
@@ -55,7 +55,7 @@ def test_fp8_scales_handle_tiny_and_huge(name):
 def test_fp8_encode_in_pieces_gives_the_same_bytes(name, monkeypatch):
     """A large group is encoded a piece at a time (bounded temporaries): the bytes equal an
     encode of the whole, whose per-chunk scales are computed here independently."""
-    from workbench.engine import codecs
+    from workbench.engine.codecs import wire as codecs
 
     codec = get_codec(name)
     x = _weights(10_007) * torch.linspace(0.1, 10.0, 10_007)  # scales differ chunk to chunk

@@ -18,10 +18,11 @@ import torch
 
 from workbench.config import RunConfig
 from workbench.data.batches import SyntheticData
-from workbench.engine import build_engine, fo_offload, perfmodel
+from workbench.engine import build_engine, perfmodel
 from workbench.engine.events import EMBED, HEAD, EventBus, InfoEvent, OpEvent
-from workbench.engine.fo_host import threads_text
-from workbench.engine.fo_offload import make_schedule
+from workbench.engine.fo import offload as fo_offload
+from workbench.engine.fo.host import threads_text
+from workbench.engine.fo.offload import make_schedule
 from workbench.models.build import build_skeleton
 
 ATOL, RTOL, STEPS, LR, WD = 1e-6, 1e-5, 5, 1e-2, 0.1

@@ -7,8 +7,9 @@ import torch
 
 from workbench.config import RunConfig
 from workbench.data.batches import SyntheticData
-from workbench.engine import build_engine, fo_host
+from workbench.engine import build_engine
 from workbench.engine.events import EventBus, OpEvent
+from workbench.engine.fo import host as fo_host
 from workbench.models.build import build_skeleton
 
 

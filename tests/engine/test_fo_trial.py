@@ -4,9 +4,10 @@ from __future__ import annotations
 import pytest
 
 from workbench.config import RunConfig
-from workbench.engine import fo_trial, perfmodel
+from workbench.engine import perfmodel
 from workbench.engine.events import EventBus, InfoEvent
-from workbench.engine.fo_trial import Candidate, ScheduleTrial
+from workbench.engine.fo import trial as fo_trial
+from workbench.engine.fo.trial import Candidate, ScheduleTrial
 
 from test_fo import _check_against_adamw, _engine, one_thread  # noqa: F401 (autouse fixture)
 

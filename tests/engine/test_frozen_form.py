@@ -5,10 +5,10 @@ import torch
 
 from workbench.data.batches import SyntheticData
 from workbench.engine import build_engine
-from workbench.engine.base_codecs import round_trip
+from workbench.engine.codecs.base import round_trip
+from workbench.engine.codecs.frozen_form import FrozenForm, matrix_dtype
 from workbench.engine.events import EventBus
-from workbench.engine.frozen_form import FrozenForm, matrix_dtype
-from workbench.engine.zo_common import Group, materialise
+from workbench.engine.storage import Group, materialise
 from workbench.models.build import build_skeleton
 
 from test_base_codecs import layout, weights
@@ -91,7 +91,7 @@ def test_form_computes_what_autocast_computes_from_fp32(model, codec, amp):
 def test_host_decode_to_fp32_equals_the_form_the_block_computes_with(codec, dtype):
     """``FrozenTransfer.to_fp32`` (digests, checkpoints: decode in place, round the matrices)
     gives exactly the values of ``decode_form`` into the device form, read back as fp32."""
-    from workbench.engine.frozen_transfer import FrozenTransfer
+    from workbench.engine.stream.frozen_transfer import FrozenTransfer
 
     lay = layout([(48, 40), (40, 48), (7, 13), (48,), (40,)])
     tr = FrozenTransfer(codec, [lay], torch.device("cpu"), None, dtype)
@@ -119,7 +119,7 @@ def test_a_frozen_block_read_by_ranges_equals_its_fp32_values(codec, dtype, monk
     rows, crossing matrices and the tail) give exactly ``to_fp32``'s values, and its strided
     sample (read a piece at a time) equals ``to_fp32``'s every k-th value."""
     from workbench.engine import groups
-    from workbench.engine.frozen_transfer import FrozenTransfer
+    from workbench.engine.stream.frozen_transfer import FrozenTransfer
 
     lay = layout([(48, 40), (40, 48), (7, 13), (48,), (40,)])
     tr = FrozenTransfer(codec, [lay], torch.device("cpu"), None,

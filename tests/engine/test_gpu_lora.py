@@ -2,9 +2,10 @@
 import pytest
 import torch
 
-from workbench.engine import base_codecs, build_engine
+from workbench.engine import build_engine
+from workbench.engine.codecs import base as base_codecs
+from workbench.engine.codecs.frozen_form import FrozenForm
 from workbench.engine.events import EventBus
-from workbench.engine.frozen_form import FrozenForm
 from workbench.engine.groups import digest
 from workbench.models.build import build_skeleton
 
@@ -85,7 +86,7 @@ def test_frozen_stream_is_warmed_and_never_syncs(codec):
     copy)."""
     from test_host_sync import _batch, _compiled, _steps_without_sync
 
-    from workbench.engine import base_kernels
+    from workbench.engine.codecs import base_kernels
     from workbench.engine.warmup import warm_kernels
 
     decodes = (base_kernels.fp8_kernel, base_kernels.rows_kernel)

@@ -6,9 +6,9 @@ import torch
 from workbench.config import ConfigError, RunConfig
 from workbench.data.batches import SyntheticData
 from workbench.engine import build_engine
+from workbench.engine.codecs.base import base_codec
+from workbench.engine.codecs.frozen_form import FrozenForm
 from workbench.engine.events import EventBus, OpEvent
-from workbench.engine.base_codecs import base_codec
-from workbench.engine.frozen_form import FrozenForm
 from workbench.engine.groups import build_layouts, digest
 from workbench.models.build import build_skeleton
 

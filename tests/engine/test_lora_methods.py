@@ -10,7 +10,7 @@ from workbench.engine import build_engine
 from workbench.engine.events import EventBus, OpEvent
 from workbench.engine.groups import digest
 from workbench.engine.objective import label_loss
-from workbench.engine.zo_common import step_seed
+from workbench.engine.zo.step import step_seed
 from workbench.models.build import build_skeleton
 
 from test_lora import lora_cfg, lora_run

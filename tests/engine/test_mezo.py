@@ -7,9 +7,9 @@ import torch
 from workbench.config import RunConfig
 from workbench.data.batches import SyntheticData
 from workbench.engine.events import EventBus
-from workbench.engine.mezo import MeZOEngine
 from workbench.engine.objective import label_loss
-from workbench.engine.zo_common import step_seed
+from workbench.engine.zo.mezo import MeZOEngine
+from workbench.engine.zo.step import step_seed
 from workbench.models.build import build_skeleton
 
 from zo_helpers import train

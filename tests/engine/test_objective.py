@@ -12,7 +12,7 @@ from workbench.engine import build_engine
 from workbench.engine.events import EventBus
 from workbench.engine.groups import digest
 from workbench.engine.objective import head_loss
-from workbench.engine.zo_common import step_seed
+from workbench.engine.zo.step import step_seed
 from workbench.models.build import build_skeleton
 from workbench.models.generate import greedy_decode
 from workbench.models.tokenizer import load_tokenizer

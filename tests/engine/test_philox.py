@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from workbench.engine import philox
-from workbench.engine.perturb import ZOOps
+from workbench.engine.zo import philox
+from workbench.engine.zo.perturb import ZOOps
 
 
 def test_philox_known_answer():

@@ -10,9 +10,10 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
 
 SCRIPT = r"""
 import torch
-from workbench.engine import philox, zo_kernels
 from workbench.engine.groups import GroupLayout
-from workbench.engine.perturb import PendingUpdate, ZOOps
+from workbench.engine.zo import philox
+from workbench.engine.zo import kernels as zo_kernels
+from workbench.engine.zo.perturb import PendingUpdate, ZOOps
 
 n = 10_001  # not a multiple of 4: the last counter's lanes are partly masked
 z = zo_kernels.normals(n, 12345, 678, "cpu")
@@ -56,7 +57,7 @@ def test_fused_kernel_compiles_for_hopper(update, perturb, write_x):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from workbench.engine import zo_kernels as k
+    from workbench.engine.zo import kernels as k
 
     sig = {"x_ptr": "*fp32", "out_ptr": "*fp32", "g_ptr": "*fp32", "n": "i32", "q": "i32",
            "n_decay": "i32", "seed": "i32", "prev_seed": "i32", "gid": "i32", "scale": "fp32",

@@ -1,7 +1,7 @@
 """The training runtime: engines, streams, kernels and the events they publish.
 
 Every engine implements ``Engine`` (``protocol.py``); the ZO arithmetic they share is
-``zo_step.py``. Never imports telemetry or UI code; listeners subscribe to an ``EventBus``.
+``zo/step.py``. Never imports telemetry or UI code; listeners subscribe to an ``EventBus``.
 """
 from __future__ import annotations
 
@@ -31,27 +31,27 @@ def build_engine(model, source, cfg: RunConfig, device: torch.device, bus: Event
 def _engine(model, source, cfg: RunConfig, device: torch.device, bus: EventBus,
             share=None) -> Engine:
     if cfg.method == "mezo":
-        from workbench.engine.mezo import MeZOEngine
+        from workbench.engine.zo.mezo import MeZOEngine
 
         return MeZOEngine(model, source, cfg, device, bus)
     if cfg.method == "zo-offload" and cfg.peft == "lora":
-        from workbench.engine.lora_offload import LoRAOffloadEngine
+        from workbench.engine.zo.lora_offload import LoRAOffloadEngine
 
         return LoRAOffloadEngine(model, source, cfg, device, bus, share)
     if cfg.method == "zo-offload":
-        from workbench.engine.offload import ZOOffloadEngine
+        from workbench.engine.zo.offload import ZOOffloadEngine
 
         return ZOOffloadEngine(model, source, cfg, device, bus, share)
     if cfg.method == "fo":
-        from workbench.engine.fo import FOEngine
+        from workbench.engine.fo.resident import FOEngine
 
         return FOEngine(model, source, cfg, device, bus)
     if cfg.method == "fo-offload":
-        from workbench.engine.fo_offload import FOOffloadEngine
+        from workbench.engine.fo.offload import FOOffloadEngine
 
         return FOOffloadEngine(model, source, cfg, device, bus)
     if cfg.method == "forward-grad":
-        from workbench.engine.forward_grad import ForwardGradEngine, LoRAForwardGradEngine
+        from workbench.engine.zo.forward_grad import ForwardGradEngine, LoRAForwardGradEngine
 
         cls = LoRAForwardGradEngine if cfg.peft == "lora" else ForwardGradEngine
         return cls(model, source, cfg, device, bus, share)

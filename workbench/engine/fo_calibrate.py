@@ -16,7 +16,7 @@ from functools import partial
 import torch
 
 from workbench.engine import perfmodel
-from workbench.engine.fo_host import adamw
+from workbench.engine.fo.host import adamw
 
 
 def calibrate(engine, stopwatch=None, reps: int = perfmodel.REPS) -> dict[str, perfmodel.Rate]:

@@ -30,7 +30,7 @@ from workbench.engine.events import EvalEvent, EventBus, InfoEvent, StepEvent
 from workbench.engine.groups import digest, fingerprint
 from workbench.engine.timing import Deferred
 from workbench.engine.warmup import warm_kernels
-from workbench.engine.zo_common import step_seed
+from workbench.engine.zo.step import step_seed
 from workbench.models.build import build_skeleton, check_model_folder
 from workbench.models.tokenizer import load_tokenizer
 from workbench.planner import check_fits

@@ -24,9 +24,9 @@ from workbench.engine.events import EMBED, HEAD, EventBus
 from workbench.engine.groups import GroupLayout, move_buffers
 from workbench.engine.objective import Objective, Total, evaluate, head_loss, objective_for
 from workbench.engine.peft import base_values, block_adapter, model_groups
+from workbench.engine.precision import autocast
 from workbench.engine.protocol import StepOutput
 from workbench.engine.timing import OpTimer
-from workbench.engine.zo_common import autocast
 from workbench.models.adapter import BlockAdapter
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from workbench.engine import kernels
-from workbench.engine.codecs import CHUNK, HALF, Codec
+from workbench.engine.codecs.wire import CHUNK, HALF, Codec
 from workbench.engine.groups import GroupLayout
 
 INT8_MAX = 127.0
@@ -32,11 +32,11 @@ INT8_MAX = 127.0
 def fused():
     """The fused decode kernels (``base_kernels.py``), or None when Triton is missing (said
     once)."""
-    return kernels.load("base_kernels", "base_codec")
+    return kernels.load("codecs.base_kernels", "base_codec")
 
 
 class FlatBaseCodec:
-    """fp32 / bf16 / fp16 / fp8-e4m3: the transfer codec of ``codecs.py`` over the whole group."""
+    """fp32 / bf16 / fp16 / fp8-e4m3: the transfer codec of ``wire.py`` over the whole group."""
 
     def __init__(self, name: str, layout: GroupLayout):
         self.name, self.numel = name, layout.numel

@@ -3,7 +3,7 @@
 fp32: each block is copied straight into an fp32 slot, as ``PlainTransfer`` does.
 Compressed codecs (bf16, fp16, fp8-e4m3, int8): each slot is a wire buffer of encoded bytes;
 the upload stream only copies, block after block, and the block is decoded on the compute
-stream just before it computes, into one buffer in its device form (``frozen_form.py``:
+stream just before it computes, into one buffer in its device form (``codecs/frozen_form.py``:
 matrices in the autocast dtype). Why there and not on a stream of its own: a fused decode
 costs about 3 B of GPU memory traffic per weight (~0.2 ms for an opt-6.7b block on an H100)
 against ~3.1 ms of compute and ~3.7 ms of fp8 upload per block, so compute + decode stays
@@ -20,10 +20,10 @@ from typing import Callable
 
 import torch
 
-from workbench.engine.base_codecs import BaseCodec, base_codec
-from workbench.engine.frozen_form import FrozenForm
+from workbench.engine.codecs.base import BaseCodec, base_codec
+from workbench.engine.codecs.frozen_form import FrozenForm
 from workbench.engine.groups import GroupLayout, sample_by_pieces
-from workbench.engine.pinned import HostMemory
+from workbench.engine.stream.pinned import HostMemory
 
 
 @dataclass

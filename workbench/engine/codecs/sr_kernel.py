@@ -1,6 +1,6 @@
 """Fused stochastic-rounding encode (Triton, CUDA only): fp32 -> bf16 / fp16 in one pass.
 
-The torch version in ``codecs.py`` makes about seven passes over the block (noise, bit
+The torch version in ``wire.py`` makes about seven passes over the block (noise, bit
 arithmetic, finiteness mask, select, cast) and, running on the offload stream ahead of every
 down-copy, it lengthened that stream by ~40% at opt-6.7b. Here each element is read once
 (4 B) and written once (2 B). The noise is the same Philox word the torch path draws
@@ -13,7 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from workbench.engine.zo_kernels import _load, _philox
+from workbench.engine.kernels import load_compiled
+from workbench.engine.zo.kernels import _philox
 
 BLOCK = 1024
 
@@ -53,4 +54,4 @@ def warm(n: int, dtype: torch.dtype) -> None:
     elements into ``dtype`` (bf16 / fp16); see ``zo_kernels.warm``."""
     q = (n + 3) // 4
     drop = 16 if dtype == torch.bfloat16 else 13
-    _load(sr_kernel.warmup(torch.float32, dtype, n, q, 0, 0, DROP=drop, BLOCK=BLOCK, grid=(1,)))
+    load_compiled(sr_kernel.warmup(torch.float32, dtype, n, q, 0, 0, DROP=drop, BLOCK=BLOCK, grid=(1,)))

@@ -12,7 +12,7 @@ base sits in its slot, the + and - hidden states travelling together as in ``off
 embedding and head are frozen and resident, so the embedding runs once per step for both passes.
 
 Bit-equal to ``MeZOEngine`` with the same ``peft`` and ``base_codec`` for every scheduler knob:
-the adapters see the same ``zo_step.py`` arithmetic and the base the same decoded values.
+the adapters see the same ``step.py`` arithmetic and the base the same decoded values.
 """
 from __future__ import annotations
 
@@ -24,13 +24,14 @@ from workbench.engine.checkpoint import Snapshot
 from workbench.engine.events import EMBED, HEAD, EventBus
 from workbench.engine.groups import GroupLayout, release
 from workbench.engine.objective import head_loss
-from workbench.engine.offload import StreamedEngine
 from workbench.engine.peft import adapter_groups
+from workbench.engine.precision import autocast
 from workbench.engine.protocol import StepOutput
-from workbench.engine.shared_host import NodeShare
-from workbench.engine.zo_common import (autocast, device_copies, pending_dict, pending_from_dict,
-                                        step_seed)
-from workbench.engine.zo_step import MINUS, PLUS, ZOStep, apply_update, zo_passes
+from workbench.engine.snapshots import device_copies
+from workbench.engine.stream.shared_host import NodeShare
+from workbench.engine.zo.offload import StreamedEngine
+from workbench.engine.zo.perturb import pending_dict, pending_from_dict
+from workbench.engine.zo.step import MINUS, PLUS, ZOStep, apply_update, step_seed, zo_passes
 
 
 class LoRAStreamedEngine(StreamedEngine):

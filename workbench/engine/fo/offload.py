@@ -48,19 +48,20 @@ import torch
 
 from workbench.config import RunConfig
 from workbench.data.batches import Batch
-from workbench.engine import fo_calibrate, fo_trial, perfmodel
+from workbench.engine import fo_calibrate, perfmodel
 from workbench.engine.events import EMBED, HEAD, EventBus, InfoEvent
-from workbench.engine.fo import (FirstOrderContract, prompt_loss, refuse_unsupported,
+from workbench.engine.fo import trial as fo_trial
+from workbench.engine.fo.host import HostUpdates, adamw, default_threads
+from workbench.engine.fo.resident import (FirstOrderContract, prompt_loss, refuse_unsupported,
                                  trainable_params)
-from workbench.engine.fo_host import HostUpdates, adamw, default_threads
 from workbench.engine.groups import GroupLayout, adapter_layouts, build_layouts, move_buffers
 from workbench.engine.objective import Total, evaluate, objective_for
 from workbench.engine.peft import base_values, block_adapter, frozen_groups
-from workbench.engine.pinned import HostMemory
+from workbench.engine.precision import autocast
 from workbench.engine.protocol import StepOutput
-from workbench.engine.streams import Streams
+from workbench.engine.stream.pinned import HostMemory
+from workbench.engine.stream.streams import Streams
 from workbench.engine.timing import OpTimer
-from workbench.engine.zo_common import autocast
 from workbench.models.build import RandomInit
 from workbench.models.lora import LoRAInit
 

@@ -9,8 +9,8 @@ step). A compressed codec's wire buffers are two in all (one per direction), not
 under compressed-sr a slot is free once its block is encoded, so one slot fewer serves. An
 adapter run's frozen base (``frozen_transfer.py``) only comes up: compressed, each slot is a
 wire of its own, decoded on the compute stream just before its block into one shared buffer.
-What a pass does to a block is the caller's ``compute``; the arithmetic lives in ``zo_step.py``.
-Used by the zo-offload and forward-grad engines (``offload.py``, ``forward_grad.py``) through its
+What a pass does to a block is the caller's ``compute``; the arithmetic lives in ``zo/step.py``.
+Used by the zo-offload and forward-grad engines (``zo/offload.py``, ``zo/forward_grad.py``) through its
 public methods.
 """
 from __future__ import annotations
@@ -21,24 +21,26 @@ from typing import Callable, Sequence
 import torch
 
 from workbench.config import RunConfig
+from workbench.engine.codecs.frozen_form import matrix_dtype
 from workbench.engine.events import OpEvent
-from workbench.engine.frozen_form import matrix_dtype
-from workbench.engine.frozen_transfer import FrozenTransfer
 from workbench.engine.groups import GroupLayout, LazyFlats, build_layouts, move_buffers, release
 from workbench.engine.peft import frozen_block
-from workbench.engine.perturb import PendingUpdate, ZOOps
-from workbench.engine.pinned import SnapshotBuffers
-from workbench.engine.shared_host import NodeShare
-from workbench.engine.streams import Streams
+from workbench.engine.snapshots import device_copies
+from workbench.engine.storage import Group, materialise
+from workbench.engine.stream.frozen_transfer import FrozenTransfer
+from workbench.engine.stream.pinned import SnapshotBuffers
+from workbench.engine.stream.shared_host import NodeShare
+from workbench.engine.stream.streams import Streams
+from workbench.engine.stream.transfers import make_transfer
 from workbench.engine.timing import OpTimer
-from workbench.engine.transfers import make_transfer
-from workbench.engine.zo_common import Group, device_copies, materialise, pending_dict
-from workbench.engine.zo_step import ApplyUpdate
+from workbench.engine.zo.perturb import PendingUpdate, ZOOps
+from workbench.engine.zo.perturb import pending_dict
+from workbench.engine.zo.step import ApplyUpdate
 from workbench.models.adapter import BlockAdapter
 from workbench.models.build import RandomInit
 
 #: ``compute(i, weights, apply)``: block i's pass over its (n,) fp32 weights on the device;
-#: ``apply`` is how a pending update reaches them (None: the fused update of ``zo_step``).
+#: ``apply`` is how a pending update reaches them (None: the fused update of ``zo/step.py``).
 BlockCompute = Callable[[int, torch.Tensor, ApplyUpdate | None], None]
 
 

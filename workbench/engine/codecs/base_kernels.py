@@ -1,12 +1,12 @@
 """Fused decodes of a frozen base block (Triton, CUDA only): fp8-e4m3 / int8 -> its device form.
 
-The torch path in ``base_codecs.py`` decodes into an fp32 block (a copy, then a scaling pass)
+The torch path in ``base.py`` decodes into an fp32 block (a copy, then a scaling pass)
 and casts the matrices to the compute dtype after: about 19 B of memory traffic per element.
 Here each element is read once (1 B and its scale) and written once in the form's dtype (2 B
 under autocast): the same arithmetic, element by element (the fp8 / int8 value widened to fp32,
 times its fp32 scale, rounded once to nearest even into the output dtype), so both paths give
 the same bits, except that these kernels may flush fp32 subnormal products (|x| < 1.2e-38) to
-zero, as ``codec_kernels.py`` says of its own.
+zero, as ``sr_kernel.py`` says of its own.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from workbench.engine.zo_kernels import _load
+from workbench.engine.kernels import load_compiled
 
 BLOCK = 2048
 
@@ -61,10 +61,10 @@ def decode_rows(values: torch.Tensor, scales: torch.Tensor, out: torch.Tensor,
 
 def warm_fp8(dtype: torch.dtype, n_mat: int, n: int, chunk: int) -> None:
     """Compile and load, without launching, ``decode_fp8``'s kernel for these sizes."""
-    _load(fp8_kernel.warmup(torch.float8_e4m3fn, torch.float32, dtype, torch.float32, n_mat, n,
+    load_compiled(fp8_kernel.warmup(torch.float8_e4m3fn, torch.float32, dtype, torch.float32, n_mat, n,
                             CHUNK=chunk, BLOCK=BLOCK, grid=(1,)))
 
 
 def warm_rows(dtype: torch.dtype, n: int, cols: int) -> None:
     """Compile and load, without launching, ``decode_rows``'s kernel for these sizes."""
-    _load(rows_kernel.warmup(torch.int8, torch.float32, dtype, n, cols, BLOCK=BLOCK, grid=(1,)))
+    load_compiled(rows_kernel.warmup(torch.int8, torch.float32, dtype, n, cols, BLOCK=BLOCK, grid=(1,)))

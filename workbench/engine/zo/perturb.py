@@ -7,7 +7,7 @@ MeZO's arithmetic, per element, for a step with seed s, perturbation scale eps a
     r = m + eps z          (restore, from m; not bit-equal to w, as in MeZO)
     w' = r - lr (g z + wd r)
 Every engine and the checkpoint replay issue these operations in this order through
-``zo_step.py``, so on one device they end with the same bits. Backends: the fused Triton kernel
+``step.py``, so on one device they end with the same bits. Backends: the fused Triton kernel
 (rng=philox on CUDA), or torch ops on a materialised z (CPU; rng=torch anywhere) that give the
 same numbers as far as the RNGs allow.
 """
@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-from workbench.engine import kernels, philox
+from workbench.engine import kernels
 from workbench.engine.groups import GroupLayout
+from workbench.engine.zo import philox
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,21 @@ class PendingUpdate:
     wd: float
 
 
+def pending_dict(upd: PendingUpdate | None, host_g: torch.Tensor | None) -> dict | None:
+    """A pending update as a checkpoint stores it (``host_g``: its g, copied to the host)."""
+    if upd is None:
+        return None
+    return {"seed": upd.seed, "g": float(host_g), "lr": upd.lr, "wd": upd.wd}
+
+
+def pending_from_dict(d: dict | None, device: torch.device) -> PendingUpdate | None:
+    """The inverse of ``pending_dict`` (also reads a step-log row), g on ``device``."""
+    if d is None:
+        return None
+    return PendingUpdate(int(d["seed"]), torch.tensor(float(d["g"]), dtype=torch.float32,
+                                                      device=device), float(d["lr"]), float(d["wd"]))
+
+
 class ZOOps:
     """Perturb / update flat fp32 groups.
 
@@ -43,7 +59,7 @@ class ZOOps:
 
     def __init__(self, rng: str, device: torch.device):
         self.rng, self.device = rng, torch.device(device)
-        self.kernels = (kernels.load("zo_kernels", "rng=philox")
+        self.kernels = (kernels.load("zo.kernels", "rng=philox")
                         if rng == "philox" and self.device.type == "cuda" else None)
 
     def z(self, n: int, seed: int, gid: int, device: torch.device | None = None) -> torch.Tensor:

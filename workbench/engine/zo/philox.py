@@ -3,7 +3,7 @@
 z for element e of a group is a pure function of (step seed, group id, e): the key is
 (seed, group id), the counter is c = e mod Q with Q = ceil(n / 4), and the lane is e div Q (one
 Philox call gives four normals, written to four contiguous quarters). The Triton kernel in
-``zo_kernels.py`` computes the same integers bit for bit; the floats then agree to the last few
+``kernels.py`` computes the same integers bit for bit; the floats then agree to the last few
 ulps of log / cos / sin on each device.
 
 Torch has no unsigned 32-bit multiply-high, so products are built from 16-bit limbs in int64,

@@ -20,7 +20,7 @@ between the yields; an adapter mode hands only its trainable groups to these fun
 
 How the pending update reaches a group depends on where it lives: ``apply`` is None for a
 group whose fp32 weights are the master (the fused update), or a transfer's own update (the
-fp32-master mirror keeps the delta to send down to the host master; see ``transfers.py``).
+fp32-master mirror keeps the delta to send down to the host master; see ``stream/transfers.py``).
 """
 from __future__ import annotations
 
@@ -30,7 +30,19 @@ from typing import Callable, Iterator
 import torch
 
 from workbench.engine.groups import GroupLayout
-from workbench.engine.perturb import PendingUpdate, ZOOps
+from workbench.engine.zo.perturb import PendingUpdate, ZOOps
+
+MASK64 = (1 << 64) - 1
+
+
+def step_seed(run_seed: int, step: int) -> int:
+    """The perturbation seed of ``step`` (31 bits; splitmix64 of (run seed, step)), so a
+    resumed run regenerates exactly the z of a straight one."""
+    x = (run_seed * 0x9E3779B97F4A7C15 + (step + 1) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return (x ^ (x >> 31)) & 0x7FFFFFFF
+
 
 PLUS, MINUS = 0, 1  # the two forward passes of a ZO step (indices into per-pass lists)
 

@@ -23,13 +23,14 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from workbench.data.batches import Batch
 from workbench.engine.events import EMBED, HEAD
 from workbench.engine.groups import GroupLayout
-from workbench.engine.lora_offload import LoRAStreamedEngine
 from workbench.engine.objective import head_loss
-from workbench.engine.offload import StreamedEngine
-from workbench.engine.perturb import ZOOps
+from workbench.engine.precision import autocast
 from workbench.engine.protocol import StepOutput
-from workbench.engine.zo_common import autocast, step_seed
-from workbench.engine.zo_step import ApplyUpdate, ZOStep, jvp_tangent
+from workbench.engine.zo.lora_offload import LoRAStreamedEngine
+from workbench.engine.zo.offload import StreamedEngine
+from workbench.engine.zo.perturb import ZOOps
+from workbench.engine.zo.step import step_seed
+from workbench.engine.zo.step import ApplyUpdate, ZOStep, jvp_tangent
 
 
 def bind_dual(ops: ZOOps, layout: GroupLayout, flat: torch.Tensor, st: ZOStep,

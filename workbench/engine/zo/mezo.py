@@ -3,7 +3,7 @@
 Per step with seed s: perturb every parameter by +eps z, forward; by -2 eps z, forward; by
 +eps z (restore); g = (L+ - L-) / 2 eps; update w <- w - lr (g z + wd w). z is regenerated from
 s each time, never stored; the groups' flat buffers make each of those passes one launch per
-group. The arithmetic is ``zo_step.py``'s, every group's passes driven together.
+group. The arithmetic is ``step.py``'s, every group's passes driven together.
 """
 from __future__ import annotations
 
@@ -18,12 +18,14 @@ from workbench.engine.events import EMBED, HEAD, EventBus
 from workbench.engine.groups import move_buffers, release
 from workbench.engine.objective import Total, evaluate, head_loss, objective_for
 from workbench.engine.peft import base_values, block_adapter, model_groups
-from workbench.engine.perturb import PendingUpdate, ZOOps
-from workbench.engine.pinned import SnapshotBuffers
+from workbench.engine.precision import autocast
 from workbench.engine.protocol import StepOutput
+from workbench.engine.snapshots import device_copies
+from workbench.engine.stream.pinned import SnapshotBuffers
 from workbench.engine.timing import OpTimer
-from workbench.engine.zo_common import autocast, device_copies, step_seed
-from workbench.engine.zo_step import ZOStep, apply_update, lockstep, projected_grad, zo_passes
+from workbench.engine.zo.perturb import PendingUpdate, ZOOps
+from workbench.engine.zo.step import step_seed
+from workbench.engine.zo.step import ZOStep, apply_update, lockstep, projected_grad, zo_passes
 
 
 class MeZOEngine:

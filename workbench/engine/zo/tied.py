@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from workbench.engine.zo_common import Group
-from workbench.engine.zo_step import MINUS
+from workbench.engine.storage import Group
+from workbench.engine.zo.step import MINUS
 
 #: the dtype the head's matmul reads its weight in, per ``RunConfig.amp``
 HEAD_DTYPE = {"off": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -5,7 +5,7 @@ step log keeps (seed, g, lr, wd) per step), so the replay runs each step's arith
 them: ``zo_step.replay_pass`` on every group, in the engine's order, with the update applied
 where the engine applies it (deferred into the next step's pass, or at the end of the step for
 MeZO and fused_update=false). Streamed blocks go through the run's own host format
-(``transfers.py``): the fp32 master, its compressed mirror (whose updates are computed on the
+(``stream/transfers.py``): the fp32 master, its compressed mirror (whose updates are computed on the
 decoded mirror and reach the master as bf16), or compressed-sr with its seeded roundings.
 """
 from __future__ import annotations
@@ -16,11 +16,11 @@ import torch
 
 from workbench.engine.events import EventBus
 from workbench.engine.groups import GroupLayout
-from workbench.engine.perturb import ZOOps
+from workbench.engine.stream.transfers import make_transfer
 from workbench.engine.timing import OpTimer
-from workbench.engine.transfers import make_transfer
-from workbench.engine.zo_common import pending_from_dict
-from workbench.engine.zo_step import ApplyUpdate, ZOStep, apply_update, replay_pass
+from workbench.engine.zo.perturb import ZOOps
+from workbench.engine.zo.perturb import pending_from_dict
+from workbench.engine.zo.step import ApplyUpdate, ZOStep, apply_update, replay_pass
 
 #: What a replayed pass does to one group: ``fn(weights, layout, apply)``.
 GroupPass = Callable[[torch.Tensor, GroupLayout, ApplyUpdate | None], None]

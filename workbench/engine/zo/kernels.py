@@ -12,6 +12,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from workbench.engine.kernels import load_compiled
+
 M0 = tl.constexpr(0xD2511F53)
 M1 = tl.constexpr(0xCD9E8D57)
 W0 = tl.constexpr(0x9E3779B9)
@@ -128,18 +130,10 @@ def warm(n: int, n_decay: int) -> None:
 
     f32, q = torch.float32, (n + 3) // 4
     for do_update, do_perturb, write_x in VARIANTS:
-        _load(zo_kernel.warmup(f32, f32, f32, n, q, n_decay, 0, 0, 0, 0.0, 0.0, 0.0,
+        load_compiled(zo_kernel.warmup(f32, f32, f32, n, q, n_decay, 0, 0, 0, 0.0, 0.0, 0.0,
                                DO_UPDATE=do_update, DO_PERTURB=do_perturb, WRITE_X=write_x,
                                BLOCK=BLOCK, grid=(1,)))
-    _load(normals_kernel.warmup(f32, n, q, 0, 0, BLOCK=BLOCK, grid=(1,)))
-
-
-def _load(kernel) -> None:
-    """Load a compiled kernel's module onto the GPU now, as its first launch would (Triton's
-    private loader; where a version lacks it the first launch loads it, milliseconds)."""
-    init = getattr(kernel, "_init_handles", None)
-    if init is not None:
-        init()
+    load_compiled(normals_kernel.warmup(f32, n, q, 0, 0, BLOCK=BLOCK, grid=(1,)))
 
 
 def launch(x, out, g, n_decay: int, seed: int, prev_seed: int, gid: int, scale: float,

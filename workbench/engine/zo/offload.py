@@ -1,9 +1,9 @@
 """ZO-Offloading: transformer blocks stream host -> GPU -> host, one PCIe round trip per step.
 
-``StreamedEngine`` is the engine contract around a ``BlockStreamer`` (``streaming.py``: where
+``StreamedEngine`` is the engine contract around a ``BlockStreamer`` (``stream/scheduler.py``: where
 each group is and when it moves) for the methods that defer each step's update into the next
 step's uploads; ``ZOOffloadEngine`` adds the ZO step, ``ForwardGradEngine``
-(``forward_grad.py``) the forward-gradient step. The arithmetic is ``zo_step.py``'s.
+(``forward_grad.py``) the forward-gradient step. The arithmetic is ``step.py``'s.
 
 A zo-offload step, per block after its upload: apply the previous step's pending update fused
 with the +eps perturbation, run the + pass, perturb -2 eps, run the - pass, restore, offload.
@@ -25,15 +25,17 @@ from workbench.engine.events import EMBED, HEAD, EventBus
 from workbench.engine.groups import GroupLayout, tied_with_embed
 from workbench.engine.objective import Total, evaluate, head_loss, objective_for
 from workbench.engine.peft import block_adapter
-from workbench.engine.perturb import PendingUpdate, ZOOps
-from workbench.engine.shared_host import NodeShare
+from workbench.engine.precision import autocast
 from workbench.engine.protocol import StepOutput
-from workbench.engine.streaming import BlockStreamer
-from workbench.engine.tied import TiedHead
+from workbench.engine.stream.scheduler import BlockStreamer
+from workbench.engine.stream.shared_host import NodeShare
 from workbench.engine.timing import OpTimer
-from workbench.engine.zo_common import autocast, pending_from_dict, step_seed
-from workbench.engine.zo_step import (MINUS, PLUS, ZOStep, apply_update, projected_grad,
+from workbench.engine.zo.perturb import PendingUpdate, ZOOps
+from workbench.engine.zo.perturb import pending_from_dict
+from workbench.engine.zo.step import step_seed
+from workbench.engine.zo.step import (MINUS, PLUS, ZOStep, apply_update, projected_grad,
                                       zo_passes)
+from workbench.engine.zo.tied import TiedHead
 from workbench.models.adapter import Inputs
 
 
@@ -42,7 +44,7 @@ class StreamedEngine:
     pending until the next step's uploads (``pending``). Args: as ``MeZOEngine``; the scheduler
     knobs come from ``cfg`` (overlap, reuse_buffers, fused_update, resident_blocks,
     prefetch_depth); ``share``: the node's one host copy under data parallel
-    (``shared_host.py``)."""
+    (``stream/shared_host.py``)."""
 
     def __init__(self, model, source, cfg: RunConfig, device: torch.device, bus: EventBus,
                  share: NodeShare | None = None):

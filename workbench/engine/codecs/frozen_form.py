@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from workbench.engine.codecs import HALF
+from workbench.engine.codecs.wire import HALF
 from workbench.engine.groups import GroupLayout
 
 

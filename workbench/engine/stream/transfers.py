@@ -26,13 +26,13 @@ from typing import Callable
 
 import torch
 
-from workbench.engine.codecs import HALF, Codec, get_codec
+from workbench.engine.codecs.wire import HALF, Codec, get_codec
 from workbench.engine.events import OpEvent
 from workbench.engine.groups import GroupLayout
-from workbench.engine.perturb import PendingUpdate, ZOOps
-from workbench.engine.pinned import HostMemory
-from workbench.engine.zo_common import step_seed
-from workbench.engine.zo_step import ApplyUpdate
+from workbench.engine.stream.pinned import HostMemory
+from workbench.engine.zo.perturb import PendingUpdate, ZOOps
+from workbench.engine.zo.step import step_seed
+from workbench.engine.zo.step import ApplyUpdate
 
 
 class PlainTransfer:
@@ -106,7 +106,7 @@ class PlainTransfer:
 
     def updater(self, extra: dict[str, torch.Tensor], block: int) -> ApplyUpdate | None:
         """How a pending update reaches the block's uploaded weights: None, the fused update
-        of ``zo_step`` (the weights on the device are the master's values)."""
+        of ``zo/step.py`` (the weights on the device are the master's values)."""
         return None
 
     #: GPU slots beyond prefetch_depth: the block computing and the one whose offload still

@@ -9,7 +9,7 @@ stream); on the CPU the same code runs for tests.
 Stochastic rounding (SR) to bf16 / fp16 adds uniform noise below the kept mantissa bits before
 truncating, so E[SR(x)] = x: an update far smaller than a bf16 ulp still moves the stored
 weight in expectation instead of being rounded away. The noise is counter-based Philox
-(``philox.words``), so the fused CUDA kernel (``codec_kernels.py``) and the torch path here
+(``philox.words``), so the fused CUDA kernel (``sr_kernel.py``) and the torch path here
 round every element the same way.
 """
 from __future__ import annotations
@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from workbench.engine import kernels, philox
+from workbench.engine import kernels
+from workbench.engine.zo import philox
 
 CHUNK = 256  # elements per fp8 scale
 FP8 = {"fp8-e4m3": (torch.float8_e4m3fn, 448.0), "fp8-e5m2": (torch.float8_e5m2, 57344.0)}
@@ -118,7 +119,7 @@ def _chunked(x: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
 
 def sr_kernels():
     """The fused SR kernel module, or None when Triton is missing (said once)."""
-    return kernels.load("codec_kernels", "master=compressed-sr")
+    return kernels.load("codecs.sr_kernel", "master=compressed-sr")
 
 
 def stochastic_round(x: torch.Tensor, dtype: torch.dtype, seed: int) -> torch.Tensor:
