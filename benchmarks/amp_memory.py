@@ -55,7 +55,7 @@ def child(spec: dict, result: Path) -> None:
 def breakdown(cfg_dict: dict, measured: dict | None) -> list[dict]:
     """Lines (item, planned bytes, measured bytes) for one config."""
     from workbench.config import RunConfig
-    from workbench.planner import plan
+    from workbench.plan.planner import plan
 
     planned = plan(RunConfig(**{**cfg_dict, "device": "cuda"}), gpu="h200").gpu_breakdown
     lines = []

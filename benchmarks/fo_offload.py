@@ -147,18 +147,19 @@ def _sync(device: torch.device) -> None:
 def workbench_row(spec: dict) -> dict:
     from workbench.config import RunConfig
     from workbench.data.batches import SyntheticData
-    from workbench.engine import build_engine, perfmodel
+    from workbench.engine import build_engine
+from workbench.plan import placement
     from workbench.models.build import build_skeleton
 
     device, row = torch.device(spec["device"]), spec["row"]
     kind, _, value = row.partition(":")
-    stride, ratio = ("auto" if row == "auto" else value if kind == "stride" else perfmodel.NO_GPU,
+    stride, ratio = ("auto" if row == "auto" else value if kind == "stride" else placement.NO_GPU,
                      float(value) if kind == "static" and value else 0.0)
     cuda = device.type == "cuda"
     cap = _cap(spec) if cuda else math.inf
     cfg = RunConfig(model=spec["model"], method="fo-offload", device=spec["device"], amp="bf16",
                     lr=1e-5, weight_decay=0.0, data="synthetic", batch_size=spec["batch"],
-                    seq_len=spec["seq"], subgroup_size=spec["subgroup"], update_stride=str(stride),
+                    seq_len=spec["seq"], subgroup_size=spec["subgroup"], update_stride=stride,
                     gpu_resident_ratio=ratio, update_threads=spec["threads"])
     bus, events, info = _collect()
     t0 = time.perf_counter()
@@ -177,7 +178,7 @@ def workbench_row(spec: dict) -> dict:
             transient = _peak(device) - engine.gpu_param_bytes()
             ratio = best_static(engine, transient, cap)  # ... then the fastest share that fits
             out["static_transient_gpu_bytes"] = transient
-            engine.reschedule(perfmodel.NO_GPU, ratio)
+            engine.reschedule(placement.NO_GPU, ratio)
         _reset_peak(device)
         trial = []  # auto: one step per candidate placement first (fo_trial), then timing
         while engine.trying:
@@ -200,7 +201,7 @@ def workbench_row(spec: dict) -> dict:
         "iteration_s": statistics.median(seconds[1:]), "iteration_s_each": seconds,
         "peak_gpu_bytes": peak, "fp32_master": True,
         "params": engine.numel, "subgroups": engine.n_sub, "subgroup_size": engine.sub,
-        "stride": s.stride if s.stride != perfmodel.NO_GPU else None,
+        "stride": s.stride if s.stride != placement.NO_GPU else None,
         "gpu_resident_ratio": ratio, "split": {"cpu": split.cpu, "gpu": split.gpu,
                                                 "resident": split.resident},
         "downcast": plan["downcast"],
@@ -221,9 +222,9 @@ def workbench_row(spec: dict) -> dict:
 
 def trial_text(trial: dict) -> str:
     """One line: the placements "auto" tried (stride / downcast site: step s) and the one kept."""
-    from workbench.engine import perfmodel
+    from workbench.plan import placement
 
-    tried = [f"{'all-cpu' if c['stride'] == perfmodel.NO_GPU else 'stride ' + str(c['stride'])}"
+    tried = [f"{'all-cpu' if c['stride'] == placement.NO_GPU else 'stride ' + str(c['stride'])}"
              f"/{c['downcast']}: {c['step_s']:.3f} s" for c in trial["candidates"]]
     kept = tried[trial["chosen"]].split(":")[0]
     return f"auto tried {', '.join(tried)}; kept {kept}"
@@ -249,11 +250,12 @@ def best_static(engine, transient: float, cap: float) -> float:
     """The resident share (5% steps) with the smallest predicted update time among those whose
     GPU memory (compute weights, resident p / m / v and kept gradients, scratch, and the step's
     transient memory) is predicted to fit 97% of ``cap``."""
-    from workbench.engine import perfmodel
+    from workbench.plan import placement
 
     best = (math.inf, 0.0)
     for r in [i / 20 for i in range(21)]:
-        t, down, sched, _, _ = engine.plan(perfmodel.NO_GPU, r)
+        placed = engine.plan(placement.NO_GPU, r)
+        t, down, sched = placed.predicted_s, placed.cpu_downcast, placed.schedule
         res = sum(engine.bounds(j)[1] - engine.bounds(j)[0] for j in sched.resident)
         need = (engine.word * engine.numel + (12 + engine.word) * res + transient
                 + 4 * engine.sub * ((res > 0) + (engine.word == 2 and not down)))

@@ -1,15 +1,15 @@
-"""workbench/calibration_shapes.py: the host-cost fit, the per-shape block rates and their use by
+"""workbench/calibrate/shapes.py: the host-cost fit, the per-shape block rates and their use by
 the planner (CPU, against hand-computed figures), and the measurements' plumbing on the CPU; on
 a GPU, a full calibration has every key the planner reads."""
 from __future__ import annotations
 
 import pytest
 
-from workbench import calibration_shapes as shapes
+from workbench.calibrate import shapes
 from workbench.config import RunConfig
-from workbench.flops import block_flops
+from workbench.plan.flops import block_flops
 from workbench.models.build import build_skeleton
-from workbench.planner import plan
+from workbench.plan.planner import plan
 from workbench.presets import PRESETS
 
 GiB = 2 ** 30
@@ -111,7 +111,7 @@ def test_host_costs_and_shape_rates_measure_on_the_cpu(one_thread):
 
 @pytest.mark.gpu
 def test_a_full_calibration_on_the_gpu_has_what_the_planner_reads(tmp_path, monkeypatch):
-    from workbench.calibration import calibrate
+    from workbench.calibrate.machine import calibrate
 
     monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path))
     cal = calibrate("cuda", quick=False, save=False)
@@ -149,7 +149,7 @@ def test_gpu_seconds_times_the_gpu_not_the_host():
 
 
 def test_a_plan_flags_a_calibration_measured_by_an_older_method():
-    from workbench.calibration import METHOD_VERSION
+    from workbench.plan.rates import METHOD_VERSION
 
     cfg = _cfg(model="opt-1.3b", method="mezo")
     old = plan(cfg, calibration=H100)  # no method_version: an older cache
@@ -166,7 +166,7 @@ def test_plan_on_the_command_line_reads_the_measured_costs_from_the_cache(tmp_pa
     import subprocess
     import sys
 
-    from workbench import calibration
+    from workbench.plan import rates as calibration
 
     monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path))
     p = PRESETS["opt-2.7b"]

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from workbench import planner
 from workbench.config import ConfigError, RunConfig
-from workbench.flops import block_flops
-from workbench.planner import SAVE_KEY, GiB, PlanError, check_fits, plan, suggest
+from workbench.plan.flops import block_flops
+from workbench.plan.fit import PlanError, check_fits, suggest
+from workbench.plan.planner import SAVE_KEY, GiB, plan
 from workbench.presets import PRESETS
 
 HOST = {"host_mem_available_bytes": 125 * GiB}  # the brief's H200 machine, for determinism
@@ -208,7 +208,7 @@ def test_cpu_runs_count_the_whole_model_in_host_memory():
 
 
 def test_default_rates_reproduce_the_brief():
-    from workbench.calibration import gpu_profile
+    from workbench.plan.rates import gpu_profile
 
     prof = gpu_profile("h200")
     f = block_flops(PRESETS["opt-13b"], 16, 128)
@@ -245,7 +245,7 @@ def test_suggest_ranks_fitting_settings():
 
 def test_planner_does_not_import_torch():
     code = ("import sys; from workbench.config import RunConfig; "
-            "from workbench.planner import plan;"
+            "from workbench.plan.planner import plan;"
             "plan(RunConfig(model='opt-13b', method='zo-offload', device='cuda'), gpu='h100');"
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -276,14 +276,15 @@ def test_plan_cli_json_and_errors(tmp_path):
 
 
 def test_calibrate_quick_on_cpu_caches(tmp_path, monkeypatch):
-    from workbench import calibration
+    from workbench.calibrate import machine as calibration
+    from workbench.plan import rates
 
     monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path))
     result = calibration.calibrate("cpu", quick=True)
     for key in ("flops_fp32", "flops_bf16", "adamw_cpu_per_s", "cpu_downcast_per_s",
                 "perturb_fused_per_s", "host_ram_bytes", "launch_s"):
         assert result[key] > 0, key
-    assert calibration.load_calibration("cpu")["time"] == result["time"]
+    assert rates.load_calibration("cpu")["time"] == result["time"]
     pl = plan(cfg_(model="opt-125m", device="cpu"), calibration=result)
     assert not any("measure-free" in n for n in pl.notes)
 
@@ -427,7 +428,7 @@ def test_frozen_block_bytes_match_the_engine_codec(model, codec):
     from workbench.engine.groups import build_layouts
     from workbench.models.adapter import BlockAdapter
     from workbench.models.build import build_skeleton
-    from workbench.planner_lora import base_block_bytes
+    from workbench.plan.lora import base_block_bytes
 
     block = build_layouts(BlockAdapter(build_skeleton(model)[0]))[1][0]
     assert base_codec(codec, block).nbytes == base_block_bytes(codec, PRESETS[model])
@@ -435,11 +436,24 @@ def test_frozen_block_bytes_match_the_engine_codec(model, codec):
 
 def test_fo_offload_slots_as_the_engine_allocates_them():
     """The planner's fo-offload slots are the engine's: N_SLOTS slots of at most SLOT_PIECE
-    elements whatever subgroup_size (a 50 M subgroup no longer costs 2.4 GB of slots)."""
-    from workbench.engine.fo import offload as fo_offload
+    elements whatever subgroup_size (a 50 M subgroup no longer costs 2.4 GB of slots), and an
+    engine with every subgroup on the GPU allocates exactly the bytes the plan counts."""
+    import torch
 
-    assert (planner.FO_SLOTS, planner.FO_SLOT_ELEMS) == (fo_offload.N_SLOTS, fo_offload.SLOT_PIECE)
-    assert planner.FO_UPCAST_ELEMS == fo_offload.CHUNK
+    from workbench.engine import build_engine
+    from workbench.engine.events import EventBus
+    from workbench.models.build import build_skeleton
+
     sizes = [plan(cfg_(model="opt-1.3b", method="fo-offload", amp="bf16", subgroup_size=n),
                   gpu="h100").gpu_breakdown["subgroups in flight"] for n in (1_000_000, 50_000_000)]
     assert sizes == [3 * 16 * 1_000_000, 3 * 16 * (1 << 23)]
+    cfg = RunConfig(model="tiny-opt", method="fo-offload", amp="bf16", subgroup_size=4096,
+                    update_stride=1, telemetry=False)
+    model, source = build_skeleton(cfg.model)
+    engine = build_engine(model, source, cfg, torch.device("cpu"), EventBus())
+    try:
+        held = sum(t.numel() * t.element_size() for slot in engine.slots for t in slot)
+    finally:
+        engine.close()
+    planned = plan(cfg.replace(device="cuda"), gpu="h100").gpu_breakdown["subgroups in flight"]
+    assert held == planned == 3 * 16 * 4096

@@ -177,8 +177,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """Predict memory, PCIe traffic and step time; exit 0 even when it would not fit."""
     import json
 
-    from workbench.calibration import load_calibration
-    from workbench.planner import plan, suggest
+    from workbench.plan.rates import load_calibration
+    from workbench.plan.fit import suggest
+    from workbench.plan.planner import plan
 
     cfg = _config(args)
     calib = None if args.gpu else load_calibration(cfg.device)
@@ -234,7 +235,8 @@ def format_suggestions(rows: list[dict], budget_gib: float, top: int = 15) -> st
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from workbench.calibration import cache_path, calibrate
+    from workbench.calibrate.machine import calibrate
+    from workbench.plan.rates import cache_path
 
     result = calibrate(args.device, quick=args.quick)
     for k, v in sorted(result.items()):  # a table of measurements: a line per entry
@@ -311,7 +313,7 @@ def schedule_text(info: dict) -> str | None:
     """"stride 3, downcast on gpu, best of 5 tried" from a run's fo-offload records (None for
     other methods): the stride kept, where 16-bit weights are downcast, and under
     update_stride=auto how many placements were tried."""
-    from workbench.engine.perfmodel import NO_GPU
+    from workbench.plan.placement import NO_GPU
 
     if "fo_stride" not in info:
         return None

@@ -18,11 +18,12 @@ import torch
 
 from workbench.config import RunConfig
 from workbench.data.batches import SyntheticData
-from workbench.engine import build_engine, perfmodel
+from workbench.engine import build_engine
+from workbench.plan import placement
 from workbench.engine.events import EMBED, HEAD, EventBus, InfoEvent, OpEvent
 from workbench.engine.fo import offload as fo_offload
 from workbench.engine.fo.host import threads_text
-from workbench.engine.fo.offload import make_schedule
+from workbench.plan.placement import make_schedule
 from workbench.models.build import build_skeleton
 
 ATOL, RTOL, STEPS, LR, WD = 1e-6, 1e-5, 5, 1e-2, 0.1
@@ -168,7 +169,7 @@ def test_gradients_go_down_in_chunks_through_two_staging_buffers(monkeypatch, am
     the host gets every gradient exactly (the AdamW equality)."""
     monkeypatch.setattr(fo_offload, "CHUNK", 777)
     cfg = RunConfig(model="tiny-opt", method="fo-offload", lr=LR, weight_decay=WD, amp=amp,
-                    update_stride=str(perfmodel.NO_GPU), subgroup_size=20000)
+                    update_stride=str(placement.NO_GPU), subgroup_size=20000)
     engine, _ = _engine(cfg)
     if amp == "bf16":
         assert [t.numel() for t in engine._upcast] == [777, 777]
@@ -217,15 +218,15 @@ def test_stride_model_is_equation_1_by_hand():
     # The paper's V100 example: B 3, Ug 35, Uc 2, Dc 8.7 G params/s.
     B, Ug, Uc, Dc = 3 * G, 35 * G, 2 * G, 8.7 * G
     k = (3 / B + 1 / Ug) / (1 / Uc + 1 / Dc - 1 / (2 * B))
-    assert perfmodel.balance_ratio(B, Ug, Uc, Dc) == pytest.approx(k, rel=1e-12)
+    assert placement.balance_ratio(B, Ug, Uc, Dc) == pytest.approx(k, rel=1e-12)
     assert k == pytest.approx(2.294, abs=1e-3)
     # k = 2.29 CPU : GPU; the schedules around it are 2 : 1 (stride 3) and 3 : 1 (stride 4).
     a, b, c = 1 / Uc + 1 / Dc, 3 / B + 1 / Ug, 1 / (2 * B)
     t3 = max(2 / 3 * a, b / 3 + 2 / 3 * c)  # 0.454 ns / parameter
     t4 = max(3 / 4 * a, b / 4 + 3 / 4 * c)  # 0.461 ns / parameter
-    assert t3 < t4 and perfmodel.stride(B, Ug, Uc, Dc) == 3
-    split = perfmodel.Split(cpu=2 / 3, gpu=1 / 3)
-    assert perfmodel.predict_update_seconds(10**9, split, B, Ug, Uc, Dc) == pytest.approx(1e9 * t3)
+    assert t3 < t4 and placement.stride(B, Ug, Uc, Dc) == 3
+    split = placement.Split(cpu=2 / 3, gpu=1 / 3)
+    assert placement.predict_update_seconds(10**9, split, B, Ug, Uc, Dc) == pytest.approx(1e9 * t3)
     # The H200 machine: GPU path faster (k < 1) -> m of every m + 1 subgroups on the GPU.
     B, Ug, Uc, Dc = 55e9 / 4, 112 * G, 0.76 * G, 5 * G
     k = (3 / B + 1 / Ug) / (1 / Uc + 1 / Dc - 1 / (2 * B))
@@ -233,14 +234,14 @@ def test_stride_model_is_equation_1_by_hand():
     a, b, c = 1 / Uc + 1 / Dc, 3 / B + 1 / Ug, 1 / (2 * B)
     t6 = max(a / 7, 6 / 7 * b + c / 7)
     t7 = max(a / 8, 7 / 8 * b + c / 8)
-    assert t7 < t6 and perfmodel.stride(B, Ug, Uc, Dc) == -7
+    assert t7 < t6 and placement.stride(B, Ug, Uc, Dc) == -7
     # fp32 compute weights: nothing downcast (Dc = inf), 4-byte uploads.
     k32 = (3 / B + 1 / Ug) / (1 / Uc - 1 / B)
-    assert perfmodel.balance_ratio(B, Ug, Uc, math.inf, word_bytes=4) == pytest.approx(k32)
+    assert placement.balance_ratio(B, Ug, Uc, math.inf, word_bytes=4) == pytest.approx(k32)
     # A CPU faster than the link can carry its results: nothing goes to the GPU.
-    assert perfmodel.stride(1 * G, 100 * G, 50 * G, math.inf, word_bytes=4) == perfmodel.NO_GPU
-    assert perfmodel.gpu_fraction(-7) == pytest.approx(7 / 8)
-    assert perfmodel.gpu_fraction(3) == pytest.approx(1 / 3)
+    assert placement.stride(1 * G, 100 * G, 50 * G, math.inf, word_bytes=4) == placement.NO_GPU
+    assert placement.gpu_fraction(-7) == pytest.approx(7 / 8)
+    assert placement.gpu_fraction(3) == pytest.approx(1 / 3)
 
 
 def test_schedule_places_subgroups_as_algorithm_1():
@@ -248,7 +249,7 @@ def test_schedule_places_subgroups_as_algorithm_1():
     assert list(s.resident) == [8, 9] and s.gpu == (2, 5) and s.cpu == (7, 6, 4, 3, 1, 0)
     s = make_schedule(9, -2, 0.0)  # 2 of every 3 on the GPU
     assert s.gpu == (0, 1, 3, 4, 6, 7) and s.cpu == (8, 5, 2)
-    s = make_schedule(4, perfmodel.NO_GPU, 0.0)
+    s = make_schedule(4, placement.NO_GPU, 0.0)
     assert s.gpu == () and s.cpu == (3, 2, 1, 0)
     assert make_schedule(5, 1, 1.0).cpu == ()
 
@@ -329,7 +330,7 @@ def test_fp16_needs_a_gpu():
 @pytest.mark.gpu
 @pytest.mark.parametrize("amp, stride, ratio, cpu_downcast", [
     ("off", "-2", 0.2, None), ("bf16", "2", 0.0, True), ("bf16", "2", 0.0, False),
-    ("bf16", "auto", 0.3, None), ("bf16", str(perfmodel.NO_GPU), 0.0, False)])
+    ("bf16", "auto", 0.3, None), ("bf16", str(placement.NO_GPU), 0.0, False)])
 def test_cuda_offload_equals_adamw(amp, stride, ratio, cpu_downcast):
     _check_against_adamw(RunConfig(model="tiny-llama", method="fo-offload", device="cuda",
                                    amp=amp, lr=LR, weight_decay=WD, update_stride=stride,
@@ -385,7 +386,7 @@ def _losses_cuda(cfg: RunConfig) -> list[float]:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("stride, limit", [(str(perfmodel.NO_GPU), 4.0), ("auto", 8.0)])
+@pytest.mark.parametrize("stride, limit", [(str(placement.NO_GPU), 4.0), ("auto", 8.0)])
 def test_cuda_adam_state_stays_on_the_host(stride, limit):
     # opt-125m: 125M parameters; resident Adam (fp32 p, g, m, v) would be 16 bytes each, 2 GB.
     torch.cuda.empty_cache()

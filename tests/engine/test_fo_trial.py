@@ -4,15 +4,15 @@ from __future__ import annotations
 import pytest
 
 from workbench.config import RunConfig
-from workbench.engine import perfmodel
+from workbench.plan import placement
 from workbench.engine.events import EventBus, InfoEvent
 from workbench.engine.fo import trial as fo_trial
 from workbench.engine.fo.trial import Candidate, ScheduleTrial
 
 from test_fo import _check_against_adamw, _engine, one_thread  # noqa: F401 (autouse fixture)
 
-A, B, C = (Candidate(3, False, 0.1, 0.33), Candidate(perfmodel.NO_GPU, False, 0.2, 0.0),
-           Candidate(perfmodel.NO_GPU, True, 0.3, 0.0))
+A, B, C = (Candidate(3, False, 0.1, 0.33), Candidate(placement.NO_GPU, False, 0.2, 0.0),
+           Candidate(placement.NO_GPU, True, 0.3, 0.0))
 
 
 def test_trial_warms_up_then_times_each_candidate_once_and_keeps_the_fastest():
@@ -46,13 +46,13 @@ def test_a_tie_goes_to_the_least_gpu_memory_then_to_the_earlier_candidate():
 
 @pytest.mark.parametrize("stride", [2, 3, 10, -2, -3, -7])
 def test_fewer_is_the_next_stride_with_a_smaller_gpu_share(stride):
-    nxt = perfmodel.fewer(stride)
-    assert perfmodel.gpu_fraction(nxt) < perfmodel.gpu_fraction(stride)
+    nxt = placement.fewer(stride)
+    assert placement.gpu_fraction(nxt) < placement.gpu_fraction(stride)
     between = [s for s in (*range(-20, 0), *range(1, 21))
-               if perfmodel.gpu_fraction(nxt) < perfmodel.gpu_fraction(s)
-               < perfmodel.gpu_fraction(stride)]
+               if placement.gpu_fraction(nxt) < placement.gpu_fraction(s)
+               < placement.gpu_fraction(stride)]
     assert between == []  # no schedule skipped
-    assert perfmodel.fewer(1) == 2
+    assert placement.fewer(1) == 2
 
 
 @pytest.mark.parametrize("amp", ["off", "bf16"])
@@ -60,14 +60,15 @@ def test_candidates_hold_the_models_pick_and_never_need_more_gpu(amp):
     engine, _ = _engine(RunConfig(model="tiny-opt", method="fo-offload", amp=amp,
                                   update_stride="7", subgroup_size=5000))
     cands = engine.candidates(0.0)
-    t, down, sched, split, _ = engine.plan("auto", 0.0)
+    pick = engine.plan("auto", 0.0)
+    sched, split, down = pick.schedule, pick.split, pick.cpu_downcast
     tried = {(c.stride, bool(c.cpu_downcast)): c for c in cands}
-    assert tried[sched.stride, down].predicted_s == pytest.approx(t)  # the model's pick
+    assert tried[sched.stride, down].predicted_s == pytest.approx(pick.predicted_s)  # its pick
     assert [c.predicted_s for c in cands] == sorted(c.predicted_s for c in cands)
     assert all(c.gpu_share <= split.gpu + split.resident for c in cands)
-    assert perfmodel.NO_GPU in {c.stride for c in cands}
-    if sched.stride != perfmodel.NO_GPU:  # and the next schedule with fewer GPU subgroups
-        assert (perfmodel.fewer(sched.stride), down) in tried
+    assert placement.NO_GPU in {c.stride for c in cands}
+    if sched.stride != placement.NO_GPU:  # and the next schedule with fewer GPU subgroups
+        assert (placement.fewer(sched.stride), down) in tried
     assert len({(c.stride, c.cpu_downcast) for c in cands}) == len(cands)
     assert {c.cpu_downcast for c in cands} <= ({False, True} if amp == "bf16" else {None})
     engine.close()

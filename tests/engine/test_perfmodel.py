@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from workbench.config import RunConfig
-from workbench.engine import build_engine, perfmodel
+from workbench.engine import build_engine
+from workbench.engine.fo import calibrate as fo_calibrate
+from workbench.plan import placement
 from workbench.engine.events import EventBus, InfoEvent
 from workbench.models.build import build_skeleton
 
@@ -20,7 +22,7 @@ class FakeStopwatch:
     def __init__(self, seconds: list[float]):
         self.seconds, self.calls = list(seconds), []
 
-    def __call__(self, probe: perfmodel.Probe) -> float:
+    def __call__(self, probe: fo_calibrate.Probe) -> float:
         probe.run()
         self.calls.append(probe)
         return self.seconds.pop(0)
@@ -35,13 +37,13 @@ def test_calibrate_uses_the_median_of_the_timed_repetitions():
     def bump(name):
         runs[name] += 1
 
-    probes = {"a": perfmodel.Probe(1000, lambda: bump("a")),
-              "b": perfmodel.Probe(10, lambda: bump("b"))}
+    probes = {"a": fo_calibrate.Probe(1000, lambda: bump("a")),
+              "b": fo_calibrate.Probe(10, lambda: bump("b"))}
     # Per probe: one warm-up (left out), then 5 timed runs. First timed != median != mean.
     a = [50.0, 8.0, 1.0, 2.0, 100.0, 4.0]
     b = [0.1, 0.5, 0.4, 0.3, 0.2, 0.9]
     watch = FakeStopwatch(a + b)
-    rates = perfmodel.calibrate(probes, watch, reps=5, warmup=1)
+    rates = fo_calibrate.measure(probes, watch, reps=5, warmup=1)
     assert runs == {"a": 6, "b": 6} and not watch.seconds
     assert rates["a"].seconds == tuple(a[1:]) and rates["b"].seconds == tuple(b[1:])
     assert rates["a"].median_s == 4.0 and rates["a"].per_s == pytest.approx(1000 / 4.0)
@@ -71,11 +73,11 @@ def test_engine_calibration_times_each_step_operation_on_one_subgroup(amp):
     assert sorted(engine.calibration) == sorted(names)
     for name in names:  # what the engine recorded: every repetition and the spread
         got = infos["fo_calibration"][name]
-        assert got["n"] == engine.sub and len(got["seconds"]) == perfmodel.REPS
+        assert got["n"] == engine.sub and len(got["seconds"]) == fo_calibrate.REPS
         assert got["per_s"] == pytest.approx(engine.sub / statistics.median(got["seconds"]))
         assert infos["fo_perf_inputs"]["spread"][name] == pytest.approx(got["spread"])
     # Again with scripted times: the model's inputs are subgroup / median seconds.
-    reps = perfmodel.REPS
+    reps = fo_calibrate.REPS
     script, medians = [], {}
     for i, name in enumerate(names):
         times = [1.0] + [(i + 1) * x for x in (3.0, 1.0, 5.0, 2.0, 9.0)][:reps]
@@ -85,7 +87,7 @@ def test_engine_calibration_times_each_step_operation_on_one_subgroup(amp):
     rates = engine.calibrate(watch)
     assert len(watch.calls) == len(names) * (1 + reps)
     assert all(p.n == engine.sub for p in watch.calls)
-    perf = perfmodel.inputs(rates, engine.word)
+    perf = placement.inputs(rates, engine.word)
     for name, got in (("B", perf.B), ("Ug", perf.Ug), ("Uc", perf.Uc)):
         assert got == pytest.approx(engine.sub / medians[name])
     if amp == "bf16":

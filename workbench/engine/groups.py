@@ -25,6 +25,7 @@ from torch import nn
 from workbench.models.adapter import BlockAdapter
 from workbench.models.build import group_id
 from workbench.models.lora import checkpoint_name, is_adapter
+from workbench.plan.memory import FINGERPRINT_THREADS, SCRATCH_BYTES
 
 
 @dataclass(frozen=True)
@@ -158,10 +159,7 @@ def move_buffers(modules: list[nn.Module], device: torch.device) -> None:
 #: size, so it does not depend on how many threads hash them: changing it changes every digest.
 PIECE = 1 << 24
 #: Threads that hash and square pieces at most (``fingerprint``; fewer where fewer cores).
-MAX_THREADS = 32
-#: Host bytes a thread holds beside the group while it squares a piece: numpy's einsum casts
-#: each of its two operands to fp64 through one 8192-element buffer.
-SCRATCH_BYTES = 2 * 8192 * 8
+MAX_THREADS = FINGERPRINT_THREADS
 
 
 class PieceReader(Protocol):

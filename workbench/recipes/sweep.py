@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from workbench.config import ConfigError, RunConfig, check_environment, parse_value
 from workbench.engine.events import EventBus, StepEvent
-from workbench.planner import check_fits
+from workbench.plan.fit import check_fits
 from workbench.telemetry.record import RunRecord, write_json
 from workbench.telemetry.verdict import verdict
 

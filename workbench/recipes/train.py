@@ -33,7 +33,7 @@ from workbench.engine.warmup import warm_kernels
 from workbench.engine.zo.step import step_seed
 from workbench.models.build import build_skeleton, check_model_folder
 from workbench.models.tokenizer import load_tokenizer
-from workbench.planner import check_fits
+from workbench.plan.fit import check_fits
 from workbench.recipes.guard import RunGuard
 from workbench.recipes.limits import cap_gpu_memory
 from workbench.recipes.prefetch import BatchPrefetch

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from workbench.config import ConfigError, RunConfig
-from workbench.planner import GiB, check_fits, preset_of, suggest
+from workbench.plan.fit import check_fits, suggest
+from workbench.plan.planner import GiB, preset_of
 from workbench.recipes.sweep import Point, Sweep
 
 TOML_NAME = "best.toml"
@@ -47,7 +48,7 @@ def budget_bytes(cfg: RunConfig, gpu: str | None, budget_gb: float | None) -> in
     if budget_gb is not None:
         return int(budget_gb * GiB)
     if gpu is not None:
-        from workbench.calibration import gpu_profile
+        from workbench.plan.rates import gpu_profile
 
         try:
             return int(gpu_profile(gpu)["gpu_mem_total_bytes"])

@@ -61,10 +61,11 @@ def decode_rows(values: torch.Tensor, scales: torch.Tensor, out: torch.Tensor,
 
 def warm_fp8(dtype: torch.dtype, n_mat: int, n: int, chunk: int) -> None:
     """Compile and load, without launching, ``decode_fp8``'s kernel for these sizes."""
-    load_compiled(fp8_kernel.warmup(torch.float8_e4m3fn, torch.float32, dtype, torch.float32, n_mat, n,
-                            CHUNK=chunk, BLOCK=BLOCK, grid=(1,)))
+    load_compiled(fp8_kernel.warmup(torch.float8_e4m3fn, torch.float32, dtype, torch.float32,
+                                    n_mat, n, CHUNK=chunk, BLOCK=BLOCK, grid=(1,)))
 
 
 def warm_rows(dtype: torch.dtype, n: int, cols: int) -> None:
     """Compile and load, without launching, ``decode_rows``'s kernel for these sizes."""
-    load_compiled(rows_kernel.warmup(torch.int8, torch.float32, dtype, n, cols, BLOCK=BLOCK, grid=(1,)))
+    load_compiled(rows_kernel.warmup(torch.int8, torch.float32, dtype, n, cols, BLOCK=BLOCK,
+                                     grid=(1,)))

@@ -54,4 +54,5 @@ def warm(n: int, dtype: torch.dtype) -> None:
     elements into ``dtype`` (bf16 / fp16); see ``zo_kernels.warm``."""
     q = (n + 3) // 4
     drop = 16 if dtype == torch.bfloat16 else 13
-    load_compiled(sr_kernel.warmup(torch.float32, dtype, n, q, 0, 0, DROP=drop, BLOCK=BLOCK, grid=(1,)))
+    load_compiled(sr_kernel.warmup(torch.float32, dtype, n, q, 0, 0, DROP=drop, BLOCK=BLOCK,
+                                   grid=(1,)))

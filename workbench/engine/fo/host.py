@@ -13,7 +13,8 @@ Threads. torch's fused CPU AdamW runs on the worker's own OpenMP team, of ``thre
 
 Uploads. A 16-bit compute weight is either downcast on the CPU into a pinned staging buffer and
 sent up (half the PCIe bytes, one more CPU pass), or sent up as the fp32 master into a GPU slot
-and downcast there (no CPU pass); ``perfmodel.site`` picks. fp32 compute weights go straight up.
+and downcast there (no CPU pass); the placement (``plan/placement.py``) picks. fp32 compute
+weights go straight up.
 
 Timing. The worker never publishes: it keeps its spans (host clock, or CUDA events for the
 uploads) and ``finish`` hands them over on the training thread.
@@ -25,9 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 
 from workbench.engine.events import OpEvent
-
-N_STAGES = 4  # pinned 16-bit staging buffers for uploads of CPU-downcast weights
-
+from workbench.plan.placement import N_STAGES
 
 def default_threads(cuda: bool) -> int:
     """``update_threads`` = 0: torch's thread count, less one on a GPU run (that core launches

@@ -41,15 +41,14 @@ import math
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import partial
 
 import torch
 
 from workbench.config import RunConfig
 from workbench.data.batches import Batch
-from workbench.engine import fo_calibrate, perfmodel
 from workbench.engine.events import EMBED, HEAD, EventBus, InfoEvent
+from workbench.engine.fo import calibrate as fo_calibrate
 from workbench.engine.fo import trial as fo_trial
 from workbench.engine.fo.host import HostUpdates, adamw, default_threads
 from workbench.engine.fo.resident import (FirstOrderContract, prompt_loss, refuse_unsupported,
@@ -64,38 +63,9 @@ from workbench.engine.stream.streams import Streams
 from workbench.engine.timing import OpTimer
 from workbench.models.build import RandomInit
 from workbench.models.lora import LoRAInit
-
-N_SLOTS = 3  # GPU slots: one prefetching, one updating, one flushing out
-#: Elements of p, m, v a GPU slot holds: an interleaved subgroup goes through the slots in
-#: pieces of at most this many (3 slots x 4 fp32 buffers x 32 MiB = 384 MiB, whatever
-#: subgroup_size; subgroup-sized slots were 2.4 GB at 50 M).
-SLOT_PIECE = 1 << 23
-CHUNK = 1 << 24  # elements upcast to fp32 at a time for a gradient flush (64 MiB a buffer)
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """Where each subgroup is updated. ``gpu`` and ``cpu`` are in processing order (the CPU
-    side takes its subgroups as their gradients land: last first)."""
-
-    stride: int
-    resident: range  # static GPU residents: the last subgroups
-    gpu: tuple[int, ...]  # interleaved: prefetched, updated on the GPU, flushed out
-    cpu: tuple[int, ...]  # updated on the CPU, last first
-
-
-def make_schedule(n_sub: int, stride: int, resident_ratio: float) -> Schedule:
-    """Algorithm 1's placement: subgroup i (0-based) goes to the GPU when it is resident or
-    when (i + 1) % k == 0 for stride k > 0; for k = -m, unless (i + 1) % (m + 1) == 0."""
-    if stride == 0:
-        raise ValueError("update_stride: 0 is not a stride")
-    r = min(n_sub, int(resident_ratio * n_sub + 1e-9))
-    gpu, cpu = [], []
-    for i in range(n_sub - r):
-        on_gpu = (i + 1) % stride == 0 if stride > 0 else (i + 1) % (1 - stride) != 0
-        (gpu if on_gpu else cpu).append(i)
-    return Schedule(stride, range(n_sub - r, n_sub), tuple(gpu), tuple(reversed(cpu)))
-
+from workbench.plan import placement
+from workbench.plan.placement import (CHUNK, N_SLOTS, Candidate, Placement, Rate, Schedule,
+                                      Stride, Subgroups)
 
 class FOOffloadEngine(FirstOrderContract):
     """Args:
@@ -132,8 +102,8 @@ class FOOffloadEngine(FirstOrderContract):
         for lay in self.layouts:
             self.offsets.append(n)
             n += lay.numel
-        self.numel, self.sub = n, max(1, min(cfg.subgroup_size, n))
-        self.n_sub = -(-n // self.sub)
+        self.groups = Subgroups(n, max(1, min(cfg.subgroup_size, n)))
+        self.numel, self.sub, self.n_sub = n, self.groups.size, self.groups.count
         self.host = HostMemory(self.cuda)
         self.p32, self.m, self.v, self.g32 = (self.host.empty(n) for _ in range(4))
         self.m.zero_()
@@ -179,7 +149,7 @@ class FOOffloadEngine(FirstOrderContract):
             self._origin_host = time.perf_counter()
         self.host_side = HostUpdates(self, cfg.update_threads or default_threads(self.cuda))
         self.calibration = self.calibrate()
-        self.perf = perfmodel.inputs(self.calibration, self.word)
+        self.perf = placement.inputs(self.calibration, self.word)
         self.res_p = self.res_m = self.res_v = None
         self.schedule: Schedule | None = None
         tries = (self.candidates(cfg.gpu_resident_ratio) if cfg.update_stride == "auto"
@@ -225,9 +195,9 @@ class FOOffloadEngine(FirstOrderContract):
 
     def bounds(self, j: int) -> tuple[int, int]:
         """Subgroup j's [start, end) in the flat parameter order."""
-        return j * self.sub, min((j + 1) * self.sub, self.numel)
+        return self.groups.bounds(j)
 
-    def calibrate(self, stopwatch=None, reps: int = perfmodel.REPS) -> dict[str, perfmodel.Rate]:
+    def calibrate(self, stopwatch=None, reps: int = fo_calibrate.REPS) -> dict[str, Rate]:
         """The model's inputs measured with the step's own operations (``fo_calibrate``);
         published as ``fo_calibration`` (every repetition, median, spread)."""
         rates = fo_calibrate.calibrate(self, stopwatch, reps)
@@ -249,8 +219,9 @@ class FOOffloadEngine(FirstOrderContract):
         self.slots = []
         self.host_side.slot = None
         sixteen = self.wdtype != torch.float32
-        self.predicted_update_s, self.cpu_downcast, s, self.split, rates = self.plan(
-            update_stride, resident_ratio, cpu_downcast)
+        self.placement = placed = self.plan(update_stride, resident_ratio, cpu_downcast)
+        self.predicted_update_s, self.cpu_downcast = placed.predicted_s, placed.cpu_downcast
+        s, self.split = placed.schedule, placed.split
         self.schedule = s
         r0 = s.resident.start * self.sub if len(s.resident) else self.numel
         self.res_p, self.res_m, self.res_v = (
@@ -263,9 +234,8 @@ class FOOffloadEngine(FirstOrderContract):
             kept += self._size(j)
         self.keep = torch.empty(kept, dtype=self.wdtype, device=self.device)
         convert = self.wdtype != torch.float32
-        self._pieces = [(j, lo, min(lo + SLOT_PIECE, self.bounds(j)[1]))
-                        for j in s.gpu for lo in range(*self.bounds(j), SLOT_PIECE)]
-        size = min(self.sub, SLOT_PIECE)
+        self._pieces = self.groups.pieces(s)
+        size = min(self.sub, placement.SLOT_PIECE)
         self.slots = [tuple(torch.empty(size, device=self.device) for _ in range(3 + convert))
                       for _ in range(min(N_SLOTS, len(self._pieces)))]
         self._res_g = (torch.empty(self.sub, device=self.device)
@@ -274,8 +244,8 @@ class FOOffloadEngine(FirstOrderContract):
         self._routes = [self._route(gi) for gi in range(len(self.layouts))]
         self._flushed.clear()
         self._slot_free = [None] * N_SLOTS
-        k = perfmodel.balance_ratio(*rates[:4], word_bytes=rates[4])
-        t_cpu, t_gpu = perfmodel.sides(self.numel, self.split, *rates[:4], word_bytes=rates[4])
+        k = placed.balance
+        t_cpu, t_gpu = placed.sides(self.numel)
         self.bus.publish(InfoEvent("fo_stride", s.stride))
         self.bus.publish(InfoEvent("fo_perf_inputs", {
             **self.perf.as_dict(), "k": k if math.isfinite(k) else None, "subgroups": self.n_sub,
@@ -289,59 +259,18 @@ class FOOffloadEngine(FirstOrderContract):
         self.update_seconds = []
         return s
 
-    def plan(self, update_stride: str | int, resident_ratio: float,
-             cpu_downcast: bool | None = None) -> tuple:
-        """The placement ``reschedule`` would make, without making it: (predicted update s,
-        CPU downcast?, schedule, split, the model's (B, Ug, Uc, Dc, word bytes))."""
-        sixteen = self.wdtype != torch.float32
-        sites = (False, True) if sixteen and cpu_downcast is None else (bool(cpu_downcast),)
-        return min((self._place(update_stride, resident_ratio, down) for down in sites),
-                   key=lambda placed: placed[0])
+    def plan(self, update_stride: Stride, resident_ratio: float,
+             cpu_downcast: bool | None = None) -> Placement:
+        """The placement ``reschedule`` would make, without making it (``plan/placement.py``)."""
+        return placement.place(self.perf, self.groups, update_stride, resident_ratio,
+                               cpu_downcast)
 
-    def _place(self, update_stride: str | int, resident_ratio: float, down: bool) -> tuple:
-        """``plan``'s tuple for one downcast site."""
-        rates = perfmodel.site(self.perf, down)
-        stride = (perfmodel.stride(*rates[:4], word_bytes=rates[4])
-                  if str(update_stride) == "auto" else int(update_stride))
-        sched = make_schedule(self.n_sub, stride, resident_ratio)
-        split = self._split(sched)
-        t = perfmodel.predict_update_seconds(self.numel, split, *rates[:4], word_bytes=rates[4])
-        return t, down and self.wdtype != torch.float32, sched, split, rates
-
-    def candidates(self, resident_ratio: float) -> list[fo_trial.Candidate]:
-        """What "auto" tries (``fo_trial``): at each downcast site the model's stride, the
-        next stride with fewer GPU subgroups and the all-CPU placement, fastest predicted
-        first, keeping only those with no more GPU-side parameters than the model's own pick
-        (``plan``), so none needs more GPU memory than it."""
-        sixteen = self.wdtype != torch.float32
-        placed, models = [], []
-        for down in (False, True) if sixteen else (False,):
-            model = self._place("auto", resident_ratio, down)
-            models.append(model)
-            placed += [model, self._place(perfmodel.NO_GPU, resident_ratio, down)]
-            if model[2].stride != perfmodel.NO_GPU:
-                placed.append(self._place(perfmodel.fewer(model[2].stride), resident_ratio,
-                                          down))
-        pick = min(models, key=lambda m: m[0])[3]  # what plan("auto", resident_ratio) picks
-        most = pick.gpu + pick.resident
-        out: list[fo_trial.Candidate] = []
-        for t, down, sched, split, _ in sorted(placed, key=lambda p: p[0]):
-            c = fo_trial.Candidate(sched.stride, down if sixteen else None, t,
-                                   split.gpu + split.resident)
-            if c.gpu_share <= most and all((o.stride, o.cpu_downcast) != (c.stride, c.cpu_downcast)
-                                           for o in out):
-                out.append(c)
-        return out
-
-    def _split(self, s: Schedule) -> perfmodel.Split:
-        n = self.numel
-        return perfmodel.Split(sum(self._size(j) for j in s.cpu) / n,
-                               sum(self._size(j) for j in s.gpu) / n,
-                               sum(self._size(j) for j in s.resident) / n)
+    def candidates(self, resident_ratio: float) -> list[Candidate]:
+        """What "auto" tries (``fo/trial.py``; ``placement.candidates``)."""
+        return placement.candidates(self.perf, self.groups, resident_ratio)
 
     def _size(self, j: int) -> int:
-        a, b = self.bounds(j)
-        return b - a
+        return self.groups.numel_of(j)
 
     def _route(self, gi: int) -> tuple[list, list, dict]:
         """Group gi's gradient routing, ranges relative to the group: host pieces (lo, hi, j),

@@ -1,10 +1,10 @@
 """``update_stride="auto"``: the performance model proposes, measured steps decide.
 
-The model (``perfmodel``) predicts each side of the update phase from rates calibrated one
+The model (``plan/placement.py``) predicts each side of the update phase from rates calibrated one
 operation at a time. In a step those operations share the host's memory and the PCIe link, and
 the CPU update then runs 10-30% below its calibrated rate (fo_offload benchmark on an H100,
 opt-1.3b / 6.7b): the model's favourite schedule can be slower than updating everything on the
-CPU. So "auto" takes the model's candidates (``candidates``) and trains one step with each,
+CPU. So "auto" takes the model's candidates (``placement.candidates``) and trains one step with each,
 timed whole (host clock, the GPU synchronized before and after), then keeps the fastest for the
 rest of the run; candidates within ``TIE`` of the fastest count as equally fast, and the one
 with the fewest GPU-side parameters (the least GPU memory) wins. Every schedule gives the
@@ -17,25 +17,11 @@ trial needs no more GPU memory than running that pick would.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from workbench.plan.placement import SITE, Candidate
 
-SITE = {True: "cpu", False: "gpu", None: "none"}  # where 16-bit weights are downcast
 #: Step times within 3% of the fastest count as a tie (steps of one placement vary by about
 #: that much on an H100 host), settled by GPU memory.
 TIE = 0.03
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A placement to try: ``stride`` (``perfmodel`` convention; ``NO_GPU``: all on the CPU),
-    where 16-bit weights are downcast (True: CPU, False: GPU, None: fp32 weights, nothing to
-    downcast), the model's predicted update seconds and the share of parameters updated on
-    the GPU side (interleaved and resident)."""
-
-    stride: int
-    cpu_downcast: bool | None
-    predicted_s: float
-    gpu_share: float
 
 
 class ScheduleTrial:

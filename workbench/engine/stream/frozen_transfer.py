@@ -24,6 +24,7 @@ from workbench.engine.codecs.base import BaseCodec, base_codec
 from workbench.engine.codecs.frozen_form import FrozenForm
 from workbench.engine.groups import GroupLayout, sample_by_pieces
 from workbench.engine.stream.pinned import HostMemory
+from workbench.plan.memory import SPARE_SLOTS
 
 
 @dataclass
@@ -49,7 +50,7 @@ class FrozenTransfer:
 
     #: slots beyond prefetch_depth: with fp32 the block computing reads its slot; compressed,
     #: the wire the next copy may fill while the last one is still to be decoded
-    spare_slots = 1
+    spare_slots = SPARE_SLOTS["frozen"]
 
     def __init__(self, name: str, layouts: list[GroupLayout], device: torch.device, timer,
                  dtype: torch.dtype | None, share=None):

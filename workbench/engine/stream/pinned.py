@@ -12,13 +12,15 @@ import warnings
 
 import torch
 
+from workbench.plan.memory import PIN_EXACT
+
 
 class HostMemory:
     """Exact-size page-locked host tensors. torch's pinned allocator rounds each request up to
     a power of two (a 26.6 GB buffer would pin 32 GB), so large buffers are ordinary CPU
     tensors registered with ``cudaHostRegister`` and unregistered on ``release``."""
 
-    LARGE = 64 << 20  # bytes; smaller requests use the pinned allocator
+    LARGE = PIN_EXACT  # bytes; smaller requests use the pinned allocator
 
     def __init__(self, cuda: bool, share=None):
         """``share``: a ``shared_host.NodeShare`` whose files hold every buffer (data

@@ -33,8 +33,7 @@ from workbench.engine.stream.shared_host import NodeShare
 from workbench.engine.stream.streams import Streams
 from workbench.engine.stream.transfers import make_transfer
 from workbench.engine.timing import OpTimer
-from workbench.engine.zo.perturb import PendingUpdate, ZOOps
-from workbench.engine.zo.perturb import pending_dict
+from workbench.engine.zo.perturb import PendingUpdate, ZOOps, pending_dict
 from workbench.engine.zo.step import ApplyUpdate
 from workbench.models.adapter import BlockAdapter
 from workbench.models.build import RandomInit

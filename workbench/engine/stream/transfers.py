@@ -31,8 +31,8 @@ from workbench.engine.events import OpEvent
 from workbench.engine.groups import GroupLayout
 from workbench.engine.stream.pinned import HostMemory
 from workbench.engine.zo.perturb import PendingUpdate, ZOOps
-from workbench.engine.zo.step import step_seed
-from workbench.engine.zo.step import ApplyUpdate
+from workbench.engine.zo.step import ApplyUpdate, step_seed
+from workbench.plan.memory import SPARE_SLOTS
 
 
 class PlainTransfer:
@@ -111,7 +111,7 @@ class PlainTransfer:
 
     #: GPU slots beyond prefetch_depth: the block computing and the one whose offload still
     #: reads its slot (the copy goes straight out of the slot)
-    spare_slots = 2
+    spare_slots = SPARE_SLOTS["plain"]
 
     def upload(self, host, slot, extra, step: int, block: int, stream,
                slot_ready: Callable[[], None] | None = None) -> int:
@@ -193,7 +193,7 @@ class SRTransfer(PlainTransfer):
         return {"up": self._wire("up", n, shared), "down": self._wire("down", n, shared)}
 
     #: the slot is free once the encode has read it (the copy goes out of the wire)
-    spare_slots = 1
+    spare_slots = SPARE_SLOTS["sr"]
 
     def upload(self, host, slot, extra, step, block, stream, slot_ready=None) -> int:
         wire = extra["up"][:host.numel()]

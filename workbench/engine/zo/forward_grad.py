@@ -29,8 +29,7 @@ from workbench.engine.protocol import StepOutput
 from workbench.engine.zo.lora_offload import LoRAStreamedEngine
 from workbench.engine.zo.offload import StreamedEngine
 from workbench.engine.zo.perturb import ZOOps
-from workbench.engine.zo.step import step_seed
-from workbench.engine.zo.step import ApplyUpdate, ZOStep, jvp_tangent
+from workbench.engine.zo.step import ApplyUpdate, ZOStep, jvp_tangent, step_seed
 
 
 def bind_dual(ops: ZOOps, layout: GroupLayout, flat: torch.Tensor, st: ZOStep,

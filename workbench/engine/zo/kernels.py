@@ -131,8 +131,8 @@ def warm(n: int, n_decay: int) -> None:
     f32, q = torch.float32, (n + 3) // 4
     for do_update, do_perturb, write_x in VARIANTS:
         load_compiled(zo_kernel.warmup(f32, f32, f32, n, q, n_decay, 0, 0, 0, 0.0, 0.0, 0.0,
-                               DO_UPDATE=do_update, DO_PERTURB=do_perturb, WRITE_X=write_x,
-                               BLOCK=BLOCK, grid=(1,)))
+                                       DO_UPDATE=do_update, DO_PERTURB=do_perturb,
+                                       WRITE_X=write_x, BLOCK=BLOCK, grid=(1,)))
     load_compiled(normals_kernel.warmup(f32, n, q, 0, 0, BLOCK=BLOCK, grid=(1,)))
 
 

@@ -24,8 +24,8 @@ from workbench.engine.snapshots import device_copies
 from workbench.engine.stream.pinned import SnapshotBuffers
 from workbench.engine.timing import OpTimer
 from workbench.engine.zo.perturb import PendingUpdate, ZOOps
-from workbench.engine.zo.step import step_seed
-from workbench.engine.zo.step import ZOStep, apply_update, lockstep, projected_grad, zo_passes
+from workbench.engine.zo.step import (ZOStep, apply_update, lockstep, projected_grad, step_seed,
+                                      zo_passes)
 
 
 class MeZOEngine:

@@ -30,10 +30,8 @@ from workbench.engine.protocol import StepOutput
 from workbench.engine.stream.scheduler import BlockStreamer
 from workbench.engine.stream.shared_host import NodeShare
 from workbench.engine.timing import OpTimer
-from workbench.engine.zo.perturb import PendingUpdate, ZOOps
-from workbench.engine.zo.perturb import pending_from_dict
-from workbench.engine.zo.step import step_seed
-from workbench.engine.zo.step import (MINUS, PLUS, ZOStep, apply_update, projected_grad,
+from workbench.engine.zo.perturb import PendingUpdate, ZOOps, pending_from_dict
+from workbench.engine.zo.step import (MINUS, PLUS, ZOStep, apply_update, projected_grad, step_seed,
                                       zo_passes)
 from workbench.engine.zo.tied import TiedHead
 from workbench.models.adapter import Inputs

@@ -18,8 +18,7 @@ from workbench.engine.events import EventBus
 from workbench.engine.groups import GroupLayout
 from workbench.engine.stream.transfers import make_transfer
 from workbench.engine.timing import OpTimer
-from workbench.engine.zo.perturb import ZOOps
-from workbench.engine.zo.perturb import pending_from_dict
+from workbench.engine.zo.perturb import ZOOps, pending_from_dict
 from workbench.engine.zo.step import ApplyUpdate, ZOStep, apply_update, replay_pass
 
 #: What a replayed pass does to one group: ``fn(weights, layout, apply)``.

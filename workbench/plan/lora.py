@@ -1,7 +1,7 @@
 """Planner arithmetic of encoded blocks and adapter runs (``peft=lora``): a codec's bytes,
 adapter sizes, a frozen block's encoded bytes, and the frozen stream's memory, PCIe traffic and
-step time. Pure arithmetic, as ``planner.py`` (which calls ``frozen_stream`` after its ZO plan
-and owns the rates).
+step time. Pure arithmetic, as ``planner.py`` (which calls ``frozen_stream`` after the
+method's plan).
 
 Per block (n elements, D hidden, F ffn, kv the key/value width, r the LoRA rank):
   Adapters: r x (in + out) per target module, fp32, resident on the GPU in every method.
@@ -24,7 +24,7 @@ Per block (n elements, D hidden, F ffn, kv the key/value width, r the LoRA rank)
   forward-grad streams the same way; its jvp runs primal and tangent through the frozen base
   (2x forward FLOPs: no weight tangent but the adapters'), regenerates z twice per element
   (tangent, update), and holds one block's adapter tangent (4 B/param).
-  fo / fo-offload: ``planner._fo`` plans AdamW over the adapters (backward = input gradients,
+  fo / fo-offload: ``fo.plan_fo`` plans AdamW over the adapters (backward = input gradients,
   1x forward); the frozen base lies on the device as mezo holds it (blocks in their device
   form), and under autocast the bf16 / fp16 casts of its fp32-held weights (embedding, head;
   the blocks too with base_codec=fp32) are saved for backward (2 B/param).
@@ -34,6 +34,7 @@ from __future__ import annotations
 from typing import Any
 
 from workbench.config import RunConfig
+from workbench.plan.memory import SPARE_SLOTS, pinned_bytes
 from workbench.presets import Preset
 
 DEFAULT_TARGETS = ("q_proj", "v_proj")  # as ``models/lora.py`` for both families
@@ -99,9 +100,9 @@ def matrix_bytes(cfg: RunConfig) -> int | None:
     return 2 if cfg.amp != "off" else 4
 
 
-def frozen_stream(cfg: RunConfig, p: Preset, prof: dict, e: dict[str, Any], notes: list[str],
-                  pin) -> None:
-    """Turn ``planner._zo``'s (or ``_fo``'s) plan of the same run into the adapter run's
+def frozen_stream(cfg: RunConfig, p: Preset, prof: dict, e: dict[str, Any],
+                  notes: list[str]) -> None:
+    """Turn ``zo.plan_zo``'s (or ``fo.plan_fo``'s) plan of the same run into the adapter run's
     (``e`` in place)."""
     cuda, dev, n_blocks, nb = cfg.device == "cuda", e["dev"], p.num_layers, p.block_params()
     held = form_bytes(cfg, p)  # one base block on the device (``FrozenForm``)
@@ -124,7 +125,7 @@ def frozen_stream(cfg: RunConfig, p: Preset, prof: dict, e: dict[str, Any], note
         for item in ("tangents (embedding, head, one block)", "forward-AD transients"):
             dev.pop(item, None)
         dev["tangents (one block's adapters)"] = 4 * nl // n_blocks
-        dev["forward-AD transients"] = 16 * nl // n_blocks  # as ``planner._zo``, per dual param
+        dev["forward-AD transients"] = 16 * nl // n_blocks  # as ``zo.plan_zo``, per dual param
         notes[:] = [n for n in notes if not n.startswith("forward-grad:")]
         notes.append("forward-grad: only the adapters carry a tangent, one block's at a time; "
                      "jvp taken as 2x forward FLOPs through the frozen base")
@@ -144,17 +145,17 @@ def frozen_stream(cfg: RunConfig, p: Preset, prof: dict, e: dict[str, Any], note
         e["gpu_param_bytes"] -= cuda * dev.pop("tied head weight copy")
     up = base_block_bytes(cfg.base_codec, p)
     e["host"].pop("block masters (fp32)", None)
-    e["pinned"] = s * pin(up, cuda)
+    e["pinned"] = s * pinned_bytes(up, cuda)
     e["host"] = {f"block base ({cfg.base_codec})": e["pinned"], **e["host"]}
     notes.append("frozen stream: H2D only (the base never goes back down)")
-    slots = cfg.prefetch_depth + 1 if s else 0  # ``planner._zo`` planned a plain transfer's + 2
+    slots = cfg.prefetch_depth + SPARE_SLOTS["frozen"] if s else 0  # ``plan_zo``: a plain one's
     compressed = cfg.base_codec != "fp32"
     if "block slots" in dev:  # reuse_buffers: allocated once
         e["gpu_param_bytes"] -= cuda * dev["block slots"]
         dev["block slots"] = held if compressed else 4 * slots * nb
         dev.update({"codec wire buffers": slots * up} if compressed else {})
         e["gpu_param_bytes"] += cuda * (dev["block slots"] + dev.get("codec wire buffers", 0))
-    elif slots:  # fresh buffers for every block in flight (``planner._zo``'s count of them)
+    elif slots:  # fresh buffers for every block in flight (``zo.plan_zo``'s count of them)
         ahead = s if cuda and cfg.overlap else slots
         dev["blocks in flight"] = ahead * held
         e["elastic"] = (ahead - slots) * (held + up * compressed)

@@ -19,7 +19,7 @@ The planner's step time is max(GPU work, host work). Three measurements feed it:
   step, a tiny block's forward per pass) opt-125m / opt-350m were predicted at 0.37-0.89x of
   their measured steps.
 
-Every function returns profile keys (``calibration.py``'s cache stores them as measured).
+Every function returns profile keys (``plan/rates.py``'s cache stores them as measured).
 """
 from __future__ import annotations
 
@@ -27,16 +27,10 @@ import statistics
 import time
 from typing import Any, Callable
 
-#: (method, amp) pairs ``host_costs`` measures; their keys are ``host_key``'s
-HOST_METHODS = (("mezo", "off"), ("mezo", "bf16"), ("zo-offload", "off"), ("zo-offload", "bf16"),
-                ("forward-grad", "off"), ("forward-grad", "bf16"))
+from workbench.plan.rates import HOST_METHODS, host_key
+
 HOST_DEPTHS = (4, 16)  # blocks of the tiny preset the host cost is fitted over
 HOST_BATCH = (1, 8)  # rows x tokens: the GPU's work is negligible beside the host's
-
-
-def host_key(method: str, amp: bool) -> str:
-    """``host_costs_s``'s key for a method and whether autocast is on ("mezo off", ...)."""
-    return f"{method} {'amp' if amp else 'off'}"
 
 
 def timeit(fn: Callable[[], Any], device: str, reps: int) -> float:
@@ -122,7 +116,7 @@ def block_rates(device: str, quick: bool) -> dict[str, float]:
     """Effective FLOP/s of one OPT block forward at the reference shape (fp32, bf16 autocast),
     and ``launch_s``: a tiny block's forward (the host's time for one, where no cost is
     calibrated)."""
-    from workbench.flops import block_flops
+    from workbench.plan.flops import block_flops
     from workbench.presets import PRESETS
 
     cuda = device == "cuda"
@@ -140,7 +134,7 @@ def shape_rates(device: str, free_bytes: int, reps: int = 4) -> dict[str, Any]:
     """``block_flops_by_shape``: {``Preset.block_key``: {"off": FLOP/s, "bf16": FLOP/s}} for
     every random-init OPT preset's block at 16 x 128 tokens, skipping a shape whose fp32 layer
     would take more than a third of ``free_bytes``."""
-    from workbench.flops import block_flops
+    from workbench.plan.flops import block_flops
     from workbench.presets import PRESETS
 
     out: dict[str, dict[str, float]] = {}
