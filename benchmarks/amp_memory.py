@@ -10,7 +10,7 @@ each beside the planner's prediction of the same item.
 
 On a machine without a GPU (``--device cpu``) nothing is built at scale: the breakdown is the
 planner's, whose buffer items are checked against the engine's own buffers on the CPU
-(tests/test_planner.py::test_planned_device_buffers_are_the_engines_own).
+(tests/plan/test_planner.py::test_planned_device_buffers_are_the_engines_own).
 
     python benchmarks/amp_memory.py                 # the row, ~1 min on an H200
     python benchmarks/amp_memory.py --models opt-1.3b,opt-6.7b --shapes 1x2048,16x128

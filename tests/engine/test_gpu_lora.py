@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from workbench.calibrate.fo import measure
 from workbench.engine import build_engine
 from workbench.engine.codecs import base as base_codecs
 from workbench.engine.codecs.frozen_form import FrozenForm
@@ -42,7 +43,7 @@ def test_lora_offload_equals_mezo_on_cuda(cuda_reference, overlap, reuse, fused,
 def test_mezo_holds_base_matrices_in_bf16_under_bf16_amp(codec):
     cfg = lora_cfg(base_codec=codec, amp="bf16", device="cuda")
     model, source = build_skeleton(cfg.model)
-    engine = build_engine(model, source, cfg, torch.device("cuda"), EventBus())
+    engine = build_engine(model, source, cfg, torch.device("cuda"), EventBus(), measure=measure)
     try:
         blocks, ends = engine.frozen[1:-1], [engine.frozen[0], engine.frozen[-1]]
         assert {g.form.dtype for g in blocks} == {torch.bfloat16}
@@ -95,7 +96,7 @@ def test_frozen_stream_is_warmed_and_never_syncs(codec):
     compiled(clear=True)
     cfg = lora_cfg(method="zo-offload", base_codec=codec, amp="bf16", device="cuda")
     model, source = build_skeleton(cfg.model)
-    engine = build_engine(model, source, cfg, torch.device("cuda"), EventBus())
+    engine = build_engine(model, source, cfg, torch.device("cuda"), EventBus(), measure=measure)
     vocab = model.config.vocab_size
     try:
         warm_kernels(engine)

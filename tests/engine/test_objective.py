@@ -5,6 +5,7 @@ decoding through streamed blocks equals the resident model's ``generate``."""
 import pytest
 import torch
 
+from workbench.calibrate.fo import measure
 from workbench.config import RunConfig
 from workbench.data.shard import shard
 from workbench.data.task import build_task
@@ -35,7 +36,7 @@ def _build(cfg: RunConfig):
     task = build_task(cfg, load_tokenizer(cfg.model, cfg.resolved_data_dir),
                       model.config.vocab_size)
     engine = build_engine(model, source, cfg, torch.device("cpu"), EventBus(),
-                          objective=task.objective)
+                          objective=task.objective, measure=measure)
     return engine, task
 
 

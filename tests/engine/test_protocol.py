@@ -5,6 +5,7 @@ import inspect
 import pytest
 import torch
 
+from workbench.calibrate.fo import measure
 from workbench.config import ConfigError, RunConfig
 from workbench.data.batches import SyntheticData
 from workbench.engine import Engine, build_engine
@@ -74,7 +75,7 @@ def test_signature_check_can_fail():
 def test_built_engine_keeps_the_contract(method, peft):
     cfg = RunConfig(model="tiny-opt", method=method, peft=peft)
     model, source = build_skeleton(cfg.model)
-    engine = build_engine(model, source, cfg, torch.device("cpu"), EventBus())
+    engine = build_engine(model, source, cfg, torch.device("cpu"), EventBus(), measure=measure)
     try:
         assert type(engine) is (LORA_ENGINES if peft == "lora" else ENGINES)[method]
         assert isinstance(engine, Engine)
@@ -113,4 +114,4 @@ def test_first_order_refuses_checkpoints_before_any_work(method):
     cfg = RunConfig(model="tiny-opt", method=method, checkpoint_every=2)
     model, source = build_skeleton(cfg.model)
     with pytest.raises(ConfigError, match="checkpoint_every: method fo.* AdamW"):
-        build_engine(model, source, cfg, torch.device("cpu"), EventBus())
+        build_engine(model, source, cfg, torch.device("cpu"), EventBus(), measure=measure)

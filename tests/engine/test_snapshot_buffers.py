@@ -76,4 +76,4 @@ def test_second_snapshot_allocates_no_host_buffer(variant, monkeypatch):
 
 
 def engine_bufs(engine):
-    return engine.streamer.snap_bufs if hasattr(engine, "streamer") else engine.snap_bufs
+    return (engine.streamer if hasattr(engine, "streamer") else engine).snapshots.buffers

@@ -124,7 +124,7 @@ def ulp(x: torch.Tensor, codec: str) -> torch.Tensor:
 def check_codec_run(device: str, master: str, codec: str, amp: str = "off", rng: str = "philox",
                     steps: int = 5):
     """Train zo-offload (tiny-opt, block 0 resident, blocks 1-3 streamed) through a codec and
-    check it against an fp32 reference fed the run's own g (``zo_step`` on the same device,
+    check it against an fp32 reference fed the run's own g (``zo/step.py`` on the same device,
     no codec):
     - bytes each way, exactly: every pass uploads each streamed block in the codec; an fp32
       master's mirror sends down only the bf16 update (passes that carry one), an SR master

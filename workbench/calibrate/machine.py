@@ -11,7 +11,30 @@ from typing import Any
 
 from workbench.calibrate.shapes import block_rates, host_costs, shape_rates
 from workbench.calibrate.shapes import timeit as _timeit
+from workbench.config import RunConfig
+from workbench.plan.fit import check_fits
+from workbench.plan.planner import Plan
 from workbench.plan.rates import METHOD_VERSION, save_calibration
+
+
+def free_gpu_bytes() -> int | None:
+    """Bytes free on this process's CUDA device now (``torch.cuda.mem_get_info``), or None
+    without CUDA."""
+    import torch
+
+    return torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None
+
+
+def check_fits_here(cfg: RunConfig, calibration: dict | None = None,
+                    gpu: str | None = None) -> Plan:
+    """``plan.fit.check_fits`` against what this machine has free now: for device=cuda without
+    a ``gpu`` table, the GPU memory free at this moment.
+
+    Raises:
+        PlanError: the run would not fit (each problem with the knobs that help).
+    """
+    free = free_gpu_bytes() if cfg.device == "cuda" and gpu is None else None
+    return check_fits(cfg, calibration, gpu, gpu_free=free)
 
 
 def calibrate(device: str | None = None, quick: bool = False, save: bool = True) -> dict[str, Any]:

@@ -16,25 +16,23 @@ class PlanError(ConfigError):
     """The run would not fit: each problem names what, by how much and the knob that helps."""
 
 
-def check_fits(cfg: RunConfig, calibration: dict | None = None, gpu: str | None = None) -> Plan:
+def check_fits(cfg: RunConfig, calibration: dict | None = None, gpu: str | None = None, *,
+               gpu_free: int | None = None) -> Plan:
     """The plan, or PlanError when GPU or host memory would not fit (GPU not checked for
     device=cpu). Without ``calibration`` it reads this machine's cached one and its available
-    RAM (psutil); without ``gpu``, the free GPU memory (``torch.cuda.mem_get_info``, imported
-    here only, for device=cuda with CUDA present)."""
+    RAM (psutil). ``gpu_free``: bytes free on this machine's GPU now (device=cuda, no ``gpu``;
+    ``calibrate/machine.py::check_fits_here`` reads them); None: the GPU's whole memory."""
     import psutil
 
-    # This process is already part of what the plan counts (_process_bytes): what it holds
+    # This process is already part of what the plan counts (process_bytes): what it holds
     # is available to the run as much as what is free.
     host_avail = None if calibration else (psutil.virtual_memory().available
                                            + psutil.Process().memory_info().rss)
     if calibration is None and gpu is None:
         calibration = load_calibration(cfg.device)
     gpu_avail = None
-    if cfg.device == "cuda" and gpu is None:
-        import torch
-
-        if torch.cuda.is_available():
-            gpu_avail = torch.cuda.mem_get_info()[0] + CONTEXT_BYTES  # ours is out of 'free'
+    if cfg.device == "cuda" and gpu is None and gpu_free is not None:
+        gpu_avail = gpu_free + CONTEXT_BYTES  # our own context is out of 'free' already
     avail = dict(gpu_avail=gpu_avail, host_avail=host_avail)
     pl = plan(cfg, gpu, calibration, **avail)
     problems = _problems(cfg, pl, lambda c: plan(c, gpu, calibration, **avail))

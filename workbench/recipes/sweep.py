@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from workbench.calibrate.machine import check_fits_here
 from workbench.config import ConfigError, RunConfig, check_environment, parse_value
 from workbench.engine.events import EventBus, StepEvent
-from workbench.plan.fit import check_fits
 from workbench.telemetry.record import RunRecord, write_json
 from workbench.telemetry.verdict import verdict
 
@@ -133,7 +133,7 @@ class Sweep:
 
     def __init__(self, base: RunConfig, points: Sequence[Mapping[str, Any]],
                  out_dir: str | Path, axes: Mapping[str, list[Any]] | None = None,
-                 kind: str = "sweep", fits: Callable[[RunConfig], Any] = check_fits):
+                 kind: str = "sweep", fits: Callable[[RunConfig], Any] = check_fits_here):
         self.base, self.out_dir, self.kind = base, Path(out_dir), kind
         self.axes = dict(axes or {})
         self.extra: dict[str, Any] = {}  # written to the manifest as is (e.g. tune's winner)

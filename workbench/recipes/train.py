@@ -22,6 +22,8 @@ from typing import Any
 import torch
 
 from workbench import distributed
+from workbench.calibrate.fo import measure
+from workbench.calibrate.machine import check_fits_here
 from workbench.config import ZO_METHODS, ConfigError, RunConfig, check_environment
 from workbench.data.task import build_task, make_objective
 from workbench.engine import build_engine
@@ -30,10 +32,8 @@ from workbench.engine.events import EvalEvent, EventBus, InfoEvent, StepEvent
 from workbench.engine.groups import digest, fingerprint
 from workbench.engine.timing import Deferred
 from workbench.engine.warmup import warm_kernels
-from workbench.engine.zo.step import step_seed
 from workbench.models.build import build_skeleton, check_model_folder
 from workbench.models.tokenizer import load_tokenizer
-from workbench.plan.fit import check_fits
 from workbench.recipes.guard import RunGuard
 from workbench.recipes.limits import cap_gpu_memory
 from workbench.recipes.prefetch import BatchPrefetch
@@ -118,7 +118,7 @@ class TrainRecipe:
             self._resume_from = plan_resume(cfg, self.checkpoint_root, previous, self.dist)
         check_model_folder(cfg.model)
         if not self.force:  # arithmetic only: before the tokenizer, which may need the Hub
-            check_fits(cfg)
+            check_fits_here(cfg)
         if cfg.data != "synthetic":  # read and checked before the model is built
             self.tokenizer = load_tokenizer(cfg.model, cfg.resolved_data_dir)
             # the objective's head chunk is sized again for the model's vocabulary in setup
@@ -150,7 +150,7 @@ class TrainRecipe:
         t = time.perf_counter()
         share = self.dist.node_share(cfg) if self.dist is not None else None
         self.engine = build_engine(model, source, cfg, self.device, self.bus, share,
-                                   objective=self.task.objective)
+                                   objective=self.task.objective, measure=measure)
         if self.dist is not None:
             self.vote = distributed.StopVote(self.dist, self.device)
             self.engine.reduce = self.vote.reduce

@@ -20,8 +20,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
 
+from workbench.calibrate.machine import check_fits_here
 from workbench.config import ConfigError, RunConfig
-from workbench.plan.fit import check_fits, suggest
+from workbench.plan.fit import suggest
 from workbench.plan.planner import GiB, preset_of
 from workbench.recipes.sweep import Point, Sweep
 
@@ -118,7 +119,7 @@ def tune(cfg: RunConfig, out_dir: str | Path, gpu: str | None = None,
     final = cfg.replace(method="zo-offload", gpu_mem_limit_gb=round(capped, 3))
     trial = final.replace(steps=trial_steps, eval_samples=1, checkpoint_every=0)
     sweep = Sweep(trial, candidates, out_dir, kind="tune",
-                  fits=lambda c: check_fits(c, gpu=gpu) if gpu else check_fits(c))
+                  fits=lambda c: check_fits_here(c, gpu=gpu))
     sweep.extra = {"gpu": gpu, "budget_bytes": budget, "trial_steps": trial_steps}
     if start is not None:
         start(sweep)

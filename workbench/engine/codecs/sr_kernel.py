@@ -29,7 +29,7 @@ def _round_lane(x_ptr, out_ptr, e, m, word, DROP: tl.constexpr):
     tl.store(out_ptr + e, y.to(out_ptr.dtype.element_ty), mask=m)
 
 
-# seed / key never specialised: Triton would turn a value of 1 into a constant (see zo_kernels)
+# seed / key never specialised: Triton would turn a value of 1 into a constant (see zo/kernels.py)
 @triton.jit(do_not_specialize=["seed", "key"])
 def sr_kernel(x_ptr, out_ptr, n, q, seed, key, DROP: tl.constexpr, BLOCK: tl.constexpr):
     c = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -51,7 +51,7 @@ def stochastic_round_into(x: torch.Tensor, out: torch.Tensor, seed: int, key: in
 
 def warm(n: int, dtype: torch.dtype) -> None:
     """Compile and load, without launching, the kernel ``stochastic_round_into`` runs for n
-    elements into ``dtype`` (bf16 / fp16); see ``zo_kernels.warm``."""
+    elements into ``dtype`` (bf16 / fp16); see ``zo/kernels.py::warm``."""
     q = (n + 3) // 4
     drop = 16 if dtype == torch.bfloat16 else 13
     load_compiled(sr_kernel.warmup(torch.float32, dtype, n, q, 0, 0, DROP=drop, BLOCK=BLOCK,

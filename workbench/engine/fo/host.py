@@ -18,6 +18,10 @@ weights go straight up.
 
 Timing. The worker never publishes: it keeps its spans (host clock, or CUDA events for the
 uploads) and ``finish`` hands them over on the training thread.
+
+What it owns: the worker, the pinned 16-bit staging buffers and the GPU upload slot. What it
+reads and writes: the flat parameters' host buffers and compute weights (``FlatParams``), on the
+engine's streams.
 """
 from __future__ import annotations
 
@@ -25,8 +29,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from workbench.engine.events import OpEvent
+from workbench.engine.events import EventBus, OpEvent
+from workbench.engine.fo.adamw import AdamW, adamw
+from workbench.engine.fo.flat import FlatParams
+from workbench.engine.stream.pinned import HostMemory
+from workbench.engine.stream.streams import Streams
+from workbench.engine.timing import OpTimer
 from workbench.plan.placement import N_STAGES
+
 
 def default_threads(cuda: bool) -> int:
     """``update_threads`` = 0: torch's thread count, less one on a GPU run (that core launches
@@ -40,31 +50,23 @@ def threads_text(n: int) -> str:
     return f"{n} thread" + ("s" if n != 1 else "")
 
 
-def adamw(p, g, m, v, segments, wd: float, hyper: dict, step_t: torch.Tensor) -> None:
-    """torch.optim.AdamW's step on one subgroup (flat fp32 tensors, on the CPU or the GPU):
-    decoupled decay only on its decayed runs ``segments`` = [(lo, hi, decayed)]."""
-    if wd == 0.0:  # one launch over the whole subgroup
-        parts = [(0.0, [(0, p.numel())])]
-    else:
-        parts = [(wd, [(lo, hi) for lo, hi, d in segments if d]),
-                 (0.0, [(lo, hi) for lo, hi, d in segments if not d])]
-    for decay, runs in parts:
-        if runs:
-            torch._fused_adamw_([p[lo:hi] for lo, hi in runs], [g[lo:hi] for lo, hi in runs],
-                                [m[lo:hi] for lo, hi in runs], [v[lo:hi] for lo, hi in runs],
-                                [], [step_t] * len(runs), weight_decay=decay, amsgrad=False,
-                                maximize=False, **hyper)
-
-
 class HostUpdates:
     """Args:
-        engine: the ``FOOffloadEngine`` whose host buffers (p32, g32, m, v), compute weights
-            ``w``, streams and timer this side uses.
+        flat: the parameters whose CPU subgroups this side updates and uploads.
+        streams: the engine's streams (uploads go on ``upload``).
+        timer, bus: where its spans go (published on the training thread, in ``finish``).
+        memory: page-locked host memory for the staging buffers.
         threads: OpenMP threads of the CPU AdamW.
+
+    Attributes: ``threads`` (as the worker sees them), ``bytes_h2d`` (uploaded so far, counted
+    at each ``finish``).
     """
 
-    def __init__(self, engine, threads: int):
-        self.e = engine
+    def __init__(self, flat: FlatParams, streams: Streams, timer: OpTimer, bus: EventBus,
+                 memory: HostMemory, threads: int):
+        self.flat, self.streams, self.timer, self.bus, self.memory = (flat, streams, timer, bus,
+                                                                      memory)
+        self.cuda = flat.device.type == "cuda"
         caller = torch.get_num_threads()
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="fo-cpu-update",
                                        initializer=torch.set_num_threads, initargs=(threads,))
@@ -77,30 +79,33 @@ class HostUpdates:
         self.slot: torch.Tensor | None = None
         self._jobs: list[Future] = []
         self._spans: list = []
-        self.bytes_h2d = 0
-        self.step, self.wd, self.hyper, self.step_t = -1, 0.0, {}, None
+        self.bytes_h2d = self._uploaded = 0
+        self.step, self.opt, self.step_t = -1, None, None
 
     def place(self, cpu_downcast: bool) -> None:
         """Where 16-bit compute weights are downcast: on the CPU (pinned staging buffers,
         allocated once) or on the GPU (one fp32 slot; the upload stream's order guards it)."""
-        e = self.e
-        sixteen = e.wdtype != torch.float32
+        sixteen = self.flat.wdtype != torch.float32
         self.cpu_downcast = cpu_downcast and sixteen
         if self.cpu_downcast:
             self.stage(N_STAGES - 1)
         self._stage_free = [None] * N_STAGES
-        self.slot = (torch.empty(e.sub, device=e.device)
+        self.slot = (torch.empty(self.flat.sub, device=self.flat.device)
                      if sixteen and not self.cpu_downcast else None)
+
+    def release(self) -> None:
+        """Free the GPU upload slot (before a new placement allocates its buffers)."""
+        self.slot = None
 
     def stage(self, k: int) -> torch.Tensor:
         """Pinned 16-bit staging buffer k (of one subgroup), allocated on first use and kept."""
         while len(self.stages) <= k:
-            self.stages.append(self.e.host.empty(self.e.sub, self.e.wdtype))
+            self.stages.append(self.memory.empty(self.flat.sub, self.flat.wdtype))
         return self.stages[k]
 
-    def begin(self, step: int, wd: float, hyper: dict, step_t: torch.Tensor) -> None:
-        """This step's AdamW settings (before its first ``submit``)."""
-        self.step, self.wd, self.hyper, self.step_t = step, wd, hyper, step_t
+    def begin(self, step: int, opt: AdamW, step_t: torch.Tensor) -> None:
+        """This step's AdamW settings and (CPU) step count (before its first ``submit``)."""
+        self.step, self.opt, self.step_t = step, opt, step_t
 
     def submit(self, j: int, ready) -> None:
         """Update CPU subgroup j once ``ready`` (its gradients' D2H; None on a CPU) has passed."""
@@ -115,52 +120,54 @@ class HostUpdates:
                 job.result()
         finally:
             spans, self._spans = self._spans, []
-            timer = self.e.timer
             for s in spans:
                 if isinstance(s, OpEvent):
-                    self.e.bus.publish(s)
+                    self.bus.publish(s)
                 else:
-                    timer.track(*s)
-            self.e.bytes_h2d += self.bytes_h2d
-            self.bytes_h2d = 0
+                    self.timer.track(*s)
+            self.bytes_h2d += self._uploaded
+            self._uploaded = 0
 
     def run(self, fn, *args):
         """``fn(*args)`` on the worker thread (its thread count), waited for."""
         return self.pool.submit(fn, *args).result()
+
+    def buffers(self) -> list[torch.Tensor]:
+        """Its device buffers (the upload slot, when weights are downcast on the GPU)."""
+        return [self.slot] if self.slot is not None else []
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
 
     # --- on the worker thread ----------------------------------------------------------------
     def _update(self, j: int, ready) -> None:
-        e, s = self.e, self.e.streams
-        a, b = e.bounds(j)
+        f, s, timer = self.flat, self.streams, self.timer
+        a, b = f.bounds(j)
         if ready is not None:
-            t0 = e.timer.now()
+            t0 = timer.now()
             ready.synchronize()  # the CPU reads host gradients the offload stream is writing
             self._host("cpu-wait", "wait", j, t0)
-        t0 = e.timer.now()
-        adamw(e.p32[a:b], e.g32[a:b], e.m[a:b], e.v[a:b], e.segments[j], self.wd, self.hyper,
-              self.step_t)
+        t0 = timer.now()
+        adamw(f.state(a, b), f.g32[a:b], f.segments[j], self.opt, self.step_t)
         self._host("cpu-update", "cpu", j, t0, threads_text(self.threads))
-        src, stage = e.p32[a:b], None
+        src, stage = f.p32[a:b], None
         if self.cpu_downcast:
             stage, self._next = self._next, (self._next + 1) % N_STAGES
             if self._stage_free[stage] is not None:
                 self._stage_free[stage].synchronize()  # its last upload must have read it
-            t0 = e.timer.now()
+            t0 = timer.now()
             src = self.stages[stage][:b - a]
-            src.copy_(e.p32[a:b])  # fp32 -> 16-bit on the CPU: half the PCIe bytes
+            src.copy_(f.p32[a:b])  # fp32 -> 16-bit on the CPU: half the PCIe bytes
             self._host("downcast", "cpu", j, t0)
         nbytes = (b - a) * src.element_size()
         with s.on(s.upload):
             s.wait(s.upload, ready)  # backward is done reading w[a:b]: ready follows its grads
-            t0, begin = e.timer.now(), self._mark(s.upload)
+            t0, begin = timer.now(), self._mark(s.upload)
             if self.slot is not None:
-                self.slot[:b - a].copy_(src, non_blocking=e.cuda)  # fp32 up ...
-                e.w_out[a:b].copy_(self.slot[:b - a])  # ... downcast on the GPU, in stream order
+                self.slot[:b - a].copy_(src, non_blocking=self.cuda)  # fp32 up ...
+                f.w_out[a:b].copy_(self.slot[:b - a])  # ... downcast on the GPU, in stream order
             else:
-                e.w_out[a:b].copy_(src, non_blocking=e.cuda)
+                f.w_out[a:b].copy_(src, non_blocking=self.cuda)
             if stage is not None:
                 self._stage_free[stage] = s.record(s.upload)  # staging reusable after it
             if begin is None:
@@ -168,17 +175,14 @@ class HostUpdates:
             else:
                 self._spans.append(("upload-weights", "upload", self.step, j, nbytes, begin,
                                     self._mark(s.upload)))
-        self.bytes_h2d += nbytes
+        self._uploaded += nbytes
 
     def _host(self, op: str, stream: str, j: int, t0: float, detail: str = "",
               nbytes: int = 0) -> None:
-        if self.e.timer.enabled:
-            self._spans.append(OpEvent(op, stream, self.step, j, nbytes, t0, self.e.timer.now(),
+        if self.timer.enabled:
+            self._spans.append(OpEvent(op, stream, self.step, j, nbytes, t0, self.timer.now(),
                                        detail))
 
     def _mark(self, stream):
-        if not (self.e.cuda and self.e.timer.enabled):
-            return None
-        event = torch.cuda.Event(enable_timing=True)
-        event.record(stream)  # timing only: where the upload stream's enqueued work ends
-        return event
+        """Where ``stream``'s enqueued work ends (a timing event; None without CUDA timing)."""
+        return self.timer.mark(stream) if self.cuda and self.timer.enabled else None

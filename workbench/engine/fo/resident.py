@@ -12,8 +12,6 @@ plain tensors that never require grad, so backprop reaches only the adapters.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from torch import nn
 
@@ -21,12 +19,12 @@ from workbench.config import ConfigError, RunConfig
 from workbench.data.batches import Batch
 from workbench.engine.checkpoint import Snapshot
 from workbench.engine.events import EMBED, HEAD, EventBus
-from workbench.engine.groups import GroupLayout, move_buffers
-from workbench.engine.objective import Objective, Total, evaluate, head_loss, objective_for
-from workbench.engine.peft import base_values, block_adapter, model_groups
+from workbench.engine.groups import GroupLayout
+from workbench.engine.objective import Objective, head_loss
 from workbench.engine.precision import autocast
 from workbench.engine.protocol import StepOutput
 from workbench.engine.timing import OpTimer
+from workbench.engine.whole import WholeModel
 from workbench.models.adapter import BlockAdapter
 
 
@@ -87,7 +85,7 @@ class FirstOrderContract:
         raise checkpoint_refusal(self.cfg)
 
 
-class FOEngine(FirstOrderContract):
+class FOEngine(FirstOrderContract, WholeModel):
     """Args:
         model: a model skeleton (meta weights are fine) from ``build_skeleton``.
         source: where weights come from.
@@ -100,18 +98,15 @@ class FOEngine(FirstOrderContract):
         ConfigError: checkpoint_every > 0 (see ``FirstOrderContract``).
     """
 
-    def __init__(self, model, source, cfg: RunConfig, device: torch.device, bus: EventBus):
+    def __init__(self, model, source, cfg: RunConfig, device: torch.device, bus: EventBus,
+                 objective: Objective | None = None):
         refuse_unsupported(cfg, device)
-        self.cfg, self.device = cfg, device
         self.cuda = device.type == "cuda"
-        self.adapter = block_adapter(model, cfg)
-        self.objective = objective_for(cfg, model.config.vocab_size)
         # peft=lora: only the adapters train; the base (``frozen``) never requires grad
-        self.frozen, self.groups = model_groups(self.adapter, source, cfg, device)
+        self.hold(model, source, cfg, device, objective)
         self.grads = [torch.zeros_like(g.flat) for g in self.groups]
         for group, grad in zip(self.groups, self.grads):
             trainable_params(group.layout, group.flat, grad)
-        move_buffers([model], device)
         decay, rest = [], []
         for group, grad in zip(self.groups, self.grads):
             n, k = group.layout.numel, group.layout.n_decay
@@ -150,31 +145,6 @@ class FOEngine(FirstOrderContract):
                 self.opt.step()
         self.timer.poll()
         return StepOutput(loss.detach())
-
-    def flush(self) -> None:
-        """Nothing is ever pending: the update runs inside the step."""
-
-    def evaluate(self, dev, batch_size: int, total: Total | None = None) -> dict[str, float]:
-        """The objective's metrics on ``dev`` with the current weights."""
-        return evaluate(self.objective, self.adapter, dev, self.device, self.cfg.amp, batch_size,
-                        total=total)
-
-    # --- state ------------------------------------------------------------------------------
-    def state_flats(self) -> list[torch.Tensor]:
-        """Every group's fp32 weights in canonical order (device tensors; callers copy)."""
-        return [g.flat for g in self.groups]
-
-    def base_flats(self) -> Sequence[torch.Tensor]:
-        """The frozen base groups' weights as fp32, one at a time (peft runs; else empty)."""
-        return base_values(self.frozen)
-
-    def load_state_flats(self, flats: list[torch.Tensor]) -> None:
-        with torch.no_grad():
-            for group, flat in zip(self.groups, flats):
-                group.flat.copy_(flat)
-
-    def group_layouts(self) -> list[GroupLayout]:
-        return [g.layout for g in self.groups]
 
     def grad_flats(self) -> list[torch.Tensor]:
         """The last step's fp32 gradients per group (device tensors, valid until the next step)."""

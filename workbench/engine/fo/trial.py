@@ -4,9 +4,9 @@ The model (``plan/placement.py``) predicts each side of the update phase from ra
 operation at a time. In a step those operations share the host's memory and the PCIe link, and
 the CPU update then runs 10-30% below its calibrated rate (fo_offload benchmark on an H100,
 opt-1.3b / 6.7b): the model's favourite schedule can be slower than updating everything on the
-CPU. So "auto" takes the model's candidates (``placement.candidates``) and trains one step with each,
-timed whole (host clock, the GPU synchronized before and after), then keeps the fastest for the
-rest of the run; candidates within ``TIE`` of the fastest count as equally fast, and the one
+CPU. So "auto" takes the model's candidates (``placement.candidates``) and trains one step with
+each, timed whole (host clock, the GPU synchronized before and after), then keeps the fastest for
+the rest of the run; candidates within ``TIE`` of the fastest count as equally fast, and the one
 with the fewest GPU-side parameters (the least GPU memory) wins. Every schedule gives the
 same weights (all are exact AdamW), so trying them costs only the steps' speed, never their
 result.

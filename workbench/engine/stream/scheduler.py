@@ -10,33 +10,32 @@ under compressed-sr a slot is free once its block is encoded, so one slot fewer 
 adapter run's frozen base (``frozen_transfer.py``) only comes up: compressed, each slot is a
 wire of its own, decoded on the compute stream just before its block into one shared buffer.
 What a pass does to a block is the caller's ``compute``; the arithmetic lives in ``zo/step.py``.
-Used by the zo-offload and forward-grad engines (``zo/offload.py``, ``zo/forward_grad.py``) through its
-public methods.
+Used by the zo-offload and forward-grad engines (``zo/offload.py``, ``zo/forward_grad.py``)
+through its public methods.
+
+This module only schedules. What the blocks are (trained, or a frozen base) is ``blocks.py``;
+the hand-off of the node's one host copy under data parallel, ``shared_host.py`` (a rank with a
+copy of its own runs the same hooks, which do nothing); snapshots, ``engine/snapshots.py`` (the
+groups on the device) and ``self_copy.py`` (the streamed blocks' host masters).
 """
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Sequence
 
 import torch
 
 from workbench.config import RunConfig
-from workbench.engine.codecs.frozen_form import matrix_dtype
-from workbench.engine.events import OpEvent
 from workbench.engine.groups import GroupLayout, LazyFlats, build_layouts, move_buffers, release
-from workbench.engine.peft import frozen_block
-from workbench.engine.snapshots import device_copies
+from workbench.engine.snapshots import DeviceSnapshots
 from workbench.engine.storage import Group, materialise
-from workbench.engine.stream.frozen_transfer import FrozenTransfer
-from workbench.engine.stream.pinned import SnapshotBuffers
-from workbench.engine.stream.shared_host import NodeShare
+from workbench.engine.stream.blocks import streamed_blocks
+from workbench.engine.stream.self_copy import BlockCopies
+from workbench.engine.stream.shared_host import NodeShare, Unshared
 from workbench.engine.stream.streams import Streams
-from workbench.engine.stream.transfers import make_transfer
 from workbench.engine.timing import OpTimer
-from workbench.engine.zo.perturb import PendingUpdate, ZOOps, pending_dict
+from workbench.engine.zo.perturb import PendingUpdate, ZOOps
 from workbench.engine.zo.step import ApplyUpdate
 from workbench.models.adapter import BlockAdapter
-from workbench.models.build import RandomInit
 
 #: ``compute(i, weights, apply)``: block i's pass over its (n,) fp32 weights on the device;
 #: ``apply`` is how a pending update reaches them (None: the fused update of ``zo/step.py``).
@@ -52,15 +51,18 @@ class BlockStreamer:
         device: the GPU (or the CPU, where the streams are no-ops and the schedule is tested).
         timer: the engine's operation timer.
         ops: the engine's ZO operations (the transfers use them for their own updates).
+        share: the node's one host copy under data parallel (``shared_host.NodeShare``).
 
     Attributes: ``embed``, ``head``, ``blocks`` (Groups; a streamed block's ``flat`` is its
     host storage), ``resident`` (block indices on the GPU), ``streams``, ``transfer``,
-    ``slot_numel``, ``bytes_h2d`` / ``bytes_d2h`` (running totals).
+    ``slot_numel``, ``bytes_h2d`` / ``bytes_d2h`` (running totals), ``node`` (the host copy's
+    hand-off), ``snapshots`` / ``copies`` (the two halves of a snapshot).
     """
 
     def __init__(self, adapter: BlockAdapter, source, cfg: RunConfig, device: torch.device,
                  timer: OpTimer, ops: ZOOps, share: NodeShare | None = None):
-        self.cfg, self.device, self.timer, self.share = cfg, device, timer, share
+        self.cfg, self.device, self.timer = cfg, device, timer
+        self.node = share if share is not None else Unshared()  # the hand-off of a host copy
         self.cuda = device.type == "cuda"
         embed, blocks, head = build_layouts(adapter)
         n = len(blocks)
@@ -68,30 +70,24 @@ class BlockStreamer:
         self.embed = Group(embed, materialise(embed, source, cfg.seed, device))
         self.head = Group(head, materialise(head, source, cfg.seed, device))
         self.streams = Streams(device, cfg.overlap)
-        streamed = [blocks[i] for i in range(n) if i not in self.resident]
-        # An adapter run's base is frozen: it only ever comes up (``FrozenTransfer``).
-        self.transfer = (FrozenTransfer(cfg.base_codec, streamed, device, timer,
-                                        matrix_dtype(cfg.amp, cfg.base_codec), share)
-                         if cfg.peft == "lora" else
-                         make_transfer(cfg.master, cfg.codec, device, timer, ops, share))
-        self.slot_numel = max((lay.numel for lay in streamed), default=0)
+        streamed = [i for i in range(n) if i not in self.resident]
+        kind = streamed_blocks(cfg, device, timer, ops, [blocks[i] for i in streamed], share)
+        self.transfer = kind.transfer
+        self.slot_numel = max((blocks[i].numel for i in streamed), default=0)
         self.n_slots = cfg.prefetch_depth + self.transfer.spare_slots
         self.blocks: list[Group] = []
-        if share is not None:
-            share.start(n)
+        self.node.start(n)
         for i, lay in enumerate(blocks):
             if i in self.resident:  # a resident base holds what a streamed one decodes to
-                self.blocks.append(frozen_block(lay, source, cfg, device) if cfg.peft == "lora"
-                                   else Group(lay, materialise(lay, source, cfg.seed, device)))
+                self.blocks.append(kind.resident(lay, source))
             else:  # under a NodeShare only its writer fills the host copy; the rest map it
-                self.blocks.append(Group(lay, None if share is not None and not share.writer
-                                         else self._host_storage(lay, source)))
-        if share is not None:
-            share.filled()
-            for group in self.blocks:
-                if group.flat is None:
-                    group.flat = self.transfer.host_storage(group.layout)
-            share.mapped()
+                self.blocks.append(Group(lay, kind.host_storage(lay, source)
+                                         if self.node.writer else None))
+        self.node.filled()
+        for group in self.blocks:
+            if group.flat is None:
+                group.flat = self.transfer.host_storage(group.layout)
+        self.node.mapped()
         self.slots: list[tuple[torch.Tensor, dict]] = []  # after the blocks: their staging
         if cfg.reuse_buffers and self.slot_numel:  # has gone back to the allocator
             self.slots = [self.transfer.slot_buffers(self.slot_numel, shared=True)
@@ -105,23 +101,12 @@ class BlockStreamer:
         self._offloaded: dict[int, torch.cuda.Event | None] = {}  # block -> its last offload
         self._slot_free: dict[int, torch.cuda.Event | None] = {}  # slot -> last use finished
         self._slot_params: dict[tuple, list] = {}
-        self._gates: dict[int, Future] = {}  # block -> its snapshot copy, awaited before offload
-        self.snap_bufs = SnapshotBuffers(self.cuda)  # snapshot host buffers, reused
-        # one thread: blocks are copied in offload order (each copy_ is already multi-threaded)
-        self._copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="self-copy")
-        if cfg.checkpoint_every and cfg.peft == "none":  # an adapter run snapshots its adapters
-            self.prepare_snapshots()
-
-    def _host_storage(self, lay: GroupLayout, source):
-        """A streamed block's host storage, filled with its initial weights. Random init runs on
-        the GPU (in a staging block the slots later reuse) and is copied down: far faster than
-        initialising on the CPU."""
-        host = self.transfer.host_storage(lay)
-        on_gpu = self.cuda and isinstance(source, RandomInit)
-        staging = torch.empty(lay.numel, device=self.device if on_gpu else "cpu")
-        source.fill(lay.name, lay.named_views(staging), self.cfg.seed)
-        self.transfer.store_fp32(host, staging)  # setup only: synchronous copies are fine here
-        return host
+        self.snapshots = DeviceSnapshots(device, cfg.to_dict())
+        self.copies = BlockCopies(self.blocks, streamed, self.transfer, timer,
+                                  self.snapshots.buffers, self._offloaded.get)
+        if cfg.checkpoint_every and kind.trained:  # an adapter run snapshots its adapters
+            self.snapshots.prepare(self._on_gpu(), pending=True)
+            self.copies.prepare()
 
     def groups(self) -> list[Group]:
         """Every group in canonical order: embedding, blocks, head."""
@@ -134,10 +119,9 @@ class BlockStreamer:
         uploaded ``prefetch_depth`` ahead and (with ``write_back``) offloaded after; each
         compute runs inside an ``op`` span of the timer."""
         s, n, depth, tr = self.streams, len(self.blocks), self.cfg.prefetch_depth, self.transfer
-        share = self.share
+        node = self.node
         inflight: dict[int, tuple] = {}
-        if share is not None:
-            share.begin_pass(write_back)
+        node.begin_pass(write_back)
 
         def upload(j: int) -> None:
             if j >= n or j in self.resident:
@@ -151,15 +135,14 @@ class BlockStreamer:
                     flat, extra = tr.slot_view(self.slots[slot][0], numel), self.slots[slot][1]
                 else:  # reuse_buffers off: fresh buffers from the caching allocator each time
                     flat, extra = tr.slot_buffers(numel)
-                if share is not None:  # readers: the writer's last write-back has landed
-                    share.before_upload(j, write_back)
+                node.before_upload(j, write_back)  # readers: the writer's last write-back landed
                 self.bytes_h2d += tr.upload(group.flat, flat, extra, step, j, s.upload,
                                             # the slot's last block is done with it (its
                                             # offload, or a frozen block's decode, read it)
                                             lambda: s.wait(s.upload, self._slot_free.get(slot)))
                 inflight[j] = (flat, extra, s.record(s.upload), slot)
-                if share is not None and write_back:
-                    share.after_upload(j, inflight[j][2])
+                if write_back:
+                    node.after_upload(j, inflight[j][2])
 
         for j in range(min(depth, n)):
             upload(j)
@@ -185,14 +168,11 @@ class BlockStreamer:
             if not write_back:
                 self._slot_free[slot] = decoded[0] if decoded else computed
                 continue
-            gate = self._gates.pop(i, None)
-            if gate is not None:
-                gate.result()  # the checkpoint's self-copy of this block's half is done
-            if share is not None and not share.writer:  # the writer writes the node's copy
+            self.copies.before_offload(i)  # a snapshot's copy of its master is done
+            if not node.writer:  # the writer writes the node's copy
                 self._offloaded[i] = self._slot_free[slot] = computed
                 continue
-            if share is not None:
-                share.before_write(i)  # every reader has uploaded this pass's old values
+            node.before_write(i)  # every reader has uploaded this pass's old values
             released: list = []
             with s.on(s.offload):
                 s.wait(s.offload, computed)  # offload only after compute has finished the block
@@ -204,8 +184,7 @@ class BlockStreamer:
                     t.record_stream(s.offload)  # and until the offload has read them
             self._offloaded[i] = done
             self._slot_free[slot] = released[0] if released else done
-            if share is not None:
-                share.after_write(i, done)
+            node.after_write(i, done)
 
     def _bind_slot(self, i: int, flat: torch.Tensor, slot: int) -> None:
         """Point block i's modules at its weights in the slot (views cached per slot)."""
@@ -226,8 +205,7 @@ class BlockStreamer:
             torch.cuda.synchronize(self.device)  # all streams: transfers have landed
         for i in range(len(self.blocks)):
             self.transfer.wait_host(i)
-        if self.share is not None:
-            self.share.settled(len(self.blocks))  # readers: the writer's copies have landed
+        self.node.settled(len(self.blocks))  # readers: the writer's copies have landed
 
     def _weights(self, i: int) -> torch.Tensor:
         group = self.blocks[i]
@@ -256,83 +234,28 @@ class BlockStreamer:
         for i in range(len(self.blocks)):
             if i in self.resident:
                 self.blocks[i].load(flats[i + 1])
-            elif self.share is None or self.share.writer:  # one copy per node: one writer
+            elif self.node.writer:  # one copy per node: one writer
                 self.transfer.store_fp32(self.blocks[i].flat, flats[i + 1])
-        if self.share is not None:
-            self.share.barrier()  # readers upload only once the writer has stored every block
+        self.node.barrier()  # readers upload only once the writer has stored every block
 
     def group_layouts(self) -> list[GroupLayout]:
         return [g.layout for g in self.groups()]
 
     def snapshot(self, next_step: int, pending: PendingUpdate | None):
-        """The paper's asynchronous checkpoint: GPU-resident groups are copied down on a side
-        stream; streamed blocks are self-copied on the host by a thread, block by block in
-        the order the next step offloads them, once their offloads have landed, while
-        training goes on. The next step waits only before it overwrites a block whose copy is
-        not done yet. Every buffer is kept from one snapshot to the next (``snap_bufs``), so
-        call this only once the writer is done with the last one. Returns a function for the
-        writer."""
-        from workbench.engine.checkpoint import Snapshot
+        """The paper's asynchronous checkpoint: the groups on the GPU copied down on a side
+        stream (``engine/snapshots.py``), the streamed blocks self-copied on the host by a
+        thread while training goes on (``self_copy.py``); the next step waits only before it
+        overwrites a block whose copy is not done yet. Every buffer is kept from one snapshot
+        to the next, so call this only once the writer is done with the last one. Returns a
+        function for the writer."""
+        return self.snapshots.take(next_step, self._on_gpu(), self.group_layouts(), pending,
+                                   self.copies.start(next_step))
 
-        groups = self.groups()
-        on_gpu = self._on_gpu()
-        flats = [groups[k].flat for k in on_gpu] + ([pending.g.reshape(1)] if pending else [])
-        gpu_bufs = [self.snap_bufs.get(("device", k), f.numel(), f.dtype, pinned=True)
-                    for k, f in zip([*on_gpu, "g"], flats)]
-        done = device_copies(flats, gpu_bufs, self.device)
-        out: list[torch.Tensor | None] = [None] * len(groups)
-        futures = []
-        for b in range(len(self.blocks)):
-            if b not in self.resident:
-                self._gates[b] = self._copier.submit(self._self_copy, b, out, next_step)
-                futures.append(self._gates[b])
-        layouts = self.group_layouts()
-
-        def make() -> Snapshot:
-            if done is not None:
-                done.synchronize()  # writer thread: the side-stream copies have landed
-            for k, buf in zip(on_gpu, gpu_bufs):
-                out[k] = buf
-            for future in futures:
-                future.result()
-            host_g = gpu_bufs[-1] if pending is not None else None
-            return Snapshot(next_step, out, [lay.name for lay in layouts],
-                            pending_dict(pending, host_g), self.cfg.to_dict(),
-                            [lay.n_decay for lay in layouts])
-
-        return make
-
-    def _on_gpu(self) -> list[int]:
-        """Canonical indices of the groups that live on the GPU (embedding, head, residents)."""
-        last = len(self.blocks) + 1
-        return [k for k in range(last + 1) if k in (0, last) or (k - 1) in self.resident]
-
-    def prepare_snapshots(self) -> None:
-        """Allocate every snapshot buffer now and fault its pages in (setup, for a run that
-        will checkpoint), so the first snapshot's step pays no allocation either."""
-        groups = self.groups()
-        for k in self._on_gpu():
-            self.snap_bufs.get(("device", k), groups[k].flat.numel(), torch.float32, pinned=True)
-        self.snap_bufs.get(("device", "g"), 1, torch.float32, pinned=True)
-        for b in range(len(self.blocks)):
-            if b not in self.resident:
-                self.snap_bufs.get(("host", b), self.blocks[b].layout.numel,
-                                   self.transfer.master_dtype, pinned=False).zero_()
-
-    def _self_copy(self, b: int, out: list, next_step: int) -> None:
-        """Copy thread: block b's host master into its snapshot buffer once the block's last
-        offload has landed (pageable memory: only this thread and the writer touch it); the
-        copy is published as a ``self-copy`` event of ``next_step``, the step it overlaps."""
-        landed = self._offloaded.get(b)
-        if landed is not None:
-            landed.synchronize()  # copy thread only: the step's offload wrote the master
-        self.transfer.wait_host(b)
-        start = self.timer.now()
-        buf = self.snap_bufs.get(("host", b), self.blocks[b].layout.numel,
-                                 self.transfer.master_dtype, pinned=False)
-        out[b + 1] = self.transfer.read_master(self.blocks[b].flat, buf)
-        self.timer.bus.publish(OpEvent("self-copy", "cpu", next_step, b,
-                                       buf.numel() * buf.element_size(), start, self.timer.now()))
+    def _on_gpu(self) -> dict[int, torch.Tensor]:
+        """The groups that live on the GPU (embedding, head, residents) by canonical index."""
+        groups, last = self.groups(), len(self.blocks) + 1
+        return {k: groups[k].flat for k in range(last + 1) if k in (0, last)
+                or (k - 1) in self.resident}
 
     def gpu_param_bytes(self) -> int:
         if not self.cuda:
@@ -364,14 +287,11 @@ class BlockStreamer:
         """Drain transfers and snapshot copies, free GPU and pinned host memory (the model
         becomes a skeleton: a notebook runs many jobs in one process)."""
         self.sync()
-        for gate in self._gates.values():
-            gate.result()
-        self._copier.shutdown(wait=True)
+        self.copies.close()
         self.transfer.close()
         for group in self.groups():
             release(group.layout)
         self.blocks, self.slots = [], []
         self._slot_params.clear()
-        self.snap_bufs.release()
-        if self.share is not None:
-            self.share.close()
+        self.snapshots.release()
+        self.node.close()

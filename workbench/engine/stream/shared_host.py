@@ -163,3 +163,45 @@ class NodeShare:
             for path in self._files:
                 if os.path.exists(path):
                     os.unlink(path)
+
+
+class Unshared:
+    """The hand-off of a rank with its own host copy (no data parallel, or host_share=false):
+    the scheduler calls the same hooks as on a ``NodeShare`` and nothing waits. It is the
+    writer of every block and maps nothing."""
+
+    writer = True
+    created_bytes = mapped_bytes = 0
+
+    def start(self, n_blocks: int) -> None:
+        pass
+
+    def filled(self) -> None:
+        pass
+
+    def mapped(self) -> None:
+        pass
+
+    def barrier(self) -> None:
+        pass
+
+    def begin_pass(self, write_back: bool) -> None:
+        pass
+
+    def before_upload(self, block: int, write_back: bool) -> None:
+        pass
+
+    def after_upload(self, block: int, landed) -> None:
+        pass
+
+    def before_write(self, block: int) -> None:
+        pass
+
+    def after_write(self, block: int, landed) -> None:
+        pass
+
+    def settled(self, n_blocks: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

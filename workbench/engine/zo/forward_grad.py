@@ -6,7 +6,7 @@ theta), the same form as a ZO step with g = d, so the pending update, the fused 
 next upload, the codecs and checkpoints all carry over unchanged (``StreamedEngine``).
 
 Blocks stream exactly as in zo-offload; each block's tangent v is regenerated from (seed, group)
-on the device into a block-sized buffer (``zo_step.jvp_tangent``), never stored on the host.
+on the device into a block-sized buffer (``step.jvp_tangent``), never stored on the host.
 Forward AD has no formula for the flash / memory-efficient SDPA kernels, so attention runs on
 SDPA's math backend here (on every device), which is what makes autocast usable too.
 

@@ -23,14 +23,14 @@ from workbench.data.batches import Batch
 from workbench.engine.checkpoint import Snapshot
 from workbench.engine.events import EMBED, HEAD, EventBus
 from workbench.engine.groups import GroupLayout, release
-from workbench.engine.objective import head_loss
+from workbench.engine.objective import Objective, head_loss
 from workbench.engine.peft import adapter_groups
 from workbench.engine.precision import autocast
 from workbench.engine.protocol import StepOutput
-from workbench.engine.snapshots import device_copies
+from workbench.engine.snapshots import DeviceSnapshots
 from workbench.engine.stream.shared_host import NodeShare
 from workbench.engine.zo.offload import StreamedEngine
-from workbench.engine.zo.perturb import pending_dict, pending_from_dict
+from workbench.engine.zo.perturb import pending_from_dict
 from workbench.engine.zo.step import MINUS, PLUS, ZOStep, apply_update, step_seed, zo_passes
 
 
@@ -40,11 +40,12 @@ class LoRAStreamedEngine(StreamedEngine):
     parallel; only local rank 0 fills it)."""
 
     def __init__(self, model, source, cfg: RunConfig, device: torch.device, bus: EventBus,
-                 share: NodeShare | None = None):
-        super().__init__(model, source, cfg, device, bus, share)  # the base: a frozen streamer
+                 share: NodeShare | None = None, objective: Objective | None = None):
+        super().__init__(model, source, cfg, device, bus, share, objective)  # a frozen streamer
         self.loras = adapter_groups(self.adapter, cfg, device)
-        if cfg.checkpoint_every:
-            self._snapshot_buffers()  # at setup, not in the first snapshot's step
+        self.snapshots = DeviceSnapshots(device, cfg.to_dict())  # of the adapters
+        if cfg.checkpoint_every:  # at setup, not in the first snapshot's step
+            self.snapshots.prepare(self._adapters(), pending=True)
 
     @torch.no_grad()
     def flush(self, step: int = -1) -> None:
@@ -71,33 +72,15 @@ class LoRAStreamedEngine(StreamedEngine):
     def group_layouts(self) -> list[GroupLayout]:
         return [g.layout for g in self.loras]
 
+    def _adapters(self) -> dict[int, torch.Tensor]:
+        return dict(enumerate(g.flat for g in self.loras))
+
     def snapshot(self, next_step: int):
-        """Host copies of the adapters and the pending g, on a side stream (never blocking
-        the step), into buffers kept from one snapshot to the next; returns the function the
-        checkpoint writer calls. Call it only once the writer is done with the last one."""
-        pending = self.pending
-        flats = [g.flat for g in self.loras] + ([pending.g.reshape(1)] if pending else [])
-        bufs = self._snapshot_buffers()[:len(flats)]
-        done = device_copies(flats, bufs, self.device)
-        layouts = self.group_layouts()
-
-        def make() -> Snapshot:
-            if done is not None:
-                done.synchronize()  # writer thread: wait for the side-stream copies
-            host_g = bufs[-1] if pending is not None else None
-            return Snapshot(next_step, bufs[:len(layouts)], [lay.name for lay in layouts],
-                            pending_dict(pending, host_g), self.cfg.to_dict(),
-                            [lay.n_decay for lay in layouts])
-
-        return make
-
-    def _snapshot_buffers(self) -> list[torch.Tensor]:
-        """One page-locked host buffer per adapter group and one for g (the streamer's
-        ``snap_bufs``, which an adapter run leaves otherwise unused)."""
-        bufs = self.streamer.snap_bufs
-        return ([bufs.get(("lora", k), g.flat.numel(), g.flat.dtype, pinned=True)
-                 for k, g in enumerate(self.loras)]
-                + [bufs.get(("lora", "g"), 1, torch.float32, pinned=True)])
+        """Host copies of the adapters and the pending g (``engine/snapshots.py``; never
+        blocking the step); returns the function the checkpoint writer calls. Call it only
+        once the writer is done with the last one."""
+        return self.snapshots.take(next_step, self._adapters(), self.group_layouts(),
+                                   self.pending)
 
     def restore(self, snap: Snapshot) -> None:
         self.load_state_flats(snap.flats)
@@ -115,6 +98,7 @@ class LoRAStreamedEngine(StreamedEngine):
         for group in self.loras:
             release(group.layout)
         self.loras = []
+        self.snapshots.release()
         super().close()
 
 

@@ -7,51 +7,46 @@ group. The arithmetic is ``step.py``'s, every group's passes driven together.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
 from workbench.config import RunConfig
 from workbench.data.batches import Batch
 from workbench.engine.checkpoint import Snapshot
 from workbench.engine.events import EMBED, HEAD, EventBus
-from workbench.engine.groups import move_buffers, release
-from workbench.engine.objective import Total, evaluate, head_loss, objective_for
-from workbench.engine.peft import base_values, block_adapter, model_groups
+from workbench.engine.groups import release
+from workbench.engine.objective import Objective, head_loss
 from workbench.engine.precision import autocast
 from workbench.engine.protocol import StepOutput
-from workbench.engine.snapshots import device_copies
-from workbench.engine.stream.pinned import SnapshotBuffers
+from workbench.engine.snapshots import DeviceSnapshots
 from workbench.engine.timing import OpTimer
+from workbench.engine.whole import WholeModel
 from workbench.engine.zo.perturb import PendingUpdate, ZOOps
 from workbench.engine.zo.step import (ZOStep, apply_update, lockstep, projected_grad, step_seed,
                                       zo_passes)
 
 
-class MeZOEngine:
+class MeZOEngine(WholeModel):
     """Args:
         model: a model skeleton (meta weights are fine) from ``build_skeleton``.
         source: where weights come from (random init or a checkpoint folder).
         cfg: the run config (eps, seed, amp, rng, telemetry).
         device: the one device everything lives on.
         bus: where operation events go.
+        objective: what the loss is (default: ``cfg``'s, built without a tokenizer).
     """
 
-    def __init__(self, model, source, cfg: RunConfig, device: torch.device, bus: EventBus):
-        self.cfg, self.device = cfg, device
-        self.adapter = block_adapter(model, cfg)
+    def __init__(self, model, source, cfg: RunConfig, device: torch.device, bus: EventBus,
+                 objective: Objective | None = None):
         # The groups that train (``groups``) and those that stay as loaded (``frozen``).
-        self.frozen, self.groups = model_groups(self.adapter, source, cfg, device)
-        move_buffers([model], device)
+        self.hold(model, source, cfg, device, objective)
         self.ops = ZOOps(cfg.rng, device)
         self.timer = OpTimer(device, bus, cfg.telemetry)
-        self.objective = objective_for(cfg, model.config.vocab_size)
         self.bytes_h2d = self.bytes_d2h = 0
         # Data parallel: averages the shard losses over ranks (the only traffic of a step).
         self.reduce = None  # MeZO applies its update within the step
-        self.snap_bufs = SnapshotBuffers(device.type == "cuda")
-        if cfg.checkpoint_every:
-            self._snapshot_buffers()  # at setup, not in the first snapshot's step
+        self.snapshots = DeviceSnapshots(device, cfg.to_dict())
+        if cfg.checkpoint_every:  # at setup, not in the first snapshot's step
+            self.snapshots.prepare(dict(enumerate(g.flat for g in self.groups)), pending=False)
 
     # --- training ---------------------------------------------------------------------------
     def _loss(self, batch: Batch, step: int, sign: str) -> torch.Tensor:
@@ -82,51 +77,13 @@ class MeZOEngine:
         self.timer.poll()
         return StepOutput((loss_plus + loss_minus) / 2, g, loss_plus, loss_minus)
 
-    def flush(self) -> None:
-        """Nothing is ever pending in MeZO."""
-
-    def evaluate(self, dev, batch_size: int, total: Total | None = None) -> dict[str, float]:
-        """The objective's metrics on ``dev`` with the current weights."""
-        return evaluate(self.objective, self.adapter, dev, self.device, self.cfg.amp, batch_size,
-                        total=total)
-
     # --- state ------------------------------------------------------------------------------
-    def state_flats(self) -> list[torch.Tensor]:
-        """Every trainable group's weights in canonical order (device tensors; callers copy)."""
-        return [g.flat for g in self.groups]
-
-    def base_flats(self) -> Sequence[torch.Tensor]:
-        """The frozen base groups' weights as fp32, one at a time (peft runs; else empty)."""
-        return base_values(self.frozen)
-
-    def load_state_flats(self, flats: list[torch.Tensor]) -> None:
-        for group, flat in zip(self.groups, flats):
-            group.flat.copy_(flat)
-
-    def group_layouts(self) -> list:
-        return [g.layout for g in self.groups]
-
     def snapshot(self, next_step: int):
-        """Start host copies of the weights (never blocking the step) into buffers kept from
-        one snapshot to the next; returns a function the checkpoint writer calls to get the
-        ``Snapshot``. Call it only once the writer is done with the last one."""
-        bufs = self._snapshot_buffers()
-        done = device_copies([g.flat for g in self.groups], bufs, self.device)
-        names = [lay.name for lay in self.group_layouts()]
-
-        def make() -> Snapshot:
-            if done is not None:
-                done.synchronize()  # writer thread: wait for the side-stream copies
-            return Snapshot(next_step, bufs, names, None, self.cfg.to_dict(),
-                            [lay.n_decay for lay in self.group_layouts()])
-
-        return make
-
-    def _snapshot_buffers(self) -> list[torch.Tensor]:
-        """One page-locked host buffer per group, allocated once (at setup when the run
-        checkpoints)."""
-        return [self.snap_bufs.get(k, g.flat.numel(), g.flat.dtype, pinned=True)
-                for k, g in enumerate(self.groups)]
+        """Start host copies of the weights (never blocking the step; ``engine/snapshots.py``);
+        returns a function the checkpoint writer calls to get the ``Snapshot``. Call it only
+        once the writer is done with the last one."""
+        return self.snapshots.take(next_step, dict(enumerate(g.flat for g in self.groups)),
+                                   self.group_layouts(), None)
 
     def restore(self, snap: Snapshot) -> None:
         """MeZO applies each update within its step: a snapshot never carries one."""
@@ -145,4 +102,4 @@ class MeZOEngine:
         for group in self.groups + self.frozen:
             release(group.layout)
         self.groups, self.frozen = [], []
-        self.snap_bufs.release()
+        self.snapshots.release()

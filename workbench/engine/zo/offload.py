@@ -23,7 +23,7 @@ from workbench.data.batches import Batch
 from workbench.engine.checkpoint import Snapshot
 from workbench.engine.events import EMBED, HEAD, EventBus
 from workbench.engine.groups import GroupLayout, tied_with_embed
-from workbench.engine.objective import Total, evaluate, head_loss, objective_for
+from workbench.engine.objective import Objective, Total, evaluate, head_loss, objective_for
 from workbench.engine.peft import block_adapter
 from workbench.engine.precision import autocast
 from workbench.engine.protocol import StepOutput
@@ -45,12 +45,12 @@ class StreamedEngine:
     (``stream/shared_host.py``)."""
 
     def __init__(self, model, source, cfg: RunConfig, device: torch.device, bus: EventBus,
-                 share: NodeShare | None = None):
+                 share: NodeShare | None = None, objective: Objective | None = None):
         self.cfg, self.device = cfg, device
         self.adapter = block_adapter(model, cfg)
         self.ops = ZOOps(cfg.rng, device)
         self.timer = OpTimer(device, bus, cfg.telemetry)
-        self.objective = objective_for(cfg, model.config.vocab_size)
+        self.objective = objective or objective_for(cfg, model.config.vocab_size)
         self.streamer = BlockStreamer(self.adapter, source, cfg, device, self.timer, self.ops,
                                       share)
         self.pending: PendingUpdate | None = None
@@ -147,13 +147,10 @@ class StreamedEngine:
     def host_report(self) -> dict[str, int]:
         """Host bytes of the streamed blocks this rank sees, and how many of them it allocated
         itself (``private``), created for its node or mapped from it (data parallel)."""
-        total, share = self.streamer.host_param_bytes(), self.streamer.share
-        if share is None:
-            return {"streamed_bytes": total, "private_bytes": total, "created_bytes": 0,
-                    "mapped_bytes": 0}
-        return {"streamed_bytes": total, "private_bytes": total - share.created_bytes
-                - share.mapped_bytes, "created_bytes": share.created_bytes,
-                "mapped_bytes": share.mapped_bytes}
+        total, node = self.streamer.host_param_bytes(), self.streamer.node
+        return {"streamed_bytes": total,
+                "private_bytes": total - node.created_bytes - node.mapped_bytes,
+                "created_bytes": node.created_bytes, "mapped_bytes": node.mapped_bytes}
 
     def close(self) -> None:
         """Drain transfers and timing events, free GPU and pinned host memory."""
@@ -166,8 +163,8 @@ class ZOOffloadEngine(StreamedEngine):
     for every scheduler knob."""
 
     def __init__(self, model, source, cfg: RunConfig, device: torch.device, bus: EventBus,
-                 share: NodeShare | None = None):
-        super().__init__(model, source, cfg, device, bus, share)
+                 share: NodeShare | None = None, objective: Objective | None = None):
+        super().__init__(model, source, cfg, device, bus, share, objective)
         s = self.streamer
         self.tied = (TiedHead(s.embed, self.adapter.head_modules, cfg.amp)
                      if tied_with_embed(s.embed.layout, self.adapter.head_modules) else None)

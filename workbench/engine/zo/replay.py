@@ -2,7 +2,7 @@
 
 A step's effect on the weights does not depend on its forward passes once its g is known (the
 step log keeps (seed, g, lr, wd) per step), so the replay runs each step's arithmetic without
-them: ``zo_step.replay_pass`` on every group, in the engine's order, with the update applied
+them: ``step.replay_pass`` on every group, in the engine's order, with the update applied
 where the engine applies it (deferred into the next step's pass, or at the end of the step for
 MeZO and fused_update=false). Streamed blocks go through the run's own host format
 (``stream/transfers.py``): the fp32 master, its compressed mirror (whose updates are computed on the

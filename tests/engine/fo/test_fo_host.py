@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from workbench.calibrate.fo import measure
 from workbench.config import RunConfig
 from workbench.data.batches import SyntheticData
 from workbench.engine import build_engine
@@ -19,7 +20,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny mo
 def _engine(bus: EventBus | None = None, **knobs):
     cfg = RunConfig(model="tiny-opt", method="fo-offload", lr=1e-2, subgroup_size=6000, **knobs)
     model, source = build_skeleton(cfg.model)
-    engine = build_engine(model, source, cfg, torch.device("cpu"), bus or EventBus())
+    engine = build_engine(model, source, cfg, torch.device("cpu"), bus or EventBus(),
+                          measure=measure)
     return engine, SyntheticData(model.config.vocab_size, 16)
 
 
@@ -27,17 +29,17 @@ def _engine(bus: EventBus | None = None, **knobs):
 def test_cpu_subgroups_go_to_the_worker_while_backward_runs(stride, ratio):
     engine, data = _engine(update_stride=stride, gpu_resident_ratio=ratio)
     seen: list[tuple[int, int]] = []
-    submit = engine.host_side.submit
+    submit = engine.grads.submit  # how the gradient flush hands a subgroup to the host side
 
     def spy(j, ready):
         seen.append((j, torch._C._current_graph_task_id()))  # -1 outside a backward pass
         submit(j, ready)
 
-    engine.host_side.submit = spy
+    engine.grads.submit = spy
     for t in range(2):
         seen.clear()
         engine.step(data.batch_for_step(t, 4, 0), t, 1e-2, 0.0)
-        assert sorted(j for j, _ in seen) == sorted(engine.schedule.cpu)  # each once
+        assert sorted(j for j, _ in seen) == sorted(engine.placement.schedule.cpu)  # each once
         assert all(task != -1 for _, task in seen), seen  # handed over inside backward
         # the order backward completed them in: the head's and last blocks' subgroups first
         assert [j for j, _ in seen][0] > [j for j, _ in seen][-1]
@@ -49,8 +51,8 @@ def test_update_threads_sets_the_workers_team_only():
     bus = EventBus()
     bus.subscribe(lambda e: events.append(e) if isinstance(e, OpEvent) else None)
     engine, data = _engine(bus, update_threads=2, update_stride="1000000")
-    assert engine.host_side.threads == 2
-    assert engine.host_side.run(torch.get_num_threads) == 2  # the worker's own team
+    assert engine.host.threads == 2
+    assert engine.host.run(torch.get_num_threads) == 2  # the worker's own team
     assert torch.get_num_threads() == 1  # the caller's is as it was
     engine.step(data.batch_for_step(0, 4, 0), 0, 1e-2, 0.0)
     assert torch.get_num_threads() == 1

@@ -4,10 +4,11 @@ from __future__ import annotations
 import pytest
 
 from workbench.config import RunConfig
-from workbench.plan import placement
 from workbench.engine.events import EventBus, InfoEvent
 from workbench.engine.fo import trial as fo_trial
-from workbench.engine.fo.trial import Candidate, ScheduleTrial
+from workbench.engine.fo.trial import ScheduleTrial
+from workbench.plan import placement
+from workbench.plan.placement import Candidate
 
 from test_fo import _check_against_adamw, _engine, one_thread  # noqa: F401 (autouse fixture)
 
@@ -42,17 +43,6 @@ def test_a_tie_goes_to_the_least_gpu_memory_then_to_the_earlier_candidate():
     assert trial.winner == A
     with pytest.raises(ValueError, match="candidate"):
         ScheduleTrial([])
-
-
-@pytest.mark.parametrize("stride", [2, 3, 10, -2, -3, -7])
-def test_fewer_is_the_next_stride_with_a_smaller_gpu_share(stride):
-    nxt = placement.fewer(stride)
-    assert placement.gpu_fraction(nxt) < placement.gpu_fraction(stride)
-    between = [s for s in (*range(-20, 0), *range(1, 21))
-               if placement.gpu_fraction(nxt) < placement.gpu_fraction(s)
-               < placement.gpu_fraction(stride)]
-    assert between == []  # no schedule skipped
-    assert placement.fewer(1) == 2
 
 
 @pytest.mark.parametrize("amp", ["off", "bf16"])
@@ -100,7 +90,8 @@ def test_auto_tries_every_candidate_then_runs_the_winner_and_stays_exact(monkeyp
     seen = []
     for t in range(len(cands) + 2):
         engine.step(data.batch_for_step(t, 4, 0), t, 1e-3, 0.0)
-        seen.append((engine.schedule.stride, engine.cpu_downcast))  # the placement it ran
+        now = engine.placement  # the placement it ran
+        seen.append((now.schedule.stride, now.cpu_downcast))
     want = [(c.stride, bool(c.cpu_downcast)) for c in cands]
     assert seen == [want[0], *want, want[-1]]  # warm-up, one step each, then the winner
     assert not engine.trying
@@ -114,5 +105,5 @@ def test_a_given_stride_runs_no_trial():
                                      subgroup_size=5000))
     assert not engine.trying
     engine.step(data.batch_for_step(0, 4, 0), 0, 1e-3, 0.0)
-    assert engine.schedule.stride == 2
+    assert engine.placement.schedule.stride == 2
     engine.close()

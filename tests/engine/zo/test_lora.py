@@ -3,6 +3,7 @@ moves the base host -> GPU only."""
 import pytest
 import torch
 
+from workbench.calibrate.fo import measure
 from workbench.config import ConfigError, RunConfig
 from workbench.data.batches import SyntheticData
 from workbench.engine import build_engine
@@ -22,7 +23,7 @@ def lora_run(cfg: RunConfig, steps: int = STEPS, bus: EventBus | None = None) ->
     losses per step ((L+, L-, g, loss) for ZO, (d, loss) forward-grad, (loss,) first-order),
     and the engine's byte counters."""
     model, source = build_skeleton(cfg.model)
-    engine = build_engine(model, source, cfg, torch.device(cfg.device), bus or EventBus())
+    engine = build_engine(model, source, cfg, torch.device(cfg.device), bus or EventBus(), measure=measure)
     copy = lambda flats: [f.detach().cpu().clone() for f in flats]  # noqa: E731
     out = {"adapters0": copy(engine.state_flats()), "base0": copy(engine.base_flats())}
     data = SyntheticData(model.config.vocab_size, 16)
@@ -132,14 +133,14 @@ def test_lora_checkpoint_round_trip(tmp_path):
     restoring it into a fresh engine continues exactly."""
     cfg = lora_cfg(method="zo-offload")
     model, source = build_skeleton(cfg.model)
-    a = build_engine(model, source, cfg, torch.device("cpu"), EventBus())
+    a = build_engine(model, source, cfg, torch.device("cpu"), EventBus(), measure=measure)
     data = SyntheticData(model.config.vocab_size, 16)
     for t in range(2):
         a.step(data.batch_for_step(t, 2, 0), t, cfg.lr, cfg.weight_decay)
     snap = a.snapshot(2)()
     assert snap.pending is not None and snap.names == [lay.name for lay in a.group_layouts()]
     model2, source2 = build_skeleton(cfg.model)
-    b = build_engine(model2, source2, cfg, torch.device("cpu"), EventBus())
+    b = build_engine(model2, source2, cfg, torch.device("cpu"), EventBus(), measure=measure)
     b.restore(snap)
     for e in (a, b):
         e.step(data.batch_for_step(2, 2, 0), 2, cfg.lr, cfg.weight_decay)
@@ -168,7 +169,7 @@ def test_unknown_lora_target_is_named():
     cfg = lora_cfg(lora_targets="q_proj,nonexistent")
     model, source = build_skeleton(cfg.model)
     with pytest.raises(ValueError, match="lora_targets: nonexistent matches no linear module"):
-        build_engine(model, source, cfg, torch.device("cpu"), EventBus())
+        build_engine(model, source, cfg, torch.device("cpu"), EventBus(), measure=measure)
 
 
 def test_lora_targets_and_rank_shape_the_adapters():
@@ -187,7 +188,7 @@ def test_frozen_matrices_compute_in_bf16_under_bf16_amp(method):
     cfg = lora_cfg(method=method, base_codec="fp8-e4m3", amp="bf16",
                    **({"resident_blocks": 1} if method == "zo-offload" else {}))
     model, source = build_skeleton(cfg.model)
-    engine = build_engine(model, source, cfg, torch.device("cpu"), EventBus())
+    engine = build_engine(model, source, cfg, torch.device("cpu"), EventBus(), measure=measure)
     seen: dict[int, dict[str, torch.dtype]] = {}
 
     def look(i: int, module) -> None:  # a pre-hook returning None leaves the inputs as they are
@@ -221,7 +222,7 @@ def test_a_frozen_stream_step_reads_no_tensor_on_the_host(monkeypatch, codec):
 
     cfg = lora_cfg(method="zo-offload", base_codec=codec, amp="bf16", resident_blocks=1)
     model, source = build_skeleton(cfg.model)
-    engine = build_engine(model, source, cfg, torch.device("cpu"), EventBus())
+    engine = build_engine(model, source, cfg, torch.device("cpu"), EventBus(), measure=measure)
     try:
         for t in range(2):
             batch = _batch(model.config.vocab_size, t, padded=t == 1, device="cpu")

@@ -4,6 +4,7 @@ training overfits a few examples on both first-order engines alike."""
 import pytest
 import torch
 
+from workbench.calibrate.fo import measure
 from workbench.config import RunConfig
 from workbench.data.batches import SyntheticData
 from workbench.engine import build_engine
@@ -36,7 +37,7 @@ def test_adapter_jvp_equals_autograd_gradient_dot_v(name, codec):
     cfg = lora_cfg(model=name, method="forward-grad", base_codec=codec, lr=0.0)
     batch = SyntheticData(260, 16).batch_for_step(0, 4, 0)
     model, source = build_skeleton(name)
-    engine = build_engine(model, source, cfg, torch.device("cpu"), EventBus())
+    engine = build_engine(model, source, cfg, torch.device("cpu"), EventBus(), measure=measure)
     # B = 0 at initialisation makes d of every A zero: start both from the same nonzero B.
     gen = torch.Generator().manual_seed(7)
     start = [torch.randn(f.shape, generator=gen) * 0.05 for f in engine.state_flats()]
@@ -45,7 +46,7 @@ def test_adapter_jvp_equals_autograd_gradient_dot_v(name, codec):
     engine.close()
     ref_model, ref_source = build_skeleton(name)
     ref = build_engine(ref_model, ref_source, cfg.replace(method="mezo"), torch.device("cpu"),
-                       EventBus())
+                       EventBus(), measure=measure)
     ref.load_state_flats(start)
     params = []
     for g in ref.groups:
@@ -90,7 +91,7 @@ def test_forward_grad_lora_fits_a_batch_up_only():
     bus.subscribe(lambda e: events.append(e) if isinstance(e, OpEvent) else None)
     cfg = lora_cfg(model="tiny-llama", method="forward-grad", base_codec="bf16")
     model, source = build_skeleton(cfg.model)
-    engine = build_engine(model, source, cfg, torch.device("cpu"), bus)
+    engine = build_engine(model, source, cfg, torch.device("cpu"), bus, measure=measure)
     batch = SyntheticData(260, 16).batch_for_step(0, 8, 0)
     losses = [float(engine.step(batch, t, 1e-2, 0.0).loss) for t in range(40)]
     d2h = engine.bytes_d2h
@@ -102,7 +103,7 @@ def test_forward_grad_lora_fits_a_batch_up_only():
 
 def _fixed_batch_losses(cfg: RunConfig, steps: int) -> list[float]:
     model, source = build_skeleton(cfg.model)
-    engine = build_engine(model, source, cfg, torch.device("cpu"), EventBus())
+    engine = build_engine(model, source, cfg, torch.device("cpu"), EventBus(), measure=measure)
     batch = SyntheticData(model.config.vocab_size, 16).batch_for_step(0, 4, cfg.seed)
     out = [float(engine.step(batch, t, cfg.lr, cfg.weight_decay).loss) for t in range(steps)]
     engine.close()

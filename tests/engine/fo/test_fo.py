@@ -16,15 +16,14 @@ import math
 import pytest
 import torch
 
+from workbench.calibrate.fo import measure
 from workbench.config import RunConfig
 from workbench.data.batches import SyntheticData
 from workbench.engine import build_engine
-from workbench.plan import placement
-from workbench.engine.events import EMBED, HEAD, EventBus, InfoEvent, OpEvent
-from workbench.engine.fo import offload as fo_offload
+from workbench.engine.events import EventBus, InfoEvent, OpEvent
 from workbench.engine.fo.host import threads_text
-from workbench.plan.placement import make_schedule
 from workbench.models.build import build_skeleton
+from workbench.plan import placement
 
 ATOL, RTOL, STEPS, LR, WD = 1e-6, 1e-5, 5, 1e-2, 0.1
 THREADS = torch.get_num_threads()
@@ -48,7 +47,8 @@ def all_threads(one_thread):
 
 def _engine(cfg: RunConfig, bus: EventBus | None = None):
     model, source = build_skeleton(cfg.model)
-    engine = build_engine(model, source, cfg, torch.device(cfg.device), bus or EventBus())
+    engine = build_engine(model, source, cfg, torch.device(cfg.device), bus or EventBus(),
+                          measure=measure)
     return engine, SyntheticData(model.config.vocab_size, 16)
 
 
@@ -56,7 +56,7 @@ def _reference(engine, flats0: list[torch.Tensor]):
     """torch.optim.AdamW (foreach=False) over copies of the initial weights, decaying only the
     first n_decay elements of each group, as the engines do."""
     decay, rest, slots = [], [], []
-    for lay, flat in zip(engine.layouts, flats0):
+    for lay, flat in zip(engine.flat.layouts, flats0):
         n, k = lay.numel, lay.n_decay
         pair = []
         for lo, hi, bucket in ((0, k, decay), (k, n, rest)):
@@ -113,7 +113,7 @@ def _check_against_adamw(cfg: RunConfig, steps: int = STEPS,
     moved = max(float((f - w0).abs().max()) for f, w0 in zip(got, flats0))
     assert moved > 100 * ATOL  # the weights really trained
     # The weights the next forward reads are the masters: no stale or lost subgroup.
-    assert torch.equal(engine.w.cpu(), torch.cat(got).to(engine.wdtype))
+    assert torch.equal(engine.flat.w.cpu(), torch.cat(got).to(engine.flat.wdtype))
     assert len(base0) == (6 if cfg.peft == "lora" else 0)
     assert all(torch.equal(a, b) for a, b in zip(base0, engine.base_flats()))  # never updated
     engine.close()
@@ -152,12 +152,12 @@ def test_subgroups_through_slots_in_pieces_equal_adamw(monkeypatch, amp, stride,
     """GPU-updated subgroups larger than a slot go through the slots in pieces (a ragged last
     piece, decay runs cut at piece edges): the same weights as AdamW, and slots of the piece
     size, not the subgroup's."""
-    monkeypatch.setattr(fo_offload, "SLOT_PIECE", 3000)
+    monkeypatch.setattr(placement, "SLOT_PIECE", 3000)
     cfg = RunConfig(model="tiny-opt", method="fo-offload", lr=LR, weight_decay=WD, amp=amp,
                     update_stride=stride, gpu_resident_ratio=ratio, subgroup_size=size)
     engine, _ = _engine(cfg)
-    assert len(engine._pieces) > 2 * len(engine.schedule.gpu)  # several pieces per subgroup
-    assert {t.numel() for slot in engine.slots for t in slot} == {3000}
+    assert len(engine.gpu.pieces) > 2 * len(engine.placement.schedule.gpu)  # pieces per subgroup
+    assert {t.numel() for slot in engine.gpu.slots for t in slot} == {3000}
     engine.close()
     _check_against_adamw(cfg, steps=3)
 
@@ -167,14 +167,14 @@ def test_gradients_go_down_in_chunks_through_two_staging_buffers(monkeypatch, am
     """Host pieces of a group longer than a chunk: 16-bit ones are upcast through the two
     fp32 staging buffers in turn (of at most CHUNK elements), fp32 ones go down as they are;
     the host gets every gradient exactly (the AdamW equality)."""
-    monkeypatch.setattr(fo_offload, "CHUNK", 777)
+    monkeypatch.setattr(placement, "CHUNK", 777)
     cfg = RunConfig(model="tiny-opt", method="fo-offload", lr=LR, weight_decay=WD, amp=amp,
                     update_stride=str(placement.NO_GPU), subgroup_size=20000)
     engine, _ = _engine(cfg)
     if amp == "bf16":
-        assert [t.numel() for t in engine._upcast] == [777, 777]
+        assert [t.numel() for t in engine.grads.upcast] == [777, 777]
     else:
-        assert engine._upcast is None
+        assert engine.grads.upcast is None
     engine.close()
     _check_against_adamw(cfg, steps=3)
 
@@ -213,47 +213,6 @@ def test_bf16_offload_tracks_fp32():
     assert bf16 == pytest.approx(ref, rel=2e-2)
 
 
-def test_stride_model_is_equation_1_by_hand():
-    G = 1e9
-    # The paper's V100 example: B 3, Ug 35, Uc 2, Dc 8.7 G params/s.
-    B, Ug, Uc, Dc = 3 * G, 35 * G, 2 * G, 8.7 * G
-    k = (3 / B + 1 / Ug) / (1 / Uc + 1 / Dc - 1 / (2 * B))
-    assert placement.balance_ratio(B, Ug, Uc, Dc) == pytest.approx(k, rel=1e-12)
-    assert k == pytest.approx(2.294, abs=1e-3)
-    # k = 2.29 CPU : GPU; the schedules around it are 2 : 1 (stride 3) and 3 : 1 (stride 4).
-    a, b, c = 1 / Uc + 1 / Dc, 3 / B + 1 / Ug, 1 / (2 * B)
-    t3 = max(2 / 3 * a, b / 3 + 2 / 3 * c)  # 0.454 ns / parameter
-    t4 = max(3 / 4 * a, b / 4 + 3 / 4 * c)  # 0.461 ns / parameter
-    assert t3 < t4 and placement.stride(B, Ug, Uc, Dc) == 3
-    split = placement.Split(cpu=2 / 3, gpu=1 / 3)
-    assert placement.predict_update_seconds(10**9, split, B, Ug, Uc, Dc) == pytest.approx(1e9 * t3)
-    # The H200 machine: GPU path faster (k < 1) -> m of every m + 1 subgroups on the GPU.
-    B, Ug, Uc, Dc = 55e9 / 4, 112 * G, 0.76 * G, 5 * G
-    k = (3 / B + 1 / Ug) / (1 / Uc + 1 / Dc - 1 / (2 * B))
-    assert k == pytest.approx(0.1535, abs=1e-4)  # 1/k = 6.51: m = 6 or 7
-    a, b, c = 1 / Uc + 1 / Dc, 3 / B + 1 / Ug, 1 / (2 * B)
-    t6 = max(a / 7, 6 / 7 * b + c / 7)
-    t7 = max(a / 8, 7 / 8 * b + c / 8)
-    assert t7 < t6 and placement.stride(B, Ug, Uc, Dc) == -7
-    # fp32 compute weights: nothing downcast (Dc = inf), 4-byte uploads.
-    k32 = (3 / B + 1 / Ug) / (1 / Uc - 1 / B)
-    assert placement.balance_ratio(B, Ug, Uc, math.inf, word_bytes=4) == pytest.approx(k32)
-    # A CPU faster than the link can carry its results: nothing goes to the GPU.
-    assert placement.stride(1 * G, 100 * G, 50 * G, math.inf, word_bytes=4) == placement.NO_GPU
-    assert placement.gpu_fraction(-7) == pytest.approx(7 / 8)
-    assert placement.gpu_fraction(3) == pytest.approx(1 / 3)
-
-
-def test_schedule_places_subgroups_as_algorithm_1():
-    s = make_schedule(10, 3, 0.2)
-    assert list(s.resident) == [8, 9] and s.gpu == (2, 5) and s.cpu == (7, 6, 4, 3, 1, 0)
-    s = make_schedule(9, -2, 0.0)  # 2 of every 3 on the GPU
-    assert s.gpu == (0, 1, 3, 4, 6, 7) and s.cpu == (8, 5, 2)
-    s = make_schedule(4, placement.NO_GPU, 0.0)
-    assert s.gpu == () and s.cpu == (3, 2, 1, 0)
-    assert make_schedule(5, 1, 1.0).cpu == ()
-
-
 def _recorded(cfg: RunConfig, steps: int, cpu_downcast: bool | None = None):
     """``steps`` steps of ``cfg``: (engine, op events, info) as the bus carried them."""
     events, infos = [], {}
@@ -275,11 +234,11 @@ def test_timeline_has_every_subgroups_update_once_per_step(monkeypatch, amp, cpu
                                                            piece):
     """Also when a subgroup goes through the slots in pieces: one span per subgroup each."""
     if piece:
-        monkeypatch.setattr(fo_offload, "SLOT_PIECE", piece)
+        monkeypatch.setattr(placement, "SLOT_PIECE", piece)
     cfg = RunConfig(model="tiny-opt", method="fo-offload", update_stride="3", amp=amp,
                     gpu_resident_ratio=0.25, subgroup_size=20000, lr=LR)
     engine, events, infos = _recorded(cfg, 3, cpu_downcast)
-    n_sub = engine.n_sub
+    n_sub = engine.flat.groups.count
     r = int(0.25 * n_sub)
     gpu = {i for i in range(n_sub - r) if (i + 1) % 3 == 0}
     resident = set(range(n_sub - r, n_sub))
@@ -293,13 +252,13 @@ def test_timeline_has_every_subgroups_update_once_per_step(monkeypatch, amp, cpu
         assert of("prefetch") == of("flush-out") == sorted(gpu)
         for op in ("prefetch", "flush-out"):  # a subgroup's span carries all its pieces' bytes
             assert {e.block: e.nbytes for e in events if e.op == op and e.step == t} == {
-                j: 12 * engine._size(j) for j in gpu}
+                j: 12 * engine.flat.groups.numel_of(j) for j in gpu}
         assert of("upload-weights") == sorted(cpu)
         assert of("downcast") == (sorted(cpu) if cpu_downcast else [])
         assert set(of("grad-d2h")) == cpu  # one piece per (group, subgroup) overlap
         assert len(of("gpu-wait")) == 1
         details = {e.detail for e in events if e.op == "cpu-update" and e.step == t}
-        assert details == {threads_text(engine.host_side.threads)}
+        assert details == {threads_text(engine.host.threads)}
     assert {e.stream for e in events if e.op == "cpu-update"} == {"cpu"}
     assert infos["fo_stride"] == 3
     assert infos["fo_perf_inputs"]["subgroups"] == n_sub
@@ -342,7 +301,7 @@ def test_cuda_offload_equals_adamw(amp, stride, ratio, cpu_downcast):
 @pytest.mark.parametrize("amp", ["off", "bf16"])
 def test_cuda_gradients_in_chunks_through_the_staging_buffers_equal_adamw(monkeypatch, amp):
     # Many chunks per group: each upcast into a staging buffer must wait for its last D2H.
-    monkeypatch.setattr(fo_offload, "CHUNK", 1000)
+    monkeypatch.setattr(placement, "CHUNK", 1000)
     _check_against_adamw(RunConfig(model="tiny-llama", method="fo-offload", device="cuda",
                                    amp=amp, lr=LR, weight_decay=WD, update_stride="3",
                                    subgroup_size=4096))
@@ -397,7 +356,7 @@ def test_cuda_adam_state_stays_on_the_host(stride, limit):
     for t in range(2):
         engine.step(data.batch_for_step(t, 2, 0).to("cuda"), t, 1e-5, 0.0)
     torch.cuda.synchronize()
-    per_param = (torch.cuda.memory_allocated() - base) / engine.numel
+    per_param = (torch.cuda.memory_allocated() - base) / engine.flat.numel
     assert per_param < limit, f"{per_param:.2f} bytes / parameter on the GPU"
-    assert engine.gpu_param_bytes() < limit * engine.numel
+    assert engine.gpu_param_bytes() < limit * engine.flat.numel
     engine.close()

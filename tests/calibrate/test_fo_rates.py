@@ -8,12 +8,13 @@ import statistics
 import pytest
 import torch
 
+from workbench.calibrate.fo import measure
 from workbench.config import RunConfig
 from workbench.engine import build_engine
-from workbench.engine.fo import calibrate as fo_calibrate
-from workbench.plan import placement
 from workbench.engine.events import EventBus, InfoEvent
+from workbench.calibrate import fo as fo_calibrate
 from workbench.models.build import build_skeleton
+from workbench.plan import placement
 
 
 class FakeStopwatch:
@@ -43,7 +44,7 @@ def test_calibrate_uses_the_median_of_the_timed_repetitions():
     a = [50.0, 8.0, 1.0, 2.0, 100.0, 4.0]
     b = [0.1, 0.5, 0.4, 0.3, 0.2, 0.9]
     watch = FakeStopwatch(a + b)
-    rates = fo_calibrate.measure(probes, watch, reps=5, warmup=1)
+    rates = fo_calibrate.time_probes(probes, watch, reps=5, warmup=1)
     assert runs == {"a": 6, "b": 6} and not watch.seconds
     assert rates["a"].seconds == tuple(a[1:]) and rates["b"].seconds == tuple(b[1:])
     assert rates["a"].median_s == 4.0 and rates["a"].per_s == pytest.approx(1000 / 4.0)
@@ -59,7 +60,8 @@ def test_calibrate_uses_the_median_of_the_timed_repetitions():
 
 def _engine(cfg: RunConfig, bus: EventBus | None = None):
     model, source = build_skeleton(cfg.model)
-    return build_engine(model, source, cfg, torch.device("cpu"), bus or EventBus())
+    return build_engine(model, source, cfg, torch.device("cpu"), bus or EventBus(),
+                        measure=measure)
 
 
 @pytest.mark.parametrize("amp", ["off", "bf16"])
@@ -73,8 +75,8 @@ def test_engine_calibration_times_each_step_operation_on_one_subgroup(amp):
     assert sorted(engine.calibration) == sorted(names)
     for name in names:  # what the engine recorded: every repetition and the spread
         got = infos["fo_calibration"][name]
-        assert got["n"] == engine.sub and len(got["seconds"]) == fo_calibrate.REPS
-        assert got["per_s"] == pytest.approx(engine.sub / statistics.median(got["seconds"]))
+        assert got["n"] == engine.flat.sub and len(got["seconds"]) == fo_calibrate.REPS
+        assert got["per_s"] == pytest.approx(engine.flat.sub / statistics.median(got["seconds"]))
         assert infos["fo_perf_inputs"]["spread"][name] == pytest.approx(got["spread"])
     # Again with scripted times: the model's inputs are subgroup / median seconds.
     reps = fo_calibrate.REPS
@@ -84,14 +86,14 @@ def test_engine_calibration_times_each_step_operation_on_one_subgroup(amp):
         script += times
         medians[name] = statistics.median(times[1:])
     watch = FakeStopwatch(script)
-    rates = engine.calibrate(watch)
+    rates = measure(engine.parts, watch)
     assert len(watch.calls) == len(names) * (1 + reps)
-    assert all(p.n == engine.sub for p in watch.calls)
+    assert all(p.n == engine.flat.sub for p in watch.calls)
     perf = placement.inputs(rates, engine.word)
     for name, got in (("B", perf.B), ("Ug", perf.Ug), ("Uc", perf.Uc)):
-        assert got == pytest.approx(engine.sub / medians[name])
+        assert got == pytest.approx(engine.flat.sub / medians[name])
     if amp == "bf16":
-        assert perf.Dc == pytest.approx(engine.sub / medians["Dc"])
+        assert perf.Dc == pytest.approx(engine.flat.sub / medians["Dc"])
     else:
         assert perf.Dc == float("inf")
     engine.close()
@@ -108,10 +110,11 @@ def test_engine_calibration_leaves_the_state_bit_for_bit(amp):
     for t in range(2):  # non-zero m and v, so an update that is not a no-op would show
         engine.step(data.batch_for_step(t, 4, 0), t, 1e-2, 0.1)
     engine.sync()
-    before = [t.clone() for t in (engine.p32, engine.m, engine.v, engine.g32, engine.w)]
-    engine.calibrate()
-    after = (engine.p32, engine.m, engine.v, engine.g32, engine.w)
+    f = engine.flat
+    before = [t.clone() for t in (f.p32, f.m, f.v, f.g32, f.w)]
+    measure(engine.parts)
+    after = (f.p32, f.m, f.v, f.g32, f.w)
     for a, b in zip(before, after):
         assert torch.equal(a, b)
-    assert float(engine.m.abs().max()) > 0  # the check had something to see
+    assert float(f.m.abs().max()) > 0  # the check had something to see
     engine.close()

@@ -8,9 +8,10 @@ import sys
 
 import pytest
 
+from workbench.calibrate.fo import measure
 from workbench.config import ConfigError, RunConfig
-from workbench.plan.flops import block_flops
 from workbench.plan.fit import PlanError, check_fits, suggest
+from workbench.plan.flops import block_flops
 from workbench.plan.planner import SAVE_KEY, GiB, plan
 from workbench.presets import PRESETS
 
@@ -116,7 +117,7 @@ def test_engine_layouts_match_the_preset_arithmetic():
         cfg = RunConfig(model=model, method="zo-offload", device="cpu", resident_blocks=1,
                         telemetry=False, codec=codec, master=master)
         skeleton, source = build_skeleton(model)
-        eng = build_engine(skeleton, source, cfg, torch.device("cpu"), EventBus())
+        eng = build_engine(skeleton, source, cfg, torch.device("cpu"), EventBus(), measure=measure)
         streamer = eng.streamer
         pl = plan(cfg.replace(device="cuda"), gpu="h200")
         assert sum(eng.buffer_bytes().values()) == pl.gpu_param_bytes  # gpu_param_bytes on a GPU
@@ -301,10 +302,11 @@ def test_host_memory_covers_the_save_one_group_at_a_time():
     assert group == 4 * p.block_params() and pl.host_breakdown[SAVE_KEY] < 4 * GiB
     assert pl.host_mem_bytes == sum(pl.host_breakdown.values())  # counted in the total
     assert pl.fits_host  # the 2-GPU machine's host (256 GB) takes opt-66b
-    # the constants match the engine's (the planner itself never imports torch)
-    from workbench.engine.groups import MAX_THREADS, SCRATCH_BYTES
+    # the engine's fingerprint threads are the plan's (the planner itself never imports torch)
+    from workbench.engine.groups import MAX_THREADS
+    from workbench.plan.memory import FINGERPRINT_SCRATCH_BYTES, SCRATCH_BYTES
 
-    assert MAX_THREADS * SCRATCH_BYTES == 4 * 2 ** 20
+    assert MAX_THREADS * SCRATCH_BYTES == FINGERPRINT_SCRATCH_BYTES == 4 * 2 ** 20
 
 
 @pytest.mark.parametrize("model", ["tiny-opt", "tiny-llama"])
@@ -329,7 +331,7 @@ def test_planned_device_buffers_are_the_engines_own(model, knobs):
     cfg = cfg_(model=model, method="zo-offload", **knobs)
     skeleton, source = build_skeleton(model)
     engine = build_engine(skeleton, source, cfg.replace(device="cpu"), torch.device("cpu"),
-                          EventBus())
+                          EventBus(), measure=measure)
     try:
         actual = {k: v for k, v in engine.buffer_bytes().items() if v}
     finally:
@@ -450,10 +452,31 @@ def test_fo_offload_slots_as_the_engine_allocates_them():
     cfg = RunConfig(model="tiny-opt", method="fo-offload", amp="bf16", subgroup_size=4096,
                     update_stride=1, telemetry=False)
     model, source = build_skeleton(cfg.model)
-    engine = build_engine(model, source, cfg, torch.device("cpu"), EventBus())
+    engine = build_engine(model, source, cfg, torch.device("cpu"), EventBus(), measure=measure)
     try:
-        held = sum(t.numel() * t.element_size() for slot in engine.slots for t in slot)
+        held = sum(t.numel() * t.element_size() for slot in engine.gpu.slots for t in slot)
     finally:
         engine.close()
     planned = plan(cfg.replace(device="cuda"), gpu="h100").gpu_breakdown["subgroups in flight"]
     assert held == planned == 3 * 16 * 4096
+
+
+def test_check_fits_counts_the_gpu_memory_free_now(monkeypatch):
+    """The plan stays arithmetic: the GPU memory free now is given to it (``gpu_free``), read
+    by ``calibrate/machine.py::check_fits_here`` for device=cuda without a GPU table."""
+    from workbench.calibrate import machine
+
+    cfg = cfg_(model="opt-1.3b", method="mezo", device="cuda")
+    assert check_fits(cfg, calibration=HOST).fits_gpu  # the whole (table) GPU
+    with pytest.raises(PlanError, match=r"but 1\.8 GiB are available"):
+        check_fits(cfg, calibration=HOST, gpu_free=1 * GiB)  # + 800 MiB: its own context
+    monkeypatch.setattr(machine, "free_gpu_bytes", lambda: 1 * GiB)
+    with pytest.raises(PlanError, match=r"but 1\.8 GiB are available"):
+        machine.check_fits_here(cfg, calibration=HOST)
+
+    def never():
+        raise AssertionError("a GPU table needs no reading of this machine")
+
+    monkeypatch.setattr(machine, "free_gpu_bytes", never)
+    assert machine.check_fits_here(cfg, calibration=HOST, gpu="h200").fits_gpu
+    assert machine.check_fits_here(cfg.replace(device="cpu"), calibration=HOST).fits_host
