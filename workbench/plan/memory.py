@@ -22,6 +22,8 @@ PIN_EXACT = 64 * MiB
 #: is free once encoded); a frozen base, one (the wire the next copy may fill while the last
 #: is still to be decoded).
 SPARE_SLOTS = {"plain": 2, "mirror": 2, "sr": 1, "frozen": 1}
+#: The recipe evaluates in batches of max(batch_size, EVAL_ROWS) rows
+EVAL_ROWS = 16
 #: Threads that hash and square pieces of a group at most (``engine/groups.py::fingerprint``).
 FINGERPRINT_THREADS = 32
 #: Host bytes a fingerprint thread holds beside the group while it squares a piece: numpy's

@@ -40,11 +40,10 @@ from typing import Callable
 
 from workbench.config import RunConfig
 from workbench.plan.lora import codec_bytes
-from workbench.plan.memory import SPARE_SLOTS, moments, pinned_bytes
+from workbench.plan.memory import EVAL_ROWS, SPARE_SLOTS, moments, pinned_bytes
 from workbench.plan.rates import host_key
 from workbench.presets import Preset
 
-EVAL_ROWS = 16  # the recipe evaluates in batches of max(batch_size, 16)
 OP_LAUNCH_S = 5e-5  # host time of one perturbation kernel or one transfer launch
 
 

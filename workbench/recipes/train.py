@@ -35,6 +35,7 @@ from workbench.engine.timing import Deferred
 from workbench.engine.warmup import warm_kernels
 from workbench.models.build import build_skeleton, check_model_folder
 from workbench.models.tokenizer import load_tokenizer
+from workbench.plan.memory import EVAL_ROWS
 from workbench.plan.planner import preset_of
 from workbench.recipes.guard import RunGuard
 from workbench.recipes.limits import cap_gpu_memory
@@ -393,7 +394,7 @@ class TrainRecipe:
         dev, total = self.dev_data, None
         if self.dist is not None:
             dev, total = self.dist.dev_share(dev), lambda v: self.dist.sum(v, self.device)
-        metrics = self.engine.evaluate(dev, max(self.cfg.batch_size, 16), total)
+        metrics = self.engine.evaluate(dev, max(self.cfg.batch_size, EVAL_ROWS), total)
         self.bus.publish(EvalEvent(self.step, metrics.get("accuracy"), metrics["loss"],
                                    len(self.dev_data), metrics))
         return metrics
