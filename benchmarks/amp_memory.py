@@ -10,7 +10,7 @@ each beside the planner's prediction of the same item.
 
 On a machine without a GPU (``--device cpu``) nothing is built at scale: the breakdown is the
 planner's, whose buffer items are checked against the engine's own buffers on the CPU
-(tests/test_planner.py::test_planned_device_buffers_are_the_engines_own).
+(tests/plan/test_planner.py::test_planned_device_buffers_are_the_engines_own).
 
     python benchmarks/amp_memory.py                 # the issue's row, ~1 min on an H200
     python benchmarks/amp_memory.py --models opt-1.3b,opt-6.7b --shapes 1x2048,16x128
@@ -55,7 +55,7 @@ def child(spec: dict, result: Path) -> None:
 def breakdown(cfg_dict: dict, measured: dict | None) -> list[dict]:
     """Lines (item, planned bytes, measured bytes) for one config."""
     from workbench.config import RunConfig
-    from workbench.planner import plan
+    from workbench.plan.planner import plan
 
     planned = plan(RunConfig(**{**cfg_dict, "device": "cuda"}), gpu="h200").gpu_breakdown
     lines = []

@@ -28,9 +28,9 @@ from common import save, table
 import torch  # noqa: E402
 
 from workbench.engine import groups  # noqa: E402
-from workbench.engine.frozen_form import FrozenForm  # noqa: E402
-from workbench.engine.frozen_transfer import FrozenTransfer  # noqa: E402
+from workbench.engine.codecs.frozen_form import FrozenForm  # noqa: E402
 from workbench.engine.groups import Entry, GroupLayout  # noqa: E402
+from workbench.engine.stream.frozen_transfer import FrozenTransfer  # noqa: E402
 
 
 def block_layout(hidden: int) -> GroupLayout:

@@ -22,9 +22,9 @@ import torch
 
 from common import save, table
 
-from workbench.calibration_shapes import host_step_seconds
+from workbench.calibrate.shapes import host_step_seconds
 from workbench.engine.groups import build_layouts
-from workbench.engine.perturb import ZOOps
+from workbench.engine.zo.perturb import ZOOps
 from workbench.models.adapter import BlockAdapter
 from workbench.models.build import build_skeleton
 from workbench.presets import PRESETS
@@ -32,7 +32,7 @@ from workbench.presets import PRESETS
 
 def host_per_step(model: str, method: str, telemetry: bool, steps: int) -> tuple[float, int]:
     """Median host seconds to enqueue one step (the GPU drained between steps: the
-    calibration's own measurement, ``calibration_shapes.host_step_seconds``), and blocks."""
+    calibration's own measurement, ``calibrate/shapes.py::host_step_seconds``), and blocks."""
     seconds = host_step_seconds(model, method, "off", "cuda", steps, telemetry=telemetry)
     return seconds, PRESETS[model].num_layers
 

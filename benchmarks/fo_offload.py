@@ -5,7 +5,7 @@ Rows (``--rows``, comma-separated; default all five):
     all-cpu        fo-offload, every subgroup updated on the CPU (ZeRO-Offload)
     auto           fo-offload, ``update_stride="auto"``: the calibrated model's candidate
                    placements (stride, downcast site) one step each, the fastest kept
-                   (``fo_trial``); those steps come first and are reported as ``trial``
+                   (``engine/fo/trial.py``); those steps come first and are reported as ``trial``
     static         fo-offload, the resident share (TwinFlow) the model predicts fastest among
                    those predicted to fit ``--cap-gb`` (5% steps)
     stride:K       fo-offload, interleaved stride K      static:R   resident share R
@@ -147,23 +147,25 @@ def _sync(device: torch.device) -> None:
 def workbench_row(spec: dict) -> dict:
     from workbench.config import RunConfig
     from workbench.data.batches import SyntheticData
-    from workbench.engine import build_engine, perfmodel
+    from workbench.calibrate.fo import measure
+    from workbench.engine import build_engine
     from workbench.models.build import build_skeleton
+    from workbench.plan import placement
 
     device, row = torch.device(spec["device"]), spec["row"]
     kind, _, value = row.partition(":")
-    stride, ratio = ("auto" if row == "auto" else value if kind == "stride" else perfmodel.NO_GPU,
+    stride, ratio = ("auto" if row == "auto" else value if kind == "stride" else placement.NO_GPU,
                      float(value) if kind == "static" and value else 0.0)
     cuda = device.type == "cuda"
     cap = _cap(spec) if cuda else math.inf
     cfg = RunConfig(model=spec["model"], method="fo-offload", device=spec["device"], amp="bf16",
                     lr=1e-5, weight_decay=0.0, data="synthetic", batch_size=spec["batch"],
-                    seq_len=spec["seq"], subgroup_size=spec["subgroup"], update_stride=str(stride),
+                    seq_len=spec["seq"], subgroup_size=spec["subgroup"], update_stride=stride,
                     gpu_resident_ratio=ratio, update_threads=spec["threads"])
     bus, events, info = _collect()
     t0 = time.perf_counter()
     model, source = build_skeleton(cfg.model)
-    engine = build_engine(model, source, cfg, device, bus)
+    engine = build_engine(model, source, cfg, device, bus, measure=measure)
     out = {"row": row, "build_s": time.perf_counter() - t0}
     data = SyntheticData(model.config.vocab_size, cfg.seq_len)
 
@@ -177,9 +179,9 @@ def workbench_row(spec: dict) -> dict:
             transient = _peak(device) - engine.gpu_param_bytes()
             ratio = best_static(engine, transient, cap)  # ... then the fastest share that fits
             out["static_transient_gpu_bytes"] = transient
-            engine.reschedule(perfmodel.NO_GPU, ratio)
+            engine.reschedule(placement.NO_GPU, ratio)
         _reset_peak(device)
-        trial = []  # auto: one step per candidate placement first (fo_trial), then timing
+        trial = []  # auto: one step per candidate placement first (engine/fo/trial.py), then timing
         while engine.trying:
             trial += _timed_steps(step, {**spec, "steps": 0}, data, device, len(trial))
         first = len(trial)
@@ -194,36 +196,37 @@ def workbench_row(spec: dict) -> dict:
                                 f"{str(e).splitlines()[0]}"}
     peak = _peak(device)
     engine.close()  # drains the timing events
-    s, split, plan = engine.schedule, engine.split, info["fo_perf_inputs"]
-    upd = engine.update_seconds[1:]
+    s, split, plan = engine.placement.schedule, engine.placement.split, info["fo_perf_inputs"]
+    upd = engine.clock.seconds[1:]
     out.update({
         "iteration_s": statistics.median(seconds[1:]), "iteration_s_each": seconds,
         "peak_gpu_bytes": peak, "fp32_master": True,
-        "params": engine.numel, "subgroups": engine.n_sub, "subgroup_size": engine.sub,
-        "stride": s.stride if s.stride != perfmodel.NO_GPU else None,
+        "params": engine.flat.numel, "subgroups": engine.flat.groups.count,
+        "subgroup_size": engine.flat.sub,
+        "stride": s.stride if s.stride != placement.NO_GPU else None,
         "gpu_resident_ratio": ratio, "split": {"cpu": split.cpu, "gpu": split.gpu,
                                                 "resident": split.resident},
         "downcast": plan["downcast"],
-        "update_threads": engine.host_side.threads,
+        "update_threads": engine.host.threads,
         "calibration": info.get("fo_calibration"), "perf_inputs": engine.perf.as_dict(),
-        "update_s_predicted": engine.predicted_update_s,
+        "update_s_predicted": engine.placement.predicted_s,
         "predicted_cpu_side_s": plan["predicted_cpu_s"],
         "predicted_gpu_side_s": plan["predicted_gpu_s"],
         "update_s_measured": statistics.median(upd) if upd else None,
-        "update_s_each": engine.update_seconds,
+        "update_s_each": engine.clock.seconds,
         "phases": phases(events, list(range(first + 1, first + spec["steps"] + 1)), engine),
         "trial": info.get("fo_trial"), "trial_step_s": trial,
     })
     m = out["update_s_measured"]
-    out["prediction_error"] = (engine.predicted_update_s - m) / m if m else None
+    out["prediction_error"] = (engine.placement.predicted_s - m) / m if m else None
     return out
 
 
 def trial_text(trial: dict) -> str:
     """One line: the placements "auto" tried (stride / downcast site: step s) and the one kept."""
-    from workbench.engine import perfmodel
+    from workbench.plan import placement
 
-    tried = [f"{'all-cpu' if c['stride'] == perfmodel.NO_GPU else 'stride ' + str(c['stride'])}"
+    tried = [f"{'all-cpu' if c['stride'] == placement.NO_GPU else 'stride ' + str(c['stride'])}"
              f"/{c['downcast']}: {c['step_s']:.3f} s" for c in trial["candidates"]]
     kept = tried[trial["chosen"]].split(":")[0]
     return f"auto tried {', '.join(tried)}; kept {kept}"
@@ -249,14 +252,15 @@ def best_static(engine, transient: float, cap: float) -> float:
     """The resident share (5% steps) with the smallest predicted update time among those whose
     GPU memory (compute weights, resident p / m / v and kept gradients, scratch, and the step's
     transient memory) is predicted to fit 97% of ``cap``."""
-    from workbench.engine import perfmodel
+    from workbench.plan import placement
 
     best = (math.inf, 0.0)
     for r in [i / 20 for i in range(21)]:
-        t, down, sched, _, _ = engine.plan(perfmodel.NO_GPU, r)
-        res = sum(engine.bounds(j)[1] - engine.bounds(j)[0] for j in sched.resident)
-        need = (engine.word * engine.numel + (12 + engine.word) * res + transient
-                + 4 * engine.sub * ((res > 0) + (engine.word == 2 and not down)))
+        placed = engine.plan(placement.NO_GPU, r)
+        t, down, sched = placed.predicted_s, placed.cpu_downcast, placed.schedule
+        res = sum(engine.flat.bounds(j)[1] - engine.flat.bounds(j)[0] for j in sched.resident)
+        need = (engine.word * engine.flat.numel + (12 + engine.word) * res + transient
+                + 4 * engine.flat.sub * ((res > 0) + (engine.word == 2 and not down)))
         if need <= 0.97 * cap and t < best[0]:
             best = (t, r)
     return best[1]
@@ -272,8 +276,8 @@ def phases(events, steps: list[int], engine=None) -> dict:
         row = {"forward_s": total("forward"), "backward_s": total("backward"),
                "optimizer_step_s": total("optimizer-step")}
         if engine is not None:
-            cpu_n = sum(engine.bounds(j)[1] - engine.bounds(j)[0] for j in engine.schedule.cpu)
-            gpu_n = engine.numel - cpu_n
+            cpu_n = sum(map(engine.flat.groups.numel_of, engine.placement.schedule.cpu))
+            gpu_n = engine.flat.numel - cpu_n
             row.update({
                 "grad_d2h_s": _busy(evs, "grad-d2h"), "cpu_update_s": total("cpu-update"),
                 "cpu_wait_s": total("cpu-wait"), "downcast_s": total("downcast"),
@@ -324,11 +328,12 @@ def torchao_row(spec: dict) -> dict:
     from workbench.config import RunConfig
     from workbench.data.batches import SyntheticData
     from workbench.engine.events import OpEvent
-    from workbench.engine.fo import prompt_loss, trainable_params
+    from workbench.engine.fo.resident import prompt_loss, trainable_params
     from workbench.engine.groups import build_layouts, move_buffers
     from workbench.engine.objective import objective_for
     from workbench.engine.timing import OpTimer
-    from workbench.engine.zo_common import autocast, materialise
+    from workbench.engine.precision import autocast
+    from workbench.engine.storage import materialise
     from workbench.models.adapter import BlockAdapter
     from workbench.models.build import build_skeleton
 

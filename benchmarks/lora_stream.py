@@ -106,7 +106,7 @@ PLAN_COLS = [("plan mem x", "plan_mem", "{:.3f}"), ("plan time x", "plan_time", 
 def predicted(run: dict, calibration: dict) -> dict:
     """The planner's peak memory and step time for a measured run, over the measurement."""
     from workbench.config import RunConfig
-    from workbench.planner import plan
+    from workbench.plan.planner import plan
 
     if "error" in run:
         return {}

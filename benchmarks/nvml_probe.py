@@ -44,7 +44,7 @@ def row(sets: list[str]) -> dict:
     import torch
 
     from workbench.config import load_config, parse_sets
-    from workbench.planner import plan
+    from workbench.plan.planner import plan
     from workbench.recipes.train import run
 
     torch.zeros(1, device="cuda")

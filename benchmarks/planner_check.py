@@ -3,7 +3,7 @@
 On a GPU (the default there): this machine is calibrated in a fresh process (the fused-kernel
 timing included: its ``fused_kernel`` flag and rate are printed), then every row is measured in
 a fresh process of its own (``fresh.py``'s child: the training recipe, steady steps), then each
-row is predicted by ``workbench.planner.plan`` with that calibration and the table gives
+row is predicted by ``workbench.plan.planner.plan`` with that calibration and the table gives
 predicted / measured peak GPU memory (torch allocator) and step time, and how many rows are
 within 10% (memory) and 15% (time). Rows: MeZO and zo-offload at 16 x 128, amp off and bf16,
 for ``--models`` (the 24 rows of the H200 session of 2026-11-22 with every model), plus
@@ -33,7 +33,7 @@ from common import RESULTS, in_fresh_process, save, table  # first: this checkou
 
 from workbench.config import RunConfig
 from workbench.presets import PRESETS
-from workbench.planner import plan
+from workbench.plan.planner import plan
 
 HERE = Path(__file__).resolve().parent
 MODELS = "opt-125m,opt-350m,opt-1.3b,opt-2.7b,opt-6.7b,opt-13b"
@@ -155,7 +155,7 @@ def main() -> None:
     ap.add_argument("--result", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.row:
-        from workbench.calibration import calibrate
+        from workbench.calibrate.machine import calibrate
 
         Path(args.result).write_text(json.dumps(calibrate("cuda", save=False), default=str))
         return

@@ -139,6 +139,7 @@ def profile(cfg, spec: dict) -> dict:
     from torch.profiler import profile as torch_profile
 
     from workbench.data.batches import SyntheticData
+    from workbench.calibrate.fo import measure
     from workbench.engine import build_engine
     from workbench.engine.events import EventBus
     from workbench.engine.warmup import warm_kernels
@@ -148,7 +149,7 @@ def profile(cfg, spec: dict) -> dict:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     device = torch.device(cfg.device)
     skeleton, source = build_skeleton(cfg.model)
-    engine = build_engine(skeleton, source, cfg, device, EventBus())
+    engine = build_engine(skeleton, source, cfg, device, EventBus(), measure=measure)
     warm, n = spec["warmup"], spec["steps"]
     try:
         warm_kernels(engine)

@@ -21,7 +21,7 @@ import torch
 from common import add_bound, measure, pcie_bandwidth, save, table
 
 from workbench.config import RunConfig
-from workbench.engine import codecs as codec_module
+from workbench.engine.codecs import wire as codec_module
 
 
 def run_main(args, bw) -> list[dict]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.engine.perfmodel import NO_GPU
+from workbench.plan.placement import NO_GPU
 
 REPO = Path(__file__).resolve().parents[1]
 

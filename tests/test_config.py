@@ -164,3 +164,32 @@ def test_task_settings_are_checked_together(tmp_path):
         RunConfig(label_words=" a, a")
     with pytest.raises(ConfigError, match="data: sst2 is a classify data set"):
         RunConfig(data="sst2", objective="lm")
+
+
+def test_update_stride_is_auto_or_a_whole_number_read_once():
+    """update_stride is typed ("auto" or an int != 0): a text box's or an older run.json's
+    "3" is read into 3 when the config is built, the CLI spelling parses to the same, and
+    everything else is refused naming the knob."""
+    fo = dict(method="fo-offload")
+    assert RunConfig(**fo).update_stride == "auto"
+    assert RunConfig(**fo, update_stride="3").update_stride == 3
+    assert RunConfig(**fo, update_stride=-2).update_stride == -2
+    assert load_config(overrides={**fo, "update_stride": "-7"}).update_stride == -7
+    assert load_config(overrides={**fo, "update_stride": "auto"}).update_stride == "auto"
+    assert RunConfig(**fo, update_stride=3).to_dict()["update_stride"] == 3
+    for bad, shown in ((0, "0"), ("0", "0"), ("x", "'x'"), (2.5, "2.5"), (True, "True"),
+                       ("", "''"), (None, "None")):
+        with pytest.raises(ConfigError) as err:
+            RunConfig(**fo, update_stride=bad)
+        assert err.value.problems == [f"update_stride: {shown} is not 'auto' or a non-zero whole "
+                                      "number"]
+    with pytest.raises(ConfigError, match="update_stride: 'x' is not 'auto' or a non-zero"):
+        load_config(overrides={**fo, "update_stride": "x"})
+
+
+def test_a_stride_recorded_as_text_resumes_as_the_same_stride():
+    from workbench.config import check_resume
+
+    old = {**RunConfig(method="fo-offload").to_dict(), "update_stride": "3"}  # an older run.json
+    assert check_resume(old, RunConfig(method="fo-offload", update_stride=3)) == []
+    assert check_resume(old, RunConfig(method="fo-offload", update_stride=4)) != []

@@ -1,68 +1,120 @@
-"""Imports go one way: config -> engine (models, data, engine) -> telemetry -> recipes -> ui,
-with the CLI on top. Checked on the source, so a lazy import inside a function counts too."""
+"""Imports go one way: config -> models / data -> plan -> engine -> calibrate / telemetry ->
+recipes -> ui -> the CLI. Checked on the source, every form of import (``import workbench.x``,
+``from workbench import x``, ``from workbench.x import y``, relative ones) wherever it stands,
+so a lazy import inside a function counts too; and each form is shown to be caught."""
 import ast
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 PKG = Path(__file__).resolve().parents[1] / "workbench"
-LAYER = {"config": 0, "presets": 0, "models": 1, "data": 1, "engine": 1, "distributed": 1, "planner": 1,
-         "planner_lora": 1,
-         "calibration": 1, "calibration_shapes": 1, "flops": 0, "telemetry": 2, "recipes": 3, "export": 3, "ui": 4, "cli": 5,
-         "cli_sweep": 5, "cli_export": 5, "cli_demo": 5, "__main__": 5, "__init__": 0}
+#: The rooms, lowest first; a module may import its own layer and those below.
+ORDER = [("config", "presets", "__init__"), ("models", "data"), ("plan",),
+         ("engine", "distributed"), ("calibrate", "telemetry"), ("recipes", "export"), ("ui",),
+         ("cli", "cli_sweep", "cli_demo", "cli_export", "__main__")]
+LAYER = {name: level for level, names in enumerate(ORDER) for name in names}
+
+
+def _module(path: Path) -> str:
+    """workbench.x.y for a file (a package's ``__init__`` is the package)."""
+    parts = path.relative_to(PKG.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" and len(parts) > 1 else parts)
+
+
+MODULES = {_module(p) for p in PKG.rglob("*.py")}
 
 
 def _layer(module: str) -> int:
-    return LAYER[module.split(".")[1] if "." in module else "__init__"]
+    """The layer of a workbench module: its room, the first name under ``workbench``."""
+    parts = module.split(".")
+    return LAYER[parts[1] if len(parts) > 1 else "__init__"]
 
 
-def _imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text())
+def _imports(source: str, module: str, is_package: bool = False) -> set[str]:
+    """Every module ``source`` (the text of ``module``) imports, anywhere in it: a ``from
+    package import name`` counts as the submodule ``package.name`` where one exists, and a
+    relative import is resolved against ``module``."""
     out = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            out.add(node.module)
-        elif isinstance(node, ast.Import):
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # from . import x / from ..y import z
+                here = module.split(".")[:len(module.split(".")) - node.level + is_package]
+                base = ".".join(here + ([base] if base else []))
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                out.add(sub if sub in MODULES else base)
     return out
+
+
+def _upward(module: str, source: str, is_package: bool = False) -> list[str]:
+    here = _layer(module)
+    return [f"{module} (layer {here}) imports {m} (layer {_layer(m)})"
+            for m in sorted(_imports(source, module, is_package))
+            if m.split(".")[0] == "workbench" and _layer(m) > here]
 
 
 def test_imports_go_one_way():
     bad = []
     for path in PKG.rglob("*.py"):
-        rel = path.relative_to(PKG.parent).with_suffix("")
-        here = _layer(".".join(rel.parts))
-        for mod in _imports(path):
-            if mod.startswith("workbench.") and _layer(mod) > here:
-                bad.append(f"{rel} (layer {here}) imports {mod} (layer {_layer(mod)})")
+        bad += _upward(_module(path), path.read_text(), path.name == "__init__.py")
     assert not bad, "\n".join(bad)
 
 
+def test_every_room_has_a_layer():
+    rooms = {p.relative_to(PKG).parts[0].removesuffix(".py") for p in PKG.iterdir()
+             if p.suffix == ".py" or (p / "__init__.py").exists()}
+    assert rooms <= set(LAYER), sorted(rooms - set(LAYER))
+    assert _layer("workbench.plan.placement") < _layer("workbench.engine.fo.offload") \
+        < _layer("workbench.calibrate.fo") < _layer("workbench.recipes.train")
+
+
+@pytest.mark.parametrize("line", [
+    "import workbench.ui",
+    "import workbench.ui.figures as figures",
+    "from workbench import ui",
+    "from workbench import telemetry, config",
+    "from workbench.ui.figures import timeline",
+    "from workbench.calibrate import fo",
+    "def lazy():\n    from workbench.recipes.train import run\n    return run",
+    "class A:\n    def m(self):\n        import workbench.cli",
+    "from ... import ui",  # workbench.engine.fo.offload -> workbench.ui
+    "from ...recipes import train",
+])
+def test_each_import_form_is_caught(line):
+    """An engine module importing upward, in every form: the check names it."""
+    found = _upward("workbench.engine.fo.offload", line)
+    assert len(found) >= 1 and found[0].startswith("workbench.engine.fo.offload (layer 3)")
+    assert _upward("workbench.engine.fo.offload", "import torch\nfrom workbench.plan import "
+                   "placement\nfrom workbench.engine.fo import host\nfrom . import grads") == []
+
+
+def test_the_plan_imports_no_torch():
+    """The cost model is arithmetic only: no module of ``plan/`` imports torch, in any form."""
+    bad = [f"{_module(p)} imports {m}" for p in (PKG / "plan").rglob("*.py")
+           for m in _imports(p.read_text(), _module(p)) if m.split(".")[0] == "torch"]
+    assert not bad, bad
+    assert _imports("def f():\n    import torch.nn as nn", "workbench.plan.x") == {"torch.nn"}
+
+
 def test_engine_and_telemetry_never_touch_ui_packages():
-    for sub in ("engine", "models", "data", "telemetry", "recipes"):
+    for sub in ("plan", "engine", "models", "data", "calibrate", "telemetry", "recipes"):
         for path in (PKG / sub).rglob("*.py"):
-            mods = _imports(path)
+            mods = _imports(path.read_text(), _module(path))
             assert not {m for m in mods if m.split(".")[0] in ("ipywidgets", "plotly", "anywidget")}, path
 
 
 def _module_graph() -> dict[str, set[str]]:
     """workbench module -> the workbench modules it imports (anywhere in the file)."""
-    def name(path: Path) -> str:
-        parts = path.relative_to(PKG.parent).with_suffix("").parts
-        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-    mods = {name(p): p for p in PKG.rglob("*.py")}
     graph = {}
-    for mod, path in mods.items():
-        out = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module in mods:
-                # "from workbench.engine import philox" imports the submodule
-                out.update(f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in mods
-                           else node.module for a in node.names)
-            elif isinstance(node, ast.Import):
-                out.update(a.name for a in node.names if a.name in mods)
-        graph[mod] = out - {mod}
+    for path in PKG.rglob("*.py"):
+        mod = _module(path)
+        graph[mod] = {m for m in _imports(path.read_text(), mod, path.name == "__init__.py")
+                      if m in MODULES} - {mod}
     return graph
 
 
@@ -100,15 +152,15 @@ def test_no_import_circles():
 
 def test_circle_check_sees_a_circle():
     graph = _module_graph()
-    graph["workbench.calibration"] = graph["workbench.calibration"] | {"workbench.planner"}
-    assert ["workbench.calibration", "workbench.planner"] in _circles(graph)
+    graph["workbench.plan.planner"] = graph["workbench.plan.planner"] | {"workbench.plan.fit"}
+    assert ["workbench.plan.fit", "workbench.plan.planner"] in _circles(graph)
 
 
 NVML_PROBE = """
 import pynvml
 calls = []
 pynvml.nvmlInit = lambda *a, **k: calls.append("nvmlInit")  # recorded, never run
-import workbench.cli, workbench.recipes.train, workbench.engine.offload, workbench.planner
+import workbench.cli, workbench.recipes.train, workbench.engine.zo.offload, workbench.plan.planner
 import workbench.telemetry.sampler as sampler
 bad = [m for m in ("ipywidgets", "plotly", "anywidget") if m in __import__("sys").modules]
 print(bad, len(calls))

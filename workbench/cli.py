@@ -170,8 +170,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     each shortfall with the knob that helps (stderr), and exits 1."""
     import json
 
-    from workbench.calibration import load_calibration
-    from workbench.planner import plan, shortfalls, suggest
+    from workbench.plan.fit import shortfalls, suggest
+    from workbench.plan.planner import plan
+    from workbench.plan.rates import load_calibration
 
     if args.suggest is not None and not args.suggest > 0:
         raise ConfigError([f"--suggest: {args.suggest:g} GiB is not a GPU memory budget; give a "
@@ -238,7 +239,8 @@ def format_suggestions(rows: list[dict], budget_gib: float, top: int = 15) -> st
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from workbench.calibration import cache_path, calibrate
+    from workbench.calibrate.machine import calibrate
+    from workbench.plan.rates import cache_path
 
     result = calibrate(args.device, quick=args.quick)
     for k, v in sorted(result.items()):  # a table of measurements: a line per entry

@@ -3,6 +3,9 @@
 Every knob has one name everywhere (config field, ``--set`` key, widget label, report). Field
 metadata carries the help text, the unit and the valid range, so the knob panel can build the
 right control and the validator can say what is allowed.
+
+Longer than our usual module (about 500 lines): every knob's field, help, range and checks, and
+the reading of TOML files and ``--set`` values into them, are one concept read in one place.
 """
 from __future__ import annotations
 
@@ -33,6 +36,8 @@ Objective = Literal["classify", "completion", "lm"]
 Peft = Literal["none", "lora"]
 BaseCodec = Literal["fp32", "bf16", "fp16", "fp8-e4m3", "int8"]
 StopOn = Literal["never", "diverged"]
+#: fo-offload's update stride: "auto", or k != 0 (``plan/placement.py::make_schedule``)
+Stride = Literal["auto"] | int
 
 #: Methods that stream transformer blocks host <-> GPU.
 STREAMING_METHODS = ("zo-offload", "forward-grad")
@@ -183,7 +188,7 @@ class RunConfig:
     # first-order offload (interleaved optimizer states)
     subgroup_size: int = _knob(2_000_000, "parameters per optimizer subgroup", lo=1024,
                                hi=2**31 - 1, unit="params", group="fo")
-    update_stride: str = _knob("auto", "auto (the model's candidates tried for a step each, "
+    update_stride: Stride = _knob("auto", "auto (the model's candidates tried for a step each, "
                                "the fastest kept), or k: every k-th subgroup updated on the GPU "
                                "(negative -k: k of every k+1 on the GPU)", group="fo")
     gpu_resident_ratio: float = _knob(0.0, "share of subgroups kept on the GPU all along", lo=0.0,
@@ -204,6 +209,9 @@ class RunConfig:
                                     lo=0.0, hi=1e6, unit="GB", group="planner")
 
     def __post_init__(self) -> None:
+        # A stride spelled as text ("3": a text box, a run.json of an older version) is read
+        # here, once; everything downstream sees "auto" or an int.
+        object.__setattr__(self, "update_stride", _stride(self.update_stride))
         problems = _check_types(self) or _check_values(self)
         if problems:
             raise ConfigError(problems)
@@ -237,7 +245,7 @@ def knob_info(name: str) -> dict[str, Any]:
 
 _TYPES = {"Method": Method, "Device": Device, "Amp": Amp, "Rng": Rng, "Codec": Codec,
           "Master": Master, "Objective": Objective, "Peft": Peft, "BaseCodec": BaseCodec,
-          "StopOn": StopOn,
+          "StopOn": StopOn, "Stride": Stride,
           "int": int, "float": float, "str": str, "bool": bool}
 
 
@@ -245,11 +253,26 @@ def _resolve(t: Any) -> Any:
     return _TYPES.get(t, t) if isinstance(t, str) else t
 
 
+def _stride(value: Any) -> Any:
+    """``update_stride`` as "auto" or an int when it is spelled as text; anything else as given
+    (``_check_types`` then says what is allowed)."""
+    if isinstance(value, str) and value.strip() != "auto":
+        try:
+            return int(value)
+        except ValueError:
+            return value
+    return value.strip() if isinstance(value, str) else value
+
+
 def _check_types(cfg: RunConfig) -> list[str]:
     problems = []
     for f in fields(cfg):
         value, t = getattr(cfg, f.name), _resolve(f.type)
-        if get_origin(t) is Literal:
+        if t is Stride:
+            if value != "auto" and (isinstance(value, bool) or not isinstance(value, int)
+                                    or value == 0):
+                problems.append(f"{f.name}: {value!r} is not 'auto' or a non-zero whole number")
+        elif get_origin(t) is Literal:
             allowed = get_args(t)
             if value not in allowed:
                 problems.append(f"{f.name}: {value!r} is not one of {', '.join(allowed)}")
@@ -305,13 +328,6 @@ def _check_values(cfg: RunConfig) -> list[str]:
                             f"{', '.join(methods)}); leave it at its default")
     if cfg.eps == 0 and cfg.method in ("mezo", "zo-offload"):
         problems.append("eps: must be > 0 for ZO methods (it divides the loss difference)")
-    if cfg.update_stride != "auto":
-        try:
-            if int(cfg.update_stride) == 0:
-                raise ValueError
-        except ValueError:
-            problems.append(f"update_stride: {cfg.update_stride!r} is not 'auto' or a non-zero "
-                            "whole number")
     if cfg.master == "compressed-sr" and cfg.codec == "fp32":
         problems.append("master: compressed-sr needs a compressed codec (bf16, fp16, fp8-e4m3, "
                         "fp8-e5m2); use master=fp32 with codec=fp32")
@@ -450,6 +466,8 @@ def check_resume(previous: Mapping[str, Any], cfg: RunConfig) -> list[str]:
     out = []
     for f in fields(RunConfig):
         old, new = previous.get(f.name, f.default), getattr(cfg, f.name)
+        if f.name == "update_stride":  # an older run.json spells a stride as text
+            old = _stride(old)
         if f.name not in RESUMABLE and old != new:
             out.append(f"{f.name}: fixed for a resumed run (it was {old!r}, now {new!r}); "
                        f"a resume may change {', '.join(RESUMABLE[:5])}, ...")
@@ -464,6 +482,11 @@ def parse_value(name: str, text: str) -> Any:
         raise ConfigError([unknown_setting(name)])
     t = known[name]
     try:
+        if t is Stride:
+            value = _stride(text)
+            if value != "auto" and not isinstance(value, int):
+                raise ValueError
+            return value
         if t is bool:
             low = text.strip().lower()
             if low not in ("true", "false", "1", "0", "on", "off", "yes", "no"):
@@ -477,7 +500,8 @@ def parse_value(name: str, text: str) -> Any:
         if t is float:
             return float(text)
     except ValueError:
-        kind = {bool: "true or false", int: "a whole number", float: "a number"}[t]
+        kind = {bool: "true or false", int: "a whole number", float: "a number",
+                Stride: "'auto' or a non-zero whole number"}[t]
         raise ConfigError([f"{name}: {text!r} is not {kind}"]) from None
     return text
 

@@ -2,9 +2,11 @@
 import pytest
 import torch
 
-from workbench.engine import base_codecs, build_engine
+from workbench.calibrate.fo import measure
+from workbench.engine import build_engine
+from workbench.engine.codecs import base as base_codecs
+from workbench.engine.codecs.frozen_form import FrozenForm
 from workbench.engine.events import EventBus
-from workbench.engine.frozen_form import FrozenForm
 from workbench.engine.groups import digest
 from workbench.models.build import build_skeleton
 
@@ -41,7 +43,7 @@ def test_lora_offload_equals_mezo_on_cuda(cuda_reference, overlap, reuse, fused,
 def test_mezo_holds_base_matrices_in_bf16_under_bf16_amp(codec):
     cfg = lora_cfg(base_codec=codec, amp="bf16", device="cuda")
     model, source = build_skeleton(cfg.model)
-    engine = build_engine(model, source, cfg, torch.device("cuda"), EventBus())
+    engine = build_engine(model, source, cfg, torch.device("cuda"), EventBus(), measure=measure)
     try:
         blocks, ends = engine.frozen[1:-1], [engine.frozen[0], engine.frozen[-1]]
         assert {g.form.dtype for g in blocks} == {torch.bfloat16}
@@ -85,7 +87,7 @@ def test_frozen_stream_is_warmed_and_never_syncs(codec):
     copy)."""
     from test_host_sync import _batch, _compiled, _steps_without_sync
 
-    from workbench.engine import base_kernels
+    from workbench.engine.codecs import base_kernels
     from workbench.engine.warmup import warm_kernels
 
     decodes = (base_kernels.fp8_kernel, base_kernels.rows_kernel)
@@ -94,7 +96,7 @@ def test_frozen_stream_is_warmed_and_never_syncs(codec):
     compiled(clear=True)
     cfg = lora_cfg(method="zo-offload", base_codec=codec, amp="bf16", device="cuda")
     model, source = build_skeleton(cfg.model)
-    engine = build_engine(model, source, cfg, torch.device("cuda"), EventBus())
+    engine = build_engine(model, source, cfg, torch.device("cuda"), EventBus(), measure=measure)
     vocab = model.config.vocab_size
     try:
         warm_kernels(engine)

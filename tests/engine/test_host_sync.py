@@ -101,7 +101,8 @@ def _compiled(clear: bool = False, kernels: tuple | None = None) -> int | None:
     """Triton kernel variants this process holds of ``kernels`` (default: the ZO and SR ones;
     None: this Triton keeps them elsewhere); ``clear`` forgets them first, so the next launch
     of each compiles (or loads) it again."""
-    from workbench.engine import codec_kernels, zo_kernels
+    from workbench.engine.codecs import sr_kernel as codec_kernels
+    from workbench.engine.zo import kernels as zo_kernels
 
     total = 0
     for fn in kernels or (zo_kernels.zo_kernel, zo_kernels.normals_kernel,

@@ -8,8 +8,8 @@ from workbench.engine import kernels
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
 def test_loads_both_kernel_modules():
-    assert hasattr(kernels.load("zo_kernels", "rng=philox"), "launch")
-    assert hasattr(kernels.load("codec_kernels", "master=compressed-sr"), "stochastic_round_into")
+    assert hasattr(kernels.load("zo.kernels", "rng=philox"), "launch")
+    assert hasattr(kernels.load("codecs.sr_kernel", "master=compressed-sr"), "stochastic_round_into")
 
 
 def test_a_missing_kernel_module_is_said_once_and_gives_none():

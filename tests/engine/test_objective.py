@@ -5,6 +5,7 @@ decoding through streamed blocks equals the resident model's ``generate``."""
 import pytest
 import torch
 
+from workbench.calibrate.fo import measure
 from workbench.config import RunConfig
 from workbench.data.shard import shard
 from workbench.data.task import build_task
@@ -12,7 +13,7 @@ from workbench.engine import build_engine
 from workbench.engine.events import EventBus
 from workbench.engine.groups import digest
 from workbench.engine.objective import head_loss
-from workbench.engine.zo_common import step_seed
+from workbench.engine.zo.step import step_seed
 from workbench.models.build import build_skeleton
 from workbench.models.generate import greedy_decode
 from workbench.models.tokenizer import load_tokenizer
@@ -35,7 +36,7 @@ def _build(cfg: RunConfig):
     task = build_task(cfg, load_tokenizer(cfg.model, cfg.resolved_data_dir),
                       model.config.vocab_size)
     engine = build_engine(model, source, cfg, torch.device("cpu"), EventBus(),
-                          objective=task.objective)
+                          objective=task.objective, measure=measure)
     return engine, task
 
 

@@ -5,16 +5,17 @@ import inspect
 import pytest
 import torch
 
+from workbench.calibrate.fo import measure
 from workbench.config import ConfigError, RunConfig
 from workbench.data.batches import SyntheticData
 from workbench.engine import Engine, build_engine
 from workbench.engine.events import EventBus
-from workbench.engine.fo import FOEngine
-from workbench.engine.fo_offload import FOOffloadEngine
-from workbench.engine.forward_grad import ForwardGradEngine, LoRAForwardGradEngine
-from workbench.engine.lora_offload import LoRAOffloadEngine
-from workbench.engine.mezo import MeZOEngine
-from workbench.engine.offload import ZOOffloadEngine
+from workbench.engine.fo.offload import FOOffloadEngine
+from workbench.engine.fo.resident import FOEngine
+from workbench.engine.zo.forward_grad import ForwardGradEngine, LoRAForwardGradEngine
+from workbench.engine.zo.lora_offload import LoRAOffloadEngine
+from workbench.engine.zo.mezo import MeZOEngine
+from workbench.engine.zo.offload import ZOOffloadEngine
 from workbench.models.build import build_skeleton
 
 ENGINES = {"mezo": MeZOEngine, "zo-offload": ZOOffloadEngine, "forward-grad": ForwardGradEngine,
@@ -74,7 +75,7 @@ def test_signature_check_can_fail():
 def test_built_engine_keeps_the_contract(method, peft):
     cfg = RunConfig(model="tiny-opt", method=method, peft=peft)
     model, source = build_skeleton(cfg.model)
-    engine = build_engine(model, source, cfg, torch.device("cpu"), EventBus())
+    engine = build_engine(model, source, cfg, torch.device("cpu"), EventBus(), measure=measure)
     try:
         assert type(engine) is (LORA_ENGINES if peft == "lora" else ENGINES)[method]
         assert isinstance(engine, Engine)
@@ -113,4 +114,4 @@ def test_first_order_refuses_checkpoints_before_any_work(method):
     cfg = RunConfig(model="tiny-opt", method=method, checkpoint_every=2)
     model, source = build_skeleton(cfg.model)
     with pytest.raises(ConfigError, match="checkpoint_every: method fo.* AdamW"):
-        build_engine(model, source, cfg, torch.device("cpu"), EventBus())
+        build_engine(model, source, cfg, torch.device("cpu"), EventBus(), measure=measure)

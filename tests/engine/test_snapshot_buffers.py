@@ -7,7 +7,7 @@ from workbench.config import RunConfig
 from workbench.data.batches import SyntheticData
 from workbench.engine import build_engine
 from workbench.engine.events import EventBus
-from workbench.engine.pinned import HostMemory
+from workbench.engine.stream.pinned import HostMemory
 from workbench.models.build import build_skeleton
 
 from zo_helpers import BASE
@@ -76,4 +76,4 @@ def test_second_snapshot_allocates_no_host_buffer(variant, monkeypatch):
 
 
 def engine_bufs(engine):
-    return engine.streamer.snap_bufs if hasattr(engine, "streamer") else engine.snap_bufs
+    return (engine.streamer if hasattr(engine, "streamer") else engine).snapshots.buffers

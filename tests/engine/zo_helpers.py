@@ -124,7 +124,7 @@ def ulp(x: torch.Tensor, codec: str) -> torch.Tensor:
 def check_codec_run(device: str, master: str, codec: str, amp: str = "off", rng: str = "philox",
                     steps: int = 5):
     """Train zo-offload (tiny-opt, block 0 resident, blocks 1-3 streamed) through a codec and
-    check it against an fp32 reference fed the run's own g (``zo_step`` on the same device,
+    check it against an fp32 reference fed the run's own g (``zo/step.py`` on the same device,
     no codec):
     - bytes each way, exactly: every pass uploads each streamed block in the codec; an fp32
       master's mirror sends down only the bf16 update (passes that carry one), an SR master
@@ -134,10 +134,10 @@ def check_codec_run(device: str, master: str, codec: str, amp: str = "off", rng:
       rounding (an ulp at most) per offload; the fp32-master mirror, per update the bf16
       rounding of the update plus its weight decay read from the mirror, plus fp32 rounding.
     Returns the final weights (canonical order, CPU)."""
-    from workbench.engine.codecs import get_codec
-    from workbench.engine.perturb import PendingUpdate, ZOOps
-    from workbench.engine.zo_common import step_seed
-    from workbench.engine.zo_step import ZOStep, apply_update, replay_pass
+    from workbench.engine.codecs.wire import get_codec
+    from workbench.engine.zo.perturb import PendingUpdate, ZOOps
+    from workbench.engine.zo.step import step_seed
+    from workbench.engine.zo.step import ZOStep, apply_update, replay_pass
 
     cfg = RunConfig(model="tiny-opt", method="zo-offload", device=device, amp=amp, master=master,
                     codec=codec, rng=rng, lr=1e-3, weight_decay=0.1, resident_blocks=1)

@@ -216,7 +216,7 @@ def test_cli_tune_writes_the_fastest_as_a_loadable_toml(tmp_path, capsys):
 
 
 def test_propose_ranks_what_fits_and_drops_moot_codecs():
-    from workbench.planner import plan
+    from workbench.plan.planner import plan
 
     cands = propose(RunConfig(**{**TINY, "device": "cpu"}), top=50)
     assert len({json.dumps(c, sort_keys=True) for c in cands}) == len(cands)

@@ -7,7 +7,7 @@ import psutil
 import pytest
 
 from workbench.config import RunConfig
-from workbench.planner import PlanError
+from workbench.plan.fit import PlanError
 from workbench.recipes.train import run
 
 TINY = dict(model="tiny-opt", data="synthetic", steps=3, batch_size=2, seq_len=8, sample_hz=0.0)

@@ -181,7 +181,7 @@ def test_memory_pcie_utilisation_values_in_units():
 
 
 def test_pinned_host_memory_is_the_planners_figure():
-    from workbench.planner import plan
+    from workbench.plan.planner import plan
 
     rec = synthetic()
     rec.config = RunConfig(method="zo-offload", model="opt-125m", device="cpu").to_dict()

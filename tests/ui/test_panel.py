@@ -86,9 +86,9 @@ def test_knobs_of_a_hidden_group_do_not_reach_another_method():
 
 
 def test_planner_hook(monkeypatch):
-    fake = types.ModuleType("workbench.planner")
+    fake = types.ModuleType("workbench.plan.planner")
     fake.plan = lambda cfg: {"peak_gpu_mem_bytes": 2e9 * cfg.batch_size, "step_seconds": 0.25}
-    monkeypatch.setitem(sys.modules, "workbench.planner", fake)
+    monkeypatch.setitem(sys.modules, "workbench.plan.planner", fake)
     p = KnobPanel(batch_size=1)
     assert "2.00 GB" in p.prediction.value and "0.250 s" in p.prediction.value
     p.controls["batch_size"].value = 3

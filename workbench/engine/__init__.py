@@ -1,9 +1,14 @@
 """The training runtime: engines, streams, kernels and the events they publish.
 
 Every engine implements ``Engine`` (``protocol.py``); the ZO arithmetic they share is
-``zo_step.py``. Never imports telemetry or UI code; listeners subscribe to an ``EventBus``.
+``zo/step.py``. The rooms: ``zo/`` (zeroth-order engines and their perturbations), ``stream/``
+(moving blocks between host and GPU), ``codecs/`` (the formats weights travel and rest in),
+``fo/`` (first-order engines). Never imports telemetry or UI code; listeners subscribe to an
+``EventBus``. Asks ``workbench.plan`` for its decisions (fo-offload's placement, slot sizes).
 """
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -12,47 +17,55 @@ from workbench.engine.events import EventBus
 from workbench.engine.objective import Objective
 from workbench.engine.protocol import Engine, StepOutput
 
+if TYPE_CHECKING:
+    from workbench.engine.fo.offload import Measure
+
 __all__ = ["Engine", "StepOutput", "build_engine"]
 
 
 def build_engine(model, source, cfg: RunConfig, device: torch.device, bus: EventBus,
-                 share=None, *, objective: Objective | None = None) -> Engine:
+                 share=None, *, objective: Objective | None = None,
+                 measure: "Measure | None" = None) -> Engine:
     """The engine for ``cfg.method`` over a model skeleton and its weight source (each
-    implements ``Engine``, the contract in ``protocol.py``), training ``objective`` (the task's;
-    default: ``cfg``'s, built without a tokenizer, which trains alike but cannot decode).
-    ``share``: a ``shared_host.NodeShare`` (data parallel, streamed methods: one host copy per
-    node)."""
-    engine = _engine(model, source, cfg, device, bus, share)
-    if objective is not None:
-        engine.objective = objective
-    return engine
+    implements ``Engine``, the contract in ``protocol.py``).
 
+    Args:
+        objective: what the loss is (the task's; default: ``cfg``'s, built without a
+            tokenizer, which trains alike but cannot decode).
+        share: a ``stream.shared_host.NodeShare`` (data parallel, streamed methods: one host
+            copy per node).
+        measure: fo-offload only, and needed there: how it measures the rates it places its
+            subgroups with (``workbench.calibrate.fo.measure``).
 
-def _engine(model, source, cfg: RunConfig, device: torch.device, bus: EventBus,
-            share=None) -> Engine:
+    Raises:
+        ValueError: fo-offload without ``measure``; a method with no engine.
+    """
     if cfg.method == "mezo":
-        from workbench.engine.mezo import MeZOEngine
+        from workbench.engine.zo.mezo import MeZOEngine
 
-        return MeZOEngine(model, source, cfg, device, bus)
+        return MeZOEngine(model, source, cfg, device, bus, objective)
     if cfg.method == "zo-offload" and cfg.peft == "lora":
-        from workbench.engine.lora_offload import LoRAOffloadEngine
+        from workbench.engine.zo.lora_offload import LoRAOffloadEngine
 
-        return LoRAOffloadEngine(model, source, cfg, device, bus, share)
+        return LoRAOffloadEngine(model, source, cfg, device, bus, share, objective)
     if cfg.method == "zo-offload":
-        from workbench.engine.offload import ZOOffloadEngine
+        from workbench.engine.zo.offload import ZOOffloadEngine
 
-        return ZOOffloadEngine(model, source, cfg, device, bus, share)
+        return ZOOffloadEngine(model, source, cfg, device, bus, share, objective)
     if cfg.method == "fo":
-        from workbench.engine.fo import FOEngine
+        from workbench.engine.fo.resident import FOEngine
 
-        return FOEngine(model, source, cfg, device, bus)
+        return FOEngine(model, source, cfg, device, bus, objective)
     if cfg.method == "fo-offload":
-        from workbench.engine.fo_offload import FOOffloadEngine
+        from workbench.engine.fo.offload import FOOffloadEngine
 
-        return FOOffloadEngine(model, source, cfg, device, bus)
+        if measure is None:
+            raise ValueError("method: fo-offload places its optimizer subgroups with measured "
+                             "rates; pass measure=workbench.calibrate.fo.measure")
+        return FOOffloadEngine(model, source, cfg, device, bus, measure, objective)
     if cfg.method == "forward-grad":
-        from workbench.engine.forward_grad import ForwardGradEngine, LoRAForwardGradEngine
+        from workbench.engine.zo.forward_grad import ForwardGradEngine, LoRAForwardGradEngine
 
         cls = LoRAForwardGradEngine if cfg.peft == "lora" else ForwardGradEngine
-        return cls(model, source, cfg, device, bus, share)
+        return cls(model, source, cfg, device, bus, share, objective)
     raise ValueError(f"method: {cfg.method!r} has no engine")

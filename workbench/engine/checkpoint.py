@@ -227,11 +227,11 @@ def latest_checkpoint(root: Path) -> Path | None:
 def restore_step(root: Path, step: int, device: str = "cpu") -> list[torch.Tensor]:
     """Weights after ``step`` steps (pending update applied), rebuilt from the newest snapshot
     at or before it plus the step log, with the engines' own arithmetic and host formats
-    (``replay.py``). Bit-identical to the straight run when replayed on the device type that
+    (``zo/replay.py``). Bit-identical to the straight run when replayed on the device type that
     trained; under master=compressed-sr, only if no evaluation fell between the snapshot and
     ``step`` (an eval applies the pending update early, with a rounding of its own; the replay
     then matches the straight run in expectation)."""
-    from workbench.engine.replay import replay
+    from workbench.engine.zo.replay import replay
 
     root = Path(root)
     candidates = [p for p in complete_checkpoints(root)

@@ -25,6 +25,7 @@ from torch import nn
 from workbench.models.adapter import BlockAdapter
 from workbench.models.build import group_id
 from workbench.models.lora import checkpoint_name, is_adapter
+from workbench.plan.memory import FINGERPRINT_THREADS
 
 
 @dataclass(frozen=True)
@@ -158,10 +159,7 @@ def move_buffers(modules: list[nn.Module], device: torch.device) -> None:
 #: size, so it does not depend on how many threads hash them: changing it changes every digest.
 PIECE = 1 << 24
 #: Threads that hash and square pieces at most (``fingerprint``; fewer where fewer cores).
-MAX_THREADS = 32
-#: Host bytes a thread holds beside the group while it squares a piece: numpy's einsum casts
-#: each of its two operands to fp64 through one 8192-element buffer.
-SCRATCH_BYTES = 2 * 8192 * 8
+MAX_THREADS = FINGERPRINT_THREADS
 
 
 class PieceReader(Protocol):
@@ -249,7 +247,8 @@ def fingerprint(flats: Iterable[torch.Tensor], hash_bytes: bool = True, with_nor
     """(digest, norm) in one pass over ``flats`` (see ``digest`` and ``norm``). Each group is
     decoded, its pieces hashed and squared by ``threads`` threads (default
     ``default_threads()``) straight from its memory (no bytes copy), and dropped before the
-    next group is decoded: the host holds one group's fp32 and ``threads * SCRATCH_BYTES``.
+    next group is decoded: the host holds one group's fp32 and ``threads * SCRATCH_BYTES``
+    (``plan/memory.py``).
     A group a ``LazyFlats`` has a ``PieceReader`` for is never decoded whole: each thread reads
     a piece into a buffer of its own (reused from group to group), hashes it, and takes the next.
     The threads run torch single-threaded: they are the parallelism, and OpenMP teams inside
@@ -340,7 +339,7 @@ def _pieces(pieces: list[np.ndarray], hash_bytes: bool, with_norm: bool, ticket:
     """One thread's share: takes the next piece number from ``ticket`` (shared by the threads)
     until none is left, and puts (SHA-256 digest, fp64 sum of squares) of piece k at
     ``found[k]``. Both release the GIL (hashlib on large buffers, einsum on plain numbers); the
-    cast to fp64 goes through einsum's small buffers (``SCRATCH_BYTES``)."""
+    cast to fp64 goes through einsum's small buffers (``plan.memory.SCRATCH_BYTES``)."""
     while (k := next(ticket)) < len(pieces):
         found[k] = _fingerprint_piece(pieces[k], hash_bytes, with_norm)
 

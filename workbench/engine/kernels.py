@@ -18,3 +18,11 @@ def load(module: str, knob: str) -> ModuleType | None:
         warnings.warn(f"{knob}: the fused Triton kernel is unavailable ({e}); using the slower "
                       "torch implementation of the same numbers", stacklevel=3)
         return None
+
+
+def load_compiled(kernel) -> None:
+    """Load a compiled kernel's module onto the GPU now, as its first launch would (Triton's
+    private loader; where a version lacks it the first launch loads it, milliseconds)."""
+    init = getattr(kernel, "_init_handles", None)
+    if init is not None:
+        init()

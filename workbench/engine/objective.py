@@ -17,7 +17,7 @@ from workbench.config import RunConfig
 from workbench.data.batches import Batch
 from workbench.data.objectives import Objective, Total
 from workbench.data.task import make_objective
-from workbench.engine.zo_common import autocast
+from workbench.engine.precision import autocast
 from workbench.models.adapter import BlockAdapter
 from workbench.models.generate import Forward, adapter_forward
 

@@ -3,7 +3,7 @@ adapter groups, shared by every engine that trains adapters.
 
 The base groups are the usual (embedding, blocks, head) layouts without the adapter weights;
 the trainable groups are one ``block.{i}.lora`` group per block. Engines hand only the
-trainable groups to ``zo_step.py``, so only adapter weights are ever perturbed or updated;
+trainable groups to ``zo/step.py``, so only adapter weights are ever perturbed or updated;
 ``param_digest`` covers them and ``base_digest`` the frozen base.
 """
 from __future__ import annotations
@@ -11,10 +11,10 @@ from __future__ import annotations
 import torch
 
 from workbench.config import RunConfig
-from workbench.engine.base_codecs import base_codec
-from workbench.engine.frozen_form import FrozenForm, matrix_dtype
+from workbench.engine.codecs.base import base_codec
+from workbench.engine.codecs.frozen_form import FrozenForm, matrix_dtype
 from workbench.engine.groups import GroupLayout, LazyFlats, adapter_layouts, build_layouts
-from workbench.engine.zo_common import Group, materialise
+from workbench.engine.storage import Group, materialise
 from workbench.models.adapter import BlockAdapter
 from workbench.models.lora import LoRAInit, inject_lora
 

@@ -40,6 +40,19 @@ class OpTimer:
         """Host seconds since the time origin."""
         return time.perf_counter() - self.t0
 
+    def mark(self, stream) -> torch.cuda.Event | float:
+        """A point in time to read later with ``at``: on CUDA a timing event recorded where
+        ``stream``'s enqueued work ends (the host does not wait); on the CPU the host clock now."""
+        if not self.cuda:
+            return self.now()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(stream)  # marks where the stream's enqueued work ends, for timing only
+        return event
+
+    def at(self, mark: torch.cuda.Event | float) -> float:
+        """Seconds since the time origin of a ``mark`` (a CUDA one must have completed)."""
+        return mark if isinstance(mark, float) else self._origin.elapsed_time(mark) / 1e3
+
     def _event(self) -> torch.cuda.Event:
         return self._free.pop() if self._free else torch.cuda.Event(enable_timing=True)
 

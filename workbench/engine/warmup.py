@@ -8,9 +8,9 @@ types and sizes alone.
 """
 from __future__ import annotations
 
-from workbench.engine.codecs import HALF, sr_kernels
-from workbench.engine.frozen_transfer import FrozenTransfer
-from workbench.engine.transfers import SRTransfer
+from workbench.engine.codecs.wire import HALF, sr_kernels
+from workbench.engine.stream.frozen_transfer import FrozenTransfer
+from workbench.engine.stream.transfers import SRTransfer
 
 
 def warm_kernels(engine) -> int:

@@ -215,7 +215,7 @@ class _Model:
     def base_group(self, k: int) -> torch.Tensor:
         """Base group k as the run computed with it (fp32 (n,), CPU)."""
         from workbench.engine.peft import frozen_block
-        from workbench.engine.zo_common import materialise
+        from workbench.engine.storage import materialise
 
         lay, cpu = self.base[k], torch.device("cpu")
         if 0 < k < len(self.base) - 1:

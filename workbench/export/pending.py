@@ -18,11 +18,10 @@ import torch
 
 from workbench.engine.events import EventBus
 from workbench.engine.groups import GroupLayout
-from workbench.engine.perturb import ZOOps
+from workbench.engine.zo.perturb import ZOOps, pending_from_dict
 from workbench.engine.timing import OpTimer
-from workbench.engine.transfers import make_transfer
-from workbench.engine.zo_common import pending_from_dict
-from workbench.engine.zo_step import apply_update
+from workbench.engine.stream.transfers import make_transfer
+from workbench.engine.zo.step import apply_update
 
 FLUSH_STEP = -1  # the step index a flush outside any step runs under (as ``replay``'s)
 

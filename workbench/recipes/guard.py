@@ -14,7 +14,7 @@ import warnings
 
 from workbench.engine.checkpoint import AsyncCheckpointer, StepLog, complete_checkpoints
 from workbench.engine.events import EventBus, InfoEvent
-from workbench.engine.zo_common import step_seed
+from workbench.engine.zo.step import step_seed
 from workbench.recipes.outcome import os_error
 from workbench.recipes.rundir import RunWarning
 from workbench.telemetry.health import health

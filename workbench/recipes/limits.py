@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from workbench.config import RunConfig
-from workbench.planner import CONTEXT_BYTES
+from workbench.plan.planner import CONTEXT_BYTES
 
 
 def cap_gpu_memory(cfg: RunConfig, device: torch.device) -> None:

@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from workbench.calibrate.machine import check_fits_here
 from workbench.config import ConfigError, RunConfig, check_environment, parse_value
 from workbench.engine.events import EventBus, StepEvent
-from workbench.planner import check_fits
 from workbench.recipes.sweep_folder import (MANIFEST, SweepError, check_sweep_folder, claim,
                                             load_manifest, release)
 from workbench.telemetry import noise, ranking
@@ -146,7 +146,7 @@ class Sweep:
 
     def __init__(self, base: RunConfig, points: Sequence[Mapping[str, Any]],
                  out_dir: str | Path, axes: Mapping[str, list[Any]] | None = None,
-                 kind: str = "sweep", fits: Callable[[RunConfig], Any] = check_fits, *,
+                 kind: str = "sweep", fits: Callable[[RunConfig], Any] = check_fits_here, *,
                  resume: bool = False, overwrite: bool = False, rank_by: str | None = None):
         self.base, self.out_dir, self.kind = base, Path(out_dir), kind
         self.resume, self.overwrite = resume, overwrite

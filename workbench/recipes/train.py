@@ -17,26 +17,29 @@ import time
 import traceback
 import warnings
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from workbench import distributed
+from workbench.calibrate.fo import measure
+from workbench.calibrate.machine import check_fits_here
 from workbench.config import ZO_METHODS, ConfigError, RunConfig, check_environment, trackers
 from workbench.data.sources import sst2_folder
-from workbench.data.task import build_task, make_objective
+from workbench.data.task import build_task
 from workbench.engine import build_engine
 from workbench.engine.checkpoint import AsyncCheckpointer, StepLog
 from workbench.engine.events import EvalEvent, EventBus, InfoEvent, StepEvent
 from workbench.engine.groups import digest, fingerprint
 from workbench.engine.timing import Deferred
 from workbench.engine.warmup import warm_kernels
-from workbench.engine.zo_common import step_seed
 from workbench.models.build import build_skeleton, check_model_folder
 from workbench.models.lora import check_lora_targets
 from workbench.models.tokenizer import load_tokenizer
-from workbench.planner import check_fits
+from workbench.plan.memory import EVAL_ROWS
+from workbench.plan.planner import preset_of
 from workbench.recipes.final_weights import write_final
 from workbench.recipes.guard import RunGuard
 from workbench.recipes.limits import cap_gpu_memory
@@ -59,7 +62,22 @@ from workbench.telemetry.trackers import start_trackers
 RUN_AHEAD = 2  # steps the loop may run ahead of the published ones
 
 
-CHUNK_VOCAB = 1 << 17  # a stand-in vocabulary size while the data is read, before the model
+@dataclass(frozen=True)
+class InFlight:
+    """A step the loop has enqueued but not yet published: its number, its scalars on their way
+    to the host (loss, g, L+, L-, and under torchrun the stop vote), the tokens of its global
+    batch, the live knobs it ran with, its start and end marks (CUDA events, or host seconds),
+    the PCIe bytes it moved (up, down) and whether the method has a projected gradient."""
+
+    step: int
+    scalars: Deferred
+    tokens: int
+    lr: float
+    wd: float
+    begin: Any
+    end: Any
+    moved: tuple[int, int]
+    has_g: bool
 
 
 class TrainRecipe:
@@ -140,13 +158,13 @@ class TrainRecipe:
         check_model_folder(cfg.model)
         check_lora_targets(cfg)
         if not self.force:  # arithmetic only: before the tokenizer, which may need the Hub
-            check_fits(cfg)
+            check_fits_here(cfg)
         if cfg.data == "sst2":  # named before the tokenizer, which may try the Hub for a while
             sst2_folder(cfg.resolved_data_dir)
         if cfg.data != "synthetic":  # read and checked before the model is built
             self.tokenizer = load_tokenizer(cfg.model, cfg.resolved_data_dir)
-            # the objective's head chunk is sized again for the model's vocabulary in setup
-            self.task = build_task(cfg, self.tokenizer, CHUNK_VOCAB)
+            # the run's one objective: its head chunk sized for the model's vocabulary
+            self.task = build_task(cfg, self.tokenizer, preset_of(cfg.model).vocab)
         found = data_fingerprint(cfg, self.task, self.tokenizer)
         info = {"run_id": run_id or new_run_id(), "data_fingerprint": found}
         if resume:
@@ -182,7 +200,7 @@ class TrainRecipe:
         t = time.perf_counter()
         share = self.dist.node_share(cfg) if self.dist is not None else None
         self.engine = build_engine(model, source, cfg, self.device, self.bus, share,
-                                   objective=self.task.objective)
+                                   objective=self.task.objective, measure=measure)
         if self.dist is not None:
             self.vote = distributed.StopVote(self.dist, self.device)
             self.engine.reduce = self.vote.reduce
@@ -239,12 +257,9 @@ class TrainRecipe:
         self.bus.publish(InfoEvent("resumed_from", f"step-{start:08d}" if snap else None))
 
     def _data(self, vocab: int):
-        """(train, dev) data; ``vocab`` sizes synthetic token ids."""
-        cfg = self.cfg
-        if cfg.data == "synthetic":
-            self.task = build_task(cfg, None, vocab)
-        else:  # read in prepare; the objective again, its head chunk sized for ``vocab``
-            self.task.objective = make_objective(cfg, self.tokenizer, vocab)
+        """(train, dev) data; ``vocab`` sizes synthetic token ids (read data: in prepare)."""
+        if self.cfg.data == "synthetic":
+            self.task = build_task(self.cfg, None, vocab)
         return self.task.train, self.task.dev
 
     def _on_sample(self, sample: dict[str, float]) -> None:
@@ -286,8 +301,9 @@ class TrainRecipe:
                                    (out.projected_grad, out.loss_plus, out.loss_minus))]
             if self.vote is not None:
                 scalars.append(self.vote.agreed)  # any rank's stop request, all-reduced
-            inflight.append((t, Deferred(*scalars), tokens, lr, wd, mark, end, moved,
-                             out.projected_grad is not None))
+            inflight.append(InFlight(step=t, scalars=Deferred(*scalars), tokens=tokens, lr=lr,
+                                     wd=wd, begin=mark, end=end, moved=moved,
+                                     has_g=out.projected_grad is not None))
             mark = end
             self.step += 1
             if (self.dist is not None and cfg.digest_check_every
@@ -379,9 +395,10 @@ class TrainRecipe:
         return event
 
     def _publish(self, inflight: deque, block: bool, bar, drain: bool = False) -> None:
-        while inflight and (drain or block or inflight[0][1].ready()):
-            t, deferred, tokens, lr, wd, begin, end, moved, has_g = inflight.popleft()
-            loss, g, loss_plus, loss_minus, *vote = deferred.get()
+        while inflight and (drain or block or inflight[0].scalars.ready()):
+            item = inflight.popleft()
+            t, begin, end = item.step, item.begin, item.end
+            loss, g, loss_plus, loss_minus, *vote = item.scalars.get()
             if vote and vote[0] > 0:  # a rank asked to stop: all stop after the same step, the
                 self.stop_at = min(self.stop_at, t + RUN_AHEAD + 1)  # last any may have run
             if self.guard.diverged_at is not None:
@@ -393,10 +410,13 @@ class TrainRecipe:
                 end.synchronize()  # already complete once the losses have landed; no stall
                 seconds = begin.elapsed_time(end) / 1e3
                 end_t = self.engine.timer.now()
-            mem = _memory(self.device)
-            finite = self.guard.published(t, loss, g, has_g, lr, wd)
-            self.bus.publish(StepEvent(t, loss, g, seconds, tokens,
-                                       loss_plus, loss_minus, lr, *mem, *moved, end=end_t))
+            allocated, reserved, peak = _memory(self.device)
+            finite = self.guard.published(t, loss, g, item.has_g, item.lr, item.wd)
+            self.bus.publish(StepEvent(
+                step=t, loss=loss, projected_grad=g, seconds=seconds, tokens=item.tokens,
+                loss_plus=loss_plus, loss_minus=loss_minus, lr=item.lr,
+                mem_allocated=allocated, mem_reserved=reserved, mem_peak=peak,
+                bytes_h2d=item.moved[0], bytes_d2h=item.moved[1], end=end_t))
             if finite:
                 self.guard.watch(self.record, t)  # stop_on=diverged reads the run's health
             if bar is not None:
@@ -413,7 +433,7 @@ class TrainRecipe:
         dev, total = self.dev_data, None
         if self.dist is not None:
             dev, total = self.dist.dev_share(dev), lambda v: self.dist.sum(v, self.device)
-        metrics = self.engine.evaluate(dev, max(self.cfg.batch_size, 16), total)
+        metrics = self.engine.evaluate(dev, max(self.cfg.batch_size, EVAL_ROWS), total)
         self.bus.publish(EvalEvent(self.step, metrics.get("accuracy"), metrics["loss"],
                                    len(self.dev_data), metrics))
         return metrics

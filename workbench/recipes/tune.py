@@ -23,8 +23,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
 
+from workbench.calibrate.machine import check_fits_here
 from workbench.config import ConfigError, RunConfig
-from workbench.planner import GiB, check_fits, preset_of, suggest
+from workbench.plan.fit import suggest
+from workbench.plan.planner import GiB, preset_of
 from workbench.recipes.sweep import Point, Sweep
 
 TOML_NAME = "best.toml"
@@ -61,7 +63,7 @@ def budget_bytes(cfg: RunConfig, gpu: str | None, budget_gb: float | None) -> in
     if budget_gb is not None:
         return int(budget_gb * GiB)
     if gpu is not None:
-        from workbench.calibration import gpu_profile
+        from workbench.plan.rates import gpu_profile
 
         try:
             return int(gpu_profile(gpu)["gpu_mem_total_bytes"])
@@ -133,8 +135,7 @@ def tune(cfg: RunConfig, out_dir: str | Path, gpu: str | None = None,
     final = cfg.replace(method="zo-offload", gpu_mem_limit_gb=round(capped, 3))
     trial = final.replace(steps=trial_steps, eval_samples=1, checkpoint_every=0)
     sweep = Sweep(trial, candidates, out_dir, kind="tune",
-                  fits=lambda c: check_fits(c, gpu=gpu) if gpu else check_fits(c),
-                  rank_by="tokens_per_s")
+                  fits=lambda c: check_fits_here(c, gpu=gpu), rank_by="tokens_per_s")
     sweep.extra = {"gpu": gpu, "budget_bytes": budget, "trial_steps": trial_steps}
     if start is not None:
         start(sweep)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from workbench.config import STREAMING_METHODS, ConfigError, RunConfig
-from workbench.planner import plan, preset_of
+from workbench.plan.planner import plan, preset_of
 from workbench.telemetry.record import RunRecord
 
 #: Below this predicted ratio a change is not worth a run.

@@ -150,7 +150,7 @@ def schedule_text(info: dict) -> str | None:
     update_stride=auto how many placements were tried."""
     if "fo_stride" not in info:
         return None
-    from workbench.engine.perfmodel import NO_GPU  # fo-offload runs only
+    from workbench.plan.placement import NO_GPU  # fo-offload runs only
 
     stride = info["fo_stride"]
     text = "all on the CPU" if stride == NO_GPU else f"stride {stride}"

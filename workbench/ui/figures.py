@@ -24,7 +24,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 
 from workbench.config import ConfigError, RunConfig
-from workbench.planner import plan
+from workbench.plan.planner import plan
 from workbench.telemetry.advice import run_config
 from workbench.telemetry import noise
 from workbench.telemetry.evals import main_metric, metrics_of

@@ -83,7 +83,7 @@ def make_control(name: str, value: Any) -> widgets.ValueWidget:
 
         options = list(PRESETS) if name == "model" else ["embedded", "sst2", "synthetic"]
         return widgets.Combobox(value=value, options=options, ensure_option=False, **common)
-    return widgets.Text(value=value, **common)
+    return widgets.Text(value=str(value), **common)  # update_stride: "auto" or a whole number
 
 
 class KnobPanel:
@@ -359,13 +359,13 @@ def new_folder(parent: Path, kind: str) -> Path:
 
 
 def _load_planner() -> Callable[[RunConfig], Any] | None:
-    """``workbench.planner.plan`` if that module exists and works; None otherwise."""
+    """``workbench.plan.planner.plan`` if that module exists and works; None otherwise."""
     try:
-        module = importlib.import_module("workbench.planner")
+        module = importlib.import_module("workbench.plan.planner")
     except ImportError:
         return None
     except Exception:  # a planner that fails to import must not take the panel down
-        log.exception("workbench.planner failed to import; predictions are off")
+        log.exception("workbench.plan.planner failed to import; predictions are off")
         return None
     plan = getattr(module, "plan", None)
     return plan if callable(plan) else None

@@ -23,7 +23,7 @@ import ipywidgets as widgets
 
 from workbench.config import ConfigError, RunConfig, knob_info
 from workbench.engine.events import StepEvent
-from workbench.planner import preset_of
+from workbench.plan.planner import preset_of
 from workbench.recipes.sweep import Point, Sweep
 from workbench.ui import figures
 from workbench.ui.fit import figure_widget

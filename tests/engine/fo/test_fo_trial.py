@@ -1,0 +1,109 @@
+"""update_stride="auto": the model's candidates, one timed step each, the fastest kept."""
+from __future__ import annotations
+
+import pytest
+
+from workbench.config import RunConfig
+from workbench.engine.events import EventBus, InfoEvent
+from workbench.engine.fo import trial as fo_trial
+from workbench.engine.fo.trial import ScheduleTrial
+from workbench.plan import placement
+from workbench.plan.placement import Candidate
+
+from test_fo import _check_against_adamw, _engine, one_thread  # noqa: F401 (autouse fixture)
+
+A, B, C = (Candidate(3, False, 0.1, 0.33), Candidate(placement.NO_GPU, False, 0.2, 0.0),
+           Candidate(placement.NO_GPU, True, 0.3, 0.0))
+
+
+def test_trial_warms_up_then_times_each_candidate_once_and_keeps_the_fastest():
+    trial = ScheduleTrial([A, B, C], warmup=1)
+    assert trial.current == A and not trial.done
+    assert trial.record(9.0) == A  # the warm-up step: not compared
+    assert trial.record(0.30) == B
+    assert trial.record(0.25) == C
+    assert trial.record(0.28) == B and trial.done  # the winner
+    assert trial.seconds == [0.30, 0.25, 0.28]
+    summary = trial.summary()
+    assert summary["chosen"] == 1
+    assert [c["step_s"] for c in summary["candidates"]] == [0.30, 0.25, 0.28]
+    assert [c["downcast"] for c in summary["candidates"]] == ["gpu", "gpu", "cpu"]
+    with pytest.raises(RuntimeError, match="over"):
+        trial.record(0.1)
+
+
+def test_a_tie_goes_to_the_least_gpu_memory_then_to_the_earlier_candidate():
+    trial = ScheduleTrial([A, B, C], warmup=0)
+    for s in (1.00, 1.02, 1.02):  # B and C within TIE of A, with no GPU-side share
+        trial.record(s)
+    assert trial.winner == B  # fewer GPU parameters than A; as few as C, and earlier
+    trial = ScheduleTrial([A, B], warmup=0)
+    for s in (1.00, 1.00 * (1 + fo_trial.TIE) + 0.01):  # B just outside the tie
+        trial.record(s)
+    assert trial.winner == A
+    with pytest.raises(ValueError, match="candidate"):
+        ScheduleTrial([])
+
+
+@pytest.mark.parametrize("amp", ["off", "bf16"])
+def test_candidates_hold_the_models_pick_and_never_need_more_gpu(amp):
+    engine, _ = _engine(RunConfig(model="tiny-opt", method="fo-offload", amp=amp,
+                                  update_stride="7", subgroup_size=5000))
+    cands = engine.candidates(0.0)
+    pick = engine.plan("auto", 0.0)
+    sched, split, down = pick.schedule, pick.split, pick.cpu_downcast
+    tried = {(c.stride, bool(c.cpu_downcast)): c for c in cands}
+    assert tried[sched.stride, down].predicted_s == pytest.approx(pick.predicted_s)  # its pick
+    assert [c.predicted_s for c in cands] == sorted(c.predicted_s for c in cands)
+    assert all(c.gpu_share <= split.gpu + split.resident for c in cands)
+    assert placement.NO_GPU in {c.stride for c in cands}
+    if sched.stride != placement.NO_GPU:  # and the next schedule with fewer GPU subgroups
+        assert (placement.fewer(sched.stride), down) in tried
+    assert len({(c.stride, c.cpu_downcast) for c in cands}) == len(cands)
+    assert {c.cpu_downcast for c in cands} <= ({False, True} if amp == "bf16" else {None})
+    engine.close()
+
+
+class _Scripted(ScheduleTrial):
+    """Reports scripted step times (the last candidate fastest) instead of the clock's."""
+
+    def record(self, seconds: float) -> Candidate:
+        n = len(self.candidates)
+        fake = 1.0 if self._warm_left else 0.5 + 0.1 * (n - 1 - self._at)
+        return super().record(fake)
+
+
+@pytest.mark.parametrize("amp", ["off", "bf16"])
+def test_auto_tries_every_candidate_then_runs_the_winner_and_stays_exact(monkeypatch, amp):
+    monkeypatch.setattr(fo_trial, "ScheduleTrial", _Scripted)
+    cfg = RunConfig(model="tiny-opt", method="fo-offload", amp=amp, update_stride="auto",
+                    subgroup_size=5000, lr=1e-2, weight_decay=0.1)
+    # Equal to torch AdamW across every placement change (warm-up, each candidate, winner).
+    _check_against_adamw(cfg, steps=6)
+    infos: dict = {}
+    bus = EventBus()
+    bus.subscribe(lambda e: infos.__setitem__(e.key, e.value) if isinstance(e, InfoEvent)
+                  else None)
+    engine, data = _engine(cfg, bus)
+    cands = engine.candidates(0.0)
+    assert len(cands) >= 2 and engine.trying
+    seen = []
+    for t in range(len(cands) + 2):
+        engine.step(data.batch_for_step(t, 4, 0), t, 1e-3, 0.0)
+        now = engine.placement  # the placement it ran
+        seen.append((now.schedule.stride, now.cpu_downcast))
+    want = [(c.stride, bool(c.cpu_downcast)) for c in cands]
+    assert seen == [want[0], *want, want[-1]]  # warm-up, one step each, then the winner
+    assert not engine.trying
+    assert infos["fo_trial"]["chosen"] == len(cands) - 1
+    assert infos["fo_stride"] == cands[-1].stride  # the last placement published is the winner
+    engine.close()
+
+
+def test_a_given_stride_runs_no_trial():
+    engine, data = _engine(RunConfig(model="tiny-opt", method="fo-offload", update_stride="2",
+                                     subgroup_size=5000))
+    assert not engine.trying
+    engine.step(data.batch_for_step(0, 4, 0), 0, 1e-3, 0.0)
+    assert engine.placement.schedule.stride == 2
+    engine.close()

@@ -1,0 +1,355 @@
+"""First-order training with interleaved offloaded optimizer states (Deep Optimizer States).
+
+Where things live (``flat.py``). The host holds, page-locked, the fp32 master weights p, Adam's
+m and v and the fp32 gradients of all parameters (16 bytes per parameter), as one buffer each
+over the canonically ordered, concatenated parameter groups, cut into subgroups of
+``subgroup_size`` parameters. The GPU holds the compute weights w (bf16 under amp=bf16, else
+fp32) the forward and backward passes read, and, for the placement (``plan/placement.py``: which
+subgroups are updated on which side), the gradients of GPU-updated subgroups, ``N_SLOTS`` slots
+of up to ``SLOT_PIECE`` elements, and the (p, m, v) of the static resident share
+(``gpu_resident_ratio``, the last subgroups, TwinFlow-style).
+
+A step. Forward and backward on w; the first interleaved subgroups' (p, m, v) are prefetched
+into their slots meanwhile (``gpu.py``). As each group's gradients complete, the gradient flush
+(``grads.py``) keeps the GPU-updated parts and sends the CPU-updated parts to the host; a CPU
+subgroup whose gradients are all on their way goes to the host worker (``host.py``), which
+updates it with torch's fused CPU AdamW as soon as they land, while backward goes on, and sends
+the result up into w. After backward the GPU side updates its subgroups (``gpu.py``). The next
+forward waits for the last upload. Every GPU-side dependency is an event; the host blocks only
+where it must read or reuse host memory that a copy is still writing or reading, and at the end
+of the step for the worker. On a CPU-only machine both sides run on the CPU and the streams are
+no-ops, so the schedule is tested in CI. ``timeline.py`` times each step's update phase.
+
+The timeline. Per subgroup and step: ``grad-d2h`` (offload), ``cpu-wait`` / ``cpu-update`` /
+``downcast`` / ``upload-weights`` (the CPU side), ``prefetch`` / ``gpu-update`` / ``flush-out``
+(the GPU side), and one ``gpu-wait`` per step (the compute stream waiting for the CPU side).
+
+Placement. The engine places its subgroups with the rates it is given a way to measure
+(``measure``: ``calibrate/fo.py`` times this engine's own parts), the model of
+``plan/placement.py``, and, under update_stride=auto, one timed step per candidate
+(``trial.py``).
+
+Adapters (``peft=lora``): the range above is the adapter groups only (their p, m, v and
+gradients on the host, their compute weights in w); the frozen base is held on the device as
+``engine/peft.py`` builds it for every whole-model engine, never updated and never moved: the
+adapters are what an optimizer state would be offloaded for, and they are small.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from typing import Callable, NamedTuple
+
+import torch
+
+from workbench.config import RunConfig
+from workbench.data.batches import Batch
+from workbench.engine.events import EMBED, EventBus, InfoEvent
+from workbench.engine.fo import trial
+from workbench.engine.fo.adamw import AdamW
+from workbench.engine.fo.flat import FlatParams
+from workbench.engine.fo.gpu import GpuUpdates
+from workbench.engine.fo.grads import GradFlush, LossScale
+from workbench.engine.fo.host import HostUpdates, default_threads
+from workbench.engine.fo.resident import (FirstOrderContract, prompt_loss, refuse_unsupported,
+                                          trainable_params)
+from workbench.engine.fo.timeline import UpdateClock
+from workbench.engine.groups import GroupLayout, adapter_layouts, build_layouts, move_buffers
+from workbench.engine.objective import Objective, Total, evaluate, objective_for
+from workbench.engine.peft import base_values, block_adapter, frozen_groups
+from workbench.engine.precision import autocast
+from workbench.engine.protocol import StepOutput
+from workbench.engine.stream.pinned import HostMemory
+from workbench.engine.stream.streams import Streams
+from workbench.engine.timing import OpTimer
+from workbench.models.lora import LoRAInit
+from workbench.plan import placement
+from workbench.plan.placement import Candidate, Placement, Rate, Stride
+
+
+class FOParts(NamedTuple):
+    """The parts of an fo-offload engine that a measurement of its rates runs, between steps
+    (``calibrate/fo.py``): the flat parameters, the gradient flush, the host side, the streams
+    and the run's config."""
+
+    flat: FlatParams
+    grads: GradFlush
+    host: HostUpdates
+    streams: Streams
+    cfg: RunConfig
+
+
+#: How an engine gets its placement model's inputs: measured rates by name (B, Bd, Ug, Uc, and
+#: Dc for 16-bit compute weights) from its own parts.
+Measure = Callable[[FOParts], dict[str, Rate]]
+
+
+class FOOffloadEngine(FirstOrderContract):
+    """Args:
+        model, source, device, bus: as ``FOEngine``.
+        cfg: the run config; besides the FO knobs (amp, adam_*), ``subgroup_size``,
+            ``update_stride`` ("auto": the performance model's candidates, one timed step
+            each, the fastest kept: ``trial.py``), ``gpu_resident_ratio`` and
+            ``update_threads``.
+        measure: measures the rates the placement is made from (``calibrate/fo.py``).
+        objective: what the loss is (default: ``cfg``'s, built without a tokenizer).
+
+    Attributes beyond the engine protocol: ``flat``, ``placement`` (the current one: schedule,
+    split, downcast site, prediction), ``calibration`` (measured rates by name), ``perf`` (the
+    model's inputs from them), ``clock`` (its ``seconds``: the update phase of each step since
+    the last placement, from the end of the backward pass on the GPU to the end of the last
+    update work on either side).
+    """
+
+    def __init__(self, model, source, cfg: RunConfig, device: torch.device, bus: EventBus,
+                 measure: Measure, objective: Objective | None = None):
+        refuse_unsupported(cfg, device)
+        self.cfg, self.device, self.bus = cfg, device, bus
+        self.cuda = device.type == "cuda"
+        wdtype = torch.bfloat16 if cfg.amp == "bf16" else torch.float32
+        self.word = 2 if wdtype == torch.bfloat16 else 4
+        self.adapter = block_adapter(model, cfg)
+        self.objective = objective or objective_for(cfg, model.config.vocab_size)
+        if cfg.peft == "lora":  # AdamW over the adapters only; the frozen base stays put
+            self.frozen = frozen_groups(self.adapter, source, cfg, device)
+            layouts, source = adapter_layouts(self.adapter), LoRAInit()
+        else:
+            embed, blocks, head = build_layouts(self.adapter)
+            self.frozen, layouts = [], [embed, *blocks, head]
+        self.memory = HostMemory(self.cuda)
+        self.flat = FlatParams(layouts, cfg.subgroup_size, device, wdtype, self.memory)
+        self.flat.materialise(source, cfg.seed)
+        params = [trainable_params(lay, view) for lay, view in
+                  zip(layouts, self.flat.per_group(self.flat.w))]
+        move_buffers([model], device)
+        self.streams = Streams(device, overlap=True)
+        self.timer = OpTimer(device, bus, cfg.telemetry)
+        self.clock = UpdateClock(self.timer, bus)
+        self.adam_step = 0
+        self._step_dev, self._step_cpu = torch.zeros((), device=device), torch.zeros(())
+        self.loss_scale = LossScale(cfg.amp, device)
+        self.host = HostUpdates(self.flat, self.streams, self.timer, bus, self.memory,
+                                cfg.update_threads or default_threads(self.cuda))
+        self.grads = GradFlush(self.flat, params, self.streams, self.timer, self.loss_scale,
+                               self.host.submit)
+        # The GPU side's own streams: prefetches, and flush-outs (not queued behind the
+        # gradients' D2H).
+        self._prefetch, self._evict = ((torch.cuda.Stream(device), torch.cuda.Stream(device))
+                                       if self.cuda else (None, None))
+        self.gpu: GpuUpdates | None = None
+        self._moved = [0, 0]  # bytes the GPU sides of earlier placements moved: up, down
+        self.parts = FOParts(self.flat, self.grads, self.host, self.streams, cfg)
+        self.calibration = measure(self.parts)
+        self.bus.publish(InfoEvent("fo_calibration",
+                                   {k: r.as_dict() for k, r in self.calibration.items()}))
+        self.perf = placement.inputs(self.calibration, self.word)
+        tries = (self.candidates(cfg.gpu_resident_ratio) if cfg.update_stride == "auto"
+                 else [])
+        self._trial = trial.ScheduleTrial(tries) if len(tries) > 1 else None
+        self._next: Candidate | None = None  # the placement the next step begins with
+        if self._trial is not None:
+            first = self._trial.current
+            self.reschedule(first.stride, cfg.gpu_resident_ratio, first.cpu_downcast)
+        else:
+            self.reschedule(cfg.update_stride, cfg.gpu_resident_ratio)
+
+    # --- placement --------------------------------------------------------------------------
+    def plan(self, update_stride: Stride, resident_ratio: float,
+             cpu_downcast: bool | None = None) -> Placement:
+        """The placement ``reschedule`` would make, without making it (``plan/placement.py``)."""
+        return placement.place(self.perf, self.flat.groups, update_stride, resident_ratio,
+                               cpu_downcast)
+
+    def candidates(self, resident_ratio: float) -> list[Candidate]:
+        """What "auto" tries (``trial.py``; ``placement.candidates``)."""
+        return placement.candidates(self.perf, self.flat.groups, resident_ratio)
+
+    def reschedule(self, update_stride: Stride, resident_ratio: float,
+                   cpu_downcast: bool | None = None) -> Placement:
+        """(Re)place subgroups: "auto" or a stride, the resident share, and where 16-bit
+        weights are downcast (None: the site the model predicts faster). Moves resident state
+        between host and GPU; waits for all pending work (call between steps)."""
+        self.sync()
+        if self.gpu is not None:  # bring the old residents' state home, then free its buffers
+            self.gpu.home()  # before the new placement's are allocated (memory caps)
+            self._moved = [self._moved[0] + self.gpu.bytes_h2d,
+                           self._moved[1] + self.gpu.bytes_d2h]
+            self.gpu = None
+        self.host.release()  # its GPU upload slot too
+        placed = self.placement = self.plan(update_stride, resident_ratio, cpu_downcast)
+        s = placed.schedule
+        self.gpu = GpuUpdates(self.flat, s, self.streams, self.timer, self._prefetch,
+                              self._evict)
+        self.host.place(placed.cpu_downcast)
+        self.grads.route(s, self.gpu.kept)
+        k = placed.balance
+        t_cpu, t_gpu = placed.sides(self.flat.numel)
+        self.bus.publish(InfoEvent("fo_stride", s.stride))
+        self.bus.publish(InfoEvent("fo_perf_inputs", {
+            **self.perf.as_dict(), "k": k if math.isfinite(k) else None,
+            "subgroups": self.flat.groups.count, "subgroup_size": self.flat.sub,
+            "gpu_subgroups": len(s.gpu), "resident_subgroups": len(s.resident),
+            "cpu_subgroups": len(s.cpu),
+            "downcast": ("cpu" if placed.cpu_downcast else "gpu" if self.word == 2
+                         else "none"),
+            "update_threads": self.host.threads, "predicted_cpu_s": t_cpu,
+            "predicted_gpu_s": t_gpu,
+            "spread": {name: r.spread for name, r in self.calibration.items()}}))
+        self.bus.publish(InfoEvent("fo_update_predicted_s", placed.predicted_s))
+        self.clock.reset()
+        return placed
+
+    @property
+    def bytes_h2d(self) -> int:
+        """Bytes up the link so far: prefetches and the host side's uploads."""
+        return self._moved[0] + self.gpu.bytes_h2d + self.host.bytes_h2d
+
+    @property
+    def bytes_d2h(self) -> int:
+        """Bytes down the link so far: gradients and flush-outs."""
+        return self._moved[1] + self.grads.bytes_d2h + self.gpu.bytes_d2h
+
+    # --- a step -----------------------------------------------------------------------------
+    def step(self, batch: Batch, step: int, lr: float, wd: float) -> StepOutput:
+        """One AdamW step on the batch's prompt loss; returns the loss (0-d device tensor).
+        While "auto" tries its candidates (``trial.py``) the step is timed whole, and the next
+        candidate (or the winner) is placed when the next step begins: between steps the
+        gradients and state still read as this step's placement left them."""
+        nxt, self._next = self._next, None
+        now = self.placement
+        if nxt is not None and (nxt.stride, bool(nxt.cpu_downcast)) != (now.schedule.stride,
+                                                                         now.cpu_downcast):
+            self.reschedule(nxt.stride, self.cfg.gpu_resident_ratio, nxt.cpu_downcast)
+        if self._trial is None:
+            return self._train_step(batch, step, lr, wd)
+        self.sync()  # a trial step is timed whole: nothing of the one before still running ...
+        t0 = time.perf_counter()
+        out = self._train_step(batch, step, lr, wd)
+        self.sync()  # ... up to its last copy
+        self._next = self._trial.record(time.perf_counter() - t0)
+        if self._trial.done:
+            self.bus.publish(InfoEvent("fo_trial", self._trial.summary()))
+            self._trial = None
+        return out
+
+    @property
+    def trying(self) -> bool:
+        """True while "auto" is still timing its candidate placements (the winner is placed
+        at the start of the first step after)."""
+        return self._trial is not None
+
+    def _train_step(self, batch: Batch, step: int, lr: float, wd: float) -> StepOutput:
+        self.clock.resolve()
+        compute, scale = self.streams.compute, self.loss_scale
+        # Loss scaling (fp16) decides whether to skip only once every gradient is in: then the
+        # CPU side starts after backward; otherwise each CPU subgroup as its gradients land.
+        early = not scale.active
+        self.grads.begin(step, early)
+        if early:
+            self._begin_update(step, lr, wd)
+        else:
+            scale.reset()
+        self.gpu.begin(step)
+        with autocast(self.device, self.cfg.amp):
+            loss = prompt_loss(self.adapter, self.objective, batch, self.timer, step, compute)
+        with self.timer.span("backward", "compute", compute, step, EMBED):
+            (loss * scale.scale if scale.active else loss).backward()
+        self.grads.end()
+        self._update(step, lr, wd, early)
+        self.timer.poll()
+        return StepOutput(loss.detach())
+
+    def _begin_update(self, step: int, lr: float, wd: float) -> None:
+        self.adam_step += 1
+        self._step_dev.fill_(self.adam_step)
+        self._step_cpu.fill_(self.adam_step)
+        cfg = self.cfg
+        self._opt = AdamW(lr, wd, cfg.adam_beta1, cfg.adam_beta2, cfg.adam_eps)
+        self.host.begin(step, self._opt, self._step_cpu)
+
+    def _update(self, step: int, lr: float, wd: float, early: bool) -> None:
+        s = self.streams
+        start = self.clock.start(s.compute)  # the backward pass has been enqueued up to here
+        if not early:
+            if self.loss_scale.skip(s.record(s.offload), s.record(s.compute)):
+                return
+            self._begin_update(step, lr, wd)
+            for j, ready in self.grads.ready.items():  # in the order their gradients landed
+                self.host.submit(j, ready)
+        self.gpu.run(step, self._opt, self._step_dev)
+        if self.cuda:
+            self.host.finish()  # the host waits for the worker to enqueue every upload
+            with self.timer.span("gpu-wait", "wait", s.compute, step, EMBED):
+                s.wait(s.compute, s.record(s.upload))  # the next forward reads uploaded weights
+        else:
+            with self.timer.span("gpu-wait", "wait", None, step, EMBED):
+                self.host.finish()  # this thread (the "GPU") waits for the CPU side
+        self.clock.stop(start, [s.compute, s.offload, s.upload, self._evict])
+        self.clock.resolve()
+
+    # --- engine protocol --------------------------------------------------------------------
+    def flush(self) -> None:
+        """Nothing is pending between steps: each step's update is enqueued inside it."""
+
+    def evaluate(self, dev, batch_size: int, total: Total | None = None) -> dict[str, float]:
+        """The objective's metrics on ``dev`` with the current compute weights."""
+        return evaluate(self.objective, self.adapter, dev, self.device, self.cfg.amp, batch_size,
+                        total=total)
+
+    def sync(self) -> None:
+        """Wait for every copy and kernel (outside steps: before reading host buffers); the
+        finished update phases land in ``clock.seconds``."""
+        if self.cuda:
+            torch.cuda.synchronize(self.device)  # outside steps only: host buffers are read next
+        self.clock.resolve()
+
+    def state_flats(self) -> list[torch.Tensor]:
+        """Every group's fp32 master weights in canonical order (host tensors)."""
+        self.sync()
+        self.gpu.home()
+        return self.flat.per_group(self.flat.p32)
+
+    def base_flats(self) -> Sequence[torch.Tensor]:
+        """The frozen base groups' weights as fp32, one at a time (peft runs; else empty)."""
+        return base_values(self.frozen)
+
+    def load_state_flats(self, flats: list[torch.Tensor]) -> None:
+        """Load fp32 weights (Adam's m and v are kept) into the masters and the compute weights."""
+        self.sync()
+        self.flat.load(flats)
+        self.gpu.load()
+
+    def group_layouts(self) -> list[GroupLayout]:
+        return list(self.flat.layouts)
+
+    def grad_flats(self) -> list[torch.Tensor]:
+        """The last step's fp32 gradients per group, on the host (diagnostics and tests)."""
+        self.sync()
+        f = self.flat
+        full = torch.empty(f.numel)
+        for j in range(f.groups.count):
+            a, b = f.bounds(j)
+            full[a:b] = (self.gpu.kept_of(j).float().cpu() if j in self.gpu.kept.at
+                         else f.g32[a:b])
+        return f.per_group(full)
+
+    def gpu_param_bytes(self) -> int:
+        """Compute weights, kept gradients, slots, resident (p, m, v) and a frozen base on
+        the GPU."""
+        if not self.cuda:
+            return 0
+        tensors = [self.flat.w, *self.gpu.buffers(), *self.host.buffers(),
+                   *(g.flat for g in self.frozen)]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def close(self) -> None:
+        """Drain copies, the update worker and timing events, drop the hooks, unregister host
+        memory."""
+        self.sync()
+        self.host.close()
+        self.timer.poll(wait=True)
+        self.clock.resolve(wait=True)
+        self.gpu.home()
+        self.grads.close()
+        self.memory.release()

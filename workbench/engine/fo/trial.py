@@ -1,0 +1,79 @@
+"""``update_stride="auto"``: the performance model proposes, measured steps decide.
+
+The model (``plan/placement.py``) predicts each side of the update phase from rates calibrated one
+operation at a time. In a step those operations share the host's memory and the PCIe link, and
+the CPU update then runs 10-30% below its calibrated rate (fo_offload benchmark on an H100,
+opt-1.3b / 6.7b): the model's favourite schedule can be slower than updating everything on the
+CPU. So "auto" takes the model's candidates (``placement.candidates``) and trains one step with
+each, timed whole (host clock, the GPU synchronized before and after), then keeps the fastest for
+the rest of the run; candidates within ``TIE`` of the fastest count as equally fast, and the one
+with the fewest GPU-side parameters (the least GPU memory) wins. Every schedule gives the
+same weights (all are exact AdamW), so trying them costs only the steps' speed, never their
+result.
+
+The first candidate's first step is a warm-up (kernels, the allocator) and is not compared.
+Only candidates with no more GPU-side parameters than the model's own pick are tried, so the
+trial needs no more GPU memory than running that pick would.
+"""
+from __future__ import annotations
+
+from workbench.plan.placement import SITE, Candidate
+
+#: Step times within 3% of the fastest count as a tie (steps of one placement vary by about
+#: that much on an H100 host), settled by GPU memory.
+TIE = 0.03
+
+
+class ScheduleTrial:
+    """One timed step per candidate, in order, after ``warmup`` steps on the first.
+
+    ``current`` is the candidate the next step runs with; ``record(seconds)`` takes that step's
+    time and returns the candidate for the step after it (the winner once all are timed, when
+    ``done`` turns true).
+    """
+
+    def __init__(self, candidates: list[Candidate], warmup: int = 1):
+        if not candidates:
+            raise ValueError("a schedule trial needs at least one candidate")
+        self.candidates = list(candidates)
+        self.seconds: list[float | None] = [None] * len(candidates)
+        self._warm_left = warmup
+        self._at = 0
+
+    @property
+    def current(self) -> Candidate:
+        return self.candidates[min(self._at, len(self.candidates) - 1)]
+
+    @property
+    def done(self) -> bool:
+        return self._at >= len(self.candidates)
+
+    def record(self, seconds: float) -> Candidate:
+        """The step just run with ``current`` took ``seconds``; the candidate to run next."""
+        if self.done:
+            raise RuntimeError("the schedule trial is over")
+        if self._warm_left > 0:
+            self._warm_left -= 1
+            return self.current
+        self.seconds[self._at] = seconds
+        self._at += 1
+        return self.winner if self.done else self.current
+
+    @property
+    def winner(self) -> Candidate:
+        """Of the timed candidates within ``TIE`` of the fastest (as fast, to one step's
+        noise), the one with the fewest GPU-side parameters (the least GPU memory); among
+        equal shares, the earlier (the model's better guess)."""
+        timed = [(s, i) for i, s in enumerate(self.seconds) if s is not None]
+        if not timed:
+            raise RuntimeError("no candidate has been timed yet")
+        fastest = min(timed)[0]
+        tied = [i for s, i in timed if s <= fastest * (1 + TIE)]
+        return self.candidates[min(tied, key=lambda i: (self.candidates[i].gpu_share, i))]
+
+    def summary(self) -> dict:
+        """What was tried and what won (the ``fo_trial`` record)."""
+        return {"candidates": [{"stride": c.stride, "downcast": SITE[c.cpu_downcast],
+                                "gpu_share": c.gpu_share, "predicted_s": c.predicted_s,
+                                "step_s": s} for c, s in zip(self.candidates, self.seconds)],
+                "chosen": self.candidates.index(self.winner) if self.done else None}

@@ -1,0 +1,82 @@
+"""What the streamed blocks are, for the scheduler: trained blocks, whose master lives in host
+memory behind a transfer that also brings each update back (``transfers.py``), or an adapter
+run's frozen base, which only ever comes up (``frozen_transfer.py``). Each kind gives the
+scheduler its transfer, a resident block's group and a streamed block's host storage; nothing
+else in the schedule depends on which it is.
+"""
+from __future__ import annotations
+
+import torch
+
+from workbench.config import RunConfig
+from workbench.engine.codecs.frozen_form import matrix_dtype
+from workbench.engine.groups import GroupLayout
+from workbench.engine.peft import frozen_block
+from workbench.engine.storage import Group, materialise
+from workbench.engine.stream.frozen_transfer import FrozenTransfer
+from workbench.engine.stream.shared_host import NodeShare
+from workbench.engine.stream.transfers import make_transfer
+from workbench.engine.timing import OpTimer
+from workbench.engine.zo.perturb import ZOOps
+from workbench.models.build import RandomInit
+
+
+class TrainedBlocks:
+    """Blocks that train: their master (fp32, or the codec's under compressed-sr) in host
+    memory, a transfer per ``cfg.master`` / ``cfg.codec``; resident blocks in fp32. Their
+    snapshots copy the host masters (``self_copy.py``)."""
+
+    trained = True
+
+    def __init__(self, cfg: RunConfig, device: torch.device, timer: OpTimer, ops: ZOOps,
+                 share: NodeShare | None):
+        self.cfg, self.device = cfg, device
+        self.transfer = make_transfer(cfg.master, cfg.codec, device, timer, ops, share)
+
+    def resident(self, lay: GroupLayout, source) -> Group:
+        return Group(lay, materialise(lay, source, self.cfg.seed, self.device))
+
+    def host_storage(self, lay: GroupLayout, source):
+        return host_storage(self.transfer, lay, source, self.cfg.seed, self.device)
+
+
+class FrozenBase:
+    """An adapter run's base: never updated, so it only comes up, in its ``base_codec``
+    (compressed, each slot is a wire of its own, decoded on the compute stream just before its
+    block into one shared buffer); resident blocks held in their device form. The adapters are
+    the engine's to snapshot."""
+
+    trained = False
+
+    def __init__(self, cfg: RunConfig, device: torch.device, timer: OpTimer,
+                 streamed: list[GroupLayout], share: NodeShare | None):
+        self.cfg, self.device = cfg, device
+        self.transfer = FrozenTransfer(cfg.base_codec, streamed, device, timer,
+                                       matrix_dtype(cfg.amp, cfg.base_codec), share)
+
+    def resident(self, lay: GroupLayout, source) -> Group:
+        return frozen_block(lay, source, self.cfg, self.device)
+
+    def host_storage(self, lay: GroupLayout, source):
+        return host_storage(self.transfer, lay, source, self.cfg.seed, self.device)
+
+
+def streamed_blocks(cfg: RunConfig, device: torch.device, timer: OpTimer, ops: ZOOps,
+                    streamed: list[GroupLayout],
+                    share: NodeShare | None) -> TrainedBlocks | FrozenBase:
+    """The kind of ``cfg``'s streamed blocks (``streamed``: their layouts, in order)."""
+    if cfg.peft == "lora":
+        return FrozenBase(cfg, device, timer, streamed, share)
+    return TrainedBlocks(cfg, device, timer, ops, share)
+
+
+def host_storage(transfer, lay: GroupLayout, source, seed: int, device: torch.device):
+    """A streamed block's host storage, filled with its initial weights. Random init runs on
+    the GPU (in a staging block the slots later reuse) and is copied down: far faster than
+    initialising on the CPU."""
+    host = transfer.host_storage(lay)
+    on_gpu = device.type == "cuda" and isinstance(source, RandomInit)
+    staging = torch.empty(lay.numel, device=device if on_gpu else "cpu")
+    source.fill(lay.name, lay.named_views(staging), seed)
+    transfer.store_fp32(host, staging)  # setup only: synchronous copies are fine here
+    return host

@@ -1,0 +1,297 @@
+"""The block-streaming scheduler: which group is where, on which stream, after which event.
+
+Layout: the embedding, the head and ``resident_blocks`` blocks live on the GPU; every other
+block's master lives in host memory behind a transfer (``transfers.py``: fp32, a compressed
+mirror, or compressed-sr). ``prefetch_depth`` + the transfer's ``spare_slots`` GPU slots,
+allocated once, hold the blocks in flight: block i+d uploads while block i computes and block
+i-1 offloads, on three CUDA streams ordered by events only (the host never waits inside a
+step). A compressed codec's wire buffers are two in all (one per direction), not one per slot;
+under compressed-sr a slot is free once its block is encoded, so one slot fewer serves. An
+adapter run's frozen base (``frozen_transfer.py``) only comes up: compressed, each slot is a
+wire of its own, decoded on the compute stream just before its block into one shared buffer.
+What a pass does to a block is the caller's ``compute``; the arithmetic lives in ``zo/step.py``.
+Used by the zo-offload and forward-grad engines (``zo/offload.py``, ``zo/forward_grad.py``)
+through its public methods.
+
+This module only schedules. What the blocks are (trained, or a frozen base) is ``blocks.py``;
+the hand-off of the node's one host copy under data parallel, ``shared_host.py`` (a rank with a
+copy of its own runs the same hooks, which do nothing); snapshots, ``engine/snapshots.py`` (the
+groups on the device) and ``self_copy.py`` (the streamed blocks' host masters).
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+from workbench.config import RunConfig
+from workbench.engine.groups import GroupLayout, LazyFlats, build_layouts, move_buffers, release
+from workbench.engine.snapshots import DeviceSnapshots
+from workbench.engine.storage import Group, materialise
+from workbench.engine.stream.blocks import streamed_blocks
+from workbench.engine.stream.self_copy import BlockCopies
+from workbench.engine.stream.shared_host import NodeShare, Unshared
+from workbench.engine.stream.streams import Streams
+from workbench.engine.timing import OpTimer
+from workbench.engine.zo.perturb import PendingUpdate, ZOOps
+from workbench.engine.zo.step import ApplyUpdate
+from workbench.models.adapter import BlockAdapter
+
+#: ``compute(i, weights, apply)``: block i's pass over its (n,) fp32 weights on the device;
+#: ``apply`` is how a pending update reaches them (None: the fused update of ``zo/step.py``).
+BlockCompute = Callable[[int, torch.Tensor, ApplyUpdate | None], None]
+
+
+class BlockStreamer:
+    """Args:
+        adapter: the model's block adapter; its groups are materialised and bound here.
+        source: where weights come from (random init or a checkpoint folder).
+        cfg: the run config; the scheduler knobs (overlap, reuse_buffers, resident_blocks,
+            prefetch_depth) and the host format (master, codec).
+        device: the GPU (or the CPU, where the streams are no-ops and the schedule is tested).
+        timer: the engine's operation timer.
+        ops: the engine's ZO operations (the transfers use them for their own updates).
+        share: the node's one host copy under data parallel (``shared_host.NodeShare``).
+
+    Attributes: ``embed``, ``head``, ``blocks`` (Groups; a streamed block's ``flat`` is its
+    host storage), ``resident`` (block indices on the GPU), ``streams``, ``transfer``,
+    ``slot_numel``, ``bytes_h2d`` / ``bytes_d2h`` (running totals), ``node`` (the host copy's
+    hand-off), ``snapshots`` / ``copies`` (the two halves of a snapshot).
+    """
+
+    def __init__(self, adapter: BlockAdapter, source, cfg: RunConfig, device: torch.device,
+                 timer: OpTimer, ops: ZOOps, share: NodeShare | None = None):
+        self.cfg, self.device, self.timer = cfg, device, timer
+        self.node = share if share is not None else Unshared()  # the hand-off of a host copy
+        self.cuda = device.type == "cuda"
+        embed, blocks, head = build_layouts(adapter)
+        n = len(blocks)
+        self.resident = set(range(min(cfg.resident_blocks, n)))
+        self.embed = Group(embed, materialise(embed, source, cfg.seed, device))
+        self.head = Group(head, materialise(head, source, cfg.seed, device))
+        self.streams = Streams(device, cfg.overlap)
+        streamed = [i for i in range(n) if i not in self.resident]
+        kind = streamed_blocks(cfg, device, timer, ops, [blocks[i] for i in streamed], share)
+        self.transfer = kind.transfer
+        self.slot_numel = max((blocks[i].numel for i in streamed), default=0)
+        self.n_slots = cfg.prefetch_depth + self.transfer.spare_slots
+        self.blocks: list[Group] = []
+        self.node.start(n)
+        for i, lay in enumerate(blocks):
+            if i in self.resident:  # a resident base holds what a streamed one decodes to
+                self.blocks.append(kind.resident(lay, source))
+            else:  # under a NodeShare only its writer fills the host copy; the rest map it
+                self.blocks.append(Group(lay, kind.host_storage(lay, source)
+                                         if self.node.writer else None))
+        self.node.filled()
+        for group in self.blocks:
+            if group.flat is None:
+                group.flat = self.transfer.host_storage(group.layout)
+        self.node.mapped()
+        self.slots: list[tuple[torch.Tensor, dict]] = []  # after the blocks: their staging
+        if cfg.reuse_buffers and self.slot_numel:  # has gone back to the allocator
+            self.slots = [self.transfer.slot_buffers(self.slot_numel, shared=True)
+                          for _ in range(self.n_slots)]
+        self.embed.bind()
+        self.head.bind()
+        for i in self.resident:
+            self.blocks[i].bind()
+        move_buffers([adapter.model], device)
+        self.bytes_h2d = self.bytes_d2h = 0
+        self._offloaded: dict[int, torch.cuda.Event | None] = {}  # block -> its last offload
+        self._slot_free: dict[int, torch.cuda.Event | None] = {}  # slot -> last use finished
+        self._slot_params: dict[tuple, list] = {}
+        self.snapshots = DeviceSnapshots(device, cfg.to_dict())
+        self.copies = BlockCopies(self.blocks, streamed, self.transfer, timer,
+                                  self.snapshots.buffers, self._offloaded.get)
+        if cfg.checkpoint_every and kind.trained:  # an adapter run snapshots its adapters
+            self.snapshots.prepare(self._on_gpu(), pending=True)
+            self.copies.prepare()
+
+    def groups(self) -> list[Group]:
+        """Every group in canonical order: embedding, blocks, head."""
+        return [self.embed, *self.blocks, self.head]
+
+    # --- the block pipeline ----------------------------------------------------------------
+    def stream_blocks(self, step: int, compute: BlockCompute, write_back: bool,
+                      op: str = "compute") -> None:
+        """Run ``compute`` for every block in order on the compute stream, streamed blocks
+        uploaded ``prefetch_depth`` ahead and (with ``write_back``) offloaded after; each
+        compute runs inside an ``op`` span of the timer."""
+        s, n, depth, tr = self.streams, len(self.blocks), self.cfg.prefetch_depth, self.transfer
+        node = self.node
+        inflight: dict[int, tuple] = {}
+        node.begin_pass(write_back)
+
+        def upload(j: int) -> None:
+            if j >= n or j in self.resident:
+                return
+            group, slot = self.blocks[j], j % self.n_slots
+            numel = group.layout.numel
+            tr.wait_host(j)  # host-side work on this block's storage has finished
+            with s.on(s.upload):
+                s.wait(s.upload, self._offloaded.get(j))  # last step's offload wrote the host copy
+                if self.slots:
+                    flat, extra = tr.slot_view(self.slots[slot][0], numel), self.slots[slot][1]
+                else:  # reuse_buffers off: fresh buffers from the caching allocator each time
+                    flat, extra = tr.slot_buffers(numel)
+                node.before_upload(j, write_back)  # readers: the writer's last write-back landed
+                self.bytes_h2d += tr.upload(group.flat, flat, extra, step, j, s.upload,
+                                            # the slot's last block is done with it (its
+                                            # offload, or a frozen block's decode, read it)
+                                            lambda: s.wait(s.upload, self._slot_free.get(slot)))
+                inflight[j] = (flat, extra, s.record(s.upload), slot)
+                if write_back:
+                    node.after_upload(j, inflight[j][2])
+
+        for j in range(min(depth, n)):
+            upload(j)
+        for i in range(n):
+            upload(i + depth)
+            group = self.blocks[i]
+            if i in self.resident:
+                with self.timer.span(op, "compute", s.compute, step, i):
+                    compute(i, group.flat, None)
+                continue
+            flat, extra, uploaded, slot = inflight.pop(i)
+            s.wait(s.compute, uploaded)  # compute reads the weights only once they have landed
+            fresh = [flat, *extra.values()] if not self.slots and self.cuda else []
+            for t in fresh:
+                t.record_stream(s.compute)  # fresh buffers: alive until compute is done
+            decoded: list = []  # a frozen block decoded on the compute stream frees its wire
+            tr.before_compute(group.flat, flat, extra, step, i, s.compute,
+                              lambda: decoded.append(s.record(s.compute)))
+            self._bind_slot(i, flat, slot)
+            with self.timer.span(op, "compute", s.compute, step, i):
+                compute(i, flat, tr.updater(extra, i))
+            computed = s.record(s.compute)
+            if not write_back:
+                self._slot_free[slot] = decoded[0] if decoded else computed
+                continue
+            self.copies.before_offload(i)  # a snapshot's copy of its master is done
+            if not node.writer:  # the writer writes the node's copy
+                self._offloaded[i] = self._slot_free[slot] = computed
+                continue
+            node.before_write(i)  # every reader has uploaded this pass's old values
+            released: list = []
+            with s.on(s.offload):
+                s.wait(s.offload, computed)  # offload only after compute has finished the block
+                self.bytes_d2h += tr.offload(group.flat, flat, extra, step, i, group.layout,
+                                             s.offload, lambda: released.append(
+                                                 s.record(s.offload)))
+                done = s.record(s.offload)
+                for t in fresh:
+                    t.record_stream(s.offload)  # and until the offload has read them
+            self._offloaded[i] = done
+            self._slot_free[slot] = released[0] if released else done
+            node.after_write(i, done)
+
+    def _bind_slot(self, i: int, flat: torch.Tensor, slot: int) -> None:
+        """Point block i's modules at its weights in the slot (views cached per slot)."""
+        lay, tr = self.blocks[i].layout, self.transfer
+        if not self.slots:
+            lay.bind(tr.make_params(lay, flat))
+            return
+        key = (slot, lay.signature())  # views of one slot serve every block of that shape
+        params = self._slot_params.get(key)
+        if params is None:
+            params = self._slot_params[key] = tr.make_params(lay, flat)
+        lay.bind(params)
+
+    # --- state ------------------------------------------------------------------------------
+    def sync(self) -> None:
+        """Wait for every transfer and host pass (outside steps: before reading host copies)."""
+        if self.cuda:
+            torch.cuda.synchronize(self.device)  # all streams: transfers have landed
+        for i in range(len(self.blocks)):
+            self.transfer.wait_host(i)
+        self.node.settled(len(self.blocks))  # readers: the writer's copies have landed
+
+    def _weights(self, i: int) -> torch.Tensor:
+        group = self.blocks[i]
+        return group.values() if i in self.resident else self.transfer.to_fp32(group.flat)
+
+    def state_flats(self) -> LazyFlats:
+        """Every group's fp32 weights in canonical order; a streamed block is decoded from the
+        host when it is reached, so iterating holds one decoded block at a time."""
+        self.sync()
+        n = len(self.blocks)
+
+        def reader(k: int):  # a streamed block the transfer reads piece by piece, or None
+            i = k - 1
+            return (self.transfer.reader(self.blocks[i].flat)
+                    if 0 <= i < n and i not in self.resident else None)
+
+        return LazyFlats(n + 2, lambda k: self.embed.flat if k == 0 else self.head.flat
+                         if k == n + 1 else self._weights(k - 1), reader)
+
+    def load_state_flats(self, flats: Sequence[torch.Tensor]) -> None:
+        """Set every group from ``flats`` (fp32, canonical order), read one group at a time
+        (a checkpoint's ``LazyFlats`` loads each from disk only here)."""
+        self.sync()
+        self.embed.flat.copy_(flats[0])
+        self.head.flat.copy_(flats[len(flats) - 1])
+        for i in range(len(self.blocks)):
+            if i in self.resident:
+                self.blocks[i].load(flats[i + 1])
+            elif self.node.writer:  # one copy per node: one writer
+                self.transfer.store_fp32(self.blocks[i].flat, flats[i + 1])
+        self.node.barrier()  # readers upload only once the writer has stored every block
+
+    def group_layouts(self) -> list[GroupLayout]:
+        return [g.layout for g in self.groups()]
+
+    def snapshot(self, next_step: int, pending: PendingUpdate | None):
+        """The paper's asynchronous checkpoint: the groups on the GPU copied down on a side
+        stream (``engine/snapshots.py``), the streamed blocks self-copied on the host by a
+        thread while training goes on (``self_copy.py``); the next step waits only before it
+        overwrites a block whose copy is not done yet. Every buffer is kept from one snapshot
+        to the next, so call this only once the writer is done with the last one. Returns a
+        function for the writer."""
+        return self.snapshots.take(next_step, self._on_gpu(), self.group_layouts(), pending,
+                                   self.copies.start(next_step))
+
+    def _on_gpu(self) -> dict[int, torch.Tensor]:
+        """The groups that live on the GPU (embedding, head, residents) by canonical index."""
+        groups, last = self.groups(), len(self.blocks) + 1
+        return {k: groups[k].flat for k in range(last + 1) if k in (0, last)
+                or (k - 1) in self.resident}
+
+    def gpu_param_bytes(self) -> int:
+        if not self.cuda:
+            return 0
+        return sum(self.buffer_bytes().values())
+
+    def buffer_bytes(self) -> dict[str, int]:
+        """The streamer's own buffers on its device, by item (bytes; each tensor once): what
+        ``gpu_param_bytes`` sums on a GPU, itemised (``benchmarks/amp_memory.py``)."""
+        nbytes = lambda t: t.numel() * t.element_size()  # noqa: E731
+        extras: dict[str, dict[int, int]] = {}
+        for _, extra in self.slots:
+            for key, t in extra.items():
+                extras.setdefault("mirror deltas" if key == "delta" else "codec wire buffers",
+                                  {})[t.data_ptr()] = nbytes(t)
+        out = {"embedding + head": nbytes(self.embed.flat) + nbytes(self.head.flat),
+               "resident blocks": sum(nbytes(self.blocks[i].flat) for i in self.resident),
+               "block slots": sum({flat.data_ptr(): nbytes(flat)  # a shared one once
+                                   for flat, _ in self.slots}.values())}
+        out.update({k: sum(v.values()) for k, v in extras.items()})
+        return out
+
+    def host_param_bytes(self) -> int:
+        """Host bytes holding the streamed blocks: the master plus any mirror / delta."""
+        return sum(self.transfer.host_bytes(block.flat) for i, block in enumerate(self.blocks)
+                   if i not in self.resident)
+
+    def close(self) -> None:
+        """Drain transfers and snapshot copies, free GPU and pinned host memory (the model
+        becomes a skeleton: a notebook runs many jobs in one process)."""
+        self.sync()
+        self.copies.close()
+        self.transfer.close()
+        for group in self.groups():
+            release(group.layout)
+        self.blocks, self.slots = [], []
+        self._slot_params.clear()
+        self.snapshots.release()
+        self.node.close()

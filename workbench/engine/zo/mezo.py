@@ -1,0 +1,105 @@
+"""The MeZO baseline: the whole model on one device, ZO-SGD exactly as MeZO describes it.
+
+Per step with seed s: perturb every parameter by +eps z, forward; by -2 eps z, forward; by
++eps z (restore); g = (L+ - L-) / 2 eps; update w <- w - lr (g z + wd w). z is regenerated from
+s each time, never stored; the groups' flat buffers make each of those passes one launch per
+group. The arithmetic is ``step.py``'s, every group's passes driven together.
+"""
+from __future__ import annotations
+
+import torch
+
+from workbench.config import RunConfig
+from workbench.data.batches import Batch
+from workbench.engine.checkpoint import Snapshot
+from workbench.engine.events import EMBED, HEAD, EventBus
+from workbench.engine.groups import release
+from workbench.engine.objective import Objective, head_loss
+from workbench.engine.precision import autocast
+from workbench.engine.protocol import StepOutput
+from workbench.engine.snapshots import DeviceSnapshots
+from workbench.engine.timing import OpTimer
+from workbench.engine.whole import WholeModel
+from workbench.engine.zo.perturb import PendingUpdate, ZOOps
+from workbench.engine.zo.step import (ZOStep, apply_update, lockstep, projected_grad, step_seed,
+                                      zo_passes)
+
+
+class MeZOEngine(WholeModel):
+    """Args:
+        model: a model skeleton (meta weights are fine) from ``build_skeleton``.
+        source: where weights come from (random init or a checkpoint folder).
+        cfg: the run config (eps, seed, amp, rng, telemetry).
+        device: the one device everything lives on.
+        bus: where operation events go.
+        objective: what the loss is (default: ``cfg``'s, built without a tokenizer).
+    """
+
+    def __init__(self, model, source, cfg: RunConfig, device: torch.device, bus: EventBus,
+                 objective: Objective | None = None):
+        # The groups that train (``groups``) and those that stay as loaded (``frozen``).
+        self.hold(model, source, cfg, device, objective)
+        self.ops = ZOOps(cfg.rng, device)
+        self.timer = OpTimer(device, bus, cfg.telemetry)
+        self.bytes_h2d = self.bytes_d2h = 0
+        # Data parallel: averages the shard losses over ranks (the only traffic of a step).
+        self.reduce = None  # MeZO applies its update within the step
+        self.snapshots = DeviceSnapshots(device, cfg.to_dict())
+        if cfg.checkpoint_every:  # at setup, not in the first snapshot's step
+            self.snapshots.prepare(dict(enumerate(g.flat for g in self.groups)), pending=False)
+
+    # --- training ---------------------------------------------------------------------------
+    def _loss(self, batch: Batch, step: int, sign: str) -> torch.Tensor:
+        stream = torch.cuda.current_stream() if self.device.type == "cuda" else None
+        with autocast(self.device, self.cfg.amp):
+            with self.timer.span("compute", "compute", stream, step, EMBED, detail=sign):
+                hidden, ctx = self.adapter.embed(batch)
+            for i, block in enumerate(self.adapter.blocks):
+                with self.timer.span("compute", "compute", stream, step, i, detail=sign):
+                    hidden = self.adapter.run_block(block, hidden, ctx)
+            with self.timer.span("compute", "compute", stream, step, HEAD, detail=sign):
+                return head_loss(self.objective, self.adapter, hidden, batch)
+
+    @torch.no_grad()
+    def step(self, batch: Batch, step: int, lr: float, wd: float) -> StepOutput:
+        """One ZO-SGD step; returns (L+, L-, g) as 0-d device tensors."""
+        st = ZOStep(step_seed(self.cfg.seed, step), self.cfg.eps)
+        passes = lockstep([zo_passes(self.ops, g.flat, g.layout, st) for g in self.groups])
+        loss_plus, loss_minus = [self._loss(batch, step, "+-"[sign]) for sign in passes]
+        if self.reduce is not None:
+            loss_plus, loss_minus = self.reduce(torch.stack([loss_plus, loss_minus])).unbind()
+        g = projected_grad(loss_plus, loss_minus, st.eps)
+        upd = PendingUpdate(st.seed, g, lr, wd)
+        stream = torch.cuda.current_stream() if self.device.type == "cuda" else None
+        with self.timer.span("update", "compute", stream, step, EMBED):
+            for group in self.groups:
+                apply_update(self.ops, group.flat, group.layout, upd)
+        self.timer.poll()
+        return StepOutput((loss_plus + loss_minus) / 2, g, loss_plus, loss_minus)
+
+    # --- state ------------------------------------------------------------------------------
+    def snapshot(self, next_step: int):
+        """Start host copies of the weights (never blocking the step; ``engine/snapshots.py``);
+        returns a function the checkpoint writer calls to get the ``Snapshot``. Call it only
+        once the writer is done with the last one."""
+        return self.snapshots.take(next_step, dict(enumerate(g.flat for g in self.groups)),
+                                   self.group_layouts(), None)
+
+    def restore(self, snap: Snapshot) -> None:
+        """MeZO applies each update within its step: a snapshot never carries one."""
+        if snap.pending is not None:
+            raise ValueError("checkpoint: a MeZO snapshot cannot carry a pending update")
+        self.load_state_flats(snap.flats)
+
+    def gpu_param_bytes(self) -> int:
+        on_gpu = self.device.type == "cuda"
+        groups = self.groups + self.frozen
+        return sum(g.flat.numel() * g.flat.element_size() for g in groups) if on_gpu else 0
+
+    def close(self) -> None:
+        """Drain timing events and free the device memory (the model becomes a skeleton)."""
+        self.timer.poll(wait=True)
+        for group in self.groups + self.frozen:
+            release(group.layout)
+        self.groups, self.frozen = [], []
+        self.snapshots.release()

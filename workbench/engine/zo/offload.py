@@ -1,0 +1,215 @@
+"""ZO-Offloading: transformer blocks stream host -> GPU -> host, one PCIe round trip per step.
+
+``StreamedEngine`` is the engine contract around a ``BlockStreamer`` (``stream/scheduler.py``: where
+each group is and when it moves) for the methods that defer each step's update into the next
+step's uploads; ``ZOOffloadEngine`` adds the ZO step, ``ForwardGradEngine``
+(``forward_grad.py``) the forward-gradient step. The arithmetic is ``step.py``'s.
+
+A zo-offload step, per block after its upload: apply the previous step's pending update fused
+with the +eps perturbation, run the + pass, perturb -2 eps, run the - pass, restore, offload.
+The + and - hidden states travel block by block together, so one upload serves both passes.
+A weight tied between the embedding and the LM head keeps its +eps copy, in the head's compute
+dtype, from the embedding's + pass to the head's (``tied.py``), so every value equals MeZO's
+bit for bit.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from workbench.config import RunConfig
+from workbench.data.batches import Batch
+from workbench.engine.checkpoint import Snapshot
+from workbench.engine.events import EMBED, HEAD, EventBus
+from workbench.engine.groups import GroupLayout, tied_with_embed
+from workbench.engine.objective import Objective, Total, evaluate, head_loss, objective_for
+from workbench.engine.peft import block_adapter
+from workbench.engine.precision import autocast
+from workbench.engine.protocol import StepOutput
+from workbench.engine.stream.scheduler import BlockStreamer
+from workbench.engine.stream.shared_host import NodeShare
+from workbench.engine.timing import OpTimer
+from workbench.engine.zo.perturb import PendingUpdate, ZOOps, pending_from_dict
+from workbench.engine.zo.step import (MINUS, PLUS, ZOStep, apply_update, projected_grad, step_seed,
+                                      zo_passes)
+from workbench.engine.zo.tied import TiedHead
+from workbench.models.adapter import Inputs
+
+
+class StreamedEngine:
+    """Everything but ``step`` for an engine over a ``BlockStreamer`` whose update stays
+    pending until the next step's uploads (``pending``). Args: as ``MeZOEngine``; the scheduler
+    knobs come from ``cfg`` (overlap, reuse_buffers, fused_update, resident_blocks,
+    prefetch_depth); ``share``: the node's one host copy under data parallel
+    (``stream/shared_host.py``)."""
+
+    def __init__(self, model, source, cfg: RunConfig, device: torch.device, bus: EventBus,
+                 share: NodeShare | None = None, objective: Objective | None = None):
+        self.cfg, self.device = cfg, device
+        self.adapter = block_adapter(model, cfg)
+        self.ops = ZOOps(cfg.rng, device)
+        self.timer = OpTimer(device, bus, cfg.telemetry)
+        self.objective = objective or objective_for(cfg, model.config.vocab_size)
+        self.streamer = BlockStreamer(self.adapter, source, cfg, device, self.timer, self.ops,
+                                      share)
+        self.pending: PendingUpdate | None = None
+        # Data parallel: averages the shard losses over ranks (the only traffic of a step).
+        self.reduce = None
+
+    @property
+    def bytes_h2d(self) -> int:
+        return self.streamer.bytes_h2d
+
+    @property
+    def bytes_d2h(self) -> int:
+        return self.streamer.bytes_d2h
+
+    def defer(self, step: int, seed: int, g: torch.Tensor, lr: float, wd: float) -> None:
+        """Keep the step's update pending for the next step's uploads (fused_update), or apply
+        it now in a separate pass with its own transfers (the unfused baseline)."""
+        self.pending = PendingUpdate(seed, g, lr, wd)
+        if not self.cfg.fused_update:
+            self.flush(step)
+
+    def finish_zo(self, step: int, st: ZOStep, losses: list[torch.Tensor], lr: float,
+                  wd: float) -> StepOutput:
+        """The end of a ZO step from its [L+, L-]: the mean over ranks (data parallel), g, the
+        update kept pending (``defer``)."""
+        loss_plus, loss_minus = losses[PLUS], losses[MINUS]
+        if self.reduce is not None:
+            loss_plus, loss_minus = self.reduce(torch.stack([loss_plus, loss_minus])).unbind()
+        g = projected_grad(loss_plus, loss_minus, st.eps)
+        self.defer(step, st.seed, g, lr, wd)
+        self.timer.poll()
+        return StepOutput((loss_plus + loss_minus) / 2, g, loss_plus, loss_minus)
+
+    @torch.no_grad()
+    def flush(self, step: int = -1) -> None:
+        """Apply the pending update everywhere (end of training, before eval or a checkpoint)."""
+        upd, self.pending = self.pending, None
+        if upd is None:
+            return
+        s, ops = self.streamer, self.ops
+        with self.timer.span("update", "compute", s.streams.compute, step, EMBED):
+            for group in (s.embed, s.head):
+                apply_update(ops, group.flat, group.layout, upd)
+        s.stream_blocks(step, lambda i, flat, apply: apply_update(ops, flat, s.blocks[i].layout,
+                                                                  upd, apply),
+                        write_back=True, op="update")
+
+    @torch.no_grad()
+    def evaluate(self, dev, batch_size: int, total: Total | None = None) -> dict[str, float]:
+        """The objective's metrics on ``dev`` with the current weights; every forward pass
+        (one per eval batch, one per generated token) streams the blocks read-only."""
+        self.flush()
+        return evaluate(self.objective, self.adapter, dev, self.device, self.cfg.amp, batch_size,
+                        self.streamed_forward, total)
+
+    def streamed_forward(self, input_ids: torch.Tensor,
+                         attention_mask: torch.Tensor) -> torch.Tensor:
+        """Final hidden states (B, T, D) with the current weights (the update flushed first),
+        the blocks streamed through the GPU once, read-only (``models/generate.py::Forward``)."""
+        adapter = self.adapter
+        hidden, ctx = adapter.embed(Inputs(input_ids, attention_mask))
+        state = [hidden]
+
+        def forward(i: int, flat: torch.Tensor, apply) -> None:
+            state[0] = adapter.run_block(adapter.blocks[i], state[0], ctx)
+
+        self.streamer.stream_blocks(-1, forward, write_back=False, op="eval")
+        return state[0]
+
+    # --- state ------------------------------------------------------------------------------
+    def state_flats(self) -> Sequence[torch.Tensor]:
+        return self.streamer.state_flats()
+
+    def base_flats(self) -> list[torch.Tensor]:
+        """No frozen base: every weight trains."""
+        return []
+
+    def load_state_flats(self, flats: list[torch.Tensor]) -> None:
+        self.streamer.load_state_flats(flats)
+
+    def group_layouts(self) -> list[GroupLayout]:
+        return self.streamer.group_layouts()
+
+    def snapshot(self, next_step: int):
+        return self.streamer.snapshot(next_step, self.pending)
+
+    def restore(self, snap: Snapshot) -> None:
+        self.streamer.load_state_flats(snap.flats)
+        self.pending = pending_from_dict(snap.pending, self.device)
+
+    def gpu_param_bytes(self) -> int:
+        return self.streamer.gpu_param_bytes()
+
+    def host_report(self) -> dict[str, int]:
+        """Host bytes of the streamed blocks this rank sees, and how many of them it allocated
+        itself (``private``), created for its node or mapped from it (data parallel)."""
+        total, node = self.streamer.host_param_bytes(), self.streamer.node
+        return {"streamed_bytes": total,
+                "private_bytes": total - node.created_bytes - node.mapped_bytes,
+                "created_bytes": node.created_bytes, "mapped_bytes": node.mapped_bytes}
+
+    def close(self) -> None:
+        """Drain transfers and timing events, free GPU and pinned host memory."""
+        self.streamer.close()
+        self.timer.poll(wait=True)
+
+
+class ZOOffloadEngine(StreamedEngine):
+    """Method ``zo-offload``: MeZO's step over the streamed model, bit-equal to ``MeZOEngine``
+    for every scheduler knob."""
+
+    def __init__(self, model, source, cfg: RunConfig, device: torch.device, bus: EventBus,
+                 share: NodeShare | None = None, objective: Objective | None = None):
+        super().__init__(model, source, cfg, device, bus, share, objective)
+        s = self.streamer
+        self.tied = (TiedHead(s.embed, self.adapter.head_modules, cfg.amp)
+                     if tied_with_embed(s.embed.layout, self.adapter.head_modules) else None)
+
+    def buffer_bytes(self) -> dict[str, int]:
+        """The engine's own device buffers by item (bytes): the streamer's and the tied head
+        weight copy."""
+        tied = {"tied head weight copy": self.tied.nbytes} if self.tied is not None else {}
+        return {**self.streamer.buffer_bytes(), **tied}
+
+    def gpu_param_bytes(self) -> int:
+        return sum(self.buffer_bytes().values()) if self.device.type == "cuda" else 0
+
+    @torch.no_grad()
+    def step(self, batch: Batch, step: int, lr: float, wd: float) -> StepOutput:
+        """One ZO step over the streamed model; returns (L+, L-, g) as 0-d device tensors."""
+        ops, adapter, s = self.ops, self.adapter, self.streamer
+        st = ZOStep(step_seed(self.cfg.seed, step), self.cfg.eps, self.pending)
+        emb, tied, compute = s.embed, self.tied, s.streams.compute
+        with autocast(self.device, self.cfg.amp):
+            with self.timer.span("compute", "compute", compute, step, EMBED):
+                embed_passes = zo_passes(ops, emb.flat, emb.layout, st)
+                next(embed_passes)
+                h_plus, ctx = adapter.embed(batch)
+                if tied is not None:
+                    tied.keep()  # the tied weight at p, for the head's + pass
+                next(embed_passes)
+                h_minus, _ = adapter.embed(batch)
+                if tied is None:
+                    next(embed_passes, None)  # restore (tied: after the head's - pass)
+            hidden = [h_plus, h_minus]
+
+            def dual_forward(i: int, flat: torch.Tensor, apply) -> None:
+                block = adapter.blocks[i]
+                for sign in zo_passes(ops, flat, s.blocks[i].layout, st, apply=apply):
+                    hidden[sign] = adapter.run_block(block, hidden[sign], ctx)
+
+            s.stream_blocks(step, dual_forward, write_back=True)
+            losses = [None, None]
+            with self.timer.span("compute", "compute", compute, step, HEAD):
+                for sign in zo_passes(ops, s.head.flat, s.head.layout, st):
+                    if tied is not None:  # the head sees the tied weight at p, then m
+                        tied.bind_for(sign)
+                    losses[sign] = head_loss(self.objective, adapter, hidden[sign], batch)
+                if tied is not None:
+                    tied.unbind()
+                next(embed_passes, None)  # a tied embedding's restore
+        return self.finish_zo(step, st, losses, lr, wd)

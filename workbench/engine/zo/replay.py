@@ -1,0 +1,90 @@
+"""Checkpoint replay: the weights after any step, from a snapshot and the step log.
+
+A step's effect on the weights does not depend on its forward passes once its g is known (the
+step log keeps (seed, g, lr, wd) per step), so the replay runs each step's arithmetic without
+them: ``step.replay_pass`` on every group, in the engine's order, with the update applied
+where the engine applies it (deferred into the next step's pass, or at the end of the step for
+MeZO and fused_update=false). Streamed blocks go through the run's own host format
+(``stream/transfers.py``): the fp32 master, its compressed mirror (whose updates are computed on the
+decoded mirror and reach the master as bf16), or compressed-sr with its seeded roundings.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from workbench.engine.events import EventBus
+from workbench.engine.groups import GroupLayout
+from workbench.engine.stream.transfers import make_transfer
+from workbench.engine.timing import OpTimer
+from workbench.engine.zo.perturb import ZOOps, pending_from_dict
+from workbench.engine.zo.step import ApplyUpdate, ZOStep, apply_update, replay_pass
+
+#: What a replayed pass does to one group: ``fn(weights, layout, apply)``.
+GroupPass = Callable[[torch.Tensor, GroupLayout, ApplyUpdate | None], None]
+
+
+def replay(flats: list[torch.Tensor], names: list[str], n_decay: list[int],
+           pending: dict | None, config: dict[str, Any], rows: dict[int, dict], first: int,
+           last: int, device: torch.device) -> list[torch.Tensor]:
+    """Groups' fp32 weights (canonical order, CPU) after steps ``first`` .. ``last - 1`` are
+    replayed on ``device`` from the snapshot taken before step ``first`` (``flats`` with its
+    ``pending`` update) and the step log's ``rows``, with the final pending update applied as
+    a flush outside any step applies it."""
+    method = config["method"]
+    ops = ZOOps(config.get("rng", "philox"), device)
+    eps, zo = float(config.get("eps", 0.0)), method != "forward-grad"
+    deferred = method != "mezo" and config.get("fused_update", True)
+    layouts = [GroupLayout(n, [], f.numel(), d) for n, f, d in zip(names, flats, n_decay)]
+    n_blocks = len(layouts) - 2
+    resident = min(int(config.get("resident_blocks", 0)), n_blocks)
+    # an adapter run's groups (its adapters) are resident in every engine: nothing streams
+    streamed = (set() if method == "mezo" or config.get("peft", "none") == "lora"
+                else set(range(1 + resident, 1 + n_blocks)))
+    transfer = None
+    if streamed:
+        timer = OpTimer(device, EventBus(), enabled=False)
+        transfer = make_transfer(config.get("master", "fp32"), config.get("codec", "fp32"),
+                                 device, timer, ops)
+    weights = []
+    for k in range(len(layouts)):  # one group read at a time: streamed ones go to host storage
+        if k in streamed:
+            weights.append(transfer.host_storage(layouts[k]))
+            transfer.store_fp32(weights[k], flats[k])
+        else:
+            weights.append(flats[k].to(device, torch.float32))
+
+    def each_group(t: int, fn: GroupPass) -> None:
+        """One pass of step ``t`` (-1: outside any step) over every group, in order."""
+        for k, lay in enumerate(layouts):
+            if k not in streamed:
+                fn(weights[k], lay, None)
+                continue
+            b = k - 1  # the block index, as the engine's transfer counts offloads
+            transfer.wait_host(b)  # the mirror's host pass of the last offload has finished
+            slot, extra = transfer.slot_buffers(lay.numel)
+            transfer.upload(weights[k], slot, extra, t, b, None)
+            fn(slot, lay, transfer.updater(extra, b))
+            transfer.offload(weights[k], slot, extra, t, b, lay, None)
+
+    upd = pending_from_dict(pending, device)
+    for t in range(first, last):
+        st = ZOStep(int(rows[t]["seed"]), eps, upd)
+        each_group(t, lambda w, lay, apply: replay_pass(ops, w, lay, st, zo, apply))
+        upd = pending_from_dict(rows[t], device)
+        if not deferred:  # applied within the step, in a pass of its own
+            each_group(t, lambda w, lay, apply: apply_update(ops, w, lay, upd, apply))
+            upd = None
+    if upd is not None:
+        each_group(-1, lambda w, lay, apply: apply_update(ops, w, lay, upd, apply))
+    if transfer is None:
+        return [w.cpu() for w in weights]
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # replay only: the offloads have written the host copies
+    for k in streamed:
+        transfer.wait_host(k - 1)  # every host pass has written its master
+    out = [w.cpu() if k not in streamed else transfer.to_fp32(w).clone()
+           for k, w in enumerate(weights)]
+    transfer.close()
+    return out

@@ -1,0 +1,224 @@
+"""The plan of the ZO methods: mezo (every group resident), zo-offload and forward-grad (blocks
+streamed host <-> GPU through ``prefetch_depth`` + ``SPARE_SLOTS`` slots).
+
+Memory (n = elements of one block, B rows, T = seq_len, D hidden).
+  Parameters as the engines hold them (their ``gpu_param_bytes``). mezo: every group in fp32.
+    zo-offload: embedding + head + resident blocks; prefetch_depth + 2 fp32 slots of a block
+    (+ 1 under master=compressed-sr: a slot is free once encoded); a copy of a tied LM-head
+    weight in the head's compute dtype (``engine/zo/tied.py``: bf16 / fp16 under amp, else fp32).
+    A compressed codec adds two wire buffers (one per direction, shared by the slots) and,
+    with master=fp32 (the mirror transfer of ``engine/stream/transfers.py``), a bf16 delta per
+    slot. reuse_buffers=false: fresh buffers, freed across streams only once their events
+    complete, while the host enqueues a whole step: up to every streamed block at once (the
+    allocator syncs rather than failing, so the fit check counts only the slots' number of them).
+    forward-grad: zo-offload + an fp32 tangent for every group (``ForwardGradEngine`` leaves
+    each group's weights bound as duals until the step's dual level ends, so the tangents of all
+    blocks accumulate within a step; measured on CPU).
+  Activations (``memory.py``). Live across blocks: mezo 1, zo-offload 2 (+ and - travel
+    together), forward-grad 2 (primal, tangent). ``BlockAdapter.embed`` keeps its ``_Captured``
+    exception, whose traceback cycle holds the embedding frame until the GC runs: 3 hidden states
+    per embedding call for OPT (token + position embeddings + sum), 1 for Llama (measured on
+    CPU). forward-grad uses the math attention backend (scores + probabilities, dual). Prompt
+    batches are planned at T = seq_len (an upper bound). Evaluation (max(B, 16) rows, one pass)
+    counts towards the peak as it does in a run. Without the fused kernel z is materialised
+    (4 B per element of a group + philox temporaries). codec with master=compressed-sr: the
+    stochastic rounding is one fused kernel with nothing extra (its torch path, without Triton:
+    about 23 B per block element beside compute); the mirror transfer, a 4 B delta per element.
+    ZO activation memory was checked against the engines on the CPU (profiler, exact to 1%).
+Time. A step is max(device time, host launch time, the mirror codec's host pass). Per streamed
+  block: max(both passes + its perturbation, upload, offload) with overlap (both directions
+  share the link at the measured both-at-once rate), their sum without; resident blocks,
+  embedding and head add compute. Perturbation: 4 regenerations per element per step
+  (forward-grad 2). fused_update=false: a second round trip and an update pass.
+  reuse_buffers=false: transfers x ``reuse_off_factor``. Pipeline fill is hidden by the loop
+  running ahead.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from workbench.config import RunConfig
+from workbench.plan.lora import codec_bytes
+from workbench.plan.memory import EVAL_ROWS, SPARE_SLOTS, moments, pinned_bytes
+from workbench.plan.rates import host_key
+from workbench.presets import Preset
+
+OP_LAUNCH_S = 5e-5  # host time of one perturbation kernel or one transfer launch
+
+
+def transfer_kind(cfg: RunConfig) -> str:
+    """How trained blocks travel: plain (fp32), sr (compressed master) or mirror (fp32 master,
+    a compressed mirror up, a bf16 delta down)."""
+    return "plain" if cfg.codec == "fp32" else ("sr" if cfg.master == "compressed-sr" else "mirror")
+
+
+@dataclass(frozen=True)
+class Stream:
+    """What a ZO plan's parts share: the shapes (N blocks of nb elements, embedding ne, head
+    nh), r resident and s streamed blocks through ``slots`` slots, the transfer ``kind`` with
+    its bytes per block ``up`` and ``down``, the perturbation rate ``pr`` (elements/s) and
+    ``z(k)``: the bytes a materialised z of k elements takes (0 with the fused kernel)."""
+
+    cuda: bool
+    streaming: bool
+    N: int
+    nb: int
+    ne: int
+    nh: int
+    r: int
+    s: int
+    slots: int
+    kind: str
+    up: int
+    down: int
+    pr: float
+    z: Callable[[int], int]
+
+
+def _stream(cfg: RunConfig, p: Preset, prof: dict) -> Stream:
+    cuda, streaming = cfg.device == "cuda", cfg.method != "mezo"
+    N, nb = p.num_layers, p.block_params()
+    fused = cfg.rng == "philox" and cuda and bool(prof.get("fused_kernel"))
+    pr = prof["perturb_fused_per_s" if fused else
+              "perturb_torch_per_s" if cfg.rng == "torch" else "perturb_philox_torch_per_s"]
+    z = (lambda k: 0) if fused else (  # z materialised, + philox's int64 chunk temporaries
+        lambda k: 4 * k + (0 if cfg.rng == "torch" else 80 * min((k + 3) // 4, 1 << 22)))
+    r = min(cfg.resident_blocks, N) if streaming else N
+    kind = transfer_kind(cfg)
+    slots = cfg.prefetch_depth + SPARE_SLOTS[kind] if streaming and r < N else 0
+    up = codec_bytes(cfg.codec, nb)
+    down = {"plain": 4 * nb, "sr": up, "mirror": 2 * nb}[kind]
+    return Stream(cuda, streaming, N, nb, p.embed_params(), p.head_params(), r, N - r, slots,
+                  kind, up, down, pr, z)
+
+
+def plan_zo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) -> None:
+    """ZO methods: fill e (memory parts, PCIe bytes, times)."""
+    st = _stream(cfg, p, prof)
+    tied_copy = _parameters(cfg, p, st, e, notes)
+    _activations(cfg, p, prof, st, e, notes, tied_copy)
+    _time(cfg, prof, st, e, notes)
+
+
+def _parameters(cfg: RunConfig, p: Preset, st: Stream, e: dict, notes: list[str]) -> int:
+    """Device and host bytes of the weights, slots and wires; returns the tied head copy's."""
+    cuda, dev, nb, s, slots, kind, up = st.cuda, e["dev"], st.nb, st.s, st.slots, st.kind, st.up
+    dev["embedding + head"] = 4 * (st.ne + st.nh)
+    dev["resident blocks" if st.streaming else "blocks"] = 4 * st.r * nb
+    tied_copy = 0
+    if cfg.method == "zo-offload" and p.hf.get("tie_word_embeddings", True):  # the head's copy
+        tied_copy = (2 if e["amp"] else 4) * p.vocab * p.hf.get("word_embed_proj_dim", p.hidden)
+        dev["tied head weight copy"] = tied_copy
+    if slots:
+        ahead = s if cuda and cfg.overlap and not cfg.reuse_buffers else slots
+        dev["block slots" if cfg.reuse_buffers else "blocks in flight"] = 4 * ahead * nb
+        e["elastic"] = 4 * (ahead - slots) * nb
+        if kind != "plain":  # shared wires (one per direction) with reuse, else per block
+            wires = {"sr": 2 * up, "mirror": up} if cfg.reuse_buffers else {
+                "sr": slots * up, "mirror": slots * up}
+            dev["codec wire buffers"] = wires[kind]
+            if kind == "mirror":
+                dev["mirror deltas"] = slots * 2 * nb
+        pin = lambda nbytes: pinned_bytes(nbytes, cuda)  # noqa: E731
+        e["pinned"] = s * {"plain": pin(4 * nb), "sr": pin(up),
+                           "mirror": pin(up) + pin(2 * nb)}[kind]
+        if kind == "mirror":  # a pageable fp32 master, a pinned mirror and delta
+            e["host"]["block masters (fp32)"] = 4 * s * nb
+            e["host"][f"{cfg.codec} mirrors + bf16 deltas"] = e["pinned"]
+        else:
+            e["host"][f"block masters ({cfg.codec})"] = e["pinned"]
+        if cuda and e["pinned"] > 1.1 * s * (4 * nb if kind == "plain" else up + 2 * nb):
+            notes.append("blocks under 64 MiB are pinned by torch's allocator, which rounds each "
+                         "up to a power of two: pinned host memory is counted as rounded")
+    extras = (dev.get("codec wire buffers", 0) + dev.get("mirror deltas", 0)
+              if cfg.reuse_buffers else 0)
+    e["gpu_param_bytes"] = cuda * (4 * (st.ne + st.nh + st.r * nb) + tied_copy
+                                   + (4 * slots * nb + extras) * cfg.reuse_buffers)
+    return tied_copy
+
+
+def _activations(cfg: RunConfig, p: Preset, prof: dict, st: Stream, e: dict, notes: list[str],
+                 tied_copy: int) -> None:
+    """The activation peak of a step (and of an evaluation pass), into ``e["dev"]``."""
+    rows, t, masked, hb, m, dev = cfg.batch_size, cfg.seq_len, e["masked"], e["hb"], e["m"], e["dev"]
+    nb, ne, nh, z = st.nb, st.ne, st.nh, st.z
+    live = 1 if cfg.method == "mezo" else 2
+    held = (3 if p.family == "opt" else 1) * hb * live  # embedding frames kept by the adapter
+    # SR encode beside compute: the fused kernel holds nothing extra; the torch path about 23 B
+    # per element (int64 noise words, int32 noise, mask, rounded, selected, cast)
+    blockm = m["block"] + (0 if st.cuda and prof.get("fused_kernel") else 23 * nb) * (
+        st.kind == "sr")
+    if cfg.method == "forward-grad":  # dual tensors, math-backend attention (scores + probs)
+        blockm = 2 * m["block"] + 4 * rows * p.heads * t * t * (2 if e["amp"] else 4)
+        # embedding and head tangents live all step; a block's only while it computes
+        dev["tangents (embedding, head, one block)"] = 4 * (ne + nh + nb)
+        # forward-AD transients per block parameter (dual casts under autocast, the next
+        # block's tangent): an empirical 16 B, fitted to the H200 peaks of opt-1.3b / 6.7b bf16
+        # (benchmarks/results/methods-fgfix-*.json; the plan was 27-31% under without it)
+        dev["forward-AD transients"] = 16 * nb
+        notes.append("forward-grad: the embedding's and head's tangents live all step, a block's "
+                     "only while it computes (4 B/param); jvp taken as 3x forward FLOPs")
+    # the head reads the tied copy in its compute dtype: no autocast cast of that weight
+    head_m = m["head"] - (2 * p.vocab * p.hf.get("word_embed_proj_dim", p.hidden)
+                          if tied_copy and e["amp"] else 0)
+    peaks = [m["embed"] + (live - 1) * (hb + held // live), live * hb + held + blockm,
+             live * hb + held + head_m]
+    peaks += [held + z(max(ne, nb, nh))] if not st.streaming else [  # held: not yet collected
+        2 * hb + held + max(z(nb) + 4 * nb * (st.kind == "mirror"), z(ne))]  # (tied: last)
+    act = max(peaks) + rows * t * t * masked  # + the padding mask, alive all step
+    if masked:  # evaluation: one pass over max(B, 16) rows
+        er = max(rows, EVAL_ROWS)
+        ehb = 4 * er * t * p.hidden
+        em = max(moments(p, er, t, e["amp"], True, e["cast"]).values())
+        act = max(act, ehb + held // live * er // rows + em + er * t * t)
+    dev["activations"] = act
+
+
+def _time(cfg: RunConfig, prof: dict, st: Stream, e: dict, notes: list[str]) -> None:
+    """Compute, transfer and host seconds of a step, and its PCIe bytes, into ``e``."""
+    cuda, N, nb, ne, nh, r, s, kind, pr = (st.cuda, st.N, st.nb, st.ne, st.nh, st.r, st.s,
+                                           st.kind, st.pr)
+    passes, regens = (3, 2) if cfg.method == "forward-grad" else (2, 4)
+    c_blk = passes * e["blk"] + regens * nb / pr
+    eh_t = passes * e["eh"] + regens * (ne + nh) / pr
+    e["compute"] = eh_t + N * c_blk
+    # this machine's host seconds per step and per block (a GPU's; on a CPU host time is compute)
+    measured = prof.get("host_costs_s", {}).get(host_key(cfg.method, bool(e["amp"]))) \
+        if cuda else None
+    if measured is not None:
+        e["host_t"] = measured[0] + N * measured[1]
+    else:
+        e["host_t"] = prof["step_overhead_s"] + (N + 2) * (passes * prof["launch_s"]
+                                                           + 3 * OP_LAUNCH_S)
+    e["step"] = e["compute"]
+    if not st.slots:
+        return
+    overlap, bw = cfg.overlap and cuda, prof["gpu_mem_bps"]
+    if not cuda:  # the CPU engine copies master <-> slot in host memory
+        bu = bd = prof["host_memcpy_bps"] / 2
+    else:  # with overlap both directions run at once and share the link
+        bu, bd = ((prof["duplex_bps"] / 2,) * 2 if overlap else (prof["h2d_bps"], prof["d2h_bps"]))
+    factor = 1.0 if cfg.reuse_buffers or not cuda else prof["reuse_off_factor"]
+    x_up = factor * st.up / bu + (st.up + 4 * nb) / bw * (kind != "plain")  # + decode on the GPU
+    x_dn = factor * st.down / bd + {"plain": 0, "sr": 30 * nb, "mirror": 14 * nb}[kind] / bw
+    rounds = [(c_blk, x_up, x_dn)]
+    if not cfg.fused_update:  # flush(): a second round trip with an update pass
+        rounds = [(c_blk, x_up, 0.0 if kind == "mirror" else x_dn), (nb / pr, x_up, x_dn)]
+        e["compute"] += (ne + nh + N * nb) / pr
+        eh_t += (ne + nh + r * nb) / pr
+    per = sum(max(c, u, w) if overlap else c + u + w for c, u, w in rounds)
+    e["step"] = eh_t + r * c_blk + s * per
+    e["h2d"] = s * st.up * len(rounds)
+    e["d2h"] = s * st.down * (1 if kind == "mirror" else len(rounds))
+    e["transfer"] = s * max(sum(u for _, u, _ in rounds), sum(w for _, _, w in rounds))
+    if measured is None:  # the measured per-block cost holds the transfers'
+        e["host_t"] += s * len(rounds) * 3 * OP_LAUNCH_S
+    elif len(rounds) > 1:  # fused_update off: a second streamed pass
+        e["host_t"] += s * 3 * OP_LAUNCH_S
+    if kind == "mirror":  # one host thread: master += delta, re-encode the mirror
+        e["host_t"] = max(e["host_t"], s * nb / prof["host_update_per_s"])
+    if not cfg.reuse_buffers and cuda:
+        notes.append(f"reuse_buffers=false: transfers {factor:.2f}x slower (the paper's 0.37x "
+                     f"ablation; our caching allocator may do better); fits with {st.slots} in "
+                     "flight")
