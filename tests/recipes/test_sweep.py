@@ -2,6 +2,7 @@
 planner's refusals, reused and protected folders, stopping, the TOML a tune writes."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -205,12 +206,14 @@ def test_cli_tune_writes_the_fastest_as_a_loadable_toml(tmp_path, capsys):
         assert manifest["extra"]["best"] == fastest["name"]
     cfg = load_config(out / "best.toml")  # what --config reads
     assert cfg.steps == 40 and cfg.method == "zo-offload"  # the user's length, not the trial's
-    assert {k: getattr(cfg, k) for k in fastest["changes"]} == fastest["changes"]
+    best = next(p for p in done if p["name"] == manifest["extra"]["best"])  # what it wrote
+    assert {k: getattr(cfg, k) for k in best["changes"]} == best["changes"]
     for p in manifest["points"]:  # trials: short, one dev example
         rec = RunRecord.load(out / p["dir"])
         assert rec.config["steps"] == 3 and rec.config["eval_samples"] == 1
-    page = (out / "report.html").read_text(encoding="utf-8")
-    assert "measured / predicted" in page and "best.toml" in page
+    if importlib.util.find_spec("plotly") is not None:  # the report needs the UI packages
+        page = (out / "report.html").read_text(encoding="utf-8")
+        assert "measured / predicted" in page and "best.toml" in page
     assert (f"fastest: {fastest['name']}" in text if not manifest["extra"]["within_noise"]
             else "no winner: " in text)
 

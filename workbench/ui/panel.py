@@ -161,10 +161,10 @@ class KnobPanel:
         self.knobs.add_class("wb-knobs")
         self._show_groups(method)
         buttons = (self.run_button, self.stop_button, self.export_button, self.model_button)
-        for b in buttons:
-            b.layout = widgets.Layout(width="auto")
+        for b in buttons:  # each as wide as its name; the row wraps rather than cut one
+            b.layout = widgets.Layout(width="auto", flex="0 0 auto")
         column = widgets.VBox([
-            self.knobs, widgets.HBox(list(buttons)),
+            self.knobs, widgets.HBox(list(buttons), layout=widgets.Layout(flex_flow="row wrap")),
             self.problems, self.prediction, self.message],
             layout=widgets.Layout(width=KNOBS_WIDTH, flex=f"0 0 {KNOBS_WIDTH}"))
         self.widget = widgets.HBox([column, self.view], layout=widgets.Layout(
