@@ -185,7 +185,7 @@ def test_quickstart_runs_in_jupyterlab(browser, lab):
             assert message not in text, message
         assert "Traceback (most recent call last)" not in text
         assert "failed:" not in text  # the panel's message line after a failed run
-        assert "done · step 40 of 40" in text  # the dashboard's status line, final refresh
+        assert "done · step 60 of 60" in text  # the dashboard's status line, final refresh
         assert "next knob: " in text and "-bound" in text  # the verdict in the header
         assert "GPU metrics" not in text or text.count("GPU metrics off") == 2  # once each
         assert dashboards.count() >= 2, dashboards.count()
