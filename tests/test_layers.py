@@ -13,7 +13,7 @@ PKG = Path(__file__).resolve().parents[1] / "workbench"
 #: The rooms, lowest first; a module may import its own layer and those below.
 ORDER = [("config", "presets", "__init__"), ("models", "data"), ("plan",),
          ("engine", "distributed"), ("calibrate", "telemetry"), ("recipes", "export"), ("ui",),
-         ("cli", "cli_sweep", "cli_demo", "cli_export", "__main__")]
+         ("cli", "__main__")]
 LAYER = {name: level for level, names in enumerate(ORDER) for name in names}
 
 

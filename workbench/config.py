@@ -4,7 +4,7 @@ Every knob has one name everywhere (config field, ``--set`` key, widget label, r
 metadata carries the help text, the unit and the valid range, so the knob panel can build the
 right control and the validator can say what is allowed.
 
-Longer than our usual module (about 500 lines): every knob's field, help, range and checks, and
+Longer than our usual module (about 600 lines): every knob's field, help, range and checks, and
 the reading of TOML files and ``--set`` values into them, are one concept read in one place.
 """
 from __future__ import annotations

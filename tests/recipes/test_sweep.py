@@ -93,6 +93,25 @@ def test_a_second_sweep_into_the_folder_is_refused_resumed_or_overwritten(cli_sw
     assert (stray / "notes.txt").read_text() == "mine"
 
 
+def test_a_resumed_sweep_ranks_as_it_was_started_unless_told(cli_sweep, capsys):
+    """``--resume`` reads the manifest's rank_by; ``--rank-by`` beside it ranks otherwise."""
+    from workbench.telemetry import ranking
+
+    _, out = cli_sweep
+    kept = {name: (out / name).read_bytes() for name in ("sweep.json", "report.html")}
+    started = json.loads(kept["sweep.json"])["rank_by"]
+    try:
+        assert main(["sweep", "--resume", str(out), "--quiet"]) == 0
+        assert f"ranked by {ranking.parse_rank_by(started).label}" in capsys.readouterr().out
+        other = "loss" if started != "loss" else "tokens_per_s"
+        assert main(["sweep", "--resume", str(out), "--rank-by", other, "--quiet"]) == 0
+        assert f"ranked by {ranking.parse_rank_by(other).label}" in capsys.readouterr().out
+        assert json.loads((out / "sweep.json").read_text())["rank_by"] == other
+    finally:  # the module's other tests read the sweep as the fixture left it
+        for name, data in kept.items():
+            (out / name).write_bytes(data)
+
+
 def test_parse_sweeps_reads_values_and_lists_every_problem():
     assert parse_sweeps(["overlap=true,false", "prefetch_depth = 1, 2", "codec=bf16"]) == {
         "overlap": [True, False], "prefetch_depth": [1, 2], "codec": ["bf16"]}

@@ -17,7 +17,10 @@ from workbench.engine.zo.perturb import PendingUpdate, ZOOps
 
 n = 10_001  # not a multiple of 4: the last counter's lanes are partly masked
 z = zo_kernels.normals(n, 12345, 678, "cpu")
-assert (z - philox.normals(n, 12345, 678, "cpu")).abs().max() < 2e-6  # same integers
+# same integers: a different counter or key gives different normals (differences of order 1);
+# the interpreter's numpy log / cos may differ from torch's by a few ulp (seen: > 2e-6 once in a
+# full run, its SIMD path depends on the arrays' alignment), so the bound is far above that
+assert (z - philox.normals(n, 12345, 678, "cpu")).abs().max() < 1e-4
 
 fused = ZOOps("philox", torch.device("cpu"))
 fused.kernels = zo_kernels  # the interpreter runs the kernel on CPU tensors

@@ -96,7 +96,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from workbench.cli_demo import demo_command
+    from workbench.cli.demo import demo_command
 
     return demo_command(args, _config_file(args), format_summary, _maybe_report)
 
@@ -154,13 +154,13 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from workbench.cli_sweep import sweep_command
+    from workbench.cli.sweep import sweep_command
 
     return sweep_command(_config(args), args)
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from workbench.cli_sweep import tune_command
+    from workbench.cli.sweep import tune_command
 
     return tune_command(_config(args), args)
 
@@ -355,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("run_dirs", nargs="+")
     sp.add_argument("-o", "--out", default="report.html", help="HTML file to write")
     sp.set_defaults(fn=cmd_report)
-    from workbench.cli_export import add_parsers
+    from workbench.cli.export import add_parsers
 
     add_parsers(sub, common)  # export, evaluate
     return p

@@ -1,4 +1,4 @@
-"""The export and evaluate subcommands (``cli.py`` registers them with ``add_parsers``).
+"""The export and evaluate subcommands (``cli/__init__.py`` registers them with ``add_parsers``).
 
     python -m workbench export RUN_DIR --out DIR [--dtype bf16] [--step N] [--merge] ...
     python -m workbench evaluate MODEL_OR_RUN_DIR [--set data=sst2 ...] [--json]
