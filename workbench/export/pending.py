@@ -6,7 +6,7 @@ the update applied as the engine's ``flush`` applies it outside any step: what
 ``engine/replay.py`` does after its last replayed step, here for one group at a time so an
 export never holds the model. A streamed block goes through the run's own host format
 (``transfers.py``: plain fp32, the compressed-sr master with its seeded rounding, the fp32
-master behind a compressed mirror), the other groups through ``zo_step.apply_update``.
+master behind a compressed mirror), the other groups through ``engine.zo.step.apply_update``.
 Bit-identical to the run's own flush on the device type that trained (the CPU here unless
 asked), as ``engine.checkpoint.restore_step`` is.
 """

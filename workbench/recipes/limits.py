@@ -1,5 +1,6 @@
 """``gpu_mem_limit_gb`` as a hard cap at run time. (The refusal before anything is allocated is
-``planner.check_fits``; an overrun is told in one line by ``outcome.out_of_memory_line``.)"""
+``plan.fit.check_fits``, via ``calibrate.machine.check_fits_here``; an overrun is told in one
+line by ``outcome.out_of_memory_line``.)"""
 from __future__ import annotations
 
 import torch

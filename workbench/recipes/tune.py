@@ -4,7 +4,7 @@ the fastest is written as a TOML config (a ``[run]`` table ``--config`` loads).
     result = tune(RunConfig(model="opt-13b", device="cuda", amp="bf16"), "runs/tune", gpu="24gb")
     # runs/tune/<candidate>/ per trial, runs/tune/sweep.json, runs/tune/best.toml
 
-The candidates are ``planner.suggest``'s zo-offload settings (codec / master x resident
+The candidates are ``plan.fit.suggest``'s zo-offload settings (codec / master x resident
 blocks) within the GPU budget, best predicted tokens/s first; the top ``top`` run for
 ``trial_steps`` steps each through the sweep machinery (so they are normal run directories,
 refused if they cannot fit, stoppable), with one dev example evaluated and, on a GPU, the

@@ -1,6 +1,6 @@
 """The planner's best next knob for a run: one change and its predicted gain in tokens/s.
 
-Pure arithmetic over the run's config and environment (``planner.plan``; no model is built),
+Pure arithmetic over the run's config and environment (``plan.planner.plan``; no model is built),
 so it can be shown beside the bottleneck verdict in the live dashboard, ``compare`` and the
 report. Gains are ratios of the planner's predictions (the changed run against the run as it
 is), so a planner that is off by a constant factor on this machine still ranks knobs right.
