@@ -7,8 +7,8 @@ Every point goes through the training recipe (``train.run``), so each is a run d
 any other (``compare``, ``report`` and ``RunRecord.load`` read it). Before anything runs, each
 point is checked: settings the config refuses (``master=compressed-sr`` with ``codec=fp32``)
 and runs the planner says cannot fit (``calibrate.machine.check_fits_here``, with its estimate)
-are refused with the reason; the others run one after the other. ``sweep.json`` records every point's
-status, the planner's prediction and what was measured, after each change, so the CLI, the
+are refused with the reason; the others run one after the other. ``sweep.json`` records every
+point's status, the planner's prediction and what was measured, after each change, so the CLI, the
 notebook widget and the report read one file. A sweep can be stopped at any time
 (``stop()``: the current run ends after its step and is saved as stopped; the rest are
 skipped).
@@ -130,7 +130,8 @@ class Sweep:
         out_dir: the sweep's folder (a run directory per point, and ``sweep.json``).
         axes: the grid's knobs and values, when the points are a grid (for the report).
         kind: "sweep" or "tune" (written to the manifest).
-        fits: the fit check (default ``calibrate.machine.check_fits_here``); raises ``ConfigError`` to refuse.
+        fits: the fit check (default ``calibrate.machine.check_fits_here``); raises
+            ``ConfigError`` to refuse.
         rank_by: what ranks the finished points (``telemetry.ranking``: tokens_per_s, loss,
             dev.<metric>); default the objective's main dev metric when there is dev data,
             else tokens_per_s.
