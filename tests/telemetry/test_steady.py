@@ -91,9 +91,12 @@ def test_cli_run_summary_compare_and_report_use_the_steady_steps(tmp_path):
 @pytest.mark.parametrize("model, codec, master", [("opt-1.3b", "fp32", "fp32"),
                                                   ("opt-2.7b", "bf16", "compressed-sr")])
 def test_fresh_process_reports_its_own_median_step(tmp_path, model, codec, master):
-    """A fresh process (no kernel compiled yet in it): tokens/s in run.json is within 3% of
-    tokens per step over the run's own median step, and step 2 (the first fused update) is
-    no slower than the steady steps allow: its compile happened in setup."""
+    """A fresh process (no kernel compiled yet in it): step 2 (the first fused update) is no
+    slower than the steady steps allow (its compile happened in setup), so only step 1 is
+    left out, and the summary's step time and tokens/s are those of steps 2..n. (Not how far
+    the mean step sits from the median: bf16-SR steps jitter by 10% and more between steps of
+    one process on an H100, which says nothing about warm-up; H100, 2026-11-27, this test
+    failed once for each of its two rows on that bound alone, the other row passing.)"""
     out = tmp_path / "run"
     r = _cli("run", "--set", f"model={model}", "--set", "method=zo-offload", "--set",
              "device=cuda", "--set", "data=synthetic", "--set", "batch_size=16", "--set",
@@ -104,6 +107,7 @@ def test_fresh_process_reports_its_own_median_step(tmp_path, model, codec, maste
     run = json.loads((out / "run.json").read_text())
     steps, summary = run["steps"], run["summary"]
     secs = [s["seconds"] for s in steps]
-    median = statistics.median(secs[1:])
-    assert summary["tokens_per_s"] == pytest.approx(steps[-1]["tokens"] / median, rel=0.03)
     assert summary["warmup_steps"] == 1, secs[:4]  # step 2 within SETTLE x the median
+    assert summary["step_seconds"] == pytest.approx(statistics.median(secs[1:]), rel=1e-9)
+    tokens = sum(s["tokens"] for s in steps[1:])
+    assert summary["tokens_per_s"] == pytest.approx(tokens / sum(secs[1:]), rel=1e-9)

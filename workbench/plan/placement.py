@@ -53,12 +53,10 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import asdict, dataclass
-from typing import Literal
+from workbench.config import Stride
 
 #: A stride larger than any subgroup count: no subgroup is updated on the GPU.
 NO_GPU = 2**31 - 1
-#: ``update_stride``: "auto" (the model's candidates, tried) or a stride (see ``make_schedule``).
-Stride = Literal["auto"] | int
 
 # The buffers the engine allocates for a placement (the planner counts the same ones).
 N_SLOTS = 3  # GPU slots: one prefetching, one updating, one flushing out

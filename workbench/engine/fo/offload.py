@@ -43,7 +43,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from workbench.config import RunConfig
+from workbench.config import RunConfig, Stride
 from workbench.data.batches import Batch
 from workbench.engine.events import EMBED, EventBus, InfoEvent
 from workbench.engine.fo import trial
@@ -65,7 +65,7 @@ from workbench.engine.stream.streams import Streams
 from workbench.engine.timing import OpTimer
 from workbench.models.lora import LoRAInit
 from workbench.plan import placement
-from workbench.plan.placement import Candidate, Placement, Rate, Stride
+from workbench.plan.placement import Candidate, Placement, Rate
 
 
 class FOParts(NamedTuple):
