@@ -25,9 +25,9 @@ DEMO = {"model": "smollm2-135m", "data": "embedded", "peft": "lora", "steps": "6
 #: Where SmolLM2's weights cannot be had: tiny-opt (random weights), at an lr whose loss falls.
 DEMO_FALLBACK = {"model": "tiny-opt", "peft": "none", "lr": "1e-3"}
 #: On a GPU, the same pair for longer, at the batch and lr that stayed stable for 1,000 steps on
-#: SST-2 (docs/measurements.md, adapters): the dev accuracy climbs above zero-shot (H100: 52.5%
-#: -> 67.5% at step 200, 77.5% at 300), eval_every draws its curve; 200 steps keep the whole
-#: demo near a minute and a half ...
+#: SST-2 (docs/measurements.md, adapters): the dev accuracy climbs above zero-shot (a GPU test
+#: checks it), eval_every draws its curve; 200 steps keep the whole demo near a minute and a
+#: half ...
 DEMO_GPU = {"steps": "200", "batch_size": "16", "lr": "1e-3", "eval_every": "50"}
 #: ... then a pair whose blocks make offloading matter: tiny or 135 M-parameter blocks leave
 #: the GPU waiting for the host, so their times compare Python overheads. opt-1.3b (opt-350m on

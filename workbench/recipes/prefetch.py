@@ -1,15 +1,15 @@
 """The next step's batch, on the device before the step begins.
 
 The training loop copied each batch to the GPU on the compute stream as its step began. In the
-zo-offload demo run on an H100 (opt-1.3b fp32, 16 x 128, 2026-11-22; its stream events are in
-``benchmarks/results/runs/h100-demo``) the compute stream stood idle 6.5 ms at every step
+zo-offload demo run on an H100 (opt-1.3b fp32, 16 x 128, 2026-11-22; read from its stream events,
+whose run folder was not kept) the compute stream stood idle 6.5 ms at every step
 boundary, from the head of step t until the upload of block 2 of step t + 1 had landed, while
 within a step its spans ran back to back: 2.8% of the step, about zo-offload's whole gap to
 MeZO. The only work queued on the compute stream there that needs the copy engines is that
 batch's copy up and the losses' copy down (``engine/timing.py::Deferred``); each waits behind a
 block transfer on the engine of its direction. Here step t + 1's batch is copied on a stream of
 its own while step t runs, so at the boundary the compute stream only checks an event that has
-long fired. (The cause is read from that timeline; the change has not been timed on a GPU yet.)
+long fired. (The cause is read from that timeline; the change's A/B is in docs/measurements.md.)
 """
 from __future__ import annotations
 
