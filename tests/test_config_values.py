@@ -81,6 +81,9 @@ def test_the_readme_example_keeps_its_spaces():
         load_config(None, parse_sets(["label_words= bad, bad"]))
     with pytest.raises(ConfigError, match="non-blank words"):
         load_config(None, parse_sets(["label_words= bad, , great"]))
+    # TOML's quotes typed inside the shell's ('label_words=" bad, great"') reach the value
+    with pytest.raises(ConfigError, match="is wrapped in quotes"):
+        load_config(None, parse_sets(['label_words=" bad, great"']))
 
 
 def test_label_words_the_tokenizer_cannot_tell_apart_are_refused():

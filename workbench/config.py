@@ -403,6 +403,11 @@ def _check_task(cfg: RunConfig) -> list[str]:
     elif len(set(words)) < len(words):
         twice = next(w for w in words if words.count(w) > 1)
         problems.append(f"label_words: {cfg.label_words!r} repeats a word ({twice!r})")
+    elif len(cfg.label_words) > 1 and cfg.label_words[0] == cfg.label_words[-1] in "\"'":
+        # TOML's quotes pasted inside a shell's: the words would begin and end with them
+        problems.append(f"label_words: {cfg.label_words!r} is wrapped in quotes, which would "
+                        "be part of the first and last word; a value is taken exactly as typed "
+                        "(the shell has removed its own quotes): leave these out")
     try:
         names = {n for _, n, _, _ in string.Formatter().parse(cfg.template) if n is not None}
     except ValueError as e:

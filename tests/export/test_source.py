@@ -97,6 +97,11 @@ def test_running_failed_and_weightless_runs_are_refused_in_one_line(tmp_path, on
     shutil.rmtree(tmp_path / "run" / "checkpoints")
     with pytest.raises(ExportError, match="holds no weights"):
         run_weights(tmp_path / "run")
+    failed = {"step": 3, "error": "No space left on device: weights.partial"}
+    record.write_text(json.dumps({**data, "info": {**data.get("info", {}),
+                                                   "final_weights": failed}}))
+    with pytest.raises(ExportError, match=r"end-of-run write failed \(No space left on device"):
+        run_weights(tmp_path / "run")
     record.write_text(json.dumps({**data, "config": {**data["config"], "save_final": False}}))
     with pytest.raises(ExportError, match=r"save_final=false.*run it again with save_final=true"):
         run_weights(tmp_path / "run")

@@ -575,6 +575,11 @@ def test_records_with_holes_are_read_with_what_is_there(straight, tmp_path):
     cases["report holes"] = (("report", str(tmp_path / "steps"), str(tmp_path / "summary"),
                               str(tmp_path / "config"), "-o", str(tmp_path / "holes.html")), 0,
                              None)
+    # a resume needs the settings the run started with: defaults in their place resumed a
+    # different run (batch 8 x 64 after 4 x 32), exit 0 and no warning
+    cases["resume config"] = (("run", "--resume", str(tmp_path / "config")), 2,
+                              "has no config (null or missing): the settings this run started "
+                              "with are unknown")
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "run.json").write_text(json.dumps({**record(straight["dir"]), "steps": "many"}))
@@ -584,6 +589,10 @@ def test_records_with_holes_are_read_with_what_is_there(straight, tmp_path):
     flag.touch()
     cases["report read-only"] = (("report", str(straight["dir"]), "-o", str(disk / "r.html")),
                                  2, f"-o: cannot write {disk / 'r.html'} (Read-only file system)")
+    (tmp_path / "afile").write_text("")
+    cases["report under a file"] = (("report", str(straight["dir"]), "-o",
+                                     str(tmp_path / "afile" / "r.html")), 2,
+                                    f"({tmp_path / 'afile'} is a file, not a folder)")
     prefix = {"report read-only": fs_fault("read-only", disk, flag)}
     with ThreadPoolExecutor(4) as pool:
         results = dict(zip(cases, pool.map(lambda k: cli(*cases[k][0], prefix=prefix.get(k)),

@@ -61,16 +61,20 @@ def test_the_sweep_ranks_by_the_dev_loss_with_loss_health_and_speed(lr_sweep):
     lines = proc.stdout.splitlines()
     assert any(ln.startswith("ranked by dev loss (lower first)") for ln in lines)
     head = next(ln for ln in lines if ln.startswith("point "))
-    for column in ("tokens/s", "final loss", "dev accuracy", "health", "vs first"):
+    for column in ("tokens/s", "final loss", "dev accuracy", "dev loss", "health", "vs first"):
         assert column in head
     rows = [ln for ln in lines if re.match(r"lr=\S+ ", ln)]
     assert [r.split()[0] for r in rows] == ["lr=1e-4", "lr=1e-9", "lr=2e-3"]  # as named anywhere
+    manifest = json.loads((out / "sweep.json").read_text())
+    for row in rows:  # the ranked number is in the table, in its own column
+        point = next(p for p in manifest["points"] if p["name"] == row.split()[0])
+        assert f"{point['measured']['dev']['loss']:.4f}" in row.split(), row
     assert rows[0].rstrip().endswith("best") and "learning" in rows[0]
     assert not rows[2].rstrip().endswith("within noise")  # a 7x dev loss is no tie
-    manifest = json.loads((out / "sweep.json").read_text())
     assert manifest["rank_by"] == "dev.loss"
     page = (out / "report.html").read_text(encoding="utf-8")
     assert "ranked by <b>dev loss</b>" in page and "what happened" in page
+    assert "<th>dev loss</th>" in page
 
 
 def test_compare_names_the_runs_by_their_folder_and_what_differs(lr_sweep, tmp_path):

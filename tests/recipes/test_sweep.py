@@ -80,6 +80,10 @@ def test_a_second_sweep_into_the_folder_is_refused_resumed_or_overwritten(cli_sw
         Sweep.grid(base, axes, out)  # a folder holding a sweep: never replaced unasked
     again = Sweep.grid(base, axes, out, resume=True)
     assert [p.status for p in again.points] == ["reused"] * 4 and not again.runnable
+    # a reused point keeps the bound its first sweep found (from its events, not "unknown")
+    first = {p["name"]: p["measured"]["bound"] for p in json.loads(before)["points"]}
+    assert {p.name: p.measured["bound"] for p in again.points} == first
+    assert "unknown" not in first.values()
     with pytest.raises(SweepError, match="other settings \\(base, axes, points differ\\)"):
         Sweep.grid(base.replace(steps=4), {"overlap": [True], "prefetch_depth": [1]}, out,
                    resume=True)

@@ -45,7 +45,11 @@ def test_a_non_finite_loss_or_gradient_is_diverged_with_the_step():
     assert health(fo).state != "diverged"
     ended = _rec([3.0] * 3, status="diverged")
     ended.error = "diverged at step 2 (loss = nan)"
-    assert health(ended).text == "diverged: diverged at step 2 (loss = nan)"
+    assert health(ended).text == "diverged at step 2 (loss = nan)"  # said once, not twice
+    stopped = _rec([3.0] * 5 + [30.0, 3e3, 3e5], status="diverged")  # stop_on: finite losses
+    stopped.error = "diverged at step 7 (stop_on=diverged): ..."
+    h = health(stopped)  # the numbers behind the stop are in its evidence
+    assert h.state == "diverged" and h.evidence["steps"] == 8 and "loss_recent" in h.evidence
 
 
 def test_too_short_to_tell_without_steps_or_evals():

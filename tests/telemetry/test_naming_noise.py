@@ -40,6 +40,16 @@ def test_runs_are_named_by_folder_and_the_settings_that_differ():
     assert run_labels([named, _rec(lr=0.5)]) == ["overlap=true", "mezo lr=0.5"]
 
 
+def test_a_record_without_its_config_is_unknown_not_different():
+    """A run.json whose config is null: named by its folder and said to have no config, and
+    the others' differing settings are theirs alone (it made all 55 differ before)."""
+    hole = RunRecord(config={}, path="runs/holed")
+    a, b = _rec("runs/lr4", lr=1e-4), _rec("runs/lr3", lr=1e-3)
+    assert differing([a.config, hole.config, b.config]) == ["lr"]
+    assert run_labels([a, hole, b]) == ["lr4: mezo lr=1e-4", "holed (no config recorded)",
+                                        "lr3: mezo lr=1e-3"]
+
+
 def test_many_differences_are_counted_and_files_named_not_pathed():
     a = _rec(lr=1e-4, seed=1, steps=10, eps=1e-3, data="/data/a/train.jsonl", batch_size=4)
     b = _rec(lr=1e-3, seed=2, steps=20, eps=1e-2, data="/data/b/train.jsonl", batch_size=8)

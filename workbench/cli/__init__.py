@@ -44,6 +44,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                                f"({args.resume}); leave out --out, or copy the run to "
                                f"{args.out} and resume that"])
         previous = RunRecord.load(args.resume, telemetry=False).config
+        if not previous:  # defaults in its place would resume a different run, silently
+            raise ConfigError([f"--resume: {Path(args.resume) / 'run.json'} has no config "
+                               "(null or missing): the settings this run started with are "
+                               "unknown, so it cannot be resumed exactly"])
         base = RunConfig(**resume_base(previous))
         cfg = load_config(_config_file(args), parse_sets(args.set or []), base=base)
         out = args.resume
@@ -141,6 +145,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     if Path(args.out).is_dir():
         raise ConfigError([f"-o: {args.out} is a folder; give a file name such as "
                            f"{Path(args.out) / 'report.html'}"])
+    above = next((p for p in Path(args.out).parents if p.exists()), None)
+    if above is not None and not above.is_dir():  # mkdir would say "File exists"
+        raise ConfigError([f"-o: cannot write {args.out} ({above} is a file, not a folder); "
+                           "give a writable place"])
     from workbench.ui.report import write_report  # plotly only when a report is asked for
 
     try:

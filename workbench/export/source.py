@@ -194,5 +194,9 @@ def _nothing_line(run_dir: Path, rec: RunRecord, limit: float) -> str:
         return (f"RUN_DIR: {run_dir} kept no weights (save_final=false, checkpoint_every="
                 f"{cfg.get('checkpoint_every', 0)}); run it again with save_final=true (the "
                 "default)")
-    return (f"RUN_DIR: {run_dir} holds no weights ({WEIGHTS}/ and checkpoints are missing; "
-            "deleted, or the final write failed: see run.json's warnings)")
+    failed = (rec.info.get("final_weights") or {}).get("error")
+    if failed:
+        return (f"RUN_DIR: {run_dir} holds no weights: its end-of-run write failed ({failed}) "
+                "and no checkpoint was kept; free space and run it again")
+    return (f"RUN_DIR: {run_dir} holds no weights ({WEIGHTS}/ and checkpoints are missing: "
+            "deleted?)")

@@ -11,6 +11,7 @@ and any checkpoint stays exportable.
 from __future__ import annotations
 
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -18,7 +19,8 @@ import torch
 from workbench.config import RunConfig
 from workbench.engine.checkpoint import Snapshot, write_checkpoint
 from workbench.engine.groups import LazyFlats
-from workbench.recipes.outcome import artefact_failed
+from workbench.recipes.outcome import os_error
+from workbench.recipes.rundir import RunWarning
 from workbench.telemetry.record import RunRecord
 
 FOLDER = "weights"
@@ -26,7 +28,8 @@ FOLDER = "weights"
 
 def write_final(engine, cfg: RunConfig, out_dir: Path, step: int, record: RunRecord) -> None:
     """Write ``engine``'s weights after ``step`` steps to ``out_dir/weights``; on success
-    ``record.info["final_weights"]`` says the step and the seconds it took."""
+    ``record.info["final_weights"]`` says the step and the seconds it took; on a failed write
+    (a full disk), the step and the error, which ``export`` quotes."""
     began, flats = time.perf_counter(), engine.state_flats()
     layouts = engine.group_layouts()
     host = LazyFlats(len(layouts), lambda k: flats[k].detach().to("cpu", torch.float32))
@@ -34,8 +37,12 @@ def write_final(engine, cfg: RunConfig, out_dir: Path, step: int, record: RunRec
                     [lay.n_decay for lay in layouts])
     try:
         write_checkpoint(out_dir, snap, name=FOLDER, per_group=True)
-    except OSError as e:
-        artefact_failed(FOLDER, e)
+    except OSError as e:  # recorded, so that export can say why there is nothing to read
+        with record.lock:
+            record.info["final_weights"] = {"step": step, "error": os_error(e)}
+        warnings.warn(f"{FOLDER} not written ({os_error(e)}): export reads a kept checkpoint "
+                      "if there is one, else nothing; free space and run again to keep the "
+                      "weights (run.json is complete and records this)", RunWarning)
         return
     with record.lock:
         record.info["final_weights"] = {"step": step, "seconds": time.perf_counter() - began}

@@ -78,10 +78,10 @@ def plan_resume(cfg: RunConfig, roots: list[Path], previous: RunRecord | None,
                            f"{run_id}); a resume never loads another run's weights. Give each "
                            "run its own checkpoint_dir; to start this run over, --overwrite it "
                            "with another checkpoint_dir"])
-    if previous is not None:
+    if previous is not None and previous.config:
         covered = newest_covered(found, previous.steps)
         reference = previous.config
-    else:
+    else:  # no record, or one without its config: the checkpoint's manifest says what ran
         if not found:
             raise CheckpointError(f"resume: no complete checkpoint under "
                                   f"{' or '.join(map(str, roots))}")

@@ -210,7 +210,7 @@ class Sweep:
         same = p.cfg is not None and old.config == p.cfg.to_dict()
         if same and old.status == "done":
             p.status = "reused"
-            p.measured = measured(old)
+            p.measured = measured(RunRecord.load(p.dir))  # with its events: the bound needs them
             return []
         if same and self.resume:
             p.resume = True  # stopped, failed, or killed while running: go on from there
@@ -320,8 +320,10 @@ class Sweep:
         "" when worse beyond the noise); then the rest with their reason."""
         done = self.finished()
         main = main_metric(self.base.to_dict())
+        own = self.rank.own_column(main.key)  # ranked by a dev metric shown nowhere else
         rows = [("point", "status", "tokens/s", "step s", "peak GPU GB", "final loss",
-                 main.label, "health", "predicted tok/s", "bound", "vs first")]
+                 main.label, *([self.rank.label] if own else []), "health", "predicted tok/s",
+                 "bound", "vs first")]
         fastest = max(done, key=lambda p: _num(p.measured.get("tokens_per_s")), default=None)
         for i, p in enumerate(done):
             m = p.measured
@@ -342,11 +344,12 @@ class Sweep:
                          _fmt(_num(m.get("peak_gpu_mem_bytes")) / 1e9 or None, "{:.2f}"),
                          _fmt(m.get("final_loss"), "{:.4f}"),
                          _fmt((m.get("dev") or {}).get(main.key), main.fmt),
+                         *([_fmt(self.rank.value(m), self.rank.fmt)] if own else []),
                          str(m.get("health") or "-"),
                          _fmt(p.predicted.get("tokens_per_s"), "{:,.0f}"),
                          str(m.get("bound", "-")), mark))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        left = (0, 1, 7, 9, 10)
+        left = (0, 1, *(i + own for i in (7, 9, 10)))  # text columns, after the metric
         lines = [f"ranked by {self.rank.label} ({'higher' if self.rank.higher else 'lower'} "
                  "first); 'within noise': not told apart from the first"]
         lines += ["  ".join(c.ljust(w) if i in left else c.rjust(w)

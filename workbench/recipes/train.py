@@ -502,7 +502,8 @@ class TrainRecipe:
             return
         if isinstance(error, KeyboardInterrupt):
             rec.status = "stopped"
-            rec.info["stopped"] = f"by {error} at step {self.step}"
+            # a plain KeyboardInterrupt (Ctrl-C outside graceful_stop) names no signal
+            rec.info["stopped"] = f"by {str(error) or 'SIGINT'} at step {self.step}"
         else:
             rec.status, rec.error = "failed", error_line(self.cfg, error, self.step)
             if not isinstance(error, ConfigError):

@@ -99,15 +99,12 @@ def health(rec: RunRecord) -> Health:
     lr = _num(cfg.get("lr"))
     loss = _column(rec.steps, "loss")
     bad = _non_finite(rec, loss)
-    if bad is not None:
-        return Health("diverged", f"diverged: {bad}", _lower_lr(lr, math.inf),
-                      {"steps": len(rec.steps)})
-    ok = loss > 0  # every loss is finite here; a cross-entropy is positive
-    steps = np.array([s.get("step", i) for i, s in enumerate(rec.steps)], dtype=float)[ok]
-    n = int(ok.sum())
-    ev: dict[str, Any] = {"steps": n}
-    train = _train_evidence(np.log(loss[ok]), steps, ev)
-    dev = _dev_evidence(rec, ev)
+    if bad is not None:  # (a run that stop_on ended says "diverged at step N" itself)
+        ev = _evidence(rec, loss)[2] if np.isfinite(loss).all() else {"steps": len(rec.steps)}
+        return Health("diverged", bad if bad.startswith("diverged") else f"diverged: {bad}",
+                      _lower_lr(lr, math.inf), ev)
+    train, dev, ev = _evidence(rec, loss)
+    n = ev["steps"]
     if train is None and dev is None:
         return Health("too short to tell", f"too short to tell: {n} step(s) with a "
                       f"loss (at least {MIN_STEPS}, or a dev eval before and after)",
@@ -133,6 +130,16 @@ def health(rec: RunRecord) -> Health:
 
 
 # --- evidence ---------------------------------------------------------------------------------
+def _evidence(rec: RunRecord, loss: np.ndarray) -> tuple[dict | None, dict | None, dict]:
+    """The training loss's and the dev split's evidence (None: too little of it), and the
+    numbers behind both, from the steps whose ``loss`` (finite) is positive."""
+    ok = loss > 0  # a cross-entropy is positive
+    steps = np.array([s.get("step", i) for i, s in enumerate(rec.steps)], dtype=float)[ok]
+    ev: dict[str, Any] = {"steps": int(ok.sum())}
+    train = _train_evidence(np.log(loss[ok]), steps, ev)
+    return train, _dev_evidence(rec, ev), ev
+
+
 def _column(rows: Sequence[dict[str, Any]], key: str) -> np.ndarray:
     """``key`` of every row as floats, NaN where missing or null (run.json stores NaN as
     null)."""

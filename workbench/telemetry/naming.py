@@ -28,7 +28,9 @@ MAX_KEYS = 4
 
 def differing(configs: Sequence[dict[str, Any]]) -> list[str]:
     """Settings whose values are not all equal across ``configs`` (a setting one config lacks
-    differs), ``LEAD`` first, then in the first config's order."""
+    differs), ``LEAD`` first, then in the first config's order. An empty config (a record
+    whose config is null) is unknown, not different, and is left out."""
+    configs = [c for c in configs if c]
     order = list(dict.fromkeys([*LEAD, *(k for c in configs for k in c)]))
     missing = object()
     return [k for k in order
@@ -56,8 +58,11 @@ def run_labels(recs: Sequence[RunRecord]) -> list[str]:
         if r.info.get("name"):
             labels.append(str(r.info["name"]))
             continue
-        text = settings_text(r.config, keys)
         folder = Path(r.path).name if r.path else ""
+        if not r.config:  # its settings are unknown: say so rather than "? model=None"
+            labels.append(f"{folder or 'run'} (no config recorded)")
+            continue
+        text = settings_text(r.config, keys)
         if folder and _slug(folder) not in _slug(text):
             # the folder, then what it does not say already ("20261125-zo-offload: tiny-opt")
             rest = [w for w in text.split(" ") if _slug(w) not in _slug(folder)]

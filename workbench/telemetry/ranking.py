@@ -48,6 +48,11 @@ class RankBy:
             return _num(m.get("final_loss"))
         return _num((m.get("dev") or {}).get(self.key[4:]))
 
+    def own_column(self, main_key: str) -> bool:
+        """Whether a table needs a column for this metric: a dev metric other than the
+        ``main_key`` one it shows anyway (speed, final loss and the main metric are shown)."""
+        return self.key.startswith("dev.") and self.key[4:] != main_key
+
     def within(self, best: dict[str, Any], other: dict[str, Any]) -> bool:
         """Whether ``other`` cannot be told from ``best`` on this metric."""
         a, b = self.value(best), self.value(other)

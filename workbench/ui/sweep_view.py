@@ -55,10 +55,12 @@ def sweep_table_html(points: Sequence[dict[str, Any]], predicted_vs_measured: bo
     metric shown)."""
     rank = rank or ranking.parse_rank_by(ranking.SPEED)
     main = main_metric(config or {})
+    own = rank.own_column(main.key)  # ranked by a dev metric shown nowhere else
     knobs = list(dict.fromkeys(k for p in points for k in p["changes"]))
     head = ["#", *knobs, "status", "tokens/s", "step (s)", "peak GPU memory (GB)",
             "predicted tokens/s", *(["measured / predicted"] if predicted_vs_measured else []),
-            "final loss", main.label, "health", "bound", "vs first"]
+            "final loss", main.label, *([rank.label] if own else []), "health", "bound",
+            "vs first"]
     rows = ranked(points, rank)
     done = [p for p in rows if p["status"] in FINISHED]
     fastest = max((p["measured"] for p in done), key=lambda m: _num(m.get("tokens_per_s")),
@@ -90,6 +92,7 @@ def sweep_table_html(points: Sequence[dict[str, Any]], predicted_vs_measured: bo
             mark = ("best" if i == 1 else "within noise" if rank.within(done[0]["measured"], m)
                     else "")
             cells += [_cell(_num(m.get("final_loss")), "{:.4f}"), _cell(_num(dev), main.fmt),
+                      *([_cell(rank.value(m), rank.fmt)] if own else []),
                       html.escape(str(m.get("health") or "-")),
                       f"<span title='{html.escape(m.get('verdict', ''))}'>"
                       f"{html.escape(str(m.get('bound', '-')))}</span>", mark]
