@@ -1,6 +1,8 @@
 """Knob panel, live dashboard and compare widgets, driven from Python (no browser)."""
 from __future__ import annotations
 
+import math
+
 import sys
 import time
 import types
@@ -149,8 +151,13 @@ def test_a_diverging_run_says_at_which_step(tmp_path):
     p = KnobPanel(method="mezo", out_dir=tmp_path, steps=30, lr=10.0, data="synthetic",
                   checkpoint_every=2, **TINY)
     p.run().join(timeout=60)
-    assert p.recipe.record.status == "diverged" and p.error is None
-    assert "diverged at step 3 (loss = nan" in p.message.value
+    rec = p.recipe.record
+    assert rec.status == "diverged" and p.error is None
+    # the step is the first whose loss is not finite (which one moves with the installed
+    # libraries: step 3 in 2026-11-23's CI, step 5 in 2026-11-27's), and the panel says it
+    step = next(s["step"] for s in rec.steps  # (a NaN is kept as None)
+                if s["loss"] is None or not math.isfinite(s["loss"]))
+    assert f"diverged at step {step} (loss = nan" in p.message.value
     assert RunRecord.load(p.last_run_dir).status == "diverged"
 
 
