@@ -78,6 +78,7 @@ class BlockAdapter:
         # tokens (keys) a query sees in a sliding layer; None: every earlier token
         self.window: int | None = getattr(cfg, "sliding_window", None) \
             if sliding or self._types else None
+        self._sdpa = getattr(cfg, "_attn_implementation", None) == "sdpa"
         accepted = inspect.signature(self.base.forward).parameters
         self._base_kwargs = {k: v for k, v in (("use_cache", False),) if k in accepted}
         self._last: tuple[Any, BlockContext] | None = None  # the last batch and its context
@@ -112,10 +113,11 @@ class BlockAdapter:
 
     def _mask(self, kind: str, batch, padded: bool) -> torch.Tensor | None:
         """The 4D mask of one layer type for ``batch``, or None where SDPA's causal path is the
-        same (no padding and, for sliding layers, no row longer than the window)."""
+        same (no padding and, for sliding layers, no row longer than the window; eager
+        attention, used where a model has no SDPA, has no causal path: always a mask)."""
         ids, mask = batch.input_ids, batch.attention_mask
         window = self.window if kind == "sliding_attention" else None
-        if not (padded or (window is not None and ids.shape[1] >= window)):
+        if self._sdpa and not (padded or (window is not None and ids.shape[1] >= window)):
             return None
         # Hugging Face's own mask, told not to look for the unmasked shortcut (the look is the
         # sync); only the shape, dtype and device of ``inputs_embeds`` are read

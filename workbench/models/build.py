@@ -76,12 +76,33 @@ def build_skeleton(model: str, data_dir: Path | None = None, *,
     # eager attention for the few that have none (e.g. gemma2's soft-capped scores)
     config._attn_implementation = "sdpa" if AutoModelForCausalLM._model_mapping[
         type(config)]._supports_sdpa else "eager"
-    with torch.device("meta"):
+    # A tiny model is built on the CPU (kilobytes): buffers its modules compute in __init__
+    # (router biases, activation constants, rotary tables) come out real, whatever they are.
+    tiny = model.startswith(TINY_PREFIX)
+    if tiny:
+        _check_tiny_size(model, config)
+    with torch.device("cpu" if tiny else "meta"):
         skeleton = AutoModelForCausalLM.from_config(config, dtype=torch.float32,
                                                     trust_remote_code=False)
-    _rebuild_meta_buffers(skeleton)
+    if not tiny:
+        _rebuild_meta_buffers(skeleton)
     skeleton.eval()
     return skeleton, source
+
+
+#: A tiny model larger than this kept a sub-model (vision tower, ...) at its published size.
+TINY_MAX_PARAMS = 20_000_000
+
+
+def _check_tiny_size(model: str, config) -> None:
+    """Refuse, before allocating it, a tiny model whose config did not shrink."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        n = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    if n > TINY_MAX_PARAMS:
+        raise ValueError(f"model: {model} keeps {n / 1e6:.0f}M parameters after shrinking "
+                         "(a part its config nests is left at its published size)")
 
 
 def check_model_folder(model: str) -> None:

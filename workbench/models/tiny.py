@@ -24,6 +24,7 @@ SIZES = {
     "shared_expert_intermediate_size": TINY["expert_ffn"],
     "num_experts": TINY["experts"], "num_local_experts": TINY["experts"],
     "n_routed_experts": TINY["experts"], "num_experts_per_tok": TINY["experts_per_token"],
+    "n_group": 1, "topk_group": 1,  # DeepSeek's expert groups: one group of the 4 experts
     "vocab_size": TINY["vocab"], "max_position_embeddings": TINY["max_positions"],
     # the byte tokenizer's specials (``models/tokenizer.py``): <pad> 0, <s> 1, </s> 2
     "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
