@@ -449,7 +449,7 @@ def _tiny_problems(cfg: RunConfig) -> list[str]:
     kind = cfg.model.split(":", 1)[1]
     if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         return [f"model: {kind!r} is not a causal-LM model_type of the installed transformers "
-                "(`plan --models` lists the supported ones)"]
+                "(see transformers' MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)"]
     if cfg.seq_len > TINY["max_positions"]:
         return [f"seq_len: {cfg.seq_len} exceeds the {TINY['max_positions']} positions of "
                 f"{cfg.model}"]

@@ -48,7 +48,7 @@ def tiny_config(model_type: str):
 
     if model_type not in causal_lm_types():
         raise ValueError(f"model: tiny:{model_type} names no causal-LM model_type of this "
-                         "transformers (`workbench plan --models` lists the supported ones)")
+                         "transformers (see transformers' MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)")
     cls = type(AutoConfig.for_model(model_type))
     takes = inspect.signature(cls.__init__).parameters
     alias = getattr(cls, "attribute_map", {})
