@@ -290,7 +290,7 @@ def _check_types(cfg: RunConfig) -> list[str]:
 
 
 def _check_values(cfg: RunConfig) -> list[str]:
-    from workbench.presets import PRESETS  # presets are plain data: no heavy imports
+    from workbench.presets import PRESETS, TINY_PREFIX  # plain data: no heavy imports
 
     problems = []
     for f in fields(cfg):
@@ -298,10 +298,12 @@ def _check_values(cfg: RunConfig) -> list[str]:
         if lo is not None and value < lo or hi is not None and value > hi:
             unit = f" {f.metadata['unit']}" if f.metadata.get("unit") else ""
             problems.append(f"{f.name}: {value!r} is outside [{lo:g}, {hi:g}]{unit}")
-    if (cfg.model not in PRESETS and not Path(cfg.model).expanduser().is_dir()
+    if cfg.model.startswith(TINY_PREFIX):
+        problems += _tiny_problems(cfg)
+    elif (cfg.model not in PRESETS and not Path(cfg.model).expanduser().is_dir()
             and not HUB_ID.fullmatch(cfg.model)):
-        problems.append(f"model: {cfg.model!r} is neither a preset ({', '.join(PRESETS)}), a "
-                        "local folder nor a hub id org/name")
+        problems.append(f"model: {cfg.model!r} is neither a preset ({', '.join(PRESETS)}), "
+                        "tiny:<model_type>, a local folder nor a hub id org/name")
     elif cfg.model in PRESETS and cfg.seq_len > PRESETS[cfg.model].max_positions:
         problems.append(f"seq_len: {cfg.seq_len} exceeds the {PRESETS[cfg.model].max_positions} "
                         f"positions of {cfg.model}")
@@ -425,10 +427,10 @@ def _check_task(cfg: RunConfig) -> list[str]:
 
 def _positions(cfg: RunConfig) -> int | None:
     """The model's positions, where known without loading it (a preset, a local folder)."""
-    from workbench.presets import PRESETS
+    from workbench.presets import lookup
 
-    if cfg.model in PRESETS:
-        return PRESETS[cfg.model].max_positions
+    if lookup(cfg.model) is not None:
+        return lookup(cfg.model).max_positions
     try:
         conf = json.loads((Path(cfg.model).expanduser() / "config.json").read_text("utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
@@ -439,6 +441,24 @@ def _positions(cfg: RunConfig) -> int | None:
 
 def _default(name: str) -> Any:
     return {f.name: f.default for f in fields(RunConfig)}[name]
+
+
+def _tiny_problems(cfg: RunConfig) -> list[str]:
+    """``tiny:<model_type>`` names a causal LM of the installed transformers and fits its
+    positions; whether the block adapter splits it is checked when the run builds it
+    (``models.build.check_model_folder``)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from workbench.presets import TINY
+
+    kind = cfg.model.split(":", 1)[1]
+    if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return [f"model: {kind!r} is not a causal-LM model_type of the installed transformers "
+                "(see transformers' MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)"]
+    if cfg.seq_len > TINY["max_positions"]:
+        return [f"seq_len: {cfg.seq_len} exceeds the {TINY['max_positions']} positions of "
+                f"{cfg.model}"]
+    return []
 
 
 def _model_folder_problems(cfg: RunConfig) -> list[str]:

@@ -6,14 +6,16 @@ machine. Sizes follow the published Hugging Face configs of each model.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 
 @dataclass(frozen=True)
 class Preset:
-    """An architecture. ``hf`` holds the extra Hugging Face config keys."""
+    """An architecture. ``hf`` holds the extra Hugging Face config keys. ``counts``, where
+    set, are the parameters of (embedding, each block, head) counted on the built model
+    (``tiny:<model_type>``, whose layouts the formulas below do not know)."""
 
-    family: Literal["opt", "llama"]
+    family: str  # "opt", "llama", or a tiny model's Hugging Face model_type
     hidden: int
     num_layers: int
     heads: int
@@ -23,9 +25,12 @@ class Preset:
     tokenizer: str  # "byte", "opt" or "smollm2"
     pretrained: str | None = None  # where real weights come from, if any
     hf: dict[str, Any] = field(default_factory=dict)
+    counts: tuple[int, tuple[int, ...], int] | None = None
 
     def block_params(self) -> int:
-        """Trainable parameters of one transformer block."""
+        """Trainable parameters of one transformer block (the largest, where they differ)."""
+        if self.counts is not None:
+            return max(self.counts[1])
         d, f = self.hidden, self.ffn
         if self.family == "opt":
             return 4 * d * d + 4 * d + 2 * d * f + f + d + 4 * d  # qkvo+bias, fc1/fc2+bias, 2 LN
@@ -33,6 +38,8 @@ class Preset:
         return 2 * d * d + 2 * d * kv + 3 * d * f + 2 * d  # q,o + k,v + gate/up/down + 2 norms
 
     def embed_params(self) -> int:
+        if self.counts is not None:
+            return self.counts[0]
         proj = self.hf.get("word_embed_proj_dim", self.hidden)
         n = self.vocab * proj
         if self.family == "opt":
@@ -43,6 +50,8 @@ class Preset:
 
     def head_params(self) -> int:
         """Final norm (+ project_out) + LM head when it is not tied to the embedding."""
+        if self.counts is not None:
+            return self.counts[2]
         proj = self.hf.get("word_embed_proj_dim", self.hidden)
         n = 2 * self.hidden if self.family == "opt" else self.hidden
         if self.family == "opt" and not self.hf.get("do_layer_norm_before", True):
@@ -54,6 +63,8 @@ class Preset:
         return n
 
     def total_params(self) -> int:
+        if self.counts is not None:
+            return self.counts[0] + sum(self.counts[1]) + self.counts[2]
         return self.embed_params() + self.num_layers * self.block_params() + self.head_params()
 
     def block_key(self) -> str:
@@ -88,3 +99,20 @@ PRESETS: dict[str, Preset] = {
                            hf={"num_key_value_heads": 3, "tie_word_embeddings": True,
                                "rope_theta": 100000.0, "rms_norm_eps": 1e-5}),
 }
+
+#: ``model=tiny:<model_type>``: a tiny random model of any architecture the block adapter
+#: splits, built from transformers' own config class with these sizes (``models/tiny.py``).
+TINY_PREFIX = "tiny:"
+TINY = dict(hidden=64, num_layers=2, heads=4, kv_heads=2, head_dim=16, ffn=96, expert_ffn=32,
+            experts=4, experts_per_token=2, vocab=260, max_positions=512)
+
+
+def lookup(model: str) -> Preset | None:
+    """The preset ``model`` names (``tiny:<model_type>`` too, sizes only: its ``counts`` come
+    from the built model, ``plan.planner.preset_of``), or None for a folder or hub id."""
+    if model.startswith(TINY_PREFIX):
+        t = TINY
+        return Preset(model[len(TINY_PREFIX):], t["hidden"], t["num_layers"], t["heads"],
+                      t["ffn"], t["vocab"], t["max_positions"], "byte",
+                      hf={"num_key_value_heads": t["kv_heads"]})
+    return PRESETS.get(model)

@@ -170,9 +170,9 @@ class _Model:
 
     def own_dtype(self) -> torch.dtype:
         """The dtype the model's config names (fp32 when none, or for random-init presets)."""
-        from workbench.presets import PRESETS
+        from workbench.presets import lookup
 
-        preset = PRESETS.get(self.cfg.model)
+        preset = lookup(self.cfg.model)
         if preset is not None and preset.pretrained is None:
             return torch.float32
         own = getattr(self.skeleton.config, "dtype", None) or torch.float32

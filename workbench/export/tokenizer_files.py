@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from workbench.models.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
-from workbench.presets import PRESETS
+from workbench.presets import PRESETS, lookup
 
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0..3, as ``ByteTokenizer``
 
@@ -25,7 +25,7 @@ def save_tokenizer(model: str, data_dir: Path, folder: Path) -> dict[str, int]:
     Raises:
         ConfigError: the model has no usable tokenizer (``load_tokenizer``'s line).
     """
-    preset = PRESETS.get(model)
+    preset = lookup(model)
     tok = ByteTokenizer() if preset is not None and preset.tokenizer == "byte" \
         else load_tokenizer(model, data_dir)
     hf = byte_tokenizer() if isinstance(tok, ByteTokenizer) else tok.tok

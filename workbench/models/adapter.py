@@ -4,8 +4,9 @@ A decoder-only Hugging Face causal LM is split into three parts that can run pie
 engine can place each block where it likes. Nothing is rewritten: the embedding part runs the
 model's own code up to the first block (a forward pre-hook on block 0 captures the block inputs:
 hidden states, attention mask, rotary embeddings) and stops there; blocks are called as they are;
-the head applies the model's own final modules. A family is a handful of attribute paths and
-its position-id rule.
+the head applies the model's own final modules. Where the parts are is read from the model
+(``layout.py``); models whose layers mix attention types (sliding / global) get a mask per type,
+built once per batch, and each block the mask of its own type.
 
 No host sync: left to itself, Hugging Face's mask code reads the attention mask back from the
 GPU (``bool(mask.sum() == mask.numel())``) to decide whether SDPA may run unmasked. Here the
@@ -24,57 +25,12 @@ import torch
 from torch import nn
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
+from workbench.models.layout import Refused, find_layout, transform_logits
+
 #: The mask builders' cache argument: ``cache`` from transformers 5.24 (where the old name
 #: ``past_key_values`` warns that it is deprecated), ``past_key_values`` before.
 _CACHE_ARG = "cache" if "cache" in inspect.signature(create_causal_mask).parameters \
     else "past_key_values"
-
-
-@dataclass(frozen=True)
-class FamilySpec:
-    """Attribute paths of one model family, relative to the ``*ForCausalLM`` module."""
-
-    base: str  # module whose forward runs embedding + blocks
-    layers: str  # the ModuleList of transformer blocks
-    embed: tuple[str, ...]  # modules whose parameters form the embedding group
-    head: tuple[str, ...]  # modules applied after the blocks, in order
-    # position ids as the family's own forward computes them from a 2D mask (B, T):
-    # "cumsum" (OPT: count of real tokens so far, minus one) or "arange" (0..T-1 for every row)
-    positions: str = "arange"
-
-
-FAMILIES: dict[str, FamilySpec] = {
-    "opt": FamilySpec(
-        base="model.decoder",
-        layers="model.decoder.layers",
-        embed=("model.decoder.embed_tokens", "model.decoder.embed_positions",
-               "model.decoder.project_in"),
-        head=("model.decoder.final_layer_norm", "model.decoder.project_out", "lm_head"),
-        positions="cumsum",
-    ),
-    # Llama and the families that copy its layout.
-    "llama": FamilySpec(base="model", layers="model.layers", embed=("model.embed_tokens",),
-                        head=("model.norm", "lm_head")),
-}
-MODEL_TYPES = {"opt": "opt", "llama": "llama", "mistral": "llama", "qwen2": "llama",
-               "qwen3": "llama", "smollm3": "llama"}
-
-
-def family_of(model: nn.Module) -> FamilySpec:
-    model_type = getattr(model.config, "model_type", None)
-    if model_type not in MODEL_TYPES:
-        raise ValueError(f"model: architecture {model_type!r} is not supported "
-                         f"(supported: {', '.join(sorted(MODEL_TYPES))})")
-    return FAMILIES[MODEL_TYPES[model_type]]
-
-
-def _get(root: nn.Module, path: str) -> nn.Module | None:
-    obj: Any = root
-    for part in path.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            return None
-    return obj
 
 
 class _Captured(Exception):
@@ -92,7 +48,9 @@ class BlockContext:
     kwargs: dict[str, Any]
     last_index: torch.Tensor  # (B,) index of each row's last real token
     position_ids: torch.Tensor | None = None  # (B or 1, T), handed to the model's forward
-    model_mask: torch.Tensor | None = None  # 4D: what the model's own mask code passes through
+    model_mask: torch.Tensor | dict | None = None  # 4D (per layer type when mixed): what the
+    # model's own mask code passes through
+    masks: dict[str, torch.Tensor | None] | None = None  # mixed layer types: each type's mask
 
 
 class BlockAdapter:
@@ -104,19 +62,25 @@ class BlockAdapter:
 
     def __init__(self, model: nn.Module):
         self.model = model
-        self.spec = family_of(model)
-        self.base = _get(model, self.spec.base)
-        self.blocks: list[nn.Module] = list(_get(model, self.spec.layers))
-        self.embed_modules = [m for p in self.spec.embed if (m := _get(model, p)) is not None]
-        self.head_modules = [m for p in self.spec.head if (m := _get(model, p)) is not None]
+        layout = find_layout(model)
+        self.base, self.quirk = layout.base, layout.quirk
+        self.blocks: list[nn.Module] = layout.blocks
+        self.embed_modules, self.head_modules = layout.embed, layout.head
         cfg = model.config
-        types = set(getattr(cfg, "layer_types", None) or ())
-        if len(types) > 1:  # every block reuses block 0's mask: one kind of attention only
-            raise ValueError(f"model: mixed attention layer types {sorted(types)} are not "
-                             "supported (one mask serves every block)")
-        sliding = types == {"sliding_attention"} or cfg.model_type == "mistral"
-        # tokens (keys) a query sees; None: every earlier token
-        self.window: int | None = getattr(cfg, "sliding_window", None) if sliding else None
+        types = list(getattr(cfg, "layer_types", None) or ())[:len(self.blocks)]
+        if len(set(types)) > 1 and not set(types) <= set(_MASKS):
+            raise Refused(f"layer types {sorted(set(types) - set(_MASKS))}: the adapter builds "
+                          f"masks for {', '.join(_MASKS)} layers only")
+        # mixed types: each block's type, whose mask it gets (None: one mask serves all)
+        self._types = {id(b): t for b, t in zip(self.blocks, types)} if len(set(types)) > 1 \
+            else None
+        sliding = set(types) == {"sliding_attention"} or cfg.model_type == "mistral"
+        # tokens (keys) a query sees in a sliding layer; None: every earlier token
+        self.window: int | None = getattr(cfg, "sliding_window", None) \
+            if sliding or self._types else None
+        self._sdpa = getattr(cfg, "_attn_implementation", None) == "sdpa"
+        accepted = inspect.signature(self.base.forward).parameters
+        self._base_kwargs = {k: v for k, v in (("use_cache", False),) if k in accepted}
         self._last: tuple[Any, BlockContext] | None = None  # the last batch and its context
 
     # --- the three parts -------------------------------------------------------------------
@@ -132,26 +96,39 @@ class BlockAdapter:
             ctx = self._last[1]
             return self._run_base(ids, ctx)[0], ctx
         padded = batch.padded if batch.padded is not None else bool((mask == 0).any())
-        masked = padded or (self.window is not None and ids.shape[1] >= self.window)
-        if masked:
-            # Hugging Face's own mask, told not to look for the unmasked shortcut (the look is
-            # the sync); only the shape, dtype and device of ``inputs_embeds`` are read
-            build = create_sliding_window_causal_mask if self.window else create_causal_mask
-            model_mask = build(config=self.model.config,
-                               inputs_embeds=ids.new_empty((*ids.shape, 0), dtype=torch.float32),
-                               attention_mask=mask if padded else None,
-                               allow_is_causal_skip=False, **{_CACHE_ARG: None})
-        else:  # the blocks get None (SDPA's causal path); a stand-in gets past the mask code
-            model_mask = mask.new_ones((1, 1, 1, 1), dtype=torch.bool)
-        ctx = BlockContext({}, mask.sum(dim=1) - 1, self._positions(mask), model_mask)
+        if self._types is None:
+            kind = "sliding_attention" if self.window else "full_attention"
+            model_mask = self._mask(kind, batch, padded)
+            masks = None
+        else:  # the model's mask code takes a prepared mask per layer type as a dict
+            masks = {kind: self._mask(kind, batch, padded) for kind in _MASKS}
+            model_mask = {k: _STAND_IN(mask) if m is None else m for k, m in masks.items()}
+        ctx = BlockContext({}, mask.sum(dim=1) - 1, self._positions(mask),
+                           _STAND_IN(mask) if model_mask is None else model_mask, masks)
         hidden, ctx.kwargs = self._run_base(ids, ctx)
-        if not masked:
+        if model_mask is None:  # the blocks get None (SDPA's causal path)
             ctx.kwargs["attention_mask"] = None
         self._last = (batch, ctx)
         return hidden, ctx
 
+    def _mask(self, kind: str, batch, padded: bool) -> torch.Tensor | None:
+        """The 4D mask of one layer type for ``batch``, or None where SDPA's causal path is the
+        same (no padding and, for sliding layers, no row longer than the window; eager
+        attention, used where a model has no SDPA, has no causal path: always a mask)."""
+        ids, mask = batch.input_ids, batch.attention_mask
+        window = self.window if kind == "sliding_attention" else None
+        if self._sdpa and not (padded or (window is not None and ids.shape[1] >= window)):
+            return None
+        # Hugging Face's own mask, told not to look for the unmasked shortcut (the look is the
+        # sync); only the shape, dtype and device of ``inputs_embeds`` are read
+        build = create_sliding_window_causal_mask if window else create_causal_mask
+        return build(config=self.model.config,
+                     inputs_embeds=ids.new_empty((*ids.shape, 0), dtype=torch.float32),
+                     attention_mask=mask if padded else None,
+                     allow_is_causal_skip=False, **{_CACHE_ARG: None})
+
     def _positions(self, mask: torch.Tensor) -> torch.Tensor:
-        if self.spec.positions == "cumsum":  # as OPT's own forward computes them
+        if self.quirk.positions == "cumsum":  # as OPT's own forward computes them
             return (torch.cumsum(mask, dim=1) * mask - 1).long()
         return torch.arange(mask.shape[1], device=mask.device).unsqueeze(0)
 
@@ -162,7 +139,7 @@ class BlockAdapter:
         hook = self.blocks[0].register_forward_pre_hook(_raise_captured, with_kwargs=True)
         try:
             self.base(input_ids=input_ids, attention_mask=ctx.model_mask,
-                      position_ids=ctx.position_ids, use_cache=False)
+                      position_ids=ctx.position_ids, **self._base_kwargs)
         except _Captured as c:
             # Take the inputs and drop the exception: its traceback holds the forward's frames
             # (and their tensors) in a reference cycle that only the garbage collector breaks.
@@ -177,7 +154,9 @@ class BlockAdapter:
 
     def run_block(self, block: nn.Module, hidden: torch.Tensor, ctx: BlockContext) -> torch.Tensor:
         """(B, T, D) -> (B, T, D) through one block with its current weights."""
-        out = block(hidden, **ctx.kwargs)
+        kwargs = ctx.kwargs if ctx.masks is None else \
+            {**ctx.kwargs, "attention_mask": ctx.masks[self._types[id(block)]]}
+        out = block(hidden, **kwargs)
         return out[0] if isinstance(out, tuple) else out
 
     def head(self, hidden: torch.Tensor, ctx: BlockContext | None = None) -> torch.Tensor:
@@ -187,7 +166,7 @@ class BlockAdapter:
             hidden = hidden[torch.arange(hidden.shape[0], device=hidden.device), ctx.last_index]
         for module in self.head_modules:
             hidden = module(hidden)
-        return hidden
+        return transform_logits(self.model.config, hidden)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The whole model piecewise: logits (B, T, V). Used to check the split."""
@@ -202,6 +181,15 @@ class Inputs:
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     padded: bool | None = None
+
+
+#: Layer types whose masks the adapter builds (``_mask``).
+_MASKS = ("full_attention", "sliding_attention")
+
+
+def _STAND_IN(mask: torch.Tensor) -> torch.Tensor:
+    """What gets an unmasked batch past the model's mask code (the blocks then get None)."""
+    return mask.new_ones((1, 1, 1, 1), dtype=torch.bool)
 
 
 def _raise_captured(module: nn.Module, args: tuple, kwargs: dict) -> None:

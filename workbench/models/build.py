@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from workbench.config import ConfigError
-from workbench.presets import PRESETS, Preset
+from workbench.presets import PRESETS, TINY_PREFIX, Preset, lookup
 
 
 def hf_config(preset: Preset):
@@ -56,11 +56,14 @@ def build_skeleton(model: str, data_dir: Path | None = None, *,
     from transformers import AutoModelForCausalLM
 
     from workbench.models.hub import check_weights, load_config, model_folder
+    from workbench.models.tiny import tiny_config
 
-    preset = PRESETS.get(model)
+    preset = lookup(model)
     if num_layers is not None and (preset is None or preset.pretrained is not None):
         raise ValueError(f"num_layers: only a random-init preset can be built deeper ({model})")
-    if preset is not None and preset.pretrained is None:
+    if model.startswith(TINY_PREFIX):
+        config, source = tiny_config(preset.family), RandomInit()
+    elif preset is not None and preset.pretrained is None:
         config = hf_config(preset if num_layers is None
                            else replace(preset, num_layers=num_layers))
         source: WeightSource = RandomInit()
@@ -69,34 +72,60 @@ def build_skeleton(model: str, data_dir: Path | None = None, *,
         check_weights(model, folder)
         config = load_config(model, folder)
         source = PretrainedWeights(folder)
-    config._attn_implementation = "sdpa"
-    with torch.device("meta"):
+    # SDPA where the architecture has it (the engines' memory and the planner assume it);
+    # eager attention for the few that have none (e.g. gemma2's soft-capped scores)
+    config._attn_implementation = "sdpa" if AutoModelForCausalLM._model_mapping[
+        type(config)]._supports_sdpa else "eager"
+    # A tiny model is built on the CPU (kilobytes): buffers its modules compute in __init__
+    # (router biases, activation constants, rotary tables) come out real, whatever they are.
+    tiny = model.startswith(TINY_PREFIX)
+    if tiny:
+        _check_tiny_size(model, config)
+    with torch.device("cpu" if tiny else "meta"):
         skeleton = AutoModelForCausalLM.from_config(config, dtype=torch.float32,
                                                     trust_remote_code=False)
-    _rebuild_meta_buffers(skeleton)
+    if not tiny:
+        _rebuild_meta_buffers(skeleton)
     skeleton.eval()
     return skeleton, source
 
 
+#: A tiny model larger than this kept a sub-model (vision tower, ...) at its published size.
+TINY_MAX_PARAMS = 20_000_000
+
+
+def _check_tiny_size(model: str, config) -> None:
+    """Refuse, before allocating it, a tiny model whose config did not shrink."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        n = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    if n > TINY_MAX_PARAMS:
+        raise ValueError(f"model: {model} keeps {n / 1e6:.0f}M parameters after shrinking "
+                         "(a part its config nests is left at its published size)")
+
+
 def check_model_folder(model: str) -> None:
-    """A local folder or hub id names a model the workbench can build: safetensors weights, a
-    config that loads without running the folder's code, an architecture the block adapter knows
-    (cheap: no weights are read). Presets pass.
+    """A ``tiny:<model_type>``, local folder or hub id names a model the workbench can build:
+    safetensors weights, a config that loads without running the folder's code, an
+    architecture the block adapter splits (cheap: built on the meta device, no weights are
+    read). Presets pass.
 
     Raises:
         ConfigError: one line naming the model and what is wrong.
     """
-    from workbench.models.adapter import MODEL_TYPES
-    from workbench.models.hub import check_weights, load_config, model_folder
+    from workbench.models.adapter import BlockAdapter
 
     if model in PRESETS:
         return
-    folder = model_folder(model)
-    check_weights(model, folder)
-    config = load_config(model, folder)
-    if getattr(config, "model_type", None) not in MODEL_TYPES:
-        raise ConfigError([f"model: {model} is a {config.model_type!r} model; supported: "
-                           f"{', '.join(MODEL_TYPES)}"])
+    try:
+        BlockAdapter(build_skeleton(model)[0])
+    except ConfigError:
+        raise
+    except ValueError as e:  # Refused, an unknown tiny type, a config transformers rejects
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError([reason if reason.startswith("model:")
+                           else f"model: {model} is not supported: {reason}"]) from None
 
 
 def _rebuild_meta_buffers(model: nn.Module) -> None:

@@ -20,20 +20,19 @@ from torch import nn
 
 from workbench.models.build import group_id
 
-#: Default targets per family (``models/adapter.py`` FAMILIES keys): attention query and value.
-DEFAULT_TARGETS = {"opt": ("q_proj", "v_proj"), "llama": ("q_proj", "v_proj")}
+#: Default targets, the first set whose every name is a linear module of the model: attention
+#: query and value (LoRA's paper), else the fused query-key-value projection a family uses.
+DEFAULT_TARGETS = (("q_proj", "v_proj"), ("query_key_value",), ("qkv_proj",), ("Wqkv",))
 LORA_MARK = "lora_"  # every adapter parameter's name contains it (lora_A, lora_B)
 
 
 def targets_for(model: nn.Module, lora_targets: str) -> list[str]:
     """The module names given adapters: ``lora_targets`` split on commas, or the family's
-    default. Raises ValueError naming the setting when a target matches no Linear."""
-    from workbench.models.adapter import MODEL_TYPES
-
-    family = MODEL_TYPES.get(getattr(model.config, "model_type", None))
-    names = ([t.strip() for t in lora_targets.split(",")] if lora_targets
-             else list(DEFAULT_TARGETS.get(family, ())))
+    default (``DEFAULT_TARGETS``). Raises ValueError naming the setting when a target matches
+    no Linear."""
     linear = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    default = next((t for t in DEFAULT_TARGETS if set(t) <= linear), ())
+    names = [t.strip() for t in lora_targets.split(",")] if lora_targets else list(default)
     missing = [t for t in names if t not in linear]
     if missing or not names:
         raise ValueError(f"lora_targets: {', '.join(missing) or '(none)'} matches no linear "

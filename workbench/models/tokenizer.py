@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Protocol
 
 from workbench.config import ConfigError
-from workbench.presets import PRESETS
+from workbench.presets import lookup
 
 
 class Tokenizer(Protocol):
@@ -94,7 +94,7 @@ def _quiet_hub() -> Iterator[None]:
 def _load(model: str, data_dir: Path) -> Tokenizer:
     from transformers import AutoTokenizer
 
-    preset = PRESETS.get(model)
+    preset = lookup(model)
     if preset is None:
         from workbench.models.hub import model_folder
 

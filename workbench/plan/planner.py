@@ -23,6 +23,7 @@ Time: a block pass takes max(FLOPs / effective FLOP/s, weight bytes / memory ban
 """
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -34,7 +35,7 @@ from workbench.plan.lora import frozen_stream, matrix_bytes
 from workbench.plan.memory import FINGERPRINT_SCRATCH_BYTES, moments, pinned_bytes
 from workbench.plan.rates import profile
 from workbench.plan.zo import plan_zo
-from workbench.presets import PRESETS, Preset
+from workbench.presets import PRESETS, TINY_PREFIX, Preset, lookup
 
 GiB, MiB = 2 ** 30, 2 ** 20
 #: A CUDA process's device memory outside torch's allocator (context, cuBLAS and kernel modules):
@@ -82,9 +83,12 @@ class Plan:
 
 
 def preset_of(model: str) -> Preset:
-    """The preset, or a Preset read from the config.json of a local folder or a hub id."""
+    """The preset, a ``tiny:<model_type>`` with its parameters counted on the model built on
+    the meta device, or a Preset read from the config.json of a local folder or a hub id."""
     if model in PRESETS:
         return PRESETS[model]
+    if model.startswith(TINY_PREFIX):
+        return _tiny_preset(model)
     from workbench.models.hub import config_path
 
     c = json.loads(config_path(model).read_text())
@@ -99,6 +103,18 @@ def preset_of(model: str) -> Preset:
     except KeyError as e:
         raise ConfigError([f"model: {model}: config.json has no {e.args[0]!r}, which the "
                            "planner needs"]) from None
+
+
+@functools.lru_cache(maxsize=None)
+def _tiny_preset(model: str) -> Preset:
+    """``tiny:<model_type>`` with its parts' parameters counted on the model built on meta."""
+    from dataclasses import replace
+
+    from workbench.models.build import build_skeleton
+    from workbench.models.tiny import part_counts
+
+    counts = part_counts(build_skeleton(model)[0])
+    return replace(lookup(model), num_layers=len(counts[1]), counts=counts)
 
 
 def plan(cfg: RunConfig, gpu: str | None = None, calibration: dict | None = None, *,

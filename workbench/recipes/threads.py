@@ -14,7 +14,7 @@ import os
 import torch
 
 from workbench.config import RunConfig
-from workbench.presets import PRESETS
+from workbench.presets import lookup
 
 #: Models this narrow (hidden size) or narrower run fastest on one thread on a CPU.
 ONE_THREAD_WIDTH = 256
@@ -26,7 +26,7 @@ def choose_threads(cfg: RunConfig) -> str:
     """Set torch's intra-op threads for ``cfg``'s run in this process; returns (and keeps in
     ``REASON``) why."""
     global REASON
-    preset = PRESETS.get(cfg.model)
+    preset = lookup(cfg.model)
     if os.environ.get("OMP_NUM_THREADS"):
         why = f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']} (set by the user)"
     elif cfg.device == "cpu" and preset is not None and preset.hidden <= ONE_THREAD_WIDTH:

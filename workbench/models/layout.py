@@ -1,0 +1,163 @@
+"""Where a decoder's parts are, read from the model itself: no per-model table of paths.
+
+The blocks are the ``nn.ModuleList`` whose entries are the classes the model names in
+``_no_split_modules`` (the convention ``accelerate`` uses to place blocks). The base is the
+module that owns that list: its forward runs the embedding and then the blocks. Which of the
+base's other parameterized children run before the blocks and which after is read from the
+order in which its ``forward`` names them (``self.embed_positions`` before ``self.layers``,
+``self.norm`` after); the embedding part is ``get_input_embeddings()`` plus those before, the
+head part those after plus ``get_output_embeddings()``.
+
+A model that does not fit is refused with one line naming why (``Refused``). ``QUIRKS`` holds
+what the model's structure cannot say, each entry with its reason, and only where a test
+(``tests/models/test_any_decoder.py``) shows it is needed.
+"""
+from __future__ import annotations
+
+import inspect
+import re
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+class Refused(ValueError):
+    """A model the block adapter cannot split; the message is one line naming the reason."""
+
+
+@dataclass(frozen=True)
+class Quirk:
+    """What one family does that its module structure does not show."""
+
+    # position ids as the family's own forward computes them from a 2D mask (B, T): "cumsum"
+    # (count of real tokens so far, minus one) or "arange" (0..T-1 for every row)
+    positions: str = "arange"
+    reason: str = ""
+
+
+QUIRKS: dict[str, Quirk] = {
+    "opt": Quirk(positions="cumsum", reason="OPT's learned positions count the real tokens "
+                 "(cumsum of the mask), so a left-padded row starts at position 0"),
+}
+
+#: The types a test has checked against their own forward, and zo-offload against MeZO
+#: (``tests/models/test_any_decoder.py``: the representative set; mistral, qwen2, qwen3 and
+#: smollm3 have Llama's layout, which that test checks part by part). Any other type the layout
+#: finds is refused until it is checked: the full grid of that test found types whose parts
+#: are found but whose piecewise logits differ, and a wrong model must not train silently.
+CHECKED = frozenset({"opt", "llama", "mistral", "qwen2", "qwen3", "smollm3", "qwen3_moe",
+                     "gemma2", "phi3", "falcon_h1"})
+
+#: Logit transforms a ``*ForCausalLM`` applies after its LM head, by the config key that turns
+#: each on: soft-capping cap * tanh(z / cap) (gemma2/3, cohere2, ...), z * logit_scale (cohere),
+#: z / logits_scaling (granite). The test that runs every type against its full forward
+#: finds any other.
+LOGIT_KEYS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The parts of one ``*ForCausalLM``."""
+
+    base: nn.Module  # its forward runs embedding + blocks
+    blocks: list[nn.Module]
+    embed: list[nn.Module]  # input embeddings first, then the rest in the order forward names them
+    head: list[nn.Module]  # what runs after the last block, in order, then the output embeddings
+    quirk: Quirk
+
+
+def find_layout(model: nn.Module) -> Layout:
+    """Split ``model`` into base, blocks, embedding and head modules (no forward is run; the
+    model may be on the meta device).
+
+    Raises:
+        Refused: one line naming what does not fit (no block list, several, an encoder
+            stack, parameters outside the three parts, ...).
+    """
+    config = model.config
+    if getattr(config, "is_encoder_decoder", False):
+        raise Refused("an encoder-decoder model (the adapter runs decoder-only models)")
+    path, layers = _block_list(model)
+    base_path, _, attr = path.rpartition(".")
+    base = model.get_submodule(base_path)
+    inputs, outputs = model.get_input_embeddings(), model.get_output_embeddings()
+    if not isinstance(outputs, nn.Module):
+        raise Refused("no output embeddings (get_output_embeddings() is None)")
+    children = {n: m for n, m in base.named_children()
+                if n != attr and next(m.parameters(), None) is not None}
+    if inputs is None or all(inputs is not m for m in children.values()):
+        raise Refused(f"{path}'s owner does not hold the input embeddings (an encoder stack "
+                      "or a wrapper the adapter cannot run up to its first block)")
+    before, after = _split_by_forward(type(base), attr, children)
+    embed = [inputs] + [m for m in before if m is not inputs]
+    head = [m for m in after if m is not outputs] + [outputs]
+    _check_covered(model, [*embed, layers, *head])
+    if config.model_type not in CHECKED:  # found, but not yet shown to compute right
+        raise Refused(f"type {config.model_type!r} is not checked yet (the checked types: "
+                      f"{', '.join(sorted(CHECKED))})")
+    return Layout(base, list(layers), embed, head, QUIRKS.get(config.model_type, Quirk()))
+
+
+def _block_list(model: nn.Module) -> tuple[str, nn.ModuleList]:
+    """The one ModuleList of ``_no_split_modules`` blocks: (its path, the list)."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    if not names:
+        raise Refused("the model names no _no_split_modules, so its blocks are unknown")
+    lists = [(p, m) for p, m in model.named_modules()
+             if isinstance(m, nn.ModuleList) and len(m) and p
+             and all(type(b).__name__ in names for b in m)]
+    if not lists:
+        raise Refused(f"no ModuleList of its blocks ({', '.join(sorted(names))})")
+    if len(lists) > 1:
+        raise Refused(f"several block lists ({', '.join(p for p, _ in lists)}): a multimodal "
+                      "or multi-stack model")
+    return lists[0]
+
+
+def _split_by_forward(cls: type, attr: str,
+                      children: dict[str, nn.Module]) -> tuple[list[nn.Module], list[nn.Module]]:
+    """The parameterized children the base's forward names before ``self.<attr>`` and those
+    after, each in the order the forward first names them."""
+    try:
+        source = inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        raise Refused(f"{cls.__name__}.forward has no readable source") from None
+
+    def first(name: str) -> int:
+        found = re.search(rf"self\.{re.escape(name)}\b", source)
+        return found.start() if found else -1
+
+    at = first(attr)
+    if at < 0:
+        raise Refused(f"{cls.__name__}.forward never names self.{attr}")
+    where = {n: first(n) for n in children}
+    unnamed = [n for n, i in where.items() if i < 0]
+    if unnamed:
+        raise Refused(f"{cls.__name__}.forward never names its parameterized "
+                      f"{', '.join(unnamed)}, so when they run is unknown")
+    ordered = sorted(children, key=where.__getitem__)
+    return ([children[n] for n in ordered if where[n] < at],
+            [children[n] for n in ordered if where[n] > at])
+
+
+def _check_covered(model: nn.Module, parts: list[nn.Module]) -> None:
+    """Every parameter of ``model`` is in one of ``parts``: none is left untrained."""
+    covered = {id(p) for m in parts for p in m.parameters()}
+    stray = [n for n, p in model.named_parameters() if id(p) not in covered]
+    if stray:
+        raise Refused(f"parameters outside embedding, blocks and head: {', '.join(stray[:3])}")
+
+
+def transform_logits(config, logits: torch.Tensor) -> torch.Tensor:
+    """What the ``*ForCausalLM`` does to its LM head's output (``LOGIT_KEYS``); (..., V)."""
+    cap = getattr(config, "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    scale = getattr(config, "logit_scale", None)
+    if isinstance(scale, (int, float)) and scale != 1:
+        logits = logits * scale
+    divisor = getattr(config, "logits_scaling", None)
+    if isinstance(divisor, (int, float)) and divisor != 1:
+        logits = logits / divisor
+    return logits
