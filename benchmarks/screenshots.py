@@ -163,6 +163,8 @@ def main() -> None:
     p.add_argument("--sweep", type=Path, help="a sweep folder: its report is report.png")
     p.add_argument("--panel", action="store_true", help="only the knob panel in JupyterLab")
     p.add_argument("--out", type=Path, default=Path("assets"))
+    p.add_argument("--report-height", type=int, default=1100,
+                   help="px of the report's top to show (its tables grow with the runs)")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.panel:
@@ -188,7 +190,7 @@ def main() -> None:
             report = write_report(args.compare, Path(tmp) / "report.html")
         written = shoot({"dashboard": (dashboard_page(args.dashboard), 1100, 780),
                          "comparison": (comparison_page(args.compare), 1100, 900),
-                         "report": (report, 1280, 1100)}, args.out)
+                         "report": (report, 1280, args.report_height)}, args.out)
     meta = {"date": dt.date.today().isoformat(), "dashboard": describe([args.dashboard]),
             "compare": describe(args.compare), "sweep": str(args.sweep) if args.sweep else None,
             "files": [w.name for w in written]}
