@@ -95,9 +95,12 @@ def test_llamas_layout_is_found_part_for_part(model_type):
     assert found.head == [skeleton.model.norm, skeleton.lm_head]
 
 
-def test_a_type_not_checked_yet_is_refused_in_one_line():
-    with pytest.raises(ConfigError, match=r"^model: .*'gpt2' is not checked yet \(the checked"):
-        check_model_folder("tiny:gpt2")
+def test_a_type_that_has_not_passed_is_refused_in_one_line():
+    """olmo's parts are found, but its piecewise logits differ from its own forward's (the
+    slow grid): accepted, it would train a wrong model."""
+    with pytest.raises(ConfigError, match=r"^model: .*'olmo' has not passed the check of its "
+                                          r"parts against its own forward \(92 types have"):
+        check_model_folder("tiny:olmo")
 
 
 def test_unknown_type_is_one_line():
@@ -123,9 +126,14 @@ def test_coverage_table(capsys):
         except Exception as e:  # an accepted type that computes wrongly: listed, then fails
             failed.append(model_type)
             rows.append((model_type, f"FAILS: {type(e).__name__}: {str(e)[:80]}"))
-    supported = sum(r == "supported" for _, r in rows)
+    supported = {t for t, r in rows if r == "supported"}
     with capsys.disabled():
-        print(f"\ncoverage: {supported} supported of {len(rows)} causal-LM types")
+        print(f"\ncoverage: {len(supported)} supported of {len(rows)} causal-LM types "
+              f"({len(failed)} found but wrong or failing, refused until fixed)")
         for model_type, result in rows:
             print(f"  {model_type:28s} {result}")
-    assert not failed, failed
+    # what is accepted is exactly what passes: a checked type that regressed, or a type that
+    # now passes and could be accepted, both fail here
+    installed = set(causal_lm_types())
+    assert supported == layout.CHECKED & installed, (
+        sorted((layout.CHECKED & installed) - supported), sorted(supported - layout.CHECKED))
