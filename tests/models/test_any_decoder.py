@@ -99,7 +99,7 @@ def test_a_type_that_has_not_passed_is_refused_in_one_line():
     """olmo's parts are found, but its piecewise logits differ from its own forward's (the
     slow grid): accepted, it would train a wrong model."""
     with pytest.raises(ConfigError, match=r"^model: .*'olmo' has not passed the check of its "
-                                          r"parts against its own forward \(92 types have"):
+                                          r"parts against its own forward \(93 types have"):
         check_model_folder("tiny:olmo")
 
 

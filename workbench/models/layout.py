@@ -44,7 +44,7 @@ QUIRKS: dict[str, Quirk] = {
 #: The types whose parts, found as above, compute what the model itself computes: each passed
 #: ``tests/models/test_any_decoder.py`` built tiny (its forward against the model's own, padded
 #: and not; zo-offload's digest and losses against MeZO's, fp32, 3 steps; the planner's part
-#: counts). 92 of the 196 causal-LM types of transformers 5.24; the slow grid of that test
+#: counts). 93 of the 196 causal-LM types of transformers 5.24; the slow grid of that test
 #: checks that this is exactly the set that passes. Any other type is refused: the grid found
 #: types whose parts are found but whose piecewise logits differ, or that fail to run, and a
 #: wrong model must not train silently.
@@ -52,7 +52,7 @@ CHECKED = frozenset({
     "afmoe", "apertus", "apertus1p5_text", "arcee", "aria_text", "bailing_hybrid", "bamba", "bart",
     "bitnet", "cohere", "cohere2", "cohere2_moe", "cwm", "diffllama", "ernie4_5", "ernie4_5_moe",
     "exaone", "exaone4", "exaone_moe", "falcon", "falcon_h1", "flex_olmo", "flint", "gemma",
-    "gemma2", "gemma3_text", "glm", "glm4", "glm4_moe", "gpt2", "gpt_bigcode", "gpt_neox",
+    "gemma2", "gemma3_text", "glm", "glm4", "glm4_moe", "gpt-sw3", "gpt2", "gpt_bigcode", "gpt_neox",
     "gpt_neox_japanese", "gpt_oss", "granite", "granite_swa", "granitemoe", "granitemoe_swa",
     "granitemoehybrid", "granitemoeshared", "helium", "hunyuan_v1_dense", "hunyuan_v1_moe",
     "hy_v3", "hyperclovax", "internlm3", "iquestcoder", "jais2", "jamba", "jetmoe", "kimi_linear",
