@@ -34,7 +34,7 @@ def _config_file(args: argparse.Namespace) -> str | None:
 def cmd_run(args: argparse.Namespace) -> int:
     if args.resume:
         # Continue a run: its own resolved config, then --config / --set on top.
-        from workbench.telemetry.record import RunRecord
+        from workbench.recipes.resume import started_config
 
         if args.overwrite:
             raise ConfigError(["--overwrite: not with --resume (one continues a run, the other "
@@ -43,12 +43,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise ConfigError([f"--out: a resumed run continues in its own directory "
                                f"({args.resume}); leave out --out, or copy the run to "
                                f"{args.out} and resume that"])
-        previous = RunRecord.load(args.resume, telemetry=False).config
-        if not previous:  # defaults in its place would resume a different run, silently
-            raise ConfigError([f"--resume: {Path(args.resume) / 'run.json'} has no config "
-                               "(null or missing): the settings this run started with are "
-                               "unknown, so it cannot be resumed exactly"])
-        base = RunConfig(**resume_base(previous))
+        base = RunConfig(**resume_base(started_config(Path(args.resume))))
         cfg = load_config(_config_file(args), parse_sets(args.set or []), base=base)
         out = args.resume
     else:

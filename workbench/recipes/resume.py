@@ -52,6 +52,21 @@ def newest_covered(found: list[Path], steps: list[dict]) -> Path | None:
                  if all(t in done for t in range(checkpoint_step(p)))), None)
 
 
+def started_config(run_dir: Path) -> dict:
+    """The resolved settings ``run_dir``'s run started with (its run.json's ``config``).
+
+    Raises:
+        ConfigError: run.json has none (null or missing): defaults in their place would
+            resume a different run, silently.
+    """
+    config = RunRecord.load(run_dir, telemetry=False).config
+    if not config:
+        raise ConfigError([f"--resume: {run_dir / 'run.json'} has no config (null or "
+                           "missing): the settings this run started with are unknown, so it "
+                           "cannot be resumed exactly"])
+    return config
+
+
 def plan_resume(cfg: RunConfig, roots: list[Path], previous: RunRecord | None,
                 dist=None, run_id: str | None = None) -> list[str]:
     """Checkpoint folders to try, newest first (empty: start from step 0).
