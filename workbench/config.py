@@ -429,8 +429,8 @@ def _positions(cfg: RunConfig) -> int | None:
     """The model's positions, where known without loading it (a preset, a local folder)."""
     from workbench.presets import lookup
 
-    if lookup(cfg.model) is not None:
-        return lookup(cfg.model).max_positions
+    if (preset := lookup(cfg.model)) is not None:
+        return preset.max_positions
     try:
         conf = json.loads((Path(cfg.model).expanduser() / "config.json").read_text("utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):

@@ -83,8 +83,9 @@ class Plan:
 
 
 def preset_of(model: str) -> Preset:
-    """The preset, a ``tiny:<model_type>`` with its parameters counted on the model built on
-    the meta device, or a Preset read from the config.json of a local folder or a hub id."""
+    """The preset, a ``tiny:<model_type>`` with its parameters counted on the built model
+    (kilobytes, on the CPU), or a Preset read from the config.json of a local folder or a hub
+    id."""
     if model in PRESETS:
         return PRESETS[model]
     if model.startswith(TINY_PREFIX):
@@ -107,7 +108,8 @@ def preset_of(model: str) -> Preset:
 
 @functools.lru_cache(maxsize=None)
 def _tiny_preset(model: str) -> Preset:
-    """``tiny:<model_type>`` with its parts' parameters counted on the model built on meta."""
+    """``tiny:<model_type>`` with its parts' parameters counted on the built model. (The one
+    place plan/ reaches torch, lazily: a tiny layout has no formula to count it by.)"""
     from dataclasses import replace
 
     from workbench.models.build import build_skeleton
