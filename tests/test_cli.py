@@ -90,6 +90,7 @@ def test_demo_on_a_gpu_learns_and_compares_a_size_where_offloading_means_somethi
               f"{sum(s['seconds'] for s in mezo['steps']):.0f} s of MeZO steps")
         assert end > start, r.stdout
     assert mezo["param_digest"] == off["param_digest"]
+    assert "== speed: " in r.stdout and "nothing to learn" in r.stdout  # its health explained
     mezo, off = _runs(tmp_path / "speed")
     assert mezo["config"]["model"] in ("opt-1.3b", "opt-350m")
     assert mezo["config"]["device"] == "cuda" and mezo["config"]["data"] == "synthetic"

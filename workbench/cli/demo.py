@@ -74,6 +74,10 @@ def demo_command(args: argparse.Namespace, config_file: str | None,
         pairs.append((Path(args.out) / "speed", speed))
     status = 0
     for out, settings in pairs:
+        if settings is not demo:
+            print(f"== speed: {settings['model']} on synthetic tokens (random: nothing to learn, "
+                  "so its health reads \"not learning\"); this pair times the steps and GPU memory "
+                  "where offloading matters")
         records = demo_pair(config_file, sets, out, {**settings, "device": device},
                             not args.quiet, summary, report)
         status = status or (0 if records[0].param_digest == records[1].param_digest else 1)

@@ -63,6 +63,19 @@ def _summed(total: Total | None, sums: list[float]) -> list[float]:
     return total(sums) if total is not None else sums
 
 
+def row_sums(values: torch.Tensor, rows: torch.Tensor, n_rows: int) -> torch.Tensor:
+    """(n_rows,) sums of ``values`` (P,) by their ``rows`` (P,) ids, in the same order on every run.
+
+    ``index_add`` would be shorter, but on CUDA it adds with atomics in whatever order the
+    threads arrive: the last bits of a row's sum, and so MeZO's projected gradient, changed from
+    run to run (two identical tiny-opt runs on an H100 ended with different digests). Here each
+    value is written to its own cell of a (n_rows, P) zero matrix (no two writes share a cell)
+    and each row is reduced in a fixed order."""
+    cells = values.new_zeros((n_rows, values.shape[0]))
+    cells[rows, torch.arange(values.shape[0], device=values.device)] = values
+    return cells.sum(dim=1)
+
+
 class Classify:
     """Cross-entropy over the k candidates' scores; eval: accuracy and that loss."""
 
@@ -80,8 +93,7 @@ class Classify:
             logits = head(hidden[torch.arange(hidden.shape[0], device=hidden.device), last])
             return logits[:, batch.label_ids].float()
         lp = token_logprobs(hidden, batch.positions, batch.target_ids, head, self.chunk)
-        per_row = lp.new_zeros(batch.input_ids.shape[0]).index_add(0, batch.rows, lp)
-        return per_row.view(-1, batch.k)
+        return row_sums(lp, batch.rows, batch.input_ids.shape[0]).view(-1, batch.k)
 
     def loss(self, hidden: torch.Tensor, batch: Batch | ChoiceBatch, head: Head) -> torch.Tensor:
         return F.cross_entropy(self.scores(hidden, batch, head), batch.labels)
