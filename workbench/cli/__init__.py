@@ -177,6 +177,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from workbench.plan.planner import plan
     from workbench.plan.rates import load_calibration
 
+    if args.models:
+        from workbench.cli.models import models_text
+
+        print(models_text())
+        return 0
     if args.suggest is not None and not args.suggest > 0:
         raise ConfigError([f"--suggest: {args.suggest:g} GiB is not a GPU memory budget; give a "
                            "number of GiB above 0"])
@@ -342,6 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--gpu", help="plan for a GPU of the table (h200, h100, a100-40gb, "
                     "a100-80gb, rtx-4090, 24gb); default: this machine's calibration, else h200")
     sp.add_argument("--json", action="store_true", help="print the plan as JSON")
+    sp.add_argument("--models", action="store_true", help="list the models a run can take "
+                    "(presets, tiny:<model_type> and the supported model types) and exit")
     sp.add_argument("--suggest", type=float, metavar="BUDGET_GIB",
                     help="rank zo-offload settings that fit this much GPU memory, in GiB "
                     "(2^30 bytes)")

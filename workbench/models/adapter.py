@@ -68,9 +68,9 @@ class BlockAdapter:
         self.embed_modules, self.head_modules = layout.embed, layout.head
         cfg = model.config
         types = list(getattr(cfg, "layer_types", None) or ())[:len(self.blocks)]
-        if len(set(types)) > 1 and not set(types) <= set(_MASKS):
-            raise Refused(f"layer types {sorted(set(types) - set(_MASKS))}: the adapter builds "
-                          f"masks for {', '.join(_MASKS)} layers only")
+        if len(set(types)) > 1 and not set(types) <= set(_MASKS) | set(_NO_MASK):
+            raise Refused(f"layer types {sorted(set(types) - set(_MASKS) - set(_NO_MASK))}: the "
+                          f"adapter builds masks for {', '.join(_MASKS)} layers only")
         # mixed types: each block's type, whose mask it gets (None: one mask serves all)
         self._types = {id(b): t for b, t in zip(self.blocks, types)} if len(set(types)) > 1 \
             else None
@@ -101,7 +101,7 @@ class BlockAdapter:
             model_mask = self._mask(kind, batch, padded)
             masks = None
         else:  # the model's mask code takes a prepared mask per layer type as a dict
-            masks = {kind: self._mask(kind, batch, padded) for kind in _MASKS}
+            masks = {kind: self._mask(kind, batch, padded) for kind in set(self._types.values())}
             model_mask = {k: _STAND_IN(mask) if m is None else m for k, m in masks.items()}
         ctx = BlockContext({}, mask.sum(dim=1) - 1, self._positions(mask),
                            _STAND_IN(mask) if model_mask is None else model_mask, masks)
@@ -116,6 +116,11 @@ class BlockAdapter:
         same (no padding and, for sliding layers, no row longer than the window; eager
         attention, used where a model has no SDPA, has no causal path: always a mask)."""
         ids, mask = batch.input_ids, batch.attention_mask
+        if kind in _NO_MASK:
+            return None
+        if kind == "linear_attention" or self.quirk.mask == "padding":
+            # as transformers' create_recurrent_attention_mask gives them
+            return mask if padded else None
         window = self.window if kind == "sliding_attention" else None
         if self._sdpa and not (padded or (window is not None and ids.shape[1] >= window)):
             return None
@@ -183,8 +188,13 @@ class Inputs:
     padded: bool | None = None
 
 
-#: Layer types whose masks the adapter builds (``_mask``).
-_MASKS = ("full_attention", "sliding_attention")
+#: Layer types whose masks the adapter builds (``_mask``): a 4D mask for attention layers; for
+#: linear-attention and state-space layers the 2D padding mask, None when nothing is padded (what
+#: transformers' ``create_recurrent_attention_mask`` gives them).
+_MASKS = ("full_attention", "sliding_attention", "linear_attention")
+#: Layer types of hybrid stacks that take no mask (Nemotron-H's MLP and MoE layers get None
+#: from the model's own mask mapping).
+_NO_MASK = ("mlp", "moe")
 
 
 def _STAND_IN(mask: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,8 @@ but pinned host memory.
 """
 from __future__ import annotations
 
+import inspect
+
 import zlib
 from pathlib import Path
 from typing import Iterable
@@ -38,7 +40,11 @@ def hf_config(preset: Preset):
               attention_dropout=0.0, initializer_range=0.02, pad_token_id=0, bos_token_id=1,
               eos_token_id=2)
     kw.update(preset.hf)
-    return LlamaConfig(**kw)
+    if preset.family == "llama":
+        return LlamaConfig(**kw)
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(preset.family, **kw)  # a published layout (presets._published)
 
 
 def build_skeleton(model: str, data_dir: Path | None = None, *,
@@ -128,17 +134,29 @@ def check_model_folder(model: str) -> None:
                            else f"model: {model} is not supported: {reason}"]) from None
 
 
+#: A module with meta buffers is rebuilt on the CPU only up to this many parameters of its own
+#: (DeepSeek-V3's router: 1.8 M).
+REBUILD_MAX_PARAMS = 16_000_000
+
+
 def _rebuild_meta_buffers(model: nn.Module) -> None:
-    """Buffers computed in ``__init__`` (rotary tables) came out empty on meta. Parameter-free
-    modules holding them are rebuilt on the CPU from their config, which is how Hugging Face
-    constructs them; any other meta buffer is an unsupported architecture."""
+    """Buffers computed in ``__init__`` (rotary tables, a router's bias correction) came out
+    empty on meta. Modules holding them are rebuilt on the CPU from their config, which is how
+    Hugging Face constructs them, and the buffers taken from the copy (its parameters are
+    dropped: the weight source fills the skeleton's). A module whose own parameters are too
+    large to rebuild, or without a config, is an unsupported architecture."""
     for name, module in model.named_modules():
         meta = [k for k, b in module._buffers.items() if b is not None and b.is_meta]
         if not meta:
             continue
-        if next(module.parameters(recurse=False), None) is not None or not hasattr(module, "config"):
+        own = sum(p.numel() for p in module.parameters(recurse=False))
+        takes = list(inspect.signature(type(module).__init__).parameters.values())[1:]
+        needs = [p.name for p in takes if p.default is inspect.Parameter.empty
+                 and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        if own > REBUILD_MAX_PARAMS or needs != ["config"]:
             raise ValueError(f"model: cannot materialise buffers {meta} of {name!r}")
-        fresh = type(module)(config=module.config)
+        with torch.device("cpu"):  # its own config, else the model's (a router keeps none)
+            fresh = type(module)(config=getattr(module, "config", model.config))
         for key in meta:
             module._buffers[key] = fresh._buffers[key]
         for key, value in vars(fresh).items():  # e.g. attention_scaling set beside the buffer

@@ -33,35 +33,43 @@ class Quirk:
     # position ids as the family's own forward computes them from a 2D mask (B, T): "cumsum"
     # (count of real tokens so far, minus one) or "arange" (0..T-1 for every row)
     positions: str = "arange"
+    # what its blocks take as attention_mask: "causal" (a 4D mask, or None on SDPA's causal
+    # path) or "padding" (the 2D padding mask, None when nothing is padded)
+    mask: str = "causal"
     reason: str = ""
 
 
 QUIRKS: dict[str, Quirk] = {
     "opt": Quirk(positions="cumsum", reason="OPT's learned positions count the real tokens "
                  "(cumsum of the mask), so a left-padded row starts at position 0"),
+    **dict.fromkeys(("mamba", "falcon_mamba", "mamba2"), Quirk(
+        mask="padding", reason="state-space blocks only: the model hands each block the 2D "
+        "padding mask as given (no layer_types names them)")),
 }
 
 #: The types whose parts, found as above, compute what the model itself computes: each passed
 #: ``tests/models/test_any_decoder.py`` built tiny (its forward against the model's own, padded
 #: and not; zo-offload's digest and losses against MeZO's, fp32, 3 steps; the planner's part
-#: counts). 93 of the 196 causal-LM types of transformers 5.24; the slow grid of that test
+#: counts). 108 of the 196 causal-LM types of transformers 5.24; the slow grid of that test
 #: checks that this is exactly the set that passes. Any other type is refused: the grid found
 #: types whose parts are found but whose piecewise logits differ, or that fail to run, and a
 #: wrong model must not train silently.
 CHECKED = frozenset({
-    "afmoe", "apertus", "apertus1p5_text", "arcee", "aria_text", "bailing_hybrid", "bamba", "bart",
-    "bitnet", "cohere", "cohere2", "cohere2_moe", "cwm", "diffllama", "ernie4_5", "ernie4_5_moe",
-    "exaone", "exaone4", "exaone_moe", "falcon", "falcon_h1", "flex_olmo", "flint", "gemma",
-    "gemma2", "gemma3_text", "glm", "glm4", "glm4_moe", "gpt-sw3", "gpt2", "gpt_bigcode", "gpt_neox",
-    "gpt_neox_japanese", "gpt_oss", "granite", "granite_swa", "granitemoe", "granitemoe_swa",
-    "granitemoehybrid", "granitemoeshared", "helium", "hunyuan_v1_dense", "hunyuan_v1_moe",
-    "hy_v3", "hyperclovax", "internlm3", "iquestcoder", "jais2", "jamba", "jetmoe", "kimi_linear",
-    "kolibri1", "laguna", "lfm2", "lfm3", "llama", "llama4_text", "mbart", "mellum", "minimax_m2",
+    "afmoe", "apertus", "apertus1p5_text", "arcee", "aria_text", "axk1", "bailing_hybrid",
+    "bamba", "bart", "bitnet", "codegen", "cohere", "cohere2", "cohere2_moe", "cwm",
+    "deepseek_v2", "deepseek_v3", "diffllama", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4",
+    "exaone_moe", "falcon", "falcon_h1", "falcon_mamba", "flex_olmo", "flint", "gemma",
+    "gemma2", "gemma3_text", "glm", "glm4", "glm4_moe", "glm4_moe_lite", "gpt-sw3", "gpt2",
+    "gpt_bigcode", "gpt_neox", "gpt_neox_japanese", "gpt_oss", "gptj", "granite", "granite_swa",
+    "granitemoe", "granitemoe_swa", "granitemoehybrid", "granitemoeshared", "helium",
+    "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hyperclovax", "internlm3", "iquestcoder",
+    "jais2", "jamba", "jetmoe", "kimi_linear", "kolibri1", "laguna", "lfm2", "lfm3", "llama",
+    "llama4_text", "mamba", "mamba2", "mbart", "mellum", "minicpm3", "minimax", "minimax_m2",
     "minimax_m3_vl_text", "ministral", "ministral3", "mistral", "mixtral", "moshi", "mpt",
-    "nemotron", "olmo2", "olmo3", "olmoe", "opt", "persimmon", "phi", "phi3", "phimoe", "qwen2",
-    "qwen2_moe", "qwen3", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_moe", "qwen3_next",
-    "qwen4_exp_text", "rwkv", "sarvam_moe", "seed_oss", "smollm3", "solar_open", "stablelm",
-    "starcoder2", "vaultgemma"
+    "nemotron", "nemotron_h", "olmo", "olmo2", "olmo3", "olmoe", "opt", "persimmon", "phi",
+    "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_5_moe_text", "qwen3_5_text",
+    "qwen3_moe", "qwen3_next", "qwen4_exp_text", "rwkv", "sarvam_mla", "sarvam_moe", "seed_oss",
+    "smollm3", "solar_open", "stablelm", "starcoder2", "vaultgemma", "youtu"
 })
 
 #: Logit transforms a ``*ForCausalLM`` applies after its LM head, by the config key that turns
@@ -99,12 +107,15 @@ def find_layout(model: nn.Module) -> Layout:
     inputs, outputs = model.get_input_embeddings(), model.get_output_embeddings()
     if not isinstance(outputs, nn.Module):
         raise Refused("no output embeddings (get_output_embeddings() is None)")
-    children = {n: m for n, m in base.named_children()
-                if n != attr and next(m.parameters(), None) is not None}
+    children = {n: m for n, m in base.named_children() if n != attr}
     if inputs is None or all(inputs is not m for m in children.values()):
         raise Refused(f"{path}'s owner does not hold the input embeddings (an encoder stack "
                       "or a wrapper the adapter cannot run up to its first block)")
     before, after = _split_by_forward(type(base), attr, children)
+    # Before block 0 the base's own forward runs everything; only the trained parts are listed.
+    # After the last block the adapter runs the head itself: a final norm without weights
+    # (OLMo's) is part of it too.
+    before = [m for m in before if next(m.parameters(), None) is not None]
     embed = [inputs] + [m for m in before if m is not inputs]
     head = [m for m in after if m is not outputs] + [outputs]
     _check_covered(model, [*embed, layers, *head])
@@ -133,8 +144,9 @@ def _block_list(model: nn.Module) -> tuple[str, nn.ModuleList]:
 
 def _split_by_forward(cls: type, attr: str,
                       children: dict[str, nn.Module]) -> tuple[list[nn.Module], list[nn.Module]]:
-    """The parameterized children the base's forward names before ``self.<attr>`` and those
-    after, each in the order the forward first names them."""
+    """The children the base's forward names before ``self.<attr>`` and those after, each in
+    the order the forward first names them (a child without parameters that it never names is
+    left out; a parameterized one is refused: when it runs is unknown)."""
     try:
         source = inspect.getsource(cls.forward)
     except (OSError, TypeError):
@@ -148,11 +160,12 @@ def _split_by_forward(cls: type, attr: str,
     if at < 0:
         raise Refused(f"{cls.__name__}.forward never names self.{attr}")
     where = {n: first(n) for n in children}
-    unnamed = [n for n, i in where.items() if i < 0]
+    unnamed = [n for n, i in where.items() if i < 0 and next(children[n].parameters(), None)]
+    where = {n: i for n, i in where.items() if i >= 0}
     if unnamed:
         raise Refused(f"{cls.__name__}.forward never names its parameterized "
                       f"{', '.join(unnamed)}, so when they run is unknown")
-    ordered = sorted(children, key=where.__getitem__)
+    ordered = sorted(where, key=where.__getitem__)
     return ([children[n] for n in ordered if where[n] < at],
             [children[n] for n in ordered if where[n] > at])
 

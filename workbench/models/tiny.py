@@ -9,11 +9,11 @@ the model stays one its own ``__init__`` checks.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 
-from torch import nn
-
-from workbench.presets import TINY
+from workbench.models.counts import counted, part_counts
+from workbench.presets import TINY, Preset, lookup
 
 #: Config keys shrunk, and their values (several names of one size: each family spells it).
 SIZES = {
@@ -25,6 +25,12 @@ SIZES = {
     "num_experts": TINY["experts"], "num_local_experts": TINY["experts"],
     "n_routed_experts": TINY["experts"], "num_experts_per_tok": TINY["experts_per_token"],
     "n_group": 1, "topk_group": 1,  # DeepSeek's expert groups: one group of the 4 experts
+    # multi-head latent attention (DeepSeek-V2/V3 and the types copying it): its own head sizes
+    "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": TINY["head_dim"],
+    "kv_lora_rank": 32, "q_lora_rank": 48,
+    "rotary_dim": TINY["head_dim"],  # GPT-J / CodeGen rotate this many of each head's dims
+    # Gemma 3n/4's per-layer input embeddings: a second table as wide as the vocabulary
+    "vocab_size_per_layer_input": TINY["vocab"], "hidden_size_per_layer_input": 16,
     "vocab_size": TINY["vocab"], "max_position_embeddings": TINY["max_positions"],
     # the byte tokenizer's specials (``models/tokenizer.py``): <pad> 0, <s> 1, </s> 2
     "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
@@ -57,25 +63,30 @@ def tiny_config(model_type: str):
         name = key if key in takes else alias.get(key)
         if name in takes:
             kwargs[name] = value
+    if "expand" in takes and "num_heads" in takes and "num_heads" not in kwargs:
+        # Mamba-2's state-space heads: hidden x expand = heads x head_dim, checked by its config
+        expand = takes["expand"].default
+        kwargs["num_heads"] = TINY["hidden"] * expand // TINY["head_dim"]
+    if "kv_lora_rank" in takes and "num_key_value_heads" in kwargs:
+        # latent attention expands its keys and values to every head: grouping them again
+        # (heads / key-value heads) would double them
+        kwargs["num_key_value_heads"] = TINY["heads"]
     return cls(**kwargs)
 
 
-def part_counts(model: nn.Module) -> tuple[int, tuple[int, ...], int]:
-    """Parameters of (embedding, each block, head) as the engine groups them: each tensor in
-    the first part that holds it (a tied LM head's weight is the embedding's)."""
-    from workbench.models.layout import find_layout
+def supported_types() -> list[str]:
+    """The model types ``tiny:<model_type>`` (and a folder or hub id of that type) can train
+    here: those that passed the check of their parts (``layout.CHECKED``) and that the installed
+    transformers knows."""
+    from workbench.models.layout import CHECKED
 
-    layout, seen = find_layout(model), set()
+    return sorted(CHECKED & set(causal_lm_types()))
 
-    def count(modules: list[nn.Module]) -> int:
-        n = 0
-        for module in modules:
-            for p in module.parameters():
-                if id(p) not in seen:
-                    seen.add(id(p))
-                    n += p.numel()
-        return n
 
-    embed = count(layout.embed)
-    blocks = tuple(count([b]) for b in layout.blocks)
-    return embed, blocks, count(layout.head)
+@functools.lru_cache(maxsize=None)
+def tiny_preset(model: str) -> Preset:
+    """``tiny:<model_type>``'s preset with its parts' parameters counted on the built model
+    (kilobytes, on the CPU): a layout the preset formulas do not know is counted, not guessed."""
+    from workbench.models.build import build_skeleton
+
+    return counted(lookup(model), part_counts(build_skeleton(model)[0]))

@@ -1,7 +1,9 @@
 """Planner: predict a run's memory, PCIe traffic and step time from the preset, and refuse what
-cannot fit (``fit.py``). Pure arithmetic (no model is built, torch is not imported), so it plans
-opt-175b on a laptop. Rates: ``rates.py`` (the brief's H200 figures, a GPU table, or this
-machine's calibration). Each method family has its arithmetic in a module of its own
+cannot fit (``fit.py``). Arithmetic on the preset's sizes (torch is not imported for a preset),
+so it plans opt-175b on a laptop; a layout the formulas do not know (``tiny:<model_type>``, a
+folder of any other type) is counted on its model, built by ``models/`` (tiny on the CPU, a
+folder's on the meta device). Rates: ``rates.py`` (the brief's H200 figures, a GPU table, or
+this machine's calibration). Each method family has its arithmetic in a module of its own
 (``zo.py``, ``fo.py``, adapters ``lora.py``); this module runs the one the config names and adds
 what every run holds.
 
@@ -23,9 +25,8 @@ Time: a block pass takes max(FLOPs / effective FLOP/s, weight bytes / memory ban
 """
 from __future__ import annotations
 
-import functools
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from workbench.config import ConfigError, RunConfig
@@ -89,7 +90,9 @@ def preset_of(model: str) -> Preset:
     if model in PRESETS:
         return PRESETS[model]
     if model.startswith(TINY_PREFIX):
-        return _tiny_preset(model)
+        from workbench.models.tiny import tiny_preset  # counted on the built model
+
+        return tiny_preset(model)
     from workbench.models.hub import config_path
 
     c = json.loads(config_path(model).read_text())
@@ -98,25 +101,20 @@ def preset_of(model: str) -> Preset:
           if k in c}
     hf["tie_word_embeddings"] = c.get("tie_word_embeddings", opt)
     try:
-        return Preset("opt" if opt else "llama", c["hidden_size"], c["num_hidden_layers"],
-                      c["num_attention_heads"], c.get("ffn_dim") or c["intermediate_size"],
-                      c["vocab_size"], c.get("max_position_embeddings", 2048), "local", hf=hf)
+        p = Preset("opt" if opt else "llama", c["hidden_size"], c["num_hidden_layers"],
+                   c["num_attention_heads"], c.get("ffn_dim") or c.get("intermediate_size") or 0,
+                   c["vocab_size"], c.get("max_position_embeddings", 2048), "local", hf=hf)
     except KeyError as e:
         raise ConfigError([f"model: {model}: config.json has no {e.args[0]!r}, which the "
                            "planner needs"]) from None
+    if c.get("model_type") in ("opt", "llama"):
+        return p  # the formulas' own layouts
+    # any other layout (experts, latent attention, hybrid layers) is counted on the model its
+    # config describes, built on the meta device
+    from workbench.models.counts import counted, folder_counts
 
-
-@functools.lru_cache(maxsize=None)
-def _tiny_preset(model: str) -> Preset:
-    """``tiny:<model_type>`` with its parts' parameters counted on the built model. (The one
-    place plan/ reaches torch, lazily: a tiny layout has no formula to count it by.)"""
-    from dataclasses import replace
-
-    from workbench.models.build import build_skeleton
-    from workbench.models.tiny import part_counts
-
-    counts = part_counts(build_skeleton(model)[0])
-    return replace(lookup(model), num_layers=len(counts[1]), counts=counts)
+    return counted(replace(p, family=c.get("model_type", "llama")),
+                   folder_counts(config_path(model)))
 
 
 def plan(cfg: RunConfig, gpu: str | None = None, calibration: dict | None = None, *,

@@ -79,9 +79,11 @@ def make_control(name: str, value: Any) -> widgets.ValueWidget:
     if t in ("float", float):
         return widgets.FloatText(value=value, **common)
     if name in ("model", "data"):  # free text, with the built-in names offered
-        from workbench.presets import PRESETS
+        from workbench.models.tiny import supported_types
+        from workbench.presets import PRESETS, TINY_PREFIX
 
-        options = list(PRESETS) if name == "model" else ["embedded", "sst2", "synthetic"]
+        options = ([*PRESETS, *(TINY_PREFIX + t for t in supported_types())]
+                   if name == "model" else ["embedded", "sst2", "synthetic"])
         return widgets.Combobox(value=value, options=options, ensure_option=False, **common)
     return widgets.Text(value=str(value), **common)  # update_stride: "auto" or a whole number
 
