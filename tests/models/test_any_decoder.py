@@ -14,14 +14,18 @@ import pytest
 import torch
 
 from workbench.config import ConfigError, RunConfig
+from workbench.data.batches import SyntheticData
+from workbench.engine import build_engine
 from workbench.engine.events import EventBus
 from workbench.engine.zo.mezo import MeZOEngine
 from workbench.models import layout
 from workbench.models.adapter import BlockAdapter
 from workbench.models.build import build_skeleton, check_model_folder
+from workbench.models.lora import targets_for
 from workbench.models.counts import part_counts
 from workbench.models.tiny import causal_lm_types, supported_types
 from workbench.plan.planner import preset_of
+from workbench.recipes.train import run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 from zo_helpers import train  # noqa: E402
@@ -40,9 +44,13 @@ def _materialised(model: str):
     return skeleton
 
 
-def check_type(model_type: str, monkeypatch: pytest.MonkeyPatch | None = None) -> str:
-    """'supported', or 'refused: <reason>' for a type the workbench refuses at build; a type
-    it accepts but computes wrongly fails an assertion. With ``monkeypatch``, a type outside
+def check_type(model_type: str, tmp_path: Path,
+               monkeypatch: pytest.MonkeyPatch | None = None) -> str:
+    """'supported' (noting a model without LoRA's default targets), or 'refused: <reason>' for
+    a type the workbench refuses at build; a type it accepts but computes wrongly fails an
+    assertion. The checks: the piecewise forward against the model's own (padded too), the
+    planner's part counts, zo-offload against MeZO under each scheduler knob, resume exact,
+    fo overfitting a batch, LoRA's targets. With ``monkeypatch``, a type outside
     ``layout.CHECKED`` is let through for the check (the full grid: what could be added)."""
     name = f"tiny:{model_type}"
     if monkeypatch is not None:
@@ -67,9 +75,65 @@ def check_type(model_type: str, monkeypatch: pytest.MonkeyPatch | None = None) -
     _check_plan(name, model)
     cfg = RunConfig(model=name, method="mezo", lr=5e-3, weight_decay=0.1)
     _, ref_digest, ref_losses = train(cfg, steps=3)
-    _, digest, losses = train(cfg.replace(method="zo-offload", resident_blocks=1), steps=3)
-    assert (digest, losses) == (ref_digest, ref_losses), model_type
-    return "supported"
+    for knobs in KNOB_VARIANTS:
+        _, digest, losses = train(cfg.replace(method="zo-offload", **knobs), steps=3)
+        assert (digest, losses) == (ref_digest, ref_losses), (model_type, knobs)
+    _check_resume(name, tmp_path)
+    _check_fo_overfits(name)
+    lora = _check_lora(name)
+    return "supported" + ("" if lora else " (LoRA: no default targets; name lora_targets)")
+
+
+#: zo-offload against MeZO with each scheduler knob that changes what runs on a CPU turned in
+#: turn (the defaults: every block streamed, buffers reused, the update fused).
+KNOB_VARIANTS = [{}, {"reuse_buffers": False}, {"fused_update": False}, {"resident_blocks": 1}]
+#: A run of the check's own: synthetic batches, no evaluation, no weights written at the end.
+RUN = dict(data="synthetic", batch_size=4, seq_len=16, lr=2e-3, weight_decay=0.01,
+           sample_hz=0.0, eval_samples=0, save_final=False)
+
+
+def _check_resume(name: str, tmp_path: Path) -> None:
+    """Four zo-offload steps straight, and two then two more resumed from the checkpoint of
+    step 2 (the recipe's run, as the CLI runs it): one digest."""
+    cfg = RunConfig(model=name, method="zo-offload", steps=4, **RUN)
+    straight = run(cfg, tmp_path / "straight", progress=False)
+    run(cfg.replace(steps=2, checkpoint_every=2), tmp_path / "resumed", progress=False)
+    resumed = run(cfg.replace(checkpoint_every=2), tmp_path / "resumed", progress=False,
+                  resume=True)
+    assert resumed.info["resumed_from"] == "step-00000002", name
+    assert resumed.param_digest == straight.param_digest, name
+
+
+def _check_fo_overfits(name: str, steps: int = 40) -> None:
+    """First-order AdamW (``fo``) on one batch of 8: the loss falls below half its start (the
+    gradient flows through every part the adapter runs)."""
+    cfg = RunConfig(model=name, method="fo", lr=1e-2, weight_decay=0.0)
+    model, source = build_skeleton(name)
+    engine = build_engine(model, source, cfg, torch.device("cpu"), EventBus())
+    batch = SyntheticData(model.config.vocab_size, 16).batch_for_step(0, 8, cfg.seed)
+    try:
+        losses = [float(engine.step(batch, t, cfg.lr, 0.0).loss) for t in range(steps)]
+    finally:
+        engine.close()
+    assert losses[-1] < 0.5 * losses[0], (name, losses[0], losses[-1])
+
+
+def _check_lora(name: str) -> list[str]:
+    """``peft=lora`` finds its default targets (attention query and value, or a fused
+    projection) in the model, and zo-offload over the adapters ends with MeZO's digest; a
+    model without them (a state-space stack) is refused in one line listing its linear
+    modules, and then returns []."""
+    skeleton, _ = build_skeleton(name)
+    try:
+        targets = targets_for(skeleton, "")
+    except ValueError as e:
+        assert str(e).startswith("lora_targets: (none) matches no linear module"), str(e)
+        return []
+    cfg = RunConfig(model=name, method="mezo", peft="lora", lr=1e-2)
+    _, ref_digest, ref_losses = train(cfg, steps=2)
+    _, digest, losses = train(cfg.replace(method="zo-offload"), steps=2)
+    assert (digest, losses) == (ref_digest, ref_losses), name
+    return targets
 
 
 def _check_plan(name: str, model) -> None:
@@ -83,8 +147,8 @@ def _check_plan(name: str, model) -> None:
 
 
 @pytest.mark.parametrize("model_type", REPRESENTATIVE)
-def test_representative_types_are_supported(model_type):
-    assert check_type(model_type) == "supported"
+def test_representative_types_are_supported(model_type, tmp_path):
+    assert check_type(model_type, tmp_path).startswith("supported")
 
 
 @pytest.mark.parametrize("model_type", ["mistral", "qwen2", "qwen3", "smollm3"])
@@ -120,17 +184,17 @@ def test_encoder_decoder_is_refused_in_one_line():
 
 
 @pytest.mark.slow
-def test_coverage_table(capsys):
+def test_coverage_table(capsys, tmp_path):
     """Every causal-LM type: the table of what is supported and why the rest is refused."""
     rows, failed = [], []
     for model_type in causal_lm_types():
         try:
             with pytest.MonkeyPatch.context() as mp:
-                rows.append((model_type, check_type(model_type, mp)))
+                rows.append((model_type, check_type(model_type, tmp_path / model_type, mp)))
         except Exception as e:  # an accepted type that computes wrongly: listed, then fails
             failed.append(model_type)
             rows.append((model_type, f"FAILS: {type(e).__name__}: {str(e)[:80]}"))
-    supported = {t for t, r in rows if r == "supported"}
+    supported = {t for t, r in rows if r.startswith("supported")}
     with capsys.disabled():
         print(f"\ncoverage: {len(supported)} supported of {len(rows)} causal-LM types "
               f"({len(failed)} found but wrong or failing, refused until fixed)")

@@ -21,8 +21,11 @@ from torch import nn
 from workbench.models.build import group_id
 
 #: Default targets, the first set whose every name is a linear module of the model: attention
-#: query and value (LoRA's paper), else the fused query-key-value projection a family uses.
-DEFAULT_TARGETS = (("q_proj", "v_proj"), ("query_key_value",), ("qkv_proj",), ("Wqkv",))
+#: query and value (LoRA's paper), else the fused query-key-value projection a family uses, the
+#: up-projections of latent attention's query and key-value (DeepSeek's MLA, with or without a
+#: query rank), or a state-space block's input projection (Mamba; peft refuses its out_proj).
+DEFAULT_TARGETS = (("q_proj", "v_proj"), ("query_key_value",), ("qkv_proj",), ("Wqkv",),
+                   ("q_b_proj", "kv_b_proj"), ("q_proj", "kv_b_proj"), ("in_proj",))
 LORA_MARK = "lora_"  # every adapter parameter's name contains it (lora_A, lora_B)
 
 

@@ -29,6 +29,9 @@ SIZES = {
     "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": TINY["head_dim"],
     "kv_lora_rank": 32, "q_lora_rank": 48,
     "rotary_dim": TINY["head_dim"],  # GPT-J / CodeGen rotate this many of each head's dims
+    # Mamba-2 scans (Falcon-H1, Nemotron-H, Bamba, ...) pad every sequence to a whole chunk:
+    # 256 tokens by default, 16x a test batch's length, and most of their reference scan's time
+    "chunk_size": 16, "mamba_chunk_size": 16,
     # Gemma 3n/4's per-layer input embeddings: a second table as wide as the vocabulary
     "vocab_size_per_layer_input": TINY["vocab"], "hidden_size_per_layer_input": 16,
     "vocab_size": TINY["vocab"], "max_position_embeddings": TINY["max_positions"],
