@@ -129,6 +129,7 @@ def test_a_full_calibration_on_the_gpu_has_what_the_planner_reads(tmp_path, monk
 
 
 @pytest.mark.gpu
+@pytest.mark.timing
 def test_gpu_seconds_times_the_gpu_not_the_host():
     import time
 

@@ -83,6 +83,7 @@ def test_cli_run_summary_compare_and_report_use_the_steady_steps(tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.timing
 # Models whose steps the GPU and the link pace (0.13-0.24 s on an H100). Below that the step is
 # bound by the host's kernel launches and jitters with host scheduling, which says nothing about
 # warm-up: H100, 2026-11-23, four identical opt-1.3b bf16 + SR runs had steps of 0.063-0.176 s
