@@ -14,7 +14,7 @@ from workbench.presets import PRESETS
 #: Parameters as each model's publisher states them (model cards), in billions.
 PUBLISHED_B = {"llama-3.1-8b": 8.03, "llama-3.1-70b": 70.6, "llama-3.1-405b": 405.9,
                "qwen3-32b": 32.8, "qwen3-235b-a22b": 235.1, "mixtral-8x22b": 140.6,
-               "deepseek-v3": 671.0, "gpt-oss-120b": 116.8}
+               "deepseek-v3": 671.0, "gpt-oss-120b": 116.8, "qwen1.5-moe-a2.7b": 14.3}
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_B))

@@ -157,6 +157,15 @@ PRESETS: dict[str, Preset] = {
         first_k_dense_replace=3, kv_lora_rank=512, q_lora_rank=1536, qk_nope_head_dim=128,
         qk_rope_head_dim=64, v_head_dim=128, n_group=8, topk_group=4, vocab_size=129280,
         max_position_embeddings=163840, rms_norm_eps=1e-6, tie_word_embeddings=False),
+    # A mixture of experts small enough for MeZO to hold in fp32 on one 80 GB GPU (14.32 B: 60
+    # experts choosing 4, plus a shared one): the MoE row of the speed comparisons
+    "qwen1.5-moe-a2.7b": _published(
+        "qwen2_moe", _counts(311164928, ((24, 570560512),), 311166976), hidden_size=2048,
+        num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=16,
+        intermediate_size=5632, moe_intermediate_size=1408, shared_expert_intermediate_size=5632,
+        num_experts=60, num_experts_per_tok=4, decoder_sparse_step=1, norm_topk_prob=False,
+        vocab_size=151936, max_position_embeddings=8192, rope_theta=1000000.0,
+        rms_norm_eps=1e-6, tie_word_embeddings=False),
     "gpt-oss-120b": _published(
         "gpt_oss", _counts(579133440, ((36, 3213080192),), 579136320), hidden_size=2880,
         num_hidden_layers=36, num_attention_heads=64, num_key_value_heads=8, head_dim=64,

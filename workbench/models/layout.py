@@ -49,8 +49,9 @@ QUIRKS: dict[str, Quirk] = {
 
 #: The types whose parts, found as above, compute what the model itself computes: each passed
 #: ``tests/models/test_any_decoder.py`` built tiny (its forward against the model's own, padded
-#: and not; zo-offload's digest and losses against MeZO's, fp32, 3 steps; the planner's part
-#: counts). 108 of the 196 causal-LM types of transformers 5.24; the slow grid of that test
+#: and not; zo-offload's digest and losses against MeZO's under each scheduler knob, fp32, 3
+#: steps; resume exact; fo overfitting a batch; LoRA's targets; the planner's part counts).
+#: 108 of the 196 causal-LM types of transformers 5.24; the slow grid of that test
 #: checks that this is exactly the set that passes. Any other type is refused: the grid found
 #: types whose parts are found but whose piecewise logits differ, or that fail to run, and a
 #: wrong model must not train silently.
