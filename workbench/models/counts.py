@@ -8,7 +8,7 @@ from pathlib import Path
 
 from torch import nn
 
-from workbench.presets import Preset
+from workbench.presets import Preset, lookup
 
 Counts = tuple[int, tuple[int, ...], int]
 
@@ -50,3 +50,12 @@ def folder_counts(config_file: Path) -> Counts:
 def counted(preset: Preset, counts: Counts) -> Preset:
     """``preset`` with its parts' real parameter counts (and so its real depth)."""
     return replace(preset, num_layers=len(counts[1]), counts=counts)
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_preset(model: str) -> Preset:
+    """``tiny:<model_type>``'s preset with its parts' parameters counted on the built model
+    (kilobytes, on the CPU): a layout the preset formulas do not know is counted, not guessed."""
+    from workbench.models.build import build_skeleton
+
+    return counted(lookup(model), part_counts(build_skeleton(model)[0]))

@@ -9,11 +9,9 @@ the model stays one its own ``__init__`` checks.
 """
 from __future__ import annotations
 
-import functools
 import inspect
 
-from workbench.models.counts import counted, part_counts
-from workbench.presets import TINY, Preset, lookup
+from workbench.presets import TINY
 
 #: Config keys shrunk, and their values (several names of one size: each family spells it).
 SIZES = {
@@ -84,12 +82,3 @@ def supported_types() -> list[str]:
     from workbench.models.layout import CHECKED
 
     return sorted(CHECKED & set(causal_lm_types()))
-
-
-@functools.lru_cache(maxsize=None)
-def tiny_preset(model: str) -> Preset:
-    """``tiny:<model_type>``'s preset with its parts' parameters counted on the built model
-    (kilobytes, on the CPU): a layout the preset formulas do not know is counted, not guessed."""
-    from workbench.models.build import build_skeleton
-
-    return counted(lookup(model), part_counts(build_skeleton(model)[0]))

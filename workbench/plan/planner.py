@@ -90,7 +90,7 @@ def preset_of(model: str) -> Preset:
     if model in PRESETS:
         return PRESETS[model]
     if model.startswith(TINY_PREFIX):
-        from workbench.models.tiny import tiny_preset  # counted on the built model
+        from workbench.models.counts import tiny_preset  # counted on the built model
 
         return tiny_preset(model)
     from workbench.models.hub import config_path
