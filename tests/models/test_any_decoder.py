@@ -105,17 +105,24 @@ def _check_resume(name: str, tmp_path: Path) -> None:
 
 
 def _check_fo_overfits(name: str, steps: int = 40) -> None:
-    """First-order AdamW (``fo``) on one batch of 8: the loss falls below half its start (the
-    gradient flows through every part the adapter runs)."""
-    cfg = RunConfig(model=name, method="fo", lr=1e-2, weight_decay=0.0)
+    """First-order AdamW (``fo``) on one batch of 8: the loss gets below half its start (the
+    gradient flows through every part the adapter runs). A second, lower lr for a model that
+    overshoots at the first (tiny post-LN bart: 0.74 -> 0.66 at lr 1e-2, 0.16 at 3e-3)."""
     model, source = build_skeleton(name)
-    engine = build_engine(model, source, cfg, torch.device("cpu"), EventBus())
-    batch = SyntheticData(model.config.vocab_size, 16).batch_for_step(0, 8, cfg.seed)
-    try:
-        losses = [float(engine.step(batch, t, cfg.lr, 0.0).loss) for t in range(steps)]
-    finally:
-        engine.close()
-    assert losses[-1] < 0.5 * losses[0], (name, losses[0], losses[-1])
+    batch = SyntheticData(model.config.vocab_size, 16).batch_for_step(0, 8, 0)
+    tried = []
+    for lr in (1e-2, 3e-3):
+        cfg = RunConfig(model=name, method="fo", lr=lr, weight_decay=0.0)
+        engine = build_engine(model, source, cfg, torch.device("cpu"), EventBus())
+        try:
+            losses = [float(engine.step(batch, t, lr, 0.0).loss) for t in range(steps)]
+        finally:
+            engine.close()
+        if min(losses) < 0.5 * losses[0]:
+            return
+        tried.append((lr, losses[0], min(losses)))
+        model, source = build_skeleton(name)  # a fresh skeleton: close() left this one empty
+    raise AssertionError(f"{name}: fo never halved its loss (lr, start, lowest): {tried}")
 
 
 def _check_lora(name: str) -> list[str]:
@@ -184,27 +191,23 @@ def test_encoder_decoder_is_refused_in_one_line():
 
 
 @pytest.mark.slow
-def test_coverage_table(capsys, tmp_path):
-    """Every causal-LM type: the table of what is supported and why the rest is refused."""
-    rows, failed = [], []
-    for model_type in causal_lm_types():
-        try:
-            with pytest.MonkeyPatch.context() as mp:
-                rows.append((model_type, check_type(model_type, tmp_path / model_type, mp)))
-        except Exception as e:  # an accepted type that computes wrongly: listed, then fails
-            failed.append(model_type)
-            rows.append((model_type, f"FAILS: {type(e).__name__}: {str(e)[:80]}"))
-    supported = {t for t, r in rows if r.startswith("supported")}
+@pytest.mark.timeout(3600)  # kimi_linear's reference scan: minutes of fo steps on a CPU
+@pytest.mark.parametrize("model_type", causal_lm_types())
+def test_every_causal_lm_type(model_type, tmp_path, capsys):
+    """The full grid, a type per test (``-m slow``; ``-s`` prints the coverage table, a row per
+    type; ``-n`` spreads it): what is accepted (``layout.CHECKED``) is exactly what passes. A
+    checked type that regressed fails here, and so does one that now passes and could be
+    accepted."""
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            result = check_type(model_type, tmp_path, mp)
+    except Exception as e:  # an accepted type that computes wrongly: listed, then fails
+        result = f"FAILS: {type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
     with capsys.disabled():
-        print(f"\ncoverage: {len(supported)} supported of {len(rows)} causal-LM types "
-              f"({len(failed)} found but wrong or failing, refused until fixed)")
-        for model_type, result in rows:
-            print(f"  {model_type:28s} {result}")
-    # what is accepted is exactly what passes: a checked type that regressed, or a type that
-    # now passes and could be accepted, both fail here
-    installed = set(causal_lm_types())
-    assert supported == layout.CHECKED & installed, (
-        sorted((layout.CHECKED & installed) - supported), sorted(supported - layout.CHECKED))
+        print(f"\n  {model_type:28s} {result}")
+    passed = result.startswith("supported")
+    assert passed == (model_type in layout.CHECKED), (
+        f"{model_type} {'passes but is not in' if passed else 'is in'} layout.CHECKED: {result}")
 
 
 def test_plan_lists_the_presets_and_the_supported_types_from_the_command_line():
