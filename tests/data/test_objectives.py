@@ -166,12 +166,14 @@ def test_row_sums_equal_a_per_row_sum_and_never_accumulate_into_one_cell():
     """Each row's values summed (the reference: a Python loop per row); the cells written are
     distinct, so nothing depends on the order CUDA threads arrive in (index_add's atomics did:
     MeZO's digests on an H100 changed from run to run)."""
-    from workbench.data.objectives import row_sums
+    from workbench.data.objectives import cell_sums, row_sums
 
     g = torch.Generator().manual_seed(0)
     rows = torch.tensor([0, 0, 0, 1, 3, 3, 2, 2, 2, 2])  # row 4 has no values: sum 0
     values = torch.randn(len(rows), generator=g, dtype=torch.float64)
     got = row_sums(values, rows, 5)
+    # the GPU's path (a cell per value), called directly: it sums the same rows
+    assert torch.allclose(cell_sums(values, rows, 5), got, rtol=0, atol=1e-12)
     ref = torch.stack([values[rows == r].sum() for r in range(5)])
     assert torch.allclose(got, ref, rtol=0, atol=1e-12) and got[4] == 0
     assert got.dtype == values.dtype and got.shape == (5,)
@@ -179,10 +181,11 @@ def test_row_sums_equal_a_per_row_sum_and_never_accumulate_into_one_cell():
     assert got[1] == values[3]
     # forward-mode AD (forward-grad's dual tensors) and backward (fo) both pass through
     import torch.autograd.forward_ad as fwAD
-    with fwAD.dual_level():
-        dual = fwAD.make_dual(values, torch.ones_like(values))
-        tangent = fwAD.unpack_dual(row_sums(dual, rows, 5)).tangent
-    assert torch.equal(tangent, torch.tensor([3.0, 1.0, 4.0, 2.0, 0.0], dtype=torch.float64))
-    leaf = values.clone().requires_grad_()
-    row_sums(leaf, rows, 5).sum().backward()
-    assert torch.equal(leaf.grad, torch.ones_like(values))
+    for sums in (row_sums, cell_sums):
+        with fwAD.dual_level():
+            dual = fwAD.make_dual(values, torch.ones_like(values))
+            tangent = fwAD.unpack_dual(sums(dual, rows, 5)).tangent
+        assert torch.equal(tangent, torch.tensor([3.0, 1.0, 4.0, 2.0, 0.0], dtype=torch.float64))
+        leaf = values.clone().requires_grad_()
+        sums(leaf, rows, 5).sum().backward()
+        assert torch.equal(leaf.grad, torch.ones_like(values))

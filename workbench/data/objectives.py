@@ -70,7 +70,16 @@ def row_sums(values: torch.Tensor, rows: torch.Tensor, n_rows: int) -> torch.Ten
     threads arrive: the last bits of a row's sum, and so MeZO's projected gradient, changed from
     run to run (two identical tiny-opt runs on an H100 ended with different digests). Here each
     value is written to its own cell of a (n_rows, P) zero matrix (no two writes share a cell)
-    and each row is reduced in a fixed order."""
+    and each row is reduced in a fixed order. On the CPU ``index_add`` adds in index order, one
+    thread, so it stays: every CPU run keeps the sums, and the trajectory, it had."""
+    if values.device.type == "cpu":
+        return values.new_zeros(n_rows).index_add(0, rows, values)
+    return cell_sums(values, rows, n_rows)
+
+
+def cell_sums(values: torch.Tensor, rows: torch.Tensor, n_rows: int) -> torch.Tensor:
+    """``row_sums`` off the CPU: each value in its own cell of a (n_rows, P) zero matrix, each
+    row then reduced in a fixed order."""
     cells = values.new_zeros((n_rows, values.shape[0]))
     cells[rows, torch.arange(values.shape[0], device=values.device)] = values
     return cells.sum(dim=1)
