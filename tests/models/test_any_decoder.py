@@ -234,3 +234,14 @@ def test_a_folder_of_any_checked_type_is_planned_from_its_own_parts(tmp_path):
     assert preset.total_params() == sum(p.numel() for p in model.parameters())
     assert (preset.embed_params(), preset.block_params(), preset.head_params()) == (
         part_counts(model)[0], max(part_counts(model)[1]), part_counts(model)[2])
+
+
+def test_plan_of_a_refused_type_is_one_line_from_the_command_line():
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-m", "workbench", "plan", "--set", "model=tiny:bert"],
+                       cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("error: model:"), r.stderr
+    assert "encoder" in r.stderr

@@ -13,7 +13,7 @@ from workbench.presets import Preset, lookup
 Counts = tuple[int, tuple[int, ...], int]
 
 
-def part_counts(model: nn.Module) -> tuple[int, tuple[int, ...], int]:
+def part_counts(model: nn.Module) -> Counts:
     """Parameters of (embedding, each block, head) as the engine groups them: each tensor in
     the first part that holds it (a tied LM head's weight is the embedding's)."""
     from workbench.models.layout import find_layout

@@ -90,31 +90,37 @@ def preset_of(model: str) -> Preset:
     if model in PRESETS:
         return PRESETS[model]
     if model.startswith(TINY_PREFIX):
+        from workbench.models.build import check_model_folder
         from workbench.models.counts import tiny_preset  # counted on the built model
 
+        check_model_folder(model)  # a refused type: one line (ConfigError), as run gives
         return tiny_preset(model)
     from workbench.models.hub import config_path
 
-    c = json.loads(config_path(model).read_text())
+    path = config_path(model)  # a hub id: fetched once, read twice below
+    c = json.loads(path.read_text())
     opt = c.get("model_type") == "opt"
+    formulas = c.get("model_type") in ("opt", "llama")  # the layouts the preset formulas know
     hf = {k: c[k] for k in ("num_key_value_heads", "word_embed_proj_dim", "do_layer_norm_before")
           if k in c}
     hf["tie_word_embeddings"] = c.get("tie_word_embeddings", opt)
     try:
+        ffn = c.get("ffn_dim") or c.get("intermediate_size")
+        if ffn is None and formulas:
+            raise KeyError("intermediate_size")
         p = Preset("opt" if opt else "llama", c["hidden_size"], c["num_hidden_layers"],
-                   c["num_attention_heads"], c.get("ffn_dim") or c.get("intermediate_size") or 0,
-                   c["vocab_size"], c.get("max_position_embeddings", 2048), "local", hf=hf)
+                   c["num_attention_heads"], ffn or 0, c["vocab_size"],
+                   c.get("max_position_embeddings", 2048), "local", hf=hf)
     except KeyError as e:
         raise ConfigError([f"model: {model}: config.json has no {e.args[0]!r}, which the "
                            "planner needs"]) from None
-    if c.get("model_type") in ("opt", "llama"):
-        return p  # the formulas' own layouts
+    if formulas:
+        return p
     # any other layout (experts, latent attention, hybrid layers) is counted on the model its
     # config describes, built on the meta device
     from workbench.models.counts import counted, folder_counts
 
-    return counted(replace(p, family=c.get("model_type", "llama")),
-                   folder_counts(config_path(model)))
+    return counted(replace(p, family=c.get("model_type", "llama")), folder_counts(path))
 
 
 def plan(cfg: RunConfig, gpu: str | None = None, calibration: dict | None = None, *,
