@@ -36,6 +36,7 @@ Objective = Literal["classify", "completion", "lm"]
 Peft = Literal["none", "lora"]
 BaseCodec = Literal["fp32", "bf16", "fp16", "fp8-e4m3", "int8"]
 StopOn = Literal["never", "diverged"]
+Estimator = Literal["central", "one-sided"]
 #: fo-offload's update stride: "auto", or k != 0 (``plan/placement.py::make_schedule``)
 Stride = Literal["auto"] | int
 
@@ -51,7 +52,7 @@ METHOD_KNOBS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("overlap", "reuse_buffers", "fused_update", "resident_blocks",
                      "prefetch_depth", "codec", "master", "host_share"), STREAMING_METHODS),
     "rng": ZO_METHODS,
-    "eps": ("mezo", "zo-offload"),
+    **dict.fromkeys(("eps", "queries", "estimator"), ("mezo", "zo-offload")),
     **dict.fromkeys(("subgroup_size", "update_stride", "gpu_resident_ratio", "update_threads"),
                     ("fo-offload",)),
     **dict.fromkeys(("adam_beta1", "adam_beta2", "adam_eps"), ("fo", "fo-offload")),
@@ -125,6 +126,12 @@ class RunConfig:
     seq_len: int = _knob(64, "maximum tokens per example", lo=4, hi=32768, unit="tokens")
     lr: float = _knob(1e-6, "learning rate", lo=0.0, hi=10.0, live=True, group="optim")
     eps: float = _knob(1e-3, "ZO perturbation scale", lo=0.0, hi=1.0, group="optim")
+    queries: int = _knob(1, "ZO perturbations per step, all evaluated during one visit of each "
+                         "block; the update is their mean", lo=1, hi=64, group="optim")
+    estimator: Estimator = _knob("central", "ZO estimate per query: central (L+ - L-) / 2 eps, "
+                                 "2 forward passes each; one-sided (L_j - L_0) / eps against one "
+                                 "clean pass, the step divided by the spread of the q losses "
+                                 "(FZOO; queries >= 2)", group="optim")
     weight_decay: float = _knob(0.0, "decoupled weight decay (not applied to biases and norms)",
                                 lo=0.0, hi=1.0, live=True, group="optim")
     seed: int = _knob(0, "seed for init, data order and perturbations", lo=0, hi=2**31 - 1)
@@ -330,6 +337,9 @@ def _check_values(cfg: RunConfig) -> list[str]:
                             f"{', '.join(methods)}); leave it at its default")
     if cfg.eps == 0 and cfg.method in ("mezo", "zo-offload"):
         problems.append("eps: must be > 0 for ZO methods (it divides the loss difference)")
+    if cfg.estimator == "one-sided" and cfg.queries < 2:
+        problems.append(f"estimator: one-sided divides the step by the spread of the queries' "
+                        f"losses and needs queries >= 2 (this run has queries={cfg.queries})")
     if cfg.master == "compressed-sr" and cfg.codec == "fp32":
         problems.append("master: compressed-sr needs a compressed codec (bf16, fp16, fp8-e4m3, "
                         "fp8-e5m2); use master=fp32 with codec=fp32")

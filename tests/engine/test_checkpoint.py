@@ -18,10 +18,13 @@ from workbench.recipes.train import run
 from zo_helpers import BASE, REPLAYED, assert_replay_exact
 
 
-@pytest.mark.parametrize("method", ["mezo", "zo-offload", "forward-grad", "zo-offload-sr"])
+RESUMED = {"zo-offload-sr": dict(method="zo-offload", master="compressed-sr", codec="bf16"),
+           "zo-offload-q3": dict(method="zo-offload", queries=3)}  # q coefficients pending
+
+
+@pytest.mark.parametrize("method", ["mezo", "zo-offload", "forward-grad", *RESUMED])
 def test_resume_is_exact(method, tmp_path):
-    sr = dict(method="zo-offload", master="compressed-sr", codec="bf16")  # bf16 host master
-    cfg = RunConfig(**(sr if method == "zo-offload-sr" else {"method": method}), steps=10, **BASE)
+    cfg = RunConfig(**RESUMED.get(method, {"method": method}), steps=10, **BASE)
     straight = run(cfg, tmp_path / "straight", progress=False)
     part = run(cfg.replace(steps=6, checkpoint_every=3), tmp_path / "resumed", progress=False)
     assert part.param_digest != straight.param_digest
@@ -36,7 +39,7 @@ def test_resume_is_exact(method, tmp_path):
 def test_restore_between_snapshots_from_the_step_log(variant, tmp_path):
     """The replay (``replay.py``) is bit-identical to a straight run, for every way of applying
     an update and every host format (an SR master's roundings are seeded per offload)."""
-    assert_replay_exact(RunConfig(**REPLAYED[variant], **BASE), tmp_path)
+    assert_replay_exact(RunConfig(**{**BASE, **REPLAYED[variant]}), tmp_path)
 
 
 def _snapshot(step, value=0.5):

@@ -164,8 +164,9 @@ def test_codec_runs_on_gpu(master, codec):
     assert all(torch.equal(a, b) for a, b in zip(first, again))
 
 
-@pytest.mark.parametrize("variant", ["zo-offload", "mirror", "sr", "sr-unfused"])
+@pytest.mark.parametrize("variant", ["zo-offload", "mirror", "sr", "sr-unfused", "queries",
+                                     "one-sided-sr"])
 def test_restore_step_replays_a_cuda_run_exactly(variant, tmp_path):
     """The replay on the device type that trained (fused kernels, transfers on CUDA) is
     bit-identical to the straight run."""
-    assert_replay_exact(RunConfig(**REPLAYED[variant], **BASE, device="cuda"), tmp_path)
+    assert_replay_exact(RunConfig(**{**BASE, **REPLAYED[variant]}, device="cuda"), tmp_path)

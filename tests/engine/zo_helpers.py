@@ -75,6 +75,11 @@ REPLAYED = {
     # adapters (resident, over a frozen stream): the replay runs on the adapter groups alone
     "lora": dict(method="zo-offload", peft="lora", base_codec="int8"),
     "lora-forward-grad": dict(method="forward-grad", peft="lora", resident_blocks=1),
+    # several perturbations per step: the log keeps q coefficients, the replay regenerates
+    # the q directions from the step seed (a mirror transfer and a tied head's copies too)
+    "queries": dict(method="zo-offload", queries=3, codec="bf16", resident_blocks=1),
+    "one-sided-sr": dict(method="zo-offload", queries=3, estimator="one-sided", lr=1e-6,
+                         master="compressed-sr", codec="bf16"),
 }
 
 

@@ -47,7 +47,7 @@ class Snapshot:
     flats: Sequence[torch.Tensor]  # canonical order, CPU; fp32, or bf16 / fp16 for an SR
     # master; read back: a LazyFlats that loads each group (as fp32) when it is reached
     names: list[str]
-    pending: dict[str, Any] | None  # {"seed", "g", "lr", "wd"} or None
+    pending: dict[str, Any] | None  # {"seed", "g" (a float or a list), "lr", "wd"} or None
     config: dict[str, Any]
     n_decay: list[int] | None = None  # per group: elements [0, n_decay) get weight decay
     identity: dict[str, Any] | None = None  # the run that wrote it (None: written before ids)
@@ -261,7 +261,9 @@ class StepLog:
         self.path = root / "steps.jsonl"
         self._lock = threading.Lock()
 
-    def append(self, step: int, seed: int, g: float, lr: float, wd: float) -> None:
+    def append(self, step: int, seed: int, g: float | list[float], lr: float, wd: float) -> None:
+        """Step ``step``'s row: its seed, g (a list: the coefficients of a step of several
+        queries, ``zo/perturb.py::PendingUpdate``), lr and wd."""
         with self._lock, open(self.path, "a") as fh:
             fh.write(json.dumps({"step": step, "seed": seed, "g": g, "lr": lr, "wd": wd}) + "\n")
 

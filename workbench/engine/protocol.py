@@ -21,12 +21,15 @@ if TYPE_CHECKING:
 @dataclass
 class StepOutput:
     """What a training step returns: 0-d device tensors, read on the host later (never inside
-    the step). ZO methods fill the projected gradient and both perturbed losses."""
+    the step). ZO methods fill the projected gradient and both perturbed losses; a step of
+    several queries, or a one-sided one, its update's (q,) coefficients (``coefs``: what the
+    step log keeps to replay it)."""
 
     loss: torch.Tensor
     projected_grad: torch.Tensor | None = None
     loss_plus: torch.Tensor | None = None
     loss_minus: torch.Tensor | None = None
+    coefs: torch.Tensor | None = None
 
 
 @runtime_checkable

@@ -56,11 +56,12 @@ class DeviceSnapshots:
         return [self.buffers.get(("device", k), t.numel(), t.dtype, pinned=True)
                 for k, t in zip(keys, tensors)]
 
-    def prepare(self, flats: dict[int, torch.Tensor], pending: bool) -> None:
-        """Allocate the buffers of ``flats`` (group index -> its device tensor) and, with
-        ``pending``, of a pending g, now (setup of a run that will checkpoint), so the first
-        snapshot's step pays no allocation."""
-        g = [torch.empty(1, dtype=torch.float32)] if pending else []
+    def prepare(self, flats: dict[int, torch.Tensor], pending: int) -> None:
+        """Allocate the buffers of ``flats`` (group index -> its device tensor) and of a
+        pending update's ``pending`` coefficients (0: the engine keeps none; else the run's
+        queries), now (setup of a run that will checkpoint), so the first snapshot's step pays
+        no allocation."""
+        g = [torch.empty(pending, dtype=torch.float32)] if pending else []
         self._bufs([*flats.values(), *g], [*flats, "g"])
 
     def take(self, next_step: int, flats: dict[int, torch.Tensor], layouts: list[GroupLayout],
@@ -71,7 +72,7 @@ class DeviceSnapshots:
         ``Snapshot`` (every group of ``layouts``; ``host(out)`` fills the ones not in
         ``flats``, waiting for its own copies)."""
         keys = list(flats)
-        tensors = [flats[k] for k in keys] + ([pending.g.reshape(1)] if pending else [])
+        tensors = [flats[k] for k in keys] + ([pending.g.reshape(-1)] if pending else [])
         bufs = self._bufs(tensors, [*keys, "g"])
         done = device_copies(tensors, bufs, self.device)
 

@@ -52,15 +52,17 @@ class RunGuard:
         return ("stopped" if stopped else "done"), ""
 
     def published(self, t: int, loss: float, g: float, has_g: bool, lr: float,
-                  wd: float) -> bool:
-        """Step ``t``'s values, as it is published: logs it, or stops the run when the loss or
-        the projected gradient (``has_g``: the method has one) is not finite."""
-        finite = math.isfinite(loss) and (not has_g or math.isfinite(g))
+                  wd: float, coefs: list[float] | None = None) -> bool:
+        """Step ``t``'s values, as it is published: logs it (its update's ``coefs`` when the
+        step has several, else g), or stops the run when the loss or the projected gradient
+        (``has_g``: the method has one) is not finite."""
+        finite = (math.isfinite(loss) and (not has_g or math.isfinite(g))
+                  and all(map(math.isfinite, coefs or [])))
         if not finite:
             self._diverge(t, loss, g if has_g else None)
             return False
         if self.steplog is not None:
-            self._log(t, g, lr, wd)
+            self._log(t, g if coefs is None else coefs, lr, wd)
         if self.checkpointer is not None:
             self.checkpointer.verified = t + 1  # checkpoints up to here hold good states
         return True
@@ -114,7 +116,7 @@ class RunGuard:
         self.error = (f"diverged at step {t} ({what}); {where}; try a lower lr (a resume may "
                       "change it)")
 
-    def _log(self, t: int, g: float, lr: float, wd: float) -> None:
+    def _log(self, t: int, g: float | list[float], lr: float, wd: float) -> None:
         """One line of the step log; a failed write turns the log off with a warning (steps
         after it cannot be replayed between snapshots; the snapshots still restore)."""
         try:

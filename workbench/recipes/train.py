@@ -78,6 +78,7 @@ class InFlight:
     end: Any
     moved: tuple[int, int]
     has_g: bool
+    coefs: Deferred | None = None  # the update's coefficients, for a step of several queries
 
 
 class TrainRecipe:
@@ -301,9 +302,10 @@ class TrainRecipe:
                                    (out.projected_grad, out.loss_plus, out.loss_minus))]
             if self.vote is not None:
                 scalars.append(self.vote.agreed)  # any rank's stop request, all-reduced
+            coefs = Deferred(*out.coefs.unbind()) if out.coefs is not None else None
             inflight.append(InFlight(step=t, scalars=Deferred(*scalars), tokens=tokens, lr=lr,
                                      wd=wd, begin=mark, end=end, moved=moved,
-                                     has_g=out.projected_grad is not None))
+                                     has_g=out.projected_grad is not None, coefs=coefs))
             mark = end
             self.step += 1
             if (self.dist is not None and cfg.digest_check_every
@@ -411,7 +413,8 @@ class TrainRecipe:
                 seconds = begin.elapsed_time(end) / 1e3
                 end_t = self.engine.timer.now()
             allocated, reserved, peak = _memory(self.device)
-            finite = self.guard.published(t, loss, g, item.has_g, item.lr, item.wd)
+            coefs = item.coefs.get() if item.coefs is not None else None
+            finite = self.guard.published(t, loss, g, item.has_g, item.lr, item.wd, coefs)
             self.bus.publish(StepEvent(
                 step=t, loss=loss, projected_grad=g, seconds=seconds, tokens=item.tokens,
                 loss_plus=loss_plus, loss_minus=loss_minus, lr=item.lr,

@@ -105,7 +105,7 @@ class BlockStreamer:
         self.copies = BlockCopies(self.blocks, streamed, self.transfer, timer,
                                   self.snapshots.buffers, self._offloaded.get)
         if cfg.checkpoint_every and kind.trained:  # an adapter run snapshots its adapters
-            self.snapshots.prepare(self._on_gpu(), pending=True)
+            self.snapshots.prepare(self._on_gpu(), pending=cfg.queries)
             self.copies.prepare()
 
     def groups(self) -> list[Group]:

@@ -31,7 +31,7 @@ from workbench.engine.snapshots import DeviceSnapshots
 from workbench.engine.stream.shared_host import NodeShare
 from workbench.engine.zo.offload import StreamedEngine
 from workbench.engine.zo.perturb import pending_from_dict
-from workbench.engine.zo.step import MINUS, PLUS, ZOStep, apply_update, step_seed, zo_passes
+from workbench.engine.zo.step import ZOStep, apply_update, zo_passes
 
 
 class LoRAStreamedEngine(StreamedEngine):
@@ -45,7 +45,7 @@ class LoRAStreamedEngine(StreamedEngine):
         self.loras = adapter_groups(self.adapter, cfg, device)
         self.snapshots = DeviceSnapshots(device, cfg.to_dict())  # of the adapters
         if cfg.checkpoint_every:  # at setup, not in the first snapshot's step
-            self.snapshots.prepare(self._adapters(), pending=True)
+            self.snapshots.prepare(self._adapters(), pending=cfg.queries)
 
     @torch.no_grad()
     def flush(self, step: int = -1) -> None:
@@ -107,22 +107,22 @@ class LoRAOffloadEngine(LoRAStreamedEngine):
 
     @torch.no_grad()
     def step(self, batch: Batch, step: int, lr: float, wd: float) -> StepOutput:
-        """One ZO step on the adapters; returns (L+, L-, g) as 0-d device tensors."""
+        """One ZO step on the adapters; returns the loss, g, L+ and L- as 0-d device tensors."""
         adapter, s, ops = self.adapter, self.streamer, self.ops
-        st = ZOStep(step_seed(self.cfg.seed, step), self.cfg.eps, self.pending)
+        st = ZOStep.of(self.cfg, step, self.pending)
         compute = s.streams.compute
         with autocast(self.device, self.cfg.amp):
             with self.timer.span("compute", "compute", compute, step, EMBED):
-                h, ctx = adapter.embed(batch)  # frozen: one pass serves + and -
-            hidden = [h, h]
+                h, ctx = adapter.embed(batch)  # frozen: one pass serves every perturbed one
+            hidden = [h] * st.passes
 
             def dual_forward(i: int, base: torch.Tensor, apply) -> None:
-                lora = self.loras[i]  # the pending update is fused into the + perturbation
-                for sign in zo_passes(ops, lora.flat, lora.layout, st):
-                    hidden[sign] = adapter.run_block(adapter.blocks[i], hidden[sign], ctx)
+                lora = self.loras[i]  # the pending update is fused into the first perturbation
+                for k in zo_passes(ops, lora.flat, lora.layout, st):
+                    hidden[k] = adapter.run_block(adapter.blocks[i], hidden[k], ctx)
 
             s.stream_blocks(step, dual_forward, write_back=False)
             with self.timer.span("compute", "compute", compute, step, HEAD):
                 losses = [head_loss(self.objective, adapter, hidden[k], batch)
-                          for k in (PLUS, MINUS)]
+                          for k in range(st.passes)]
         return self.finish_zo(step, st, losses, lr, wd)

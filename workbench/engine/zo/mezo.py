@@ -21,8 +21,8 @@ from workbench.engine.snapshots import DeviceSnapshots
 from workbench.engine.timing import OpTimer
 from workbench.engine.whole import WholeModel
 from workbench.engine.zo.perturb import PendingUpdate, ZOOps
-from workbench.engine.zo.step import (ZOStep, apply_update, lockstep, projected_grad, step_seed,
-                                      zo_passes)
+from workbench.engine.zo.step import (ZOStep, apply_update, estimate, lockstep, pass_name,
+                                      step_output, zo_passes)
 
 
 class MeZOEngine(WholeModel):
@@ -46,7 +46,7 @@ class MeZOEngine(WholeModel):
         self.reduce = None  # MeZO applies its update within the step
         self.snapshots = DeviceSnapshots(device, cfg.to_dict())
         if cfg.checkpoint_every:  # at setup, not in the first snapshot's step
-            self.snapshots.prepare(dict(enumerate(g.flat for g in self.groups)), pending=False)
+            self.snapshots.prepare(dict(enumerate(g.flat for g in self.groups)), pending=0)
 
     # --- training ---------------------------------------------------------------------------
     def _loss(self, batch: Batch, step: int, sign: str) -> torch.Tensor:
@@ -62,20 +62,22 @@ class MeZOEngine(WholeModel):
 
     @torch.no_grad()
     def step(self, batch: Batch, step: int, lr: float, wd: float) -> StepOutput:
-        """One ZO-SGD step; returns (L+, L-, g) as 0-d device tensors."""
-        st = ZOStep(step_seed(self.cfg.seed, step), self.cfg.eps)
-        passes = lockstep([zo_passes(self.ops, g.flat, g.layout, st) for g in self.groups])
-        loss_plus, loss_minus = [self._loss(batch, step, "+-"[sign]) for sign in passes]
+        """One ZO step (``cfg.queries`` perturbations, ``cfg.estimator``); returns the loss,
+        g, L+ and L- as 0-d device tensors (``step.step_losses``)."""
+        st = ZOStep.of(self.cfg, step)
+        passes = lockstep([zo_passes(self.ops, g.flat, g.layout, st) for g in self.groups],
+                          st.passes)
+        losses = [self._loss(batch, step, pass_name(st, k)) for k in passes]
         if self.reduce is not None:
-            loss_plus, loss_minus = self.reduce(torch.stack([loss_plus, loss_minus])).unbind()
-        g = projected_grad(loss_plus, loss_minus, st.eps)
-        upd = PendingUpdate(st.seed, g, lr, wd)
+            losses = list(self.reduce(torch.stack(losses)).unbind())
+        coefs, g = estimate(losses, st)
+        upd = PendingUpdate(st.seed, coefs, lr, wd)
         stream = torch.cuda.current_stream() if self.device.type == "cuda" else None
         with self.timer.span("update", "compute", stream, step, EMBED):
             for group in self.groups:
                 apply_update(self.ops, group.flat, group.layout, upd)
         self.timer.poll()
-        return StepOutput((loss_plus + loss_minus) / 2, g, loss_plus, loss_minus)
+        return step_output(losses, st, coefs, g)
 
     # --- state ------------------------------------------------------------------------------
     def snapshot(self, next_step: int):

@@ -7,7 +7,9 @@ step's uploads; ``ZOOffloadEngine`` adds the ZO step, ``ForwardGradEngine``
 
 A zo-offload step, per block after its upload: apply the previous step's pending update fused
 with the +eps perturbation, run the + pass, perturb -2 eps, run the - pass, restore, offload.
-The + and - hidden states travel block by block together, so one upload serves both passes.
+The + and - hidden states travel block by block together, so one upload serves both passes;
+with ``queries=q`` the 2q (or q + 1, one-sided) passes all run during the block's one visit,
+2q hidden states travelling together: q perturbations for one PCIe round trip.
 A weight tied between the embedding and the LM head keeps its +eps copy, in the head's compute
 dtype, from the embedding's + pass to the head's (``tied.py``), so every value equals MeZO's
 bit for bit.
@@ -31,8 +33,7 @@ from workbench.engine.stream.scheduler import BlockStreamer
 from workbench.engine.stream.shared_host import NodeShare
 from workbench.engine.timing import OpTimer
 from workbench.engine.zo.perturb import PendingUpdate, ZOOps, pending_from_dict
-from workbench.engine.zo.step import (MINUS, PLUS, ZOStep, apply_update, projected_grad, step_seed,
-                                      zo_passes)
+from workbench.engine.zo.step import ZOStep, apply_update, estimate, step_output, zo_passes
 from workbench.engine.zo.tied import TiedHead
 from workbench.models.adapter import Inputs
 
@@ -74,15 +75,14 @@ class StreamedEngine:
 
     def finish_zo(self, step: int, st: ZOStep, losses: list[torch.Tensor], lr: float,
                   wd: float) -> StepOutput:
-        """The end of a ZO step from its [L+, L-]: the mean over ranks (data parallel), g, the
-        update kept pending (``defer``)."""
-        loss_plus, loss_minus = losses[PLUS], losses[MINUS]
+        """The end of a ZO step from its passes' losses: the mean over ranks (data parallel),
+        the update's coefficients (``step.estimate``) kept pending (``defer``)."""
         if self.reduce is not None:
-            loss_plus, loss_minus = self.reduce(torch.stack([loss_plus, loss_minus])).unbind()
-        g = projected_grad(loss_plus, loss_minus, st.eps)
-        self.defer(step, st.seed, g, lr, wd)
+            losses = list(self.reduce(torch.stack(losses)).unbind())
+        coefs, g = estimate(losses, st)
+        self.defer(step, st.seed, coefs, lr, wd)
         self.timer.poll()
-        return StepOutput((loss_plus + loss_minus) / 2, g, loss_plus, loss_minus)
+        return step_output(losses, st, coefs, g)
 
     @torch.no_grad()
     def flush(self, step: int = -1) -> None:
@@ -166,7 +166,8 @@ class ZOOffloadEngine(StreamedEngine):
                  share: NodeShare | None = None, objective: Objective | None = None):
         super().__init__(model, source, cfg, device, bus, share, objective)
         s = self.streamer
-        self.tied = (TiedHead(s.embed, self.adapter.head_modules, cfg.amp)
+        copies = ZOStep.of(cfg, 0).passes - 1  # the last pass reads the group itself
+        self.tied = (TiedHead(s.embed, self.adapter.head_modules, cfg.amp, copies)
                      if tied_with_embed(s.embed.layout, self.adapter.head_modules) else None)
 
     def buffer_bytes(self) -> dict[str, int]:
@@ -180,35 +181,36 @@ class ZOOffloadEngine(StreamedEngine):
 
     @torch.no_grad()
     def step(self, batch: Batch, step: int, lr: float, wd: float) -> StepOutput:
-        """One ZO step over the streamed model; returns (L+, L-, g) as 0-d device tensors."""
+        """One ZO step over the streamed model (``cfg.queries`` perturbations, every pass of a
+        block during its one visit); returns the loss, g, L+ and L- as 0-d device tensors."""
         ops, adapter, s = self.ops, self.adapter, self.streamer
-        st = ZOStep(step_seed(self.cfg.seed, step), self.cfg.eps, self.pending)
-        emb, tied, compute = s.embed, self.tied, s.streams.compute
+        st = ZOStep.of(self.cfg, step, self.pending)
+        emb, tied, compute, n = s.embed, self.tied, s.streams.compute, st.passes
         with autocast(self.device, self.cfg.amp):
             with self.timer.span("compute", "compute", compute, step, EMBED):
                 embed_passes = zo_passes(ops, emb.flat, emb.layout, st)
-                next(embed_passes)
-                h_plus, ctx = adapter.embed(batch)
-                if tied is not None:
-                    tied.keep()  # the tied weight at p, for the head's + pass
-                next(embed_passes)
-                h_minus, _ = adapter.embed(batch)
+                hidden, ctx = [], None
+                for k in range(n):
+                    next(embed_passes)
+                    h, ctx = adapter.embed(batch)
+                    hidden.append(h)
+                    if tied is not None and k < n - 1:
+                        tied.keep(k)  # the tied weight at pass k, for the head's pass k
                 if tied is None:
-                    next(embed_passes, None)  # restore (tied: after the head's - pass)
-            hidden = [h_plus, h_minus]
+                    next(embed_passes, None)  # restore (tied: after the head's last pass)
 
             def dual_forward(i: int, flat: torch.Tensor, apply) -> None:
                 block = adapter.blocks[i]
-                for sign in zo_passes(ops, flat, s.blocks[i].layout, st, apply=apply):
-                    hidden[sign] = adapter.run_block(block, hidden[sign], ctx)
+                for k in zo_passes(ops, flat, s.blocks[i].layout, st, apply=apply):
+                    hidden[k] = adapter.run_block(block, hidden[k], ctx)
 
             s.stream_blocks(step, dual_forward, write_back=True)
-            losses = [None, None]
+            losses = [None] * n
             with self.timer.span("compute", "compute", compute, step, HEAD):
-                for sign in zo_passes(ops, s.head.flat, s.head.layout, st):
-                    if tied is not None:  # the head sees the tied weight at p, then m
-                        tied.bind_for(sign)
-                    losses[sign] = head_loss(self.objective, adapter, hidden[sign], batch)
+                for k in zo_passes(ops, s.head.flat, s.head.layout, st):
+                    if tied is not None:  # the head sees the tied weight at pass k
+                        tied.bind_for(k, last=k == n - 1)
+                    losses[k] = head_loss(self.objective, adapter, hidden[k], batch)
                 if tied is not None:
                     tied.unbind()
                 next(embed_passes, None)  # a tied embedding's restore

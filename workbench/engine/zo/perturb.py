@@ -22,30 +22,63 @@ from workbench.engine.groups import GroupLayout
 from workbench.engine.zo import philox
 
 
+MASK64 = (1 << 64) - 1
+
+
+def mix31(x: int) -> int:
+    """splitmix64's finaliser of ``x`` (taken mod 2^64), cut to 31 bits: a seed for philox or
+    torch's generator."""
+    x &= MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return (x ^ (x >> 31)) & 0x7FFFFFFF
+
+
+def query_seeds(seed: int, queries: int) -> tuple[int, ...]:
+    """The perturbation seeds of a step's ``queries`` directions: the step seed itself first
+    (so one query is exactly the single-perturbation step), then splitmix64 of (seed, j), 31
+    bits; a replay regenerates them from the step seed alone."""
+    return (seed, *(mix31(seed * 0xD1B54A32D192ED03 + j * 0x9E3779B97F4A7C15)
+                    for j in range(1, queries)))
+
+
 @dataclass(frozen=True)
 class PendingUpdate:
-    """Step ``seed``'s update, not yet applied: w <- w - lr (g z + wd w). ``g``: 0-d device
-    tensor, so applying it never waits for the host."""
+    """Step ``seed``'s update, not yet applied. ``g``: device tensor, so applying it never waits
+    for the host; 0-d for one direction, w <- w - lr (g z + wd w), or (q,) for a step of q
+    queries, whose directions z_j come from ``query_seeds(seed, q)``: applied one direction
+    at a time, w <- w - lr (g_j z_j + [j = 0] wd w), weight decay once."""
 
     seed: int
     g: torch.Tensor
     lr: float
     wd: float
 
+    def parts(self) -> list[tuple[int, torch.Tensor, float]]:
+        """(seed, coefficient (0-d view), weight decay) of each direction, in order."""
+        if self.g.dim() == 0:
+            return [(self.seed, self.g, self.wd)]
+        seeds = query_seeds(self.seed, self.g.numel())
+        return [(s, self.g[j], self.wd if j == 0 else 0.0) for j, s in enumerate(seeds)]
+
 
 def pending_dict(upd: PendingUpdate | None, host_g: torch.Tensor | None) -> dict | None:
-    """A pending update as a checkpoint stores it (``host_g``: its g, copied to the host)."""
+    """A pending update as a checkpoint stores it (``host_g``: its g, copied to the host; a
+    list of q coefficients for a step of q queries)."""
     if upd is None:
         return None
-    return {"seed": upd.seed, "g": float(host_g), "lr": upd.lr, "wd": upd.wd}
+    g = float(host_g) if upd.g.dim() == 0 else [float(x) for x in host_g.reshape(-1)]
+    return {"seed": upd.seed, "g": g, "lr": upd.lr, "wd": upd.wd}
 
 
 def pending_from_dict(d: dict | None, device: torch.device) -> PendingUpdate | None:
     """The inverse of ``pending_dict`` (also reads a step-log row), g on ``device``."""
     if d is None:
         return None
-    return PendingUpdate(int(d["seed"]), torch.tensor(float(d["g"]), dtype=torch.float32,
-                                                      device=device), float(d["lr"]), float(d["wd"]))
+    g = d["g"]
+    g = [float(x) for x in g] if isinstance(g, list) else float(g)
+    return PendingUpdate(int(d["seed"]), torch.tensor(g, dtype=torch.float32, device=device),
+                         float(d["lr"]), float(d["wd"]))
 
 
 class ZOOps:
@@ -85,34 +118,48 @@ class ZOOps:
         torch.add(x, z, alpha=scale, out=out)
 
     def update(self, x: torch.Tensor, layout: GroupLayout, upd: PendingUpdate) -> None:
-        """x <- x - lr (g z + wd x) in place, z from the update's seed."""
+        """x <- x - lr (g z + wd x) in place, z from the update's seed (one direction at a
+        time for a step of several: ``PendingUpdate.parts``)."""
+        for seed, g, wd in upd.parts():
+            self._update_one(x, layout, seed, g, upd.lr, wd)
+
+    def _update_one(self, x: torch.Tensor, layout: GroupLayout, seed: int, g: torch.Tensor,
+                    lr: float, wd: float) -> None:
         if self.kernels is not None:
-            self.kernels.launch(x, x, upd.g, layout.n_decay, 0, upd.seed, layout.gid, 0.0, upd.lr,
-                              upd.wd, do_update=True, do_perturb=False, write_x=True)
+            self.kernels.launch(x, x, g, layout.n_decay, 0, seed, layout.gid, 0.0, lr, wd,
+                                do_update=True, do_perturb=False, write_x=True)
             return
-        u = self.z(x.numel(), upd.seed, layout.gid, x.device).mul_(upd.g.to(x.device))
-        if upd.wd:
-            u[:layout.n_decay].add_(x[:layout.n_decay], alpha=upd.wd)
-        x.add_(u, alpha=-upd.lr)
+        u = self.z(x.numel(), seed, layout.gid, x.device).mul_(g.to(x.device))
+        if wd:
+            u[:layout.n_decay].add_(x[:layout.n_decay], alpha=wd)
+        x.add_(u, alpha=-lr)
 
     def delta(self, x: torch.Tensor, layout: GroupLayout, upd: PendingUpdate) -> torch.Tensor:
-        """The update itself, -lr (g z + wd x), as a new fp32 tensor (x is not changed)."""
-        d = self.z(x.numel(), upd.seed, layout.gid, x.device).mul_(upd.g.to(x.device))
-        if upd.wd:
-            d[:layout.n_decay].add_(x[:layout.n_decay], alpha=upd.wd)
+        """The update itself, -lr (sum_j g_j z_j + wd x), as a new fp32 tensor (x is not
+        changed)."""
+        d = None
+        for seed, g, wd in upd.parts():
+            u = self.z(x.numel(), seed, layout.gid, x.device).mul_(g.to(x.device))
+            if wd:
+                u[:layout.n_decay].add_(x[:layout.n_decay], alpha=wd)
+            d = u if d is None else d.add_(u)
         return d.mul_(-upd.lr)
 
     def update_perturb(self, x: torch.Tensor, layout: GroupLayout, upd: PendingUpdate | None,
                        seed: int, scale: float, out: torch.Tensor | None = None) -> None:
         """Apply ``upd`` (if any) to x, then out <- x + scale z (default out: x in place; with a
-        separate out, x keeps the updated weights). One pass on the fused path."""
+        separate out, x keeps the updated weights). One pass on the fused path (a step of q
+        queries: q - 1 update passes, then the last direction's fused with the perturbation)."""
         if upd is None:
             self.perturb(x, layout, seed, scale, out)
             return
-        if self.kernels is not None:
-            self.kernels.launch(x, x if out is None else out, upd.g, layout.n_decay, seed, upd.seed,
-                              layout.gid, scale, upd.lr, upd.wd, do_update=True, do_perturb=True,
-                              write_x=out is not None and out is not x)
+        if self.kernels is None:
+            self.update(x, layout, upd)
+            self.perturb(x, layout, seed, scale, out)
             return
-        self.update(x, layout, upd)
-        self.perturb(x, layout, seed, scale, out)
+        *first, (last_seed, g, wd) = upd.parts()
+        for s, gj, wdj in first:
+            self._update_one(x, layout, s, gj, upd.lr, wdj)
+        self.kernels.launch(x, x if out is None else out, g, layout.n_decay, seed, last_seed,
+                            layout.gid, scale, upd.lr, wd, do_update=True, do_perturb=True,
+                            write_x=out is not None and out is not x)

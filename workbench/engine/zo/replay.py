@@ -35,6 +35,7 @@ def replay(flats: list[torch.Tensor], names: list[str], n_decay: list[int],
     method = config["method"]
     ops = ZOOps(config.get("rng", "philox"), device)
     eps, zo = float(config.get("eps", 0.0)), method != "forward-grad"
+    queries, estimator = int(config.get("queries", 1)), str(config.get("estimator", "central"))
     deferred = method != "mezo" and config.get("fused_update", True)
     layouts = [GroupLayout(n, [], f.numel(), d) for n, f, d in zip(names, flats, n_decay)]
     n_blocks = len(layouts) - 2
@@ -70,7 +71,7 @@ def replay(flats: list[torch.Tensor], names: list[str], n_decay: list[int],
 
     upd = pending_from_dict(pending, device)
     for t in range(first, last):
-        st = ZOStep(int(rows[t]["seed"]), eps, upd)
+        st = ZOStep(int(rows[t]["seed"]), eps, upd, queries, estimator)
         each_group(t, lambda w, lay, apply: replay_pass(ops, w, lay, st, zo, apply))
         upd = pending_from_dict(rows[t], device)
         if not deferred:  # applied within the step, in a pass of its own

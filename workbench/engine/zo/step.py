@@ -10,8 +10,12 @@ perturbation are one fused pass on the Triton kernel):
     p  = w' + eps z                  the group as the "+" forward pass sees it
     m  = p - 2 eps z                 the group as the "-" forward pass sees it
     r  = m + eps z                   restored (not bit-equal to w', exactly as in MeZO)
-Forward-grad applies the pending update the same way, then runs one forward pass with the
-tangent z.
+With q queries (directions z_1 .. z_q from ``query_seeds``) the central estimator repeats the
+last three lines for each z_j from the last restored state (passes 2j and 2j + 1), and the
+one-sided estimator runs a clean pass at w' first (pass 0), then for each j p_j = x + eps z_j
+(pass j) and x = p_j - eps z_j. ``estimate`` turns the passes' losses into the update's
+coefficients (``PendingUpdate``). Forward-grad applies the pending update the same way, then
+runs one forward pass with the tangent z.
 
 ``zo_passes`` is a generator: the caller runs its forward pass at each yield, so one function
 serves a group perturbed on its own (a streamed block), every group together (MeZO, through
@@ -30,21 +34,20 @@ from typing import Callable, Iterator
 import torch
 
 from workbench.engine.groups import GroupLayout
-from workbench.engine.zo.perturb import PendingUpdate, ZOOps
-
-MASK64 = (1 << 64) - 1
+from workbench.engine.protocol import StepOutput
+from workbench.engine.zo.perturb import PendingUpdate, ZOOps, mix31, query_seeds
 
 
 def step_seed(run_seed: int, step: int) -> int:
     """The perturbation seed of ``step`` (31 bits; splitmix64 of (run seed, step)), so a
     resumed run regenerates exactly the z of a straight one."""
-    x = (run_seed * 0x9E3779B97F4A7C15 + (step + 1) * 0xBF58476D1CE4E5B9) & MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
-    return (x ^ (x >> 31)) & 0x7FFFFFFF
+    return mix31(run_seed * 0x9E3779B97F4A7C15 + (step + 1) * 0xBF58476D1CE4E5B9)
 
 
-PLUS, MINUS = 0, 1  # the two forward passes of a ZO step (indices into per-pass lists)
+PLUS, MINUS = 0, 1  # the two forward passes of a one-query ZO step (indices into per-pass lists)
+#: the spread of the queries' losses below which a one-sided step is not divided further (a
+#: batch whose q perturbed losses are all equal carries no scale to adapt to)
+MIN_SPREAD = 1e-12
 
 #: A codec's way of applying a pending update to a group's fp32 weights in place.
 ApplyUpdate = Callable[[torch.Tensor, GroupLayout, PendingUpdate], None]
@@ -58,6 +61,24 @@ class ZOStep:
     seed: int
     eps: float
     pending: PendingUpdate | None = None
+    queries: int = 1
+    estimator: str = "central"
+
+    @classmethod
+    def of(cls, cfg, step: int, pending: PendingUpdate | None = None) -> "ZOStep":
+        """Step ``step`` of a run with config ``cfg`` (a ``RunConfig`` or its dict)."""
+        get = cfg.get if isinstance(cfg, dict) else lambda k, d: getattr(cfg, k, d)
+        return cls(step_seed(int(get("seed", 0)), step), float(get("eps", 0.0)), pending,
+                   int(get("queries", 1)), str(get("estimator", "central")))
+
+    @property
+    def passes(self) -> int:
+        """Forward passes of the step: 2 q (central), q + 1 (one-sided)."""
+        return 2 * self.queries if self.estimator == "central" else self.queries + 1
+
+    @property
+    def seeds(self) -> tuple[int, ...]:
+        return query_seeds(self.seed, self.queries)
 
 
 def projected_grad(loss_plus: torch.Tensor, loss_minus: torch.Tensor, eps: float) -> torch.Tensor:
@@ -75,33 +96,88 @@ def apply_update(ops: ZOOps, flat: torch.Tensor, layout: GroupLayout,
 
 def zo_passes(ops: ZOOps, flat: torch.Tensor, layout: GroupLayout, st: ZOStep,
               apply: ApplyUpdate | None = None) -> Iterator[int]:
-    """The ZO step on one group: yields PLUS with the group at p (the pending update applied
-    first), then MINUS at m; restores it to r when resumed after MINUS. An empty group yields
-    at the same points and does nothing."""
+    """The ZO step on one group: yields each pass's index k (0 .. ``st.passes`` - 1) with the
+    group as pass k sees it (the pending update applied first), and leaves it restored when
+    resumed after the last. One central query: PLUS at p, MINUS at m. An empty group yields at
+    the same points and does nothing."""
     if not layout.numel:
-        yield PLUS
-        yield MINUS
+        yield from range(st.passes)
         return
     upd = st.pending
     if upd is not None and apply is not None:
         apply(flat, layout, upd)
         upd = None
-    ops.update_perturb(flat, layout, upd, st.seed, +st.eps)
-    yield PLUS
-    ops.perturb(flat, layout, st.seed, -2 * st.eps)
-    yield MINUS
-    ops.perturb(flat, layout, st.seed, +st.eps)
+    eps = st.eps
+    if st.estimator == "central":
+        for j, seed in enumerate(st.seeds):
+            ops.update_perturb(flat, layout, upd if j == 0 else None, seed, +eps)
+            yield 2 * j
+            ops.perturb(flat, layout, seed, -2 * eps)
+            yield 2 * j + 1
+            ops.perturb(flat, layout, seed, +eps)
+        return
+    apply_update(ops, flat, layout, upd)
+    yield 0
+    for j, seed in enumerate(st.seeds):
+        ops.perturb(flat, layout, seed, +eps)
+        yield j + 1
+        ops.perturb(flat, layout, seed, -eps)
 
 
-def lockstep(passes: list[Iterator[int]]) -> Iterator[int]:
-    """Several groups' ``zo_passes`` driven together: every group is at p before the yield of
-    PLUS and at m before MINUS; all are restored when resumed after MINUS (MeZO's step)."""
-    for sign in (PLUS, MINUS):
+def lockstep(passes: list[Iterator[int]], count: int = 2) -> Iterator[int]:
+    """Several groups' ``zo_passes`` driven together: every group is at pass k's state before
+    the yield of k (``count`` passes); all are restored when resumed after the last (MeZO's
+    step)."""
+    for k in range(count):
         for p in passes:
             next(p)
-        yield sign
+        yield k
     for p in passes:
         next(p, None)
+
+
+def estimate(losses: list[torch.Tensor], st: ZOStep) -> tuple[torch.Tensor, torch.Tensor]:
+    """(coefficients, projected gradient) of a step from its passes' losses (0-d device
+    tensors, pass order). One central query: g = (L+ - L-) / 2 eps for both, 0-d. q central
+    queries: g_j = (L_2j - L_2j+1) / 2 eps, coefficients g_j / q. One-sided: g_j = (L_j+1 -
+    L_0) / eps, coefficients g_j / (q max(sigma, ``MIN_SPREAD``)) with sigma the standard
+    deviation of the q perturbed losses (FZOO's normalised step). The projected gradient
+    reported is the mean g_j."""
+    eps, q = st.eps, st.queries
+    if st.estimator == "central":
+        if q == 1:
+            g = projected_grad(losses[PLUS], losses[MINUS], eps)
+            return g, g
+        g = torch.stack([projected_grad(losses[2 * j], losses[2 * j + 1], eps)
+                         for j in range(q)])
+        return g / q, g.mean()
+    perturbed = torch.stack(losses[1:])
+    g = (perturbed - losses[0]) / eps
+    return g / (q * perturbed.std().clamp_min(MIN_SPREAD)), g.mean()
+
+
+def step_output(losses: list[torch.Tensor], st: ZOStep, coefs: torch.Tensor,
+                g: torch.Tensor) -> StepOutput:
+    """What a ZO step reports (``estimate``'s coefficients and g): the mean loss over its passes
+    with the mean "+" and "-" losses (central), or the clean pass's loss with the mean
+    perturbed one and no "-" (one-sided); the coefficients when they are not g (the step
+    log's row of a step of several queries)."""
+    extra = coefs if coefs is not g else None
+    if st.estimator == "one-sided":
+        return StepOutput(losses[0], g, torch.stack(losses[1:]).mean(), None, extra)
+    plus, minus = losses[PLUS], losses[MINUS]
+    if st.queries > 1:
+        plus, minus = torch.stack(losses[0::2]).mean(), torch.stack(losses[1::2]).mean()
+    return StepOutput((plus + minus) / 2, g, plus, minus, extra)
+
+
+def pass_name(st: ZOStep, k: int) -> str:
+    """Pass k as the timeline labels it: + / - (one central query), +j / -j (several), 0 for
+    the one-sided clean pass and +j for its perturbed ones (j from 1)."""
+    if st.estimator == "one-sided":
+        return f"+{k}" if k else "0"
+    sign = "+-"[k % 2]
+    return sign if st.queries == 1 else f"{sign}{k // 2 + 1}"
 
 
 def jvp_tangent(ops: ZOOps, flat: torch.Tensor, layout: GroupLayout, st: ZOStep,
