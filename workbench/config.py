@@ -70,6 +70,12 @@ RESUMABLE = ("steps", "lr", "weight_decay", "eval_every", "eval_samples", "devic
 ONE_START = ("data_changed_ok",)
 
 
+def zo_passes(queries: int, estimator: str) -> int:
+    """Forward passes of a ZO step (mezo, zo-offload): 2 per query (central), or the
+    queries and one clean pass (one-sided)."""
+    return 2 * queries if estimator == "central" else queries + 1
+
+
 def default_data_dir() -> str:
     """Where local data sets live: ``$WORKBENCH_DATA_DIR``, else ``../shared/data`` beside the repo."""
     return os.environ.get("WORKBENCH_DATA_DIR", str(REPO_ROOT.parent / "shared" / "data"))

@@ -55,6 +55,36 @@ def test_triton_normals_match_torch_philox():
     assert torch.allclose(fast.cpu(), cpu, atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-opt"])  # tiny-opt: the tied head's copies
+@pytest.mark.parametrize("variant", [dict(queries=3), dict(queries=4, estimator="one-sided", lr=1e-6)])
+def test_offload_equals_mezo_with_queries_on_cuda(model, variant):
+    """q queries on the fused kernel (q - 1 update launches, the last fused with the first
+    perturbation), every pass of a block in its one visit, bf16 autocast: MeZO's losses and
+    weights, bit for bit (a compressed host format: the replay test below)."""
+    base = RunConfig(model=model, device="cuda", amp="bf16", **{"lr": 1e-3, **variant})
+    _, a, la = train(base.replace(method="mezo"))
+    _, b, lb = train(base.replace(method="zo-offload", prefetch_depth=2))
+    assert a == b and la == lb
+
+
+def test_an_update_of_several_directions_fused_equals_separate_passes():
+    ops = ZOOps("philox", torch.device("cuda"))
+    n = 300_001
+    lay = GroupLayout("block.3", [], n, n - 1000)
+    w = torch.randn(n, device="cuda") * 0.02
+    upd = PendingUpdate(77, torch.tensor([0.37, -0.2, 0.05], device="cuda"), 1e-3, 0.1)
+    a, b = w.clone(), w.clone()
+    ops.update(a, lay, upd)
+    ops.perturb(a, lay, 99, 1e-3)
+    ops.update_perturb(b, lay, upd, 99, 1e-3)
+    assert torch.equal(a, b) and not torch.equal(a, w)
+    c = w.cpu()  # the torch path on the CPU: the same update within fp32 rounding
+    ZOOps("philox", torch.device("cpu")).update(c, lay, PendingUpdate(77, upd.g.cpu(), 1e-3, 0.1))
+    ref = w.clone()
+    ops.update(ref, lay, upd)
+    assert torch.allclose(ref.cpu(), c, atol=1e-6, rtol=0) and not torch.equal(ref, w)
+
+
 def test_fused_kernel_equals_separate_passes():
     ops = ZOOps("philox", torch.device("cuda"))
     n = 300_001

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.config import RunConfig
+from workbench.config import RunConfig, zo_passes
 from workbench.plan.memory import SPARE_SLOTS, pinned_bytes
 from workbench.presets import Preset
 
@@ -119,9 +119,12 @@ def frozen_stream(cfg: RunConfig, p: Preset, prof: dict, e: dict[str, Any],
               "perturb_torch_per_s" if cfg.rng == "torch" else "perturb_philox_torch_per_s"]
     dev["adapters (fp32)"] = 4 * nl
     e["gpu_param_bytes"] += cuda * 4 * nl
-    regens = 4  # z per adapter element: + (with the update), -2, + (restore) ...
+    # z per adapter element and query: + (with the update), -2, + (restore) (one-sided: the
+    # update, +, - (restore)); a pass per query and sign (one-sided: per query, and one clean)
+    passes, regens = zo_passes(cfg.queries, cfg.estimator), 4 * cfg.queries - (
+        cfg.queries if cfg.estimator == "one-sided" else 0)
     if cfg.method == "forward-grad":  # ... or tangent and update; tangents of one block only
-        regens = 2
+        passes, regens = 2, 2
         for item in ("tangents (embedding, head, one block)", "forward-AD transients"):
             dev.pop(item, None)
         dev["tangents (one block's adapters)"] = 4 * nl // n_blocks
@@ -129,9 +132,9 @@ def frozen_stream(cfg: RunConfig, p: Preset, prof: dict, e: dict[str, Any],
         notes[:] = [n for n in notes if not n.startswith("forward-grad:")]
         notes.append("forward-grad: only the adapters carry a tangent, one block's at a time; "
                      "jvp taken as 2x forward FLOPs through the frozen base")
-    # two passes (or primal + tangent) through the frozen base + the adapters' z
-    c_blk = 2 * e["blk"] + regens * nl / n_blocks / pr
-    e["compute"] = 2 * e["eh"] + n_blocks * c_blk
+    # the passes (or primal + tangent) through the frozen base + the adapters' z
+    c_blk = passes * e["blk"] + regens * nl / n_blocks / pr
+    e["compute"] = passes * e["eh"] + n_blocks * c_blk
     if cfg.method == "mezo":  # every block in its device form
         e["gpu_param_bytes"] -= cuda * n_blocks * (4 * nb - held)
         dev["blocks"] = n_blocks * held
@@ -166,5 +169,5 @@ def frozen_stream(cfg: RunConfig, p: Preset, prof: dict, e: dict[str, Any],
     decode = (up + held) / prof["gpu_mem_bps"] * compressed  # on the compute stream
     overlap = cfg.overlap and cuda
     per = max(c_blk + decode, x_up) if overlap else c_blk + decode + x_up
-    e["step"] = 2 * e["eh"] + r * c_blk + s * per
+    e["step"] = passes * e["eh"] + r * c_blk + s * per
     e["transfer"] = s * x_up

@@ -5,7 +5,8 @@ Memory (n = elements of one block, B rows, T = seq_len, D hidden).
   Parameters as the engines hold them (their ``gpu_param_bytes``). mezo: every group in fp32.
     zo-offload: embedding + head + resident blocks; prefetch_depth + 2 fp32 slots of a block
     (+ 1 under master=compressed-sr: a slot is free once encoded); a copy of a tied LM-head
-    weight in the head's compute dtype (``engine/zo/tied.py``: bf16 / fp16 under amp, else fp32).
+    weight in the head's compute dtype (``engine/zo/tied.py``: bf16 / fp16 under amp, else fp32),
+    one per forward pass of a step but the last.
     A compressed codec adds two wire buffers (one per direction, shared by the slots) and,
     with master=fp32 (the mirror transfer of ``engine/stream/transfers.py``), a bf16 delta per
     slot. reuse_buffers=false: fresh buffers, freed across streams only once their events
@@ -15,7 +16,7 @@ Memory (n = elements of one block, B rows, T = seq_len, D hidden).
     each group's weights bound as duals until the step's dual level ends, so the tangents of all
     blocks accumulate within a step; measured on CPU).
   Activations (``memory.py``). Live across blocks: mezo 1, zo-offload 2 (+ and - travel
-    together), forward-grad 2 (primal, tangent). ``BlockAdapter.embed`` keeps its ``_Captured``
+    together; 2q with ``queries``, q + 1 one-sided), forward-grad 2 (primal, tangent). ``BlockAdapter.embed`` keeps its ``_Captured``
     exception, whose traceback cycle holds the embedding frame until the GC runs: 3 hidden states
     per embedding call for OPT (token + position embeddings + sum), 1 for Llama (measured on
     CPU). forward-grad uses the math attention backend (scores + probabilities, dual). Prompt
@@ -28,8 +29,8 @@ Memory (n = elements of one block, B rows, T = seq_len, D hidden).
 Time. A step is max(device time, host launch time, the mirror codec's host pass). Per streamed
   block: max(both passes + its perturbation, upload, offload) with overlap (both directions
   share the link at the measured both-at-once rate), their sum without; resident blocks,
-  embedding and head add compute. Perturbation: 4 regenerations per element per step
-  (forward-grad 2). fused_update=false: a second round trip and an update pass.
+  embedding and head add compute. Perturbation: 4 regenerations per element per step and
+  query (one-sided 3; forward-grad 2), 2 forward passes per query (one-sided: 1, and 1 clean). fused_update=false: a second round trip and an update pass.
   reuse_buffers=false: transfers x ``reuse_off_factor``. Pipeline fill is hidden by the loop
   running ahead.
 """
@@ -38,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from workbench.config import RunConfig
+from workbench.config import RunConfig, zo_passes
 from workbench.plan.lora import codec_bytes
 from workbench.plan.memory import EVAL_ROWS, SPARE_SLOTS, moments, pinned_bytes
 from workbench.plan.rates import host_key
@@ -107,8 +108,9 @@ def _parameters(cfg: RunConfig, p: Preset, st: Stream, e: dict, notes: list[str]
     dev["embedding + head"] = 4 * (st.ne + st.nh)
     dev["resident blocks" if st.streaming else "blocks"] = 4 * st.r * nb
     tied_copy = 0
-    if cfg.method == "zo-offload" and p.hf.get("tie_word_embeddings", True):  # the head's copy
-        tied_copy = (2 if e["amp"] else 4) * p.vocab * p.hf.get("word_embed_proj_dim", p.hidden)
+    if cfg.method == "zo-offload" and p.hf.get("tie_word_embeddings", True):  # the head's copies
+        tied_copy = (2 if e["amp"] else 4) * p.vocab * p.hf.get("word_embed_proj_dim", p.hidden) \
+            * (zo_passes(cfg.queries, cfg.estimator) - 1)
         dev["tied head weight copy"] = tied_copy
     if slots:
         ahead = s if cuda and cfg.overlap and not cfg.reuse_buffers else slots
@@ -143,7 +145,7 @@ def _activations(cfg: RunConfig, p: Preset, prof: dict, st: Stream, e: dict, not
     """The activation peak of a step (and of an evaluation pass), into ``e["dev"]``."""
     rows, t, masked, hb, m, dev = cfg.batch_size, cfg.seq_len, e["masked"], e["hb"], e["m"], e["dev"]
     nb, ne, nh, z = st.nb, st.ne, st.nh, st.z
-    live = 1 if cfg.method == "mezo" else 2
+    live = {"mezo": 1, "forward-grad": 2}.get(cfg.method) or zo_passes(cfg.queries, cfg.estimator)
     held = (3 if p.family == "opt" else 1) * hb * live  # embedding frames kept by the adapter
     # SR encode beside compute: the fused kernel holds nothing extra; the torch path about 23 B
     # per element (int64 noise words, int32 noise, mask, rounded, selected, cast)
@@ -165,7 +167,7 @@ def _activations(cfg: RunConfig, p: Preset, prof: dict, st: Stream, e: dict, not
     peaks = [m["embed"] + (live - 1) * (hb + held // live), live * hb + held + blockm,
              live * hb + held + head_m]
     peaks += [held + z(max(ne, nb, nh))] if not st.streaming else [  # held: not yet collected
-        2 * hb + held + max(z(nb) + 4 * nb * (st.kind == "mirror"), z(ne))]  # (tied: last)
+        live * hb + held + max(z(nb) + 4 * nb * (st.kind == "mirror"), z(ne))]  # (tied: last)
     act = max(peaks) + rows * t * t * masked  # + the padding mask, alive all step
     if masked:  # evaluation: one pass over max(B, 16) rows
         er = max(rows, EVAL_ROWS)
@@ -179,7 +181,9 @@ def _time(cfg: RunConfig, prof: dict, st: Stream, e: dict, notes: list[str]) -> 
     """Compute, transfer and host seconds of a step, and its PCIe bytes, into ``e``."""
     cuda, N, nb, ne, nh, r, s, kind, pr = (st.cuda, st.N, st.nb, st.ne, st.nh, st.r, st.s,
                                            st.kind, st.pr)
-    passes, regens = (3, 2) if cfg.method == "forward-grad" else (2, 4)
+    passes, regens = (3, 2) if cfg.method == "forward-grad" else (  # per query: 1 update + 3
+        zo_passes(cfg.queries, cfg.estimator), (4 if cfg.estimator == "central" else 3)  # (2)
+        * cfg.queries)  # perturbations (central; one-sided 2)
     c_blk = passes * e["blk"] + regens * nb / pr
     eh_t = passes * e["eh"] + regens * (ne + nh) / pr
     e["compute"] = eh_t + N * c_blk

@@ -21,8 +21,8 @@ from workbench.engine.snapshots import DeviceSnapshots
 from workbench.engine.timing import OpTimer
 from workbench.engine.whole import WholeModel
 from workbench.engine.zo.perturb import PendingUpdate, ZOOps
-from workbench.engine.zo.step import (ZOStep, apply_update, estimate, lockstep, pass_name,
-                                      step_output, zo_passes)
+from workbench.engine.zo.estimate import estimate, pass_name, step_output
+from workbench.engine.zo.step import ZOStep, apply_update, lockstep, zo_passes
 
 
 class MeZOEngine(WholeModel):

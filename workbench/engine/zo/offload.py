@@ -33,7 +33,8 @@ from workbench.engine.stream.scheduler import BlockStreamer
 from workbench.engine.stream.shared_host import NodeShare
 from workbench.engine.timing import OpTimer
 from workbench.engine.zo.perturb import PendingUpdate, ZOOps, pending_from_dict
-from workbench.engine.zo.step import ZOStep, apply_update, estimate, step_output, zo_passes
+from workbench.engine.zo.estimate import estimate, step_output
+from workbench.engine.zo.step import ZOStep, apply_update, zo_passes
 from workbench.engine.zo.tied import TiedHead
 from workbench.models.adapter import Inputs
 

@@ -14,7 +14,7 @@ With q queries (directions z_1 .. z_q from ``query_seeds``) the central estimato
 last three lines for each z_j from the last restored state (passes 2j and 2j + 1), and the
 one-sided estimator runs a clean pass at w' first (pass 0), then for each j p_j = x + eps z_j
 (pass j) and x = p_j - eps z_j. ``estimate`` turns the passes' losses into the update's
-coefficients (``PendingUpdate``). Forward-grad applies the pending update the same way, then
+coefficients (``PendingUpdate``; ``estimate.py``). Forward-grad applies the pending update the same way, then
 runs one forward pass with the tangent z.
 
 ``zo_passes`` is a generator: the caller runs its forward pass at each yield, so one function
@@ -33,8 +33,8 @@ from typing import Callable, Iterator
 
 import torch
 
+from workbench.config import zo_passes as count_passes
 from workbench.engine.groups import GroupLayout
-from workbench.engine.protocol import StepOutput
 from workbench.engine.zo.perturb import PendingUpdate, ZOOps, mix31, query_seeds
 
 
@@ -45,9 +45,6 @@ def step_seed(run_seed: int, step: int) -> int:
 
 
 PLUS, MINUS = 0, 1  # the two forward passes of a one-query ZO step (indices into per-pass lists)
-#: the spread of the queries' losses below which a one-sided step is not divided further (a
-#: batch whose q perturbed losses are all equal carries no scale to adapt to)
-MIN_SPREAD = 1e-12
 
 #: A codec's way of applying a pending update to a group's fp32 weights in place.
 ApplyUpdate = Callable[[torch.Tensor, GroupLayout, PendingUpdate], None]
@@ -74,7 +71,7 @@ class ZOStep:
     @property
     def passes(self) -> int:
         """Forward passes of the step: 2 q (central), q + 1 (one-sided)."""
-        return 2 * self.queries if self.estimator == "central" else self.queries + 1
+        return count_passes(self.queries, self.estimator)
 
     @property
     def seeds(self) -> tuple[int, ...]:
@@ -134,50 +131,6 @@ def lockstep(passes: list[Iterator[int]], count: int = 2) -> Iterator[int]:
         yield k
     for p in passes:
         next(p, None)
-
-
-def estimate(losses: list[torch.Tensor], st: ZOStep) -> tuple[torch.Tensor, torch.Tensor]:
-    """(coefficients, projected gradient) of a step from its passes' losses (0-d device
-    tensors, pass order). One central query: g = (L+ - L-) / 2 eps for both, 0-d. q central
-    queries: g_j = (L_2j - L_2j+1) / 2 eps, coefficients g_j / q. One-sided: g_j = (L_j+1 -
-    L_0) / eps, coefficients g_j / (q max(sigma, ``MIN_SPREAD``)) with sigma the standard
-    deviation of the q perturbed losses (FZOO's normalised step). The projected gradient
-    reported is the mean g_j."""
-    eps, q = st.eps, st.queries
-    if st.estimator == "central":
-        if q == 1:
-            g = projected_grad(losses[PLUS], losses[MINUS], eps)
-            return g, g
-        g = torch.stack([projected_grad(losses[2 * j], losses[2 * j + 1], eps)
-                         for j in range(q)])
-        return g / q, g.mean()
-    perturbed = torch.stack(losses[1:])
-    g = (perturbed - losses[0]) / eps
-    return g / (q * perturbed.std().clamp_min(MIN_SPREAD)), g.mean()
-
-
-def step_output(losses: list[torch.Tensor], st: ZOStep, coefs: torch.Tensor,
-                g: torch.Tensor) -> StepOutput:
-    """What a ZO step reports (``estimate``'s coefficients and g): the mean loss over its passes
-    with the mean "+" and "-" losses (central), or the clean pass's loss with the mean
-    perturbed one and no "-" (one-sided); the coefficients when they are not g (the step
-    log's row of a step of several queries)."""
-    extra = coefs if coefs is not g else None
-    if st.estimator == "one-sided":
-        return StepOutput(losses[0], g, torch.stack(losses[1:]).mean(), None, extra)
-    plus, minus = losses[PLUS], losses[MINUS]
-    if st.queries > 1:
-        plus, minus = torch.stack(losses[0::2]).mean(), torch.stack(losses[1::2]).mean()
-    return StepOutput((plus + minus) / 2, g, plus, minus, extra)
-
-
-def pass_name(st: ZOStep, k: int) -> str:
-    """Pass k as the timeline labels it: + / - (one central query), +j / -j (several), 0 for
-    the one-sided clean pass and +j for its perturbed ones (j from 1)."""
-    if st.estimator == "one-sided":
-        return f"+{k}" if k else "0"
-    sign = "+-"[k % 2]
-    return sign if st.queries == 1 else f"{sign}{k // 2 + 1}"
 
 
 def jvp_tangent(ops: ZOOps, flat: torch.Tensor, layout: GroupLayout, st: ZOStep,
