@@ -45,7 +45,8 @@ def rows_for(args) -> list[dict]:
             b, t = args.shape
             cfg = {"model": model, "method": "zo-offload", "data": "synthetic",
                    "device": args.device, "batch_size": b, "seq_len": t, "steps": args.steps,
-                   "lr": 1e-7, "queries": q, "estimator": args.estimator,
+                   "lr": 1e-7, "queries": q,  # q = 1: the central step, the baseline
+                   "estimator": args.estimator if q > 1 else "central",
                    **(BF16_SR if args.device == "cuda" else {})}
             specs.append({"name": f"{model} {b}x{t} q={q}", "config": cfg, "model": model,
                           "queries": q})

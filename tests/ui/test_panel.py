@@ -242,8 +242,9 @@ def test_mezo_vs_offload_is_one_call(tmp_path):
     box = mezo_vs_offload(out_dir=tmp_path, steps="3", **TINY)
     assert isinstance(box, widgets.VBox)
     table, *figs = box.children
-    # bars, losses, timelines: CPU runs have no GPU memory to draw
-    assert len(figs) == 3 and all(isinstance(f, go.FigureWidget) for f in figs)
+    # bars, losses, dev metric by cost, timelines: CPU runs have no GPU memory to draw
+    assert len(figs) == 4 and all(isinstance(f, go.FigureWidget) for f in figs)
+    assert figs[2].layout.annotations[2].text == "dev accuracy by forward passes"
     assert "param_digest identical" in table.value and "<ul class=story>" in table.value
     assert table.value.count("next knob: ") == 2 and "-bound" in table.value
     assert "<h3>settings that differ</h3>" in table.value

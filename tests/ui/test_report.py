@@ -41,9 +41,10 @@ def test_report_is_self_contained_with_every_run(run_dirs, tmp_path):
         assert rec.param_digest and rec.param_digest in text
     assert "id='comparison'" in text
     assert "param_digest identical across the runs" in text  # same seed, same engine math
-    # one dashboard per run + the comparison's bars, losses and timelines (CPU runs: no GPU
-    # memory figure), each drawn once
-    assert text.count("Plotly.newPlot(") == len(recs) + 3
+    # one dashboard per run + the comparison's bars, losses, dev metric by steps, time and
+    # forward passes, and timelines (CPU runs: no GPU memory figure), each drawn once
+    assert text.count("Plotly.newPlot(") == len(recs) + 4
+    assert text.count("dev accuracy by forward passes") == 1
     for label in ("tokens/s (steady)", "step time (s, steady median)", "tokens/s (all steps)",
                   "warm-up steps left out", "peak GPU memory (MB)", "final loss",
                   "dev accuracy start", "dev accuracy end", "<h3>settings that differ</h3>",

@@ -1,6 +1,7 @@
 """Live view of one run: a plotly ``FigureWidget`` redrawn from snapshots of its ``RunRecord``.
 
-The widget holds display state only (the loss smoothing, the throttle). Each refresh takes
+The widget holds display state only (the loss smoothing, the loss panel's x axis: steps,
+wall-clock seconds or forward passes, and the throttle). Each refresh takes
 ``record.snapshot()``, builds the panels of the figure the report shows
 (``figures.dashboard_panels``, the builders behind ``figures.dashboard_figure``) and copies
 their trace data into the existing widget inside one ``batch_update``, so the browser gets one
@@ -32,7 +33,8 @@ from workbench.telemetry.naming import run_labels
 from workbench.telemetry.record import RunRecord
 from workbench.telemetry.steady import throughput
 from workbench.telemetry.verdict import Verdict, verdict
-from workbench.ui.figures import SMOOTHING, dashboard_figure, dashboard_panels, fill
+from workbench.ui.figures import (SMOOTHING, STEPS, X_AXES, dashboard_figure,
+                                  dashboard_panels, fill)
 from workbench.ui.series import col, seed_columns, shared_columns
 from workbench.ui.fit import figure_widget
 
@@ -55,18 +57,23 @@ class Dashboard:
         last_steps: steps shown in the stream timeline.
         min_interval_s: least time between two refreshes (s); calls in between are skipped.
         smoothing: the loss EMA weight at first (0 = raw; the header's slider changes it).
+        x: what the loss panel's x axis counts at first: ``"steps"``, ``"wall-clock (s)"``
+            or ``"forward passes"`` (``learning.X_AXES``; the dropdown above the figure changes it).
 
     Attributes:
         widget: the ipywidgets container to display.
         figure: the ``go.FigureWidget`` inside it.
-        status: the header (state, health, verdict, next knob); smoothing: its slider.
+        status: the header (state, health, verdict, next knob); smoothing: its slider;
+            x_axis: the loss panel's x-axis dropdown.
         refreshes: how many refreshes have redrawn the figure.
         verdict / advice / health: what the header shows (None until there is something to
             say).
     """
 
     def __init__(self, record: RunRecord, last_steps: int = 3, min_interval_s: float = 0.5,
-                 smoothing: float = SMOOTHING):
+                 smoothing: float = SMOOTHING, x: str = STEPS):
+        if x not in X_AXES:
+            raise ValueError(f"x={x!r}: use one of {', '.join(map(repr, X_AXES))}")
         self.record, self.last_steps = record, last_steps
         self.min_interval_s = max(float(min_interval_s), 0.0)
         snap = record.snapshot()
@@ -81,17 +88,29 @@ class Dashboard:
             continuous_update=False, readout_format=".2f", style={"description_width": "100px"},
             tooltip="EMA weight of the smoothed loss line (0 = raw only)",
             layout=widgets.Layout(width="300px", flex="0 0 auto"))
-        panels = dashboard_panels(snap, last_steps, smoothing, live=True)
+        # Methods cost different forward passes per step: per step, a q=4 run looks 4x
+        # better than it is; the loss panel can count seconds or forward passes instead. A
+        # dropdown, not buttons: beside the slider it fits the knob panel's 580 px column on
+        # one row (three buttons left the slider a 30 px track), so the figure stays in a
+        # 900 px window.
+        self.x_axis = widgets.Dropdown(
+            options=list(X_AXES), value=x, description="loss x axis",
+            tooltip="what the loss panel's x axis counts (training time and forward passes: "
+                    "evals not counted; first-order methods: each pass with a backward)",
+            style={"description_width": "70px"},
+            layout=widgets.Layout(width="220px", flex="0 0 auto"))
+        panels = dashboard_panels(snap, last_steps, smoothing, live=True, x=x)
         self.figure = figure_widget(dashboard_figure(snap, last_steps, panels, live=True))
         self.status = widgets.HTML(self._header(snap),
                                    layout=widgets.Layout(width="100%", min_width="0"))
         # The header takes the whole width (beside the slider it wrapped to a dozen lines in
-        # the knob panel's column); the slider has a row of its own, right-aligned (the loss
-        # panel is in the right-hand column).
+        # the knob panel's column); the loss panel's controls have a row of their own,
+        # right-aligned (the loss panel is in the right-hand column), wrapping when narrow:
+        # one row keeps the figure inside a 900 px window beside the knob panel.
         self.widget = widgets.VBox(
             [self.status,
-             widgets.HBox([self.smoothing], layout=widgets.Layout(
-                 width="100%", justify_content="flex-end")),
+             widgets.HBox([self.x_axis, self.smoothing], layout=widgets.Layout(
+                 width="100%", justify_content="flex-end", flex_flow="row wrap")),
              self.figure], layout=widgets.Layout(width="100%", min_width="0"))
         self.refreshes = 0
         self.last_refresh_s = 0.0  # CPU time the last refresh took on its thread (s)
@@ -111,6 +130,7 @@ class Dashboard:
         self._thread: threading.Thread | None = None
         self._failed_once = False
         self.smoothing.observe(lambda _: self.refresh(force=True), names="value")
+        self.x_axis.observe(lambda _: self._new_x_axis(), names="value")
 
     def refresh(self, force: bool = False) -> bool:
         """Redraw from a fresh snapshot; returns False when skipped by the throttle: within
@@ -136,7 +156,8 @@ class Dashboard:
         snap = self.record.snapshot()
         with shared_columns():
             seed_columns(snap.samples, self._sample_columns(snap.samples))
-            panels = dashboard_panels(snap, self.last_steps, self.smoothing.value, live=True)
+            panels = dashboard_panels(snap, self.last_steps, self.smoothing.value, live=True,
+                                      x=self.x_axis.value)
         if _grid_key(panels) != self._grid:  # e.g. a record swapped for another device's
             self._rebuild(snap, panels)
         else:
@@ -146,6 +167,16 @@ class Dashboard:
         self.status.value = self._header(snap)
         self.refreshes += 1
         return True
+
+    def _new_x_axis(self) -> None:
+        """Redraw on the chosen x axis, and let the loss panel's range fit it: a zoom in steps
+        means nothing in seconds."""
+        self.refresh(force=True)
+        ours = ("loss", "loss (EMA)", main_metric(self.record.config).label)
+        names = {t.xaxis or "x" for t in self.figure.data if t.name in ours}
+        with self.figure.batch_update():
+            for name in names:
+                self.figure.layout[name.replace("x", "xaxis", 1)].autorange = True
 
     def _resync(self) -> None:
         """Send the whole layout (axes, legends, notes) to the browser again. plotly's widget

@@ -9,8 +9,10 @@ for runs on a GPU only; host CPU and memory for every run.
 Units: time in seconds since the run's time origin, memory in GB (1e9 bytes), transfer rates in
 GB/s, transfer sizes in MB (1e6 bytes), durations in hover text in ms. Every trace is bounded to
 about ``MAX_POINTS`` points (``series``: min/max per bucket, so peaks survive). How panels are
-laid out is ``layout``'s business. Longer than our usual module: the one-run panels and the
-comparisons share their series and units, and the live view calls the same builders.
+laid out is ``layout``'s business; the loss and the dev metric (against steps, training time
+or forward passes) are ``learning``'s, imported here. Longer than our usual module: the one-run
+panels and the comparisons share their series and units, and the live view calls the same
+builders.
 """
 from __future__ import annotations
 
@@ -27,14 +29,17 @@ from workbench.config import ConfigError, RunConfig
 from workbench.plan.planner import plan
 from workbench.telemetry.advice import run_config
 from workbench.telemetry import noise
-from workbench.telemetry.evals import main_metric, metrics_of
 from workbench.telemetry.naming import run_labels  # noqa: F401  (views import it from here)
 from workbench.telemetry.record import RunRecord
 from workbench.telemetry.summary import summary_metrics  # noqa: F401  (ditto)
 from workbench.telemetry.trace import block_label
 from workbench.telemetry.verdict import verdict
 from workbench.ui.layout import (LEGEND_LINE, ROW_HEIGHT, SMOOTHING_STEPS,  # noqa: F401
-                                 TEMPLATE, Panel, compose, ema, fill)
+                                 RUN_COLOURS, TEMPLATE, Panel, compose, ema, fill)
+from workbench.ui.layout import line as _line
+# the loss and dev-metric figures live in ``learning``; views import them from here too
+from workbench.ui.learning import (SMOOTHING, STEPS, X_AXES, compare_loss,  # noqa: F401
+                                   dev_by_cost, loss_panel as _loss_panel)
 from workbench.ui.series import (MAX_POINTS, col, downsample, finite, num,  # noqa: F401
                                  seed_columns, shared_columns, xy)
 
@@ -54,9 +59,6 @@ OP_COLOURS = {"upload": "#1f77b4", "compute": "#2ca02c", "offload": "#ff7f0e",
               "update": "#9467bd", "eval": "#7f7f7f", "checkpoint": "#8c564b",
               "gpu-update": "#2ca02c", "cpu-update": "#9467bd", "cpu-wait": "#c7c7c7",
               "gpu-wait": "#c7c7c7"}
-RUN_COLOURS = qualitative.D3
-#: Loss smoothing (EMA weight) the figures start with; the slider offers others.
-SMOOTHING = 0.6
 #: Narrowest a timeline bar is drawn, as a fraction of the shown window, so a 10 us transfer
 #: beside 10 ms computes stays visible (its outline keeps it so when zoomed in); the hover
 #: text gives the true duration.
@@ -106,39 +108,43 @@ def host_memory(rec: RunRecord) -> go.Figure:
     return compose([[_host_memory_panel(rec)]])
 
 
-def progress(rec: RunRecord, smoothing: float = SMOOTHING) -> go.Figure:
-    """Tokens/s per step, and loss per step (raw, faint, and an EMA with a slider) with the
-    objective's main dev metric (``_loss_panel``)."""
-    return compose([[_throughput_panel(rec), _loss_panel(rec, smoothing)]], slider=True,
+def progress(rec: RunRecord, smoothing: float = SMOOTHING, x: str = STEPS) -> go.Figure:
+    """Tokens/s per step, and the loss (raw, faint, and an EMA with a slider) with the
+    objective's main dev metric against ``x``: steps, wall-clock (s) or forward passes
+    (``learning.X_AXES``; ``learning.loss_panel``)."""
+    return compose([[_throughput_panel(rec), _loss_panel(rec, smoothing, x)]], slider=True,
                    smoothing=smoothing)
 
 
 def dashboard_figure(rec: RunRecord, last_steps: int | None = 3,
                      panels: list[list[Panel]] | None = None, smoothing: float = SMOOTHING,
-                     live: bool = False) -> go.Figure:
+                     live: bool = False, x: str = STEPS) -> go.Figure:
     """Everything about one run in one figure: what the live view and the report show.
 
     Args:
-        panels: ``dashboard_panels(rec, last_steps, smoothing, live)`` when the caller already
-            built them.
+        panels: ``dashboard_panels(rec, last_steps, smoothing, live, x)`` when the caller
+            already built them.
         live: the live view's compact figure (rows of ``LIVE_ROW_HEIGHT``, no title: its header
             says it; smoothing is a widget there, not a plotly slider); else the report's.
+        x: what the loss panel's x axis counts: steps, wall-clock (s) or forward passes
+            (``learning.X_AXES``).
     """
-    grid = panels or dashboard_panels(rec, last_steps, smoothing, live)
+    grid = panels or dashboard_panels(rec, last_steps, smoothing, live, x)
     if live:
         return compose(grid, bars=True, row_height=LIVE_ROW_HEIGHT, row_gap=LIVE_ROW_GAP)
     return compose(grid, bars=True, title=dashboard_title(rec), slider=True, smoothing=smoothing)
 
 
 def dashboard_panels(rec: RunRecord, last_steps: int | None = 3, smoothing: float = SMOOTHING,
-                     live: bool = False) -> list[list[Panel]]:
+                     live: bool = False, x: str = STEPS) -> list[list[Panel]]:
     """The dashboard's panels, row by row (``compose`` lays them out; the live view refills
     its existing figure from them through ``fill``). Live, the grid's shape depends only on
     whether the run has GPU data (GPU runs get three columns there, to fit the height); for a
-    saved run (the report) it holds the panels that have data, the loss first."""
+    saved run (the report) it holds the panels that have data, the loss first. ``x``: the loss
+    panel's x axis (``learning.X_AXES``); the other panels keep theirs."""
     with shared_columns():
         tl = _timeline_panel(rec, last_steps)
-        tput, loss = _throughput_panel(rec), _loss_panel(rec, smoothing)
+        tput, loss = _throughput_panel(rec), _loss_panel(rec, smoothing, x)
         util, host = _util_panel(rec), _host_memory_panel(rec)
         if has_gpu(rec):
             mem, link = _memory_panel(rec), _pcie_panel(rec)
@@ -186,25 +192,6 @@ def compare_bars(recs: Sequence[RunRecord]) -> go.Figure:
             p.note = f"no {title} data"
         panels.append(p)
     return compose([panels], row_height=max(160, 34 * len(recs) + 40))
-
-
-def compare_loss(recs: Sequence[RunRecord], smoothing: float = SMOOTHING) -> go.Figure:
-    """Loss per step of each run, overlaid: raw (faint) and smoothed (EMA, with a slider). A
-    run whose losses equal an earlier run's is dashed and says so in its legend entry."""
-    p = Panel("training loss", "step", "loss")
-    labels, seen = run_labels(recs), []
-    for i, (rec, label) in enumerate(zip(recs, labels)):
-        x, y = xy(rec.steps, "step", "loss")
-        if not np.isfinite(y).any():
-            continue
-        twin = next((other for other, ox, oy in seen if _same(x, y, ox, oy)), None)
-        seen.append((label, x, y))
-        name = f"{label} (identical to {twin})" if twin else label
-        # the legend lists the smoothed lines by the runs' names alone (the raw ones are faint)
-        _add_smoothed(p, x, y, name, RUN_COLOURS[i % len(RUN_COLOURS)], smoothing,
-                      dash="dash" if twin else None, suffix="")
-    p.note = "" if p.traces else "no finished steps"
-    return compose([[p]], slider=True, smoothing=smoothing)
 
 
 def compare_memory(recs: Sequence[RunRecord]) -> go.Figure:
@@ -394,47 +381,6 @@ def _pinned(cfg: RunConfig) -> float:
     return float(plan(cfg).pinned_host_bytes) if cfg.device == "cuda" else 0.0
 
 
-def _loss_panel(rec: RunRecord, smoothing: float = SMOOTHING) -> Panel:
-    """Training loss per step, with the objective's main dev metric (``telemetry/evals.py``):
-    a fraction (classify's accuracy, completion's exact match) in % on its own right-hand axis;
-    lm's dev loss on the loss axis, beside the training loss it is measured like."""
-    main = main_metric(rec.config)
-    p = Panel(f"loss, {main.label}", "step", "loss")
-    if main.fraction:
-        # plotly.js >= 3 syncs an overlaying axis's ticks to the primary's grid (ticks at 16.5,
-        # 35, ... %); fixed quarters read better, without a second grid.
-        p.y2title, p.y2axis = f"{main.label} (%)", {"range": [0, 100], "tickmode": "linear",
-                                                    "dtick": 25, "showgrid": False}
-    x, y = xy(rec.steps, "step", "loss")
-    if np.isfinite(y).any():
-        _add_smoothed(p, x, y, "loss", "#1f77b4", smoothing)
-    x, y = xy([{"step": e["step"], **metrics_of(e)} for e in rec.evals], "step", main.key)
-    if np.isfinite(y).any():
-        scale, hover = (100, "%{y:.1f} %") if main.fraction else (1, "%{y:.4f}")
-        p.add(dict(type="scatter", x=x, y=y * scale, mode="lines+markers", name=main.label,
-                   line=dict(color="#d62728"),
-                   hovertemplate=f"step %{{x}}<br>{hover}<extra>{main.label}</extra>"),
-              secondary=main.fraction)
-    p.note = "" if p.traces else "no finished steps yet"
-    return p
-
-
-def _add_smoothed(p: Panel, x: np.ndarray, y: np.ndarray, name: str, colour: str,
-                  smoothing: float, dash: str | None = None, suffix: str = " (EMA)") -> None:
-    """The raw series, faint, named ``name`` (hidden from the legend when a smoothed line is
-    drawn over it), and its EMA at ``smoothing`` named ``name + suffix``, both in one legend
-    group; the EMA is registered for the smoothing slider."""
-    raw = _line(x, y, name, colour, dash=dash)
-    if smoothing <= 0:
-        p.add(raw)
-        return
-    raw.update(opacity=0.3, showlegend=False, legendgroup=name, line={**raw["line"], "width": 1})
-    p.add(raw)
-    i = p.add(_line(x, ema(y, smoothing), name + suffix, colour, dash=dash))
-    p.traces[i]["legendgroup"] = name
-    p.smooth.append((i, y))
-
-
 def _throughput_panel(rec: RunRecord) -> Panel:
     p = Panel("throughput", "step", "throughput (tokens/s)")
     x, tokens = xy(rec.steps, "step", "tokens")
@@ -448,12 +394,6 @@ def _throughput_panel(rec: RunRecord) -> Panel:
     return p
 
 
-def _same(x: np.ndarray, y: np.ndarray, ox: np.ndarray, oy: np.ndarray) -> bool:
-    """Two series with the same steps and bit-equal values (NaN where the other has NaN)."""
-    return (len(x) == len(ox) and np.array_equal(x, ox)
-            and np.array_equal(y, oy, equal_nan=True))
-
-
 # --- data helpers -----------------------------------------------------------------------------
 def op_colour(op: str) -> str:
     """Fixed colour of an operation, the same in every figure and run."""
@@ -461,13 +401,6 @@ def op_colour(op: str) -> str:
         return OP_COLOURS[op]
     palette = qualitative.Dark24
     return palette[zlib.crc32(op.encode()) % len(palette)]  # stable across processes
-
-
-def _line(x: np.ndarray, y: np.ndarray, name: str, colour: str | None,
-          dash: str | None = None) -> dict[str, Any]:
-    return dict(type="scatter", x=x, y=y, mode="lines", name=name,
-                line=dict(color=colour, dash=dash),
-                hovertemplate=f"%{{x:.5~g}}<br>%{{y:.4g}}<extra>{name}</extra>")
 
 
 def _ratio_text(v: float, base: float, i: int, noises: tuple | None = None) -> str:

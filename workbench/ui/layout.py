@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
+from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 TEMPLATE = "plotly_white"
@@ -37,6 +38,8 @@ H_SPACING = 0.15  # between columns: the right panel's tick labels and y-axis ti
 CHAR_PX, ENTRY_PX, MIN_WIDTH = 6.0, 46, 560
 #: Smoothing weights the slider offers (0 = raw), as experiment trackers do.
 SMOOTHING_STEPS = (0.0, 0.3, 0.6, 0.8, 0.9, 0.95, 0.99)
+#: One colour per run, in the runs' order, the same in every comparison figure.
+RUN_COLOURS = qualitative.D3
 
 
 @dataclass
@@ -65,6 +68,14 @@ class Panel:
         return len(self.traces) - 1
 
 
+def line(x: np.ndarray, y: np.ndarray, name: str, colour: str | None,
+         dash: str | None = None) -> dict[str, Any]:
+    """A line trace (a plain dict, as ``Panel.traces`` holds), hover: x and y."""
+    return dict(type="scatter", x=x, y=y, mode="lines", name=name,
+                line=dict(color=colour, dash=dash),
+                hovertemplate=f"%{{x:.5~g}}<br>%{{y:.4g}}<extra>{name}</extra>")
+
+
 def ema(y: Sequence[float], weight: float) -> np.ndarray:
     """Exponential moving average with TensorBoard's debiasing (the first points are not pulled
     towards 0); NaNs are skipped and stay NaN. ``weight`` 0 returns ``y``."""
@@ -84,13 +95,16 @@ def ema(y: Sequence[float], weight: float) -> np.ndarray:
 
 def compose(grid: list[list[Panel]], bars: bool = False, shared_x: bool = False,
             row_height: int = ROW_HEIGHT, title: str = "", slider: bool = False,
-            smoothing: float = 0.6, row_gap: int = ROW_GAP) -> go.Figure:
+            smoothing: float = 0.6, row_gap: int = ROW_GAP,
+            h_spacing: float = H_SPACING) -> go.Figure:
     """Lay panels out on a grid; a row holding one panel spans the full width.
 
     Args:
         row_height, row_gap: px per row and between rows (the figure's height follows from
             them; its width is the container's).
         title: figure title (its own band at the top).
+        h_spacing: between columns, a fraction of the width (less where only the first panel
+            has a y-axis title).
         slider: add a loss-smoothing slider (static figures: reports, notebooks) that restyles
             every panel's ``smooth`` lines; ``smoothing`` is the weight they were drawn with.
     """
@@ -110,7 +124,7 @@ def compose(grid: list[list[Panel]], bars: bool = False, shared_x: bool = False,
     fig = make_subplots(rows=rows, cols=cols, specs=specs,
                         subplot_titles=[p.title for row in grid for p in row],
                         shared_xaxes=shared_x, vertical_spacing=row_gap / plot,
-                        horizontal_spacing=H_SPACING)
+                        horizontal_spacing=h_spacing)
     # Subplot titles (one annotation per panel, in grid order) start at their panel's left
     # edge: the right of the title band is where a full-width panel's legend goes.
     at = [fig.get_subplot(r, c).xaxis.domain[0]

@@ -254,7 +254,9 @@ class KnobPanel:
         self.error = None
         run_dir = recipe.out_dir
         self.recipe = recipe
-        self.dashboard = Dashboard(recipe.record, min_interval_s=min(self.refresh_s, 0.5))
+        old = self.dashboard  # the next run keeps the loss panel's x axis (display state)
+        self.dashboard = Dashboard(recipe.record, min_interval_s=min(self.refresh_s, 0.5),
+                                   x=old.x_axis.value if old is not None else "steps")
         self.view.children = [self.dashboard.widget]
         self._set_running(True)
         self._say(f"running {cfg.method} on {cfg.model} ({cfg.steps} steps) -> {run_dir}")

@@ -65,8 +65,9 @@ def write_report(runs: Sequence[str | Path | RunRecord], path: str | Path,
     First what happened (per run: health, speed, memory, bound, next knob), then ``intro``
     (HTML parts, e.g. a sweep's table); with two runs or more, the comparison: one summary
     table, the settings that differ (the rest folded), the comparison figures; then a section
-    per run: its figures (only panels with data; its timeline is in the comparison when there
-    is one), its settings and environment folded. The
+    per run: its figures (only panels with data; its timeline and its dev metric against
+    steps, training time and forward passes are in the comparison when there is one), its
+    settings and environment folded. The
     file embeds plotly.js once (about 5 MB) and loads nothing.
 
     Raises:
@@ -79,7 +80,9 @@ def write_report(runs: Sequence[str | Path | RunRecord], path: str | Path,
              f"<p class=note>{len(recs)} run(s), written "
              f"{_dt.datetime.now().isoformat(timespec='seconds')}. {html.escape(STEADY_NOTE)} "
              "Memory in MB = 10<sup>6</sup> bytes, GB = 10<sup>9</sup> bytes (GiB = "
-             "2<sup>30</sup> bytes where named); times in seconds since each run's start.</p>",
+             "2<sup>30</sup> bytes where named); times in seconds since each run's start. "
+             "Training time and forward passes (the dev metric's other x axes) count the "
+             "training steps only, not the evals.</p>",
              "<h2 id='story'>what happened</h2>", story_html(recs, labels), *intro]
     toc = [f"<li><a href='#run-{i}'>{html.escape(label)}</a></li>"
            for i, label in enumerate(labels)]
@@ -100,6 +103,8 @@ def write_report(runs: Sequence[str | Path | RunRecord], path: str | Path,
             parts.append(f"<p class=note>param_digest <code>{rec.param_digest}</code></p>")
         # with a comparison, the stream timelines are drawn there, stacked: not twice
         parts.append(_figure_html(figures.dashboard_figure(rec, 0 if len(recs) > 1 else 3)))
+        if len(recs) == 1 and rec.evals:  # else the comparison draws it, every run at once
+            parts.append(_figure_html(figures.dev_by_cost([rec])))
         parts.append(_folded(f"settings ({len(rec.config)})", config_table_html(rec)))
         parts.append(_folded(f"environment ({len(rec.environment)})", _table(
             ["key", "value"], [[k, fmt_value(v)] for k, v in rec.environment.items()])))
@@ -116,10 +121,13 @@ def write_report(runs: Sequence[str | Path | RunRecord], path: str | Path,
 
 def comparison_figures(recs: Sequence[RunRecord], last_steps: int | None = 3
                        ) -> list[go.Figure]:
-    """The comparison's figures that have data: speed (and memory) bars, the losses, each
-    run's own GPU memory (GPU runs), the stream timelines of the ``last_steps`` steps (runs
-    with stream events)."""
+    """The comparison's figures that have data: speed (and memory) bars, the losses, the dev
+    metric against steps, training time and forward passes (runs with evals), each run's own
+    GPU memory (GPU runs), the stream timelines of the ``last_steps`` steps (runs with stream
+    events)."""
     figs = [figures.compare_bars(recs), figures.compare_loss(recs)]
+    if any(r.evals for r in recs):
+        figs.append(figures.dev_by_cost(recs))
     if any(figures.run_memory(r) for r in recs):
         figs.append(figures.compare_memory(recs))
     if any(r.events for r in recs):
