@@ -150,3 +150,31 @@ def test_step_log_keeps_the_coefficients_and_settings_are_checked(tmp_path):
     assert any("queries >= 2" in p for p in problems)
     assert sum("does not apply to method" in p for p in problems) >= 2
     assert any("queries: 0 is outside [1, 64]" in p for p in problems)
+
+
+def test_the_command_line_trains_queries_on_both_engines_alike_and_refuses_a_bad_estimator(tmp_path):
+    """As a user runs it: ``--set queries=3`` on mezo and zo-offload ends with one digest, the
+    run records the knobs, and a one-sided estimator of one query is refused in one line before
+    any work."""
+    import subprocess
+    import sys
+
+    def cli(out, *sets):
+        args = [a for s in sets for a in ("--set", s)]
+        return subprocess.run([sys.executable, "-m", "workbench", "run", "--out", str(out),
+                               "--quiet", "--set", "steps=4", "--set", "queries=3",
+                               "--set", "lr=1e-3", *args], capture_output=True, text=True,
+                              timeout=600)
+
+    digests = []
+    for method in ("mezo", "zo-offload"):
+        r = cli(tmp_path / method, f"method={method}")
+        assert r.returncode == 0, r.stderr
+        run = json.loads((tmp_path / method / "run.json").read_text())
+        assert run["config"]["queries"] == 3 and run["config"]["estimator"] == "central"
+        digests.append(run["param_digest"])
+    assert digests[0] == digests[1]
+    r = cli(tmp_path / "bad", "method=zo-offload", "estimator=one-sided", "queries=1")
+    assert r.returncode == 2 and not (tmp_path / "bad" / "run.json").exists()
+    assert "estimator: one-sided divides the step by the spread" in r.stderr
+    assert len(r.stderr.strip().splitlines()) <= 2, r.stderr
