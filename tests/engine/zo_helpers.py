@@ -43,6 +43,29 @@ CPU_KNOBS = list(itertools.product([True, False], [True, False], [0, 2, 4]))
 KNOBS = [(overlap, *knobs) for overlap in (True, False) for knobs in CPU_KNOBS]
 
 
+def losses_of_copies(engine, model, batch, theta: list[torch.Tensor], points) -> torch.Tensor:
+    """An independent reference for a MeZO engine's losses: for each of ``points`` ((seed,
+    scale) pairs), a deep copy of ``model`` whose weights are theta + scale z(seed) (theta: the
+    groups' flat weights, z from the engine's ops), its classify loss on ``batch``; (k,) fp64."""
+    import copy
+
+    from workbench.engine.objective import label_loss
+
+    out = []
+    for seed, scale in points:
+        ref = copy.deepcopy(model)
+        for group, flat in zip(engine.groups, theta):
+            moved = flat + scale * engine.ops.z(group.layout.numel, seed, group.layout.gid)
+            for entry, view in zip(group.layout.entries, group.layout.views(moved)):
+                module_name, slot = entry.name.rsplit(".", 1)
+                getattr(ref.get_submodule(module_name), slot).data.copy_(view)
+        with torch.no_grad():
+            logits = ref(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        last = batch.attention_mask.sum(1) - 1
+        out.append(float(label_loss(logits[torch.arange(len(last)), last], batch)))
+    return torch.tensor(out, dtype=torch.float64)
+
+
 def mezo_reference(model: str, device: str = "cpu"):
     """The MeZO run every zo-offload variant must equal: (config, (digest, losses))."""
     cfg = RunConfig(model=model, method="mezo", device=device, lr=5e-3, weight_decay=0.1)

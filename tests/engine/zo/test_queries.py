@@ -1,7 +1,6 @@
 """Several perturbations per step (``queries``) and the one-sided estimator (``estimator``):
 the estimates against an independent computation, the update's arithmetic, zo-offload bit-equal
 to MeZO, and a resumed run's step log."""
-import copy
 import json
 
 import pytest
@@ -11,32 +10,13 @@ from workbench.config import ConfigError, RunConfig
 from workbench.data.batches import SyntheticData
 from workbench.engine.events import EventBus
 from workbench.engine.groups import GroupLayout
-from workbench.engine.objective import label_loss
 from workbench.engine.zo.mezo import MeZOEngine
 from workbench.engine.zo.perturb import PendingUpdate, ZOOps, pending_dict, pending_from_dict, \
     query_seeds
 from workbench.engine.zo.step import step_seed
 from workbench.models.build import build_skeleton
 
-from zo_helpers import BASE, train
-
-
-def _losses_at(engine, model, batch, theta, points):
-    """The loss of an independent deep copy of ``model`` at each of ``points`` (a list of
-    (seed, scale): the weights theta + scale z(seed), 0 scale: theta itself)."""
-    out = []
-    for seed, scale in points:
-        ref = copy.deepcopy(model)
-        for group, flat in zip(engine.groups, theta):
-            moved = flat + scale * engine.ops.z(group.layout.numel, seed, group.layout.gid)
-            for entry, view in zip(group.layout.entries, group.layout.views(moved)):
-                module_name, slot = entry.name.rsplit(".", 1)
-                getattr(ref.get_submodule(module_name), slot).data.copy_(view)
-        with torch.no_grad():
-            logits = ref(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-        last = batch.attention_mask.sum(1) - 1
-        out.append(float(label_loss(logits[torch.arange(len(last)), last], batch)))
-    return torch.tensor(out, dtype=torch.float64)
+from zo_helpers import BASE, losses_of_copies, train
 
 
 @pytest.mark.parametrize("estimator", ["central", "one-sided"])
@@ -54,14 +34,14 @@ def test_estimates_equal_an_independent_computation(estimator):
     theta = [g.flat.clone() for g in engine.groups]
     out = engine.step(batch, 0, 0.0, 0.0)
     if estimator == "central":
-        plus = _losses_at(engine, model, batch, theta, [(s, +eps) for s in seeds])
-        minus = _losses_at(engine, model, batch, theta, [(s, -eps) for s in seeds])
+        plus = losses_of_copies(engine, model, batch, theta, [(s, +eps) for s in seeds])
+        minus = losses_of_copies(engine, model, batch, theta, [(s, -eps) for s in seeds])
         g = (plus - minus) / (2 * eps)
         expected = g / q
         assert abs(float(out.loss_plus) - float(plus.mean())) < 1e-4
     else:
-        clean = _losses_at(engine, model, batch, theta, [(seeds[0], 0.0)])
-        perturbed = _losses_at(engine, model, batch, theta, [(s, +eps) for s in seeds])
+        clean = losses_of_copies(engine, model, batch, theta, [(seeds[0], 0.0)])
+        perturbed = losses_of_copies(engine, model, batch, theta, [(s, +eps) for s in seeds])
         g = (perturbed - clean) / eps
         expected = g / (q * perturbed.std())
         assert out.loss_minus is None and abs(float(out.loss) - float(clean)) < 1e-5
