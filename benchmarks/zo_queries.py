@@ -11,7 +11,7 @@ the q = 1 step, q = 4 <= 1.25x.
 
     python benchmarks/zo_queries.py                                    # 13b, 6.7b, 30b (~10 min)
     python benchmarks/zo_queries.py --models opt-13b --queries 1,2,4
-    python benchmarks/zo_queries.py --device cpu --models tiny-opt --shapes 2x16 --steps 4  # plumbing
+    python benchmarks/zo_queries.py --device cpu --models tiny-opt --shapes 2x16 --steps 4  # plumbs
 """
 from __future__ import annotations
 

@@ -132,7 +132,7 @@ def test_step_log_keeps_the_coefficients_and_settings_are_checked(tmp_path):
     assert any("queries: 0 is outside [1, 64]" in p for p in problems)
 
 
-def test_the_command_line_trains_queries_on_both_engines_alike_and_refuses_a_bad_estimator(tmp_path):
+def test_the_cli_trains_queries_on_both_engines_alike_and_refuses_a_bad_estimator(tmp_path):
     """As a user runs it: ``--set queries=3`` on mezo and zo-offload ends with one digest, the
     run records the knobs, and a one-sided estimator of one query is refused in one line before
     any work."""
