@@ -33,7 +33,9 @@ def _free_port() -> int:
 
 
 def _run(out: Path, method: str, ranks: int) -> dict:
-    return _cli(out, SETTINGS + [f"method={method}"], ranks)
+    """``method`` may carry more settings after a space (``zo-offload queries=3``)."""
+    name, *more = method.split()
+    return _cli(out, SETTINGS + [f"method={name}", *more], ranks)
 
 
 def _cli(out: Path, settings: list[str], ranks: int) -> dict:
@@ -55,7 +57,8 @@ def _weights(run_dir: Path):
     return read_checkpoint(path, names, [g[1] for g in manifest["groups"]]).flats
 
 
-@pytest.mark.parametrize("method", ["mezo", "zo-offload", "forward-grad"])
+@pytest.mark.parametrize("method", ["mezo", "zo-offload", "forward-grad",
+                                    "zo-offload queries=3"])  # every query's losses averaged
 def test_two_ranks_stay_identical_and_match_one_process(method, tmp_path):
     _run(tmp_path / "two", method, ranks=2)
     _run(tmp_path / "one", method, ranks=1)
@@ -76,7 +79,8 @@ def _start(tmp_path: Path, method: str):
     """The weights before training (a zero-step-like run is not possible: use steps=... 0 lr)."""
     out = tmp_path / "start"
     if not out.exists():
-        sets = [x for kv in SETTINGS + [f"method={method}", "lr=0", "weight_decay=0"]
+        name, *more = method.split()
+        sets = [x for kv in SETTINGS + [f"method={name}", *more, "lr=0", "weight_decay=0"]
                 for x in ("--set", kv)]
         subprocess.run([sys.executable, "-m", "workbench", "run", *sets, "--out", str(out),
                         "--quiet"], check=True, capture_output=True, timeout=600)

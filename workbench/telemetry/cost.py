@@ -37,8 +37,9 @@ class Cost:
         seconds: wall-clock training time, s: the sum of those steps' ``seconds``. Evals, the
             setup before the first step and the end-of-run save are not in it (the trainer
             restarts a step's clock after an eval); NaN where a step's time is missing.
-        forward_passes: forward passes of those steps, summed over data-parallel ranks; the
-            evals' own passes are not counted. NaN where the method is unknown.
+        forward_passes: forward passes of those steps over their whole batches (data-parallel
+            ranks share each pass); the evals' own passes are not counted. NaN where the
+            method is unknown.
     """
 
     step: int
@@ -46,37 +47,28 @@ class Cost:
     forward_passes: float
 
 
-def forward_passes_per_step(config: dict[str, Any], world_size: int = 1) -> float:
-    """Forward passes one training step takes, from a run's settings (``RunRecord.config``).
+def forward_passes_per_step(config: dict[str, Any]) -> float:
+    """Forward passes one training step takes over its (global) batch, from a run's settings
+    (``RunRecord.config``).
 
     mezo / zo-offload: ``2 * queries`` for ``estimator="central"`` (each query: w + eps z and
     w - eps z), ``queries + 1`` for ``"one-sided"`` (each query's w + eps z, and one clean pass
     at w); a config without these knobs (runs saved before they existed) reads ``queries=1``,
     ``central``. forward-grad: 1 (forward mode). fo, fo-offload: 1 forward (and a backward,
-    not counted). Times ``world_size``: under data parallelism every rank runs the step's passes
-    on its share of the batch.
+    not counted). Under data parallelism each rank runs those passes on its share of the
+    batch, so together they are the same passes over the whole batch: a torchrun run and one
+    process on the same global batch count alike.
 
     Returns:
         passes per step; NaN for a missing or unknown method.
     """
     method = config.get("method")
     if method in FIXED_FORWARDS:
-        per_rank = FIXED_FORWARDS[method]
-    elif method in ZO_ESTIMATORS:  # the planner's count (config.zo_passes), from the record
-        per_rank = zo_passes(int(config.get("queries", 1) or 1),
-                             config.get("estimator") or "central")
-    else:
-        return math.nan
-    return float(per_rank * max(int(world_size or 1), 1))
-
-
-def world_size(rec: RunRecord) -> int:
-    """Data-parallel ranks of the run (``info["world_size"]``, written when a torchrun run is
-    saved; 1 for a single-process run, or a live one)."""
-    try:
-        return max(int(rec.info.get("world_size", 1) or 1), 1)
-    except (TypeError, ValueError):
-        return 1
+        return float(FIXED_FORWARDS[method])
+    if method in ZO_ESTIMATORS:  # the planner's count (config.zo_passes), from the record
+        return float(zo_passes(int(config.get("queries", 1) or 1),
+                               config.get("estimator") or "central"))
+    return math.nan
 
 
 def costs_after(rec: RunRecord, steps: Sequence[int]) -> list[Cost]:
@@ -85,7 +77,7 @@ def costs_after(rec: RunRecord, steps: Sequence[int]) -> list[Cost]:
 
     Steps' own times are summed rather than their ``end`` stamps differenced: ``end`` counts
     the evals in between, and a resumed run's clock starts again at 0."""
-    per_step = forward_passes_per_step(rec.config, world_size(rec))
+    per_step = forward_passes_per_step(rec.config)
     elapsed = elapsed_seconds(rec.steps)
     out = []
     for k in steps:

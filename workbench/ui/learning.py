@@ -16,8 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from workbench.telemetry.cost import (elapsed_seconds, eval_costs, forward_passes_per_step,
-                                      world_size)
+from workbench.telemetry.cost import elapsed_seconds, eval_costs, forward_passes_per_step
 from workbench.telemetry.evals import EvalMetric, main_metric, metrics_of
 from workbench.telemetry.naming import run_labels
 from workbench.telemetry.record import RunRecord
@@ -36,8 +35,8 @@ DEV_SPACING, DEV_HEIGHT = 0.07, 240
 
 
 def per_step(rec: RunRecord) -> float:
-    """Forward passes of one of the run's steps, all ranks (NaN: method unknown)."""
-    return forward_passes_per_step(rec.config, world_size(rec))
+    """Forward passes of one of the run's steps over its batch (NaN: method unknown)."""
+    return forward_passes_per_step(rec.config)
 
 
 def cost_x(rec: RunRecord, steps: np.ndarray, x: str) -> np.ndarray:
