@@ -43,6 +43,35 @@ plain.update(d, lay, upd)
 plain.perturb(d, lay, 99, 1e-3)
 assert (d - a).abs().max() < 1e-7, "kernel and torch path agree"
 assert not torch.equal(a, w)
+
+# several queries: the pending update's q parts (q - 1 passes, the last fused with the first
+# perturbation) and each restore fused with the next query's perturbation (step.shift) round
+# exactly as the separate passes do
+from workbench.engine.zo.step import ZOStep, zo_passes
+multi = PendingUpdate(77, torch.tensor([0.37, -0.2, 0.05]), 1e-3, 0.1)
+for estimator in ("central", "one-sided"):
+    st = ZOStep(99, 1e-3, multi, queries=3, estimator=estimator)
+    x, states = w.clone(), []
+    for k in zo_passes(fused, x, lay, st):
+        states.append(x.clone())
+    states.append(x.clone())
+    y, ref = w.clone(), []
+    fused.update(y, lay, multi)
+    seeds = st.seeds
+    if estimator == "one-sided":
+        ref.append(y.clone())
+    for s in seeds:
+        fused.perturb(y, lay, s, 1e-3)
+        ref.append(y.clone())
+        if estimator == "central":
+            fused.perturb(y, lay, s, -2e-3)
+            ref.append(y.clone())
+            fused.perturb(y, lay, s, 1e-3)
+        else:
+            fused.perturb(y, lay, s, -1e-3)
+    ref.append(y.clone())
+    assert len(states) == len(ref) == st.passes + 1
+    assert all(torch.equal(p, r) for p, r in zip(states, ref)), estimator
 print("ok")
 """
 

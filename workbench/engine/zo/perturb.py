@@ -94,6 +94,7 @@ class ZOOps:
         self.rng, self.device = rng, torch.device(device)
         self.kernels = (kernels.load("zo.kernels", "rng=philox")
                         if rng == "philox" and self.device.type == "cuda" else None)
+        self.one = torch.ones((), dtype=torch.float32, device=self.device)  # ``step.shift``'s g
 
     def z(self, n: int, seed: int, gid: int, device: torch.device | None = None) -> torch.Tensor:
         """The (n,) float32 normals of group ``gid`` at ``seed``."""

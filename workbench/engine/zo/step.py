@@ -13,7 +13,8 @@ perturbation are one fused pass on the Triton kernel):
 With q queries (directions z_1 .. z_q from ``query_seeds``) the central estimator repeats the
 last three lines for each z_j from the last restored state (passes 2j and 2j + 1), and the
 one-sided estimator runs a clean pass at w' first (pass 0), then for each j p_j = x + eps z_j
-(pass j) and x = p_j - eps z_j. ``estimate`` turns the passes' losses into the update's
+(pass j) and x = p_j - eps z_j. A restore and the next query's perturbation are one pass on the
+fused kernel, rounded as two (``shift``). ``estimate`` turns the passes' losses into the update's
 coefficients (``PendingUpdate``; ``estimate.py``). Forward-grad applies the pending update the same way, then
 runs one forward pass with the tangent z.
 
@@ -107,18 +108,30 @@ def zo_passes(ops: ZOOps, flat: torch.Tensor, layout: GroupLayout, st: ZOStep,
     eps = st.eps
     if st.estimator == "central":
         for j, seed in enumerate(st.seeds):
-            ops.update_perturb(flat, layout, upd if j == 0 else None, seed, +eps)
+            # query j's +eps, with the pending update (j = 0) or query j - 1's restore fused
+            ops.update_perturb(flat, layout, upd if j == 0 else shift(ops, st.seeds[j - 1], eps),
+                               seed, +eps)
             yield 2 * j
             ops.perturb(flat, layout, seed, -2 * eps)
             yield 2 * j + 1
-            ops.perturb(flat, layout, seed, +eps)
+        ops.perturb(flat, layout, st.seeds[-1], +eps)
         return
     apply_update(ops, flat, layout, upd)
     yield 0
     for j, seed in enumerate(st.seeds):
-        ops.perturb(flat, layout, seed, +eps)
+        if j == 0:
+            ops.perturb(flat, layout, seed, +eps)
+        else:  # query j - 1's restore fused with query j's perturbation
+            ops.update_perturb(flat, layout, shift(ops, st.seeds[j - 1], -eps), seed, +eps)
         yield j + 1
-        ops.perturb(flat, layout, seed, -eps)
+    ops.perturb(flat, layout, st.seeds[-1], -eps)
+
+
+def shift(ops: ZOOps, seed: int, scale: float) -> PendingUpdate:
+    """x <- x + scale z(seed) written as an update (g = 1, lr = -scale, no decay), so it fuses
+    with the next perturbation in one pass; each element is rounded exactly as ``ops.perturb``
+    rounds it (one fma of z and scale on the kernel, torch's add with alpha otherwise)."""
+    return PendingUpdate(seed, ops.one, -scale, 0.0)
 
 
 def lockstep(passes: list[Iterator[int]], count: int = 2) -> Iterator[int]:
