@@ -37,6 +37,7 @@ Peft = Literal["none", "lora"]
 BaseCodec = Literal["fp32", "bf16", "fp16", "fp8-e4m3", "int8"]
 StopOn = Literal["never", "diverged"]
 Estimator = Literal["central", "one-sided"]
+ZOOptimizer = Literal["sgd", "sign"]
 #: fo-offload's update stride: "auto", or k != 0 (``plan/placement.py::make_schedule``)
 Stride = Literal["auto"] | int
 
@@ -52,7 +53,7 @@ METHOD_KNOBS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("overlap", "reuse_buffers", "fused_update", "resident_blocks",
                      "prefetch_depth", "codec", "master", "host_share"), STREAMING_METHODS),
     "rng": ZO_METHODS,
-    **dict.fromkeys(("eps", "queries", "estimator"), ("mezo", "zo-offload")),
+    **dict.fromkeys(("eps", "queries", "estimator", "zo_optimizer"), ("mezo", "zo-offload")),
     **dict.fromkeys(("subgroup_size", "update_stride", "gpu_resident_ratio", "update_threads"),
                     ("fo-offload",)),
     **dict.fromkeys(("adam_beta1", "adam_beta2", "adam_eps"), ("fo", "fo-offload")),
@@ -138,6 +139,9 @@ class RunConfig:
                                  "2 forward passes each; one-sided (L_j - L_0) / eps against one "
                                  "clean pass, the step divided by the spread of the q losses "
                                  "(FZOO; queries >= 2)", group="optim")
+    zo_optimizer: ZOOptimizer = _knob("sgd", "ZO update: sgd w -= lr (sum_j c_j z_j + wd w); "
+                                      "sign w -= lr (sign(sum_j c_j z_j) + wd w) (ZO-SGD-Sign)",
+                                      group="optim")
     weight_decay: float = _knob(0.0, "decoupled weight decay (not applied to biases and norms)",
                                 lo=0.0, hi=1.0, live=True, group="optim")
     seed: int = _knob(0, "seed for init, data order and perturbations", lo=0, hi=2**31 - 1)

@@ -57,7 +57,8 @@ def test_triton_normals_match_torch_philox():
 
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-opt"])  # tiny-opt: the tied head's copies
 @pytest.mark.parametrize("variant", [dict(queries=3),
-                                     dict(queries=4, estimator="one-sided", lr=1e-6)])
+                                     dict(queries=4, estimator="one-sided", lr=1e-6),
+                                     dict(queries=2, zo_optimizer="sign", lr=1e-4)])
 def test_offload_equals_mezo_with_queries_on_cuda(model, variant):
     """q queries on the fused kernel (q - 1 update launches, the last fused with the first
     perturbation), every pass of a block in its one visit, bf16 autocast: MeZO's losses and

@@ -14,9 +14,10 @@ from typing import Any
 from workbench.config import HUB_ID, ZO_METHODS
 
 #: Settings shown in the card: those that shape the trajectory (others only change speed).
-SETTINGS = ("lr", "eps", "queries", "estimator", "weight_decay", "batch_size", "seq_len", "seed",
-            "train_samples", "amp", "codec", "master", "peft", "lora_rank", "lora_alpha",
-            "lora_targets", "base_codec", "template", "label_words", "max_new_tokens")
+SETTINGS = ("lr", "eps", "queries", "estimator", "zo_optimizer", "weight_decay", "batch_size",
+            "seq_len", "seed", "train_samples", "amp", "codec", "master", "peft", "lora_rank",
+            "lora_alpha", "lora_targets", "base_codec", "template", "label_words",
+            "max_new_tokens")
 #: Presets with real weights, and the Hub model they are (random-init presets have none).
 HUB_BASES = {"smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct"}
 METHODS = {
@@ -102,12 +103,12 @@ def _num(v) -> str:
 
 def _matters(key: str, cfg: dict) -> bool:
     """A setting worth a row: LoRA's only with peft=lora, the transfer formats only when
-    streamed, eps and the ZO rule (queries, estimator) only for the ZO methods that perturb."""
+    streamed, eps and the ZO rule (queries, estimator, zo_optimizer) only for the ZO methods that perturb."""
     if key in ("lora_rank", "lora_alpha", "lora_targets", "base_codec"):
         return cfg.get("peft") == "lora"
     if key in ("codec", "master"):
         return cfg.get("method") in ("zo-offload", "forward-grad")
-    if key in ("eps", "queries", "estimator"):
+    if key in ("eps", "queries", "estimator", "zo_optimizer"):
         return cfg.get("method") in ("mezo", "zo-offload")
     if key in ("template", "label_words"):
         return cfg.get("objective", "classify") == "classify"

@@ -16,16 +16,18 @@ Memory (n = elements of one block, B rows, T = seq_len, D hidden).
     each group's weights bound as duals until the step's dual level ends, so the tangents of all
     blocks accumulate within a step; measured on CPU).
   Activations (``memory.py``). Live across blocks: mezo 1, zo-offload 2 (+ and - travel
-    together; 2q with ``queries``, q + 1 one-sided), forward-grad 2 (primal, tangent). ``BlockAdapter.embed`` keeps its ``_Captured``
-    exception, whose traceback cycle holds the embedding frame until the GC runs: 3 hidden states
-    per embedding call for OPT (token + position embeddings + sum), 1 for Llama (measured on
-    CPU). forward-grad uses the math attention backend (scores + probabilities, dual). Prompt
-    batches are planned at T = seq_len (an upper bound). Evaluation (max(B, 16) rows, one pass)
-    counts towards the peak as it does in a run. Without the fused kernel z is materialised
-    (4 B per element of a group + philox temporaries). codec with master=compressed-sr: the
-    stochastic rounding is one fused kernel with nothing extra (its torch path, without Triton:
-    about 23 B per block element beside compute); the mirror transfer, a 4 B delta per element.
-    ZO activation memory was checked against the engines on the CPU (profiler, exact to 1%).
+    together; 2q with ``queries``, q + 1 one-sided), forward-grad 2 (primal, tangent).
+    ``BlockAdapter.embed`` keeps its ``_Captured`` exception, whose traceback cycle holds the
+    embedding frame until the GC runs: 3 hidden states per embedding call for OPT (token +
+    position embeddings + sum), 1 for Llama (measured on CPU). forward-grad uses the math
+    attention backend (scores + probabilities, dual). Prompt batches are planned at T = seq_len
+    (an upper bound). Evaluation (max(B, 16) rows, one pass) counts towards the peak as it does
+    in a run. Without the fused kernel z is materialised (4 B per element of a group + philox
+    temporaries); so is it for the sign rule's update, with the estimate beside it (8 B per
+    element of the largest group). codec with master=compressed-sr: the stochastic rounding is
+    one fused kernel with nothing extra (its torch path, without Triton: about 23 B per block
+    element beside compute); the mirror transfer, a 4 B delta per element. ZO activation memory
+    was checked against the engines on the CPU (profiler, exact to 1%).
 Time. A step is max(device time, host launch time, the mirror codec's host pass). Per streamed
   block: max(both passes + its perturbation, upload, offload) with overlap (both directions
   share the link at the measured both-at-once rate), their sum without; resident blocks,
@@ -168,6 +170,8 @@ def _activations(cfg: RunConfig, p: Preset, prof: dict, st: Stream, e: dict, not
              live * hb + held + head_m]
     peaks += [held + z(max(ne, nb, nh))] if not st.streaming else [  # held: not yet collected
         live * hb + held + max(z(nb) + 4 * nb * (st.kind == "mirror"), z(ne))]  # (tied: last)
+    if cfg.zo_optimizer == "sign":  # its update materialises z and the estimate (4 B each)
+        peaks[-1] += 8 * max(ne, nb, nh)
     act = max(peaks) + rows * t * t * masked  # + the padding mask, alive all step
     if masked:  # evaluation: one pass over max(B, 16) rows
         er = max(rows, EVAL_ROWS)

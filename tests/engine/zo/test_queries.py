@@ -1,6 +1,6 @@
-"""Several perturbations per step (``queries``) and the one-sided estimator (``estimator``):
-the estimates against an independent computation, the update's arithmetic, zo-offload bit-equal
-to MeZO, and a resumed run's step log."""
+"""Several perturbations per step (``queries``), the one-sided estimator (``estimator``) and
+the sign rule (``zo_optimizer``): the estimates against an independent computation, the
+updates' arithmetic, zo-offload bit-equal to MeZO, and a resumed run's step log."""
 import json
 
 import pytest
@@ -75,13 +75,36 @@ def test_an_update_of_several_directions_is_their_sequence_and_its_delta_their_s
         assert back.seed == u.seed and torch.equal(back.g, u.g)
 
 
+def test_the_sign_rule_steps_by_the_sign_of_the_whole_estimate():
+    ops = ZOOps("philox", torch.device("cpu"))
+    layout = GroupLayout("block.2", [], 1000, 600)
+    x0 = torch.randn(1000) * 0.02
+    for g in (torch.tensor(-0.7), torch.tensor([0.5, -1.5, 2.0])):
+        upd = PendingUpdate(91, g, 1e-3, 0.1, "sign")
+        seeds = query_seeds(91, g.numel())
+        est = sum(ops.z(1000, s, layout.gid) * float(c) for s, c in zip(seeds, g.reshape(-1)))
+        step = torch.sign(est)
+        step[:600] += 0.1 * x0[:600]
+        x = x0.clone()
+        ops.update(x, layout, upd)
+        assert torch.allclose(x, x0 - 1e-3 * step, atol=1e-7)
+        moved = (x - x0).abs()[600:]  # undecayed elements move by lr exactly, either way
+        assert torch.allclose(moved, torch.full_like(moved, 1e-3), atol=1e-7)
+        assert torch.allclose(x0 + ops.delta(x0, layout, upd), x, atol=1e-7)
+        back = pending_from_dict(json.loads(json.dumps(pending_dict(upd, g))), torch.device("cpu"))
+        assert back.rule == "sign"
+    assert pending_from_dict({"seed": 1, "g": 0.5, "lr": 1, "wd": 0}, torch.device("cpu"),
+                             "sign").rule == "sign"  # a step-log row takes the run's rule
+
+
 #: zo-offload's own knobs, which MeZO does not take
 OFFLOAD_ONLY = ("resident_blocks", "fused_update")
 
 
 @pytest.mark.parametrize("variant", [
     dict(queries=2), dict(queries=2, amp="bf16"), dict(queries=3, estimator="one-sided", lr=1e-6),
-    dict(queries=3, resident_blocks=2, fused_update=False), dict(queries=2, peft="lora")])
+    dict(queries=3, resident_blocks=2, fused_update=False), dict(queries=2, peft="lora"),
+    dict(zo_optimizer="sign", lr=1e-4), dict(queries=2, zo_optimizer="sign", lr=1e-4, amp="bf16")])
 def test_offload_equals_mezo_with_several_queries(variant):
     """Every pass of a block during its one visit (2q hidden states travelling together, the
     tied head's 2q - 1 copies): the same losses and weights as MeZO, bit for bit."""
@@ -123,12 +146,13 @@ def test_step_log_keeps_the_coefficients_and_settings_are_checked(tmp_path):
     assert rec.steps[0]["projected_grad"] == pytest.approx(sum(rows[0]["g"]), rel=1e-5)
     problems = []
     for bad in (dict(estimator="one-sided"), dict(method="fo", queries=2),
+                dict(method="forward-grad", zo_optimizer="sign"),
                 dict(method="forward-grad", estimator="one-sided", queries=2), dict(queries=0)):
         with pytest.raises(ConfigError) as e:
             RunConfig(**bad)
         problems += e.value.problems
     assert any("queries >= 2" in p for p in problems)
-    assert sum("does not apply to method" in p for p in problems) >= 2
+    assert sum("does not apply to method" in p for p in problems) >= 3
     assert any("queries: 0 is outside [1, 64]" in p for p in problems)
 
 

@@ -71,7 +71,7 @@ class MeZOEngine(WholeModel):
         if self.reduce is not None:
             losses = list(self.reduce(torch.stack(losses)).unbind())
         coefs, g = estimate(losses, st)
-        upd = PendingUpdate(st.seed, coefs, lr, wd)
+        upd = PendingUpdate(st.seed, coefs, lr, wd, self.cfg.zo_optimizer)
         stream = torch.cuda.current_stream() if self.device.type == "cuda" else None
         with self.timer.span("update", "compute", stream, step, EMBED):
             for group in self.groups:

@@ -70,7 +70,7 @@ class StreamedEngine:
     def defer(self, step: int, seed: int, g: torch.Tensor, lr: float, wd: float) -> None:
         """Keep the step's update pending for the next step's uploads (fused_update), or apply
         it now in a separate pass with its own transfers (the unfused baseline)."""
-        self.pending = PendingUpdate(seed, g, lr, wd)
+        self.pending = PendingUpdate(seed, g, lr, wd, self.cfg.zo_optimizer)
         if not self.cfg.fused_update:
             self.flush(step)
 

@@ -47,12 +47,14 @@ class PendingUpdate:
     """Step ``seed``'s update, not yet applied. ``g``: device tensor, so applying it never waits
     for the host; 0-d for one direction, w <- w - lr (g z + wd w), or (q,) for a step of q
     queries, whose directions z_j come from ``query_seeds(seed, q)``: applied one direction
-    at a time, w <- w - lr (g_j z_j + [j = 0] wd w), weight decay once."""
+    at a time, w <- w - lr (g_j z_j + [j = 0] wd w), weight decay once. ``rule="sign"``
+    (ZO-SGD-Sign) steps by the sign of the whole estimate instead."""
 
     seed: int
     g: torch.Tensor
     lr: float
     wd: float
+    rule: str = "sgd"  # "sign": w <- w - lr (sign(sum_j g_j z_j) + wd w), in one pass
 
     def parts(self) -> list[tuple[int, torch.Tensor, float]]:
         """(seed, coefficient (0-d view), weight decay) of each direction, in order."""
@@ -68,17 +70,20 @@ def pending_dict(upd: PendingUpdate | None, host_g: torch.Tensor | None) -> dict
     if upd is None:
         return None
     g = float(host_g) if upd.g.dim() == 0 else [float(x) for x in host_g.reshape(-1)]
-    return {"seed": upd.seed, "g": g, "lr": upd.lr, "wd": upd.wd}
+    rule = {"rule": upd.rule} if upd.rule != "sgd" else {}
+    return {"seed": upd.seed, "g": g, "lr": upd.lr, "wd": upd.wd, **rule}
 
 
-def pending_from_dict(d: dict | None, device: torch.device) -> PendingUpdate | None:
-    """The inverse of ``pending_dict`` (also reads a step-log row), g on ``device``."""
+def pending_from_dict(d: dict | None, device: torch.device,
+                      rule: str = "sgd") -> PendingUpdate | None:
+    """The inverse of ``pending_dict`` (also reads a step-log row, whose rule is the run's:
+    ``rule``), g on ``device``."""
     if d is None:
         return None
     g = d["g"]
     g = [float(x) for x in g] if isinstance(g, list) else float(g)
     return PendingUpdate(int(d["seed"]), torch.tensor(g, dtype=torch.float32, device=device),
-                         float(d["lr"]), float(d["wd"]))
+                         float(d["lr"]), float(d["wd"]), str(d.get("rule", rule)))
 
 
 class ZOOps:
@@ -120,9 +125,24 @@ class ZOOps:
 
     def update(self, x: torch.Tensor, layout: GroupLayout, upd: PendingUpdate) -> None:
         """x <- x - lr (g z + wd x) in place, z from the update's seed (one direction at a
-        time for a step of several: ``PendingUpdate.parts``)."""
+        time for a step of several: ``PendingUpdate.parts``; the sign rule in one pass)."""
+        if upd.rule == "sign":
+            x.add_(self._sign_step(x, layout, upd), alpha=-upd.lr)
+            return
         for seed, g, wd in upd.parts():
             self._update_one(x, layout, seed, g, upd.lr, wd)
+
+    def _sign_step(self, x: torch.Tensor, layout: GroupLayout, upd: PendingUpdate) -> torch.Tensor:
+        """sign(sum_j g_j z_j) + wd x (decayed elements) as a new (n,) fp32 tensor: the sign
+        rule's step before -lr (z materialised: one group's worth of 4 B temporaries)."""
+        d = None
+        for seed, g, _ in upd.parts():
+            u = self.z(x.numel(), seed, layout.gid, x.device).mul_(g.to(x.device))
+            d = u if d is None else d.add_(u)
+        d.sign_()
+        if upd.wd:
+            d[:layout.n_decay].add_(x[:layout.n_decay], alpha=upd.wd)
+        return d
 
     def _update_one(self, x: torch.Tensor, layout: GroupLayout, seed: int, g: torch.Tensor,
                     lr: float, wd: float) -> None:
@@ -138,6 +158,8 @@ class ZOOps:
     def delta(self, x: torch.Tensor, layout: GroupLayout, upd: PendingUpdate) -> torch.Tensor:
         """The update itself, -lr (sum_j g_j z_j + wd x), as a new fp32 tensor (x is not
         changed)."""
+        if upd.rule == "sign":
+            return self._sign_step(x, layout, upd).mul_(-upd.lr)
         d = None
         for seed, g, wd in upd.parts():
             u = self.z(x.numel(), seed, layout.gid, x.device).mul_(g.to(x.device))
@@ -154,7 +176,7 @@ class ZOOps:
         if upd is None:
             self.perturb(x, layout, seed, scale, out)
             return
-        if self.kernels is None:
+        if self.kernels is None or upd.rule != "sgd":  # the sign rule: its own pass first
             self.update(x, layout, upd)
             self.perturb(x, layout, seed, scale, out)
             return

@@ -36,6 +36,7 @@ def replay(flats: list[torch.Tensor], names: list[str], n_decay: list[int],
     ops = ZOOps(config.get("rng", "philox"), device)
     eps, zo = float(config.get("eps", 0.0)), method != "forward-grad"
     queries, estimator = int(config.get("queries", 1)), str(config.get("estimator", "central"))
+    rule = str(config.get("zo_optimizer", "sgd"))  # the step log's rows leave it to the run
     deferred = method != "mezo" and config.get("fused_update", True)
     layouts = [GroupLayout(n, [], f.numel(), d) for n, f, d in zip(names, flats, n_decay)]
     n_blocks = len(layouts) - 2
@@ -73,7 +74,7 @@ def replay(flats: list[torch.Tensor], names: list[str], n_decay: list[int],
     for t in range(first, last):
         st = ZOStep(int(rows[t]["seed"]), eps, upd, queries, estimator)
         each_group(t, lambda w, lay, apply: replay_pass(ops, w, lay, st, zo, apply))
-        upd = pending_from_dict(rows[t], device)
+        upd = pending_from_dict(rows[t], device, rule)
         if not deferred:  # applied within the step, in a pass of its own
             each_group(t, lambda w, lay, apply: apply_update(ops, w, lay, upd, apply))
             upd = None
