@@ -101,7 +101,7 @@ REPLAYED = {
     # several perturbations per step: the log keeps q coefficients, the replay regenerates
     # the q directions from the step seed (a mirror transfer and a tied head's copies too)
     "queries": dict(method="zo-offload", queries=3, codec="bf16", resident_blocks=1),
-    "one-sided-sr": dict(method="zo-offload", queries=3, estimator="one-sided", lr=1e-6,
+    "one-sided-sr": dict(method="zo-offload", queries=2, estimator="one-sided", lr=1e-6,
                          master="compressed-sr", codec="bf16"),
     # the sign rule through the mirror's delta (its rule from the run, not the log's rows)
     "sign": dict(method="zo-offload", zo_optimizer="sign", queries=2, lr=1e-4, codec="bf16",

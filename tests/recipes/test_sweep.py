@@ -61,8 +61,9 @@ def test_cli_sweep_runs_the_grid_and_writes_the_report(cli_sweep):
     assert len(speeds) == 4 and speeds == sorted(speeds, reverse=True)
     assert "report: " in proc.stdout
     page = (out / "report.html").read_text(encoding="utf-8")
-    # a dashboard per run, then bars, losses and timelines (CPU runs: no GPU memory figure)
-    assert "<table class=sweep>" in page and page.count("Plotly.newPlot(") == 4 + 3
+    # a dashboard per run, then bars, losses, the dev metric by steps / seconds / passes and
+    # timelines (CPU runs: no GPU memory figure)
+    assert "<table class=sweep>" in page and page.count("Plotly.newPlot(") == 4 + 4
     ranked = [json.loads(json.dumps(p)) for p in manifest["points"]]
     ranked.sort(key=lambda p: -p["measured"]["tokens_per_s"])
     first_rows = re.findall(r"<tr><td>(\d)</td><td>(true|false)</td><td>(\d)</td>", page)
