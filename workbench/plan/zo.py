@@ -32,8 +32,8 @@ Time. A step is max(device time, host launch time, the mirror codec's host pass)
   block: max(both passes + its perturbation, upload, offload) with overlap (both directions
   share the link at the measured both-at-once rate), their sum without; resident blocks,
   embedding and head add compute. Perturbation: 4 regenerations per element per step and
-  query (one-sided 3; forward-grad 2), 2 forward passes per query (one-sided: 1, and 1 clean). fused_update=false: a second round trip and an update pass.
-  reuse_buffers=false: transfers x ``reuse_off_factor``. Pipeline fill is hidden by the loop
+  query (one-sided 3; forward-grad 2), 2 forward passes per query (one-sided: 1, and 1 clean).
+  fused_update=false: a second round trip and an update pass. reuse_buffers=false: transfers x ``reuse_off_factor``. Pipeline fill is hidden by the loop
   running ahead.
 """
 from __future__ import annotations

@@ -14,9 +14,9 @@ With q queries (directions z_1 .. z_q from ``query_seeds``) the central estimato
 last three lines for each z_j from the last restored state (passes 2j and 2j + 1), and the
 one-sided estimator runs a clean pass at w' first (pass 0), then for each j p_j = x + eps z_j
 (pass j) and x = p_j - eps z_j. A restore and the next query's perturbation are one pass on the
-fused kernel, rounded as two (``shift``). ``estimate`` turns the passes' losses into the update's
-coefficients (``PendingUpdate``; ``estimate.py``). Forward-grad applies the pending update the same way, then
-runs one forward pass with the tangent z.
+fused kernel, rounded as two (``shift``). ``estimate.py`` turns the passes' losses into the
+update's coefficients (``PendingUpdate``). Forward-grad applies the pending update the same
+way, then runs one forward pass with the tangent z.
 
 ``zo_passes`` is a generator: the caller runs its forward pass at each yield, so one function
 serves a group perturbed on its own (a streamed block), every group together (MeZO, through
