@@ -33,8 +33,8 @@ Time. A step is max(device time, host launch time, the mirror codec's host pass)
   share the link at the measured both-at-once rate), their sum without; resident blocks,
   embedding and head add compute. Perturbation: 4 regenerations per element per step and
   query (one-sided 3; forward-grad 2), 2 forward passes per query (one-sided: 1, and 1 clean).
-  fused_update=false: a second round trip and an update pass. reuse_buffers=false: transfers x ``reuse_off_factor``. Pipeline fill is hidden by the loop
-  running ahead.
+  fused_update=false: a second round trip and an update pass. reuse_buffers=false: transfers
+  x ``reuse_off_factor``. Pipeline fill is hidden by the loop running ahead.
 """
 from __future__ import annotations
 
