@@ -165,8 +165,7 @@ def compare_loss(recs: Sequence[RunRecord], smoothing: float = SMOOTHING) -> go.
 def dev_by_cost(recs: Sequence[RunRecord]) -> go.Figure:
     """The main dev metric (the first run's objective's) of each run against steps, training
     time (s) and forward passes: three panels side by side on one y range (titled on the
-    first), a colour per run
-    (the legend once, on the left). Where the runs' passes per step differ, each legend entry
+    first), a colour per run (the legend once, on the left). Where the runs' passes per step differ, each legend entry
     gives its run's; a run whose evals equal an earlier run's step for step is dashed (else it
     would hide it) and says so."""
     main = main_metric(next((r.config for r in recs if r.evals), recs[0].config if recs else {}))
