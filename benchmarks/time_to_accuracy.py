@@ -46,8 +46,9 @@ def parse_config(text: str) -> dict:
 
 def child(spec: dict, result: Path) -> None:
     """One configuration in this process: train until the deadline, then the evals' curve."""
-    from workbench.config import RunConfig, zo_passes
+    from workbench.config import RunConfig
     from workbench.recipes.train import TrainRecipe
+    from workbench.telemetry.cost import eval_costs
 
     cfg = RunConfig(**spec["config"])
     recipe = TrainRecipe(cfg, out_dir=None, progress=False)
@@ -60,16 +61,10 @@ def child(spec: dict, result: Path) -> None:
         timer.cancel()
     rec = recipe.save(digest_params=False)
     recipe.cleanup()
-    per_step = zo_passes(cfg.queries, cfg.estimator)
-    elapsed, curve = {}, []
-    total = 0.0
-    for s in rec.steps:
-        total += s["seconds"]
-        elapsed[s["step"] + 1] = total  # training seconds once step s is done
-    for e in rec.evals:
-        curve.append({"step": e["step"], "accuracy": e["accuracy"], "loss": e["loss"],
-                      "train_seconds": elapsed.get(e["step"], 0.0),
-                      "forward_passes": e["step"] * per_step})
+    curve = [{"step": e["step"], "accuracy": e["accuracy"], "loss": e["loss"],
+              "train_seconds": c.seconds, "forward_passes": int(c.forward_passes)}
+             for e, c in zip(rec.evals, eval_costs(rec))]  # the views' own cost of each eval
+    total = sum(s["seconds"] for s in rec.steps)
     result.write_text(json.dumps({"curve": curve, "steps": len(rec.steps),
                                   "step_seconds": total / max(len(rec.steps), 1),
                                   "status": rec.status}))
