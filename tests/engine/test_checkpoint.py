@@ -19,7 +19,11 @@ from zo_helpers import BASE, REPLAYED, assert_replay_exact
 
 
 RESUMED = {"zo-offload-sr": dict(method="zo-offload", master="compressed-sr", codec="bf16"),
-           "zo-offload-q3": dict(method="zo-offload", queries=3)}  # q coefficients pending
+           "zo-offload-q3": dict(method="zo-offload", queries=3),  # q coefficients pending
+           # optimizer state in the checkpoint: on the device, and streamed in the master's form
+           "mezo-momentum": dict(method="mezo", zo_optimizer="momentum"),
+           "zo-offload-adam-sr": dict(method="zo-offload", zo_optimizer="adam",
+                                      master="compressed-sr", codec="bf16", resident_blocks=1)}
 
 
 @pytest.mark.parametrize("method", ["mezo", "zo-offload", "forward-grad", *RESUMED])

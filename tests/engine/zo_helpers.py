@@ -106,6 +106,13 @@ REPLAYED = {
     # the sign rule through the mirror's delta (its rule from the run, not the log's rows)
     "sign": dict(method="zo-offload", zo_optimizer="sign", queries=2, lr=1e-4, codec="bf16",
                  resident_blocks=1),
+    # optimizer state: the snapshot's, carried through the replay's own transfers
+    "mezo-adam": dict(method="mezo", zo_optimizer="adam", lr=1e-4),
+    "momentum-unfused": dict(method="zo-offload", zo_optimizer="momentum", fused_update=False,
+                             resident_blocks=1),
+    "adam-sr": dict(method="zo-offload", zo_optimizer="adam", lr=1e-4, queries=2,
+                    master="compressed-sr", codec="bf16"),
+    "lora-adam": dict(method="zo-offload", zo_optimizer="adam", lr=1e-4, peft="lora"),
 }
 
 

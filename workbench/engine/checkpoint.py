@@ -51,6 +51,13 @@ class Snapshot:
     config: dict[str, Any]
     n_decay: list[int] | None = None  # per group: elements [0, n_decay) get weight decay
     identity: dict[str, Any] | None = None  # the run that wrote it (None: written before ids)
+    # zo_optimizer=momentum / adam: each group's optimizer state (``zo/optim.py``), canonical
+    # order, in the master's precision as the weights; None: the rule keeps none
+    opt_state: Sequence[torch.Tensor] | None = None
+
+
+#: a group's optimizer state is stored under its name with this suffix, in the group's shard
+STATE_SUFFIX = ".zo_state"
 
 
 def _fsync_dir(path: Path) -> None:
@@ -124,6 +131,9 @@ def _write_folder(root: Path, tmp: Path, final: Path, snap: Snapshot, pause_s: f
         path = tmp / f"{part}.safetensors"
         tensors = {snap.names[i]: snap.flats[i].contiguous() for i in idx}
         numels.update((name, t.numel()) for name, t in tensors.items())
+        if snap.opt_state is not None:  # weights only in ``numels``: the layout check's
+            tensors.update((snap.names[i] + STATE_SUFFIX, snap.opt_state[i].contiguous())
+                           for i in idx)
         _save_shard(tensors, path)
         del tensors  # a lazy snapshot's group is dropped before the next is made
         with open(path, "rb+") as fh:
@@ -135,7 +145,8 @@ def _write_folder(root: Path, tmp: Path, final: Path, snap: Snapshot, pause_s: f
             time.sleep(pause_s)
     manifest = {"format": FORMAT, "step": snap.step, "pending": snap.pending,
                 "config": snap.config, "groups": [[name, numels[name]] for name in snap.names],
-                "n_decay": snap.n_decay, "shards": shards, "identity": identity}
+                "n_decay": snap.n_decay, "shards": shards, "identity": identity,
+                **({"opt_state": True} if snap.opt_state is not None else {})}
     mtmp = tmp / "manifest.json.tmp"
     mtmp.write_text(json.dumps(manifest, indent=1))
     with open(mtmp, "rb+") as fh:
@@ -198,16 +209,18 @@ def read_checkpoint(path: Path, names: list[str], numels: list[int]) -> Snapshot
     if missing:
         raise CheckpointError(f"checkpoint {path}: groups {missing[:3]} are in no shard")
 
-    def load(i: int) -> torch.Tensor:
+    def load(i: int, suffix: str = "") -> torch.Tensor:
         # Streamed blocks are stored in master precision (bf16 / fp16 under
         # master=compressed-sr); read back as fp32, which holds those values exactly. One group
         # per call: a resume holds one group beside the model, not a second model.
         with safe_open(str(where[names[i]]), framework="pt") as fh:
-            return fh.get_tensor(names[i]).float()
+            return fh.get_tensor(names[i] + suffix).float()
 
+    state = (LazyFlats(len(names), lambda i: load(i, STATE_SUFFIX))
+             if manifest.get("opt_state") else None)
     return Snapshot(manifest["step"], LazyFlats(len(names), load), names,
                     manifest.get("pending"), manifest.get("config", {}), manifest.get("n_decay"),
-                    manifest.get("identity"))
+                    manifest.get("identity"), state)
 
 
 def checkpoint_identity(path: Path) -> dict[str, Any] | None:
@@ -250,7 +263,7 @@ def restore_step(root: Path, step: int, device: str = "cpu") -> list[torch.Tenso
     if missing:
         raise CheckpointError(f"the step log lacks steps {missing[:5]}: cannot replay to {step}")
     return replay(snap.flats, names, snap.n_decay, snap.pending, cfg, log, snap.step, step,
-                  torch.device(device))
+                  torch.device(device), snap.opt_state)
 
 
 class StepLog:

@@ -56,24 +56,35 @@ class DeviceSnapshots:
         return [self.buffers.get(("device", k), t.numel(), t.dtype, pinned=True)
                 for k, t in zip(keys, tensors)]
 
-    def prepare(self, flats: dict[int, torch.Tensor], pending: int) -> None:
-        """Allocate the buffers of ``flats`` (group index -> its device tensor) and of a
-        pending update's ``pending`` coefficients (0: the engine keeps none; else the run's
-        queries), now (setup of a run that will checkpoint), so the first snapshot's step pays
-        no allocation."""
+    def prepare(self, flats: dict[int, torch.Tensor], pending: int,
+                state: dict[int, torch.Tensor] | None = None) -> None:
+        """Allocate the buffers of ``flats`` (group index -> its device tensor), of their
+        optimizer ``state`` and of a pending update's ``pending`` coefficients (0: the engine
+        keeps none; else the run's queries), now (setup of a run that will checkpoint), so the
+        first snapshot's step pays no allocation."""
+        state = state or {}
         g = [torch.empty(pending, dtype=torch.float32)] if pending else []
-        self._bufs([*flats.values(), *g], [*flats, "g"])
+        self._bufs([*flats.values(), *state.values(), *g], [*flats, *(("s", k) for k in state),
+                                                            "g"])
 
     def take(self, next_step: int, flats: dict[int, torch.Tensor], layouts: list[GroupLayout],
              pending: PendingUpdate | None,
-             host: Callable[[list], None] | None = None) -> Callable[[], Snapshot]:
+             host: Callable[[list], None] | None = None,
+             state: dict[int, torch.Tensor] | None = None,
+             host_state: list[torch.Tensor] | None = None) -> Callable[[], Snapshot]:
         """Start the copies of ``flats`` (group index in ``layouts`` -> its device tensor) and of
         ``pending``'s g; returns the function the checkpoint writer calls for the
         ``Snapshot`` (every group of ``layouts``; ``host(out)`` fills the ones not in
-        ``flats``, waiting for its own copies)."""
+        ``flats``, waiting for its own copies). ``state`` (momentum / adam: the optimizer state
+        of the groups on the device, copied the same way) and ``host_state`` (host copies of
+        the others' state, already made; None where the group's state is in ``state``) make
+        the snapshot's ``opt_state``."""
+        state = state or {}
         keys = list(flats)
-        tensors = [flats[k] for k in keys] + ([pending.g.reshape(-1)] if pending else [])
-        bufs = self._bufs(tensors, [*keys, "g"])
+        skeys = [("s", k) for k in state]
+        tensors = ([flats[k] for k in keys] + list(state.values())
+                   + ([pending.g.reshape(-1)] if pending else []))
+        bufs = self._bufs(tensors, [*keys, *skeys, "g"])
         done = device_copies(tensors, bufs, self.device)
 
         def make() -> Snapshot:
@@ -85,9 +96,14 @@ class DeviceSnapshots:
             if host is not None:
                 host(out)
             host_g = bufs[-1] if pending is not None else None
+            opt_state = None
+            if state or host_state:
+                opt_state = list(host_state or [None] * len(layouts))
+                for k, buf in zip(state, bufs[len(keys):]):
+                    opt_state[k] = buf
             return Snapshot(next_step, out, [lay.name for lay in layouts],
                             pending_dict(pending, host_g), self.config,
-                            [lay.n_decay for lay in layouts])
+                            [lay.n_decay for lay in layouts], opt_state=opt_state)
 
         return make
 

@@ -29,10 +29,12 @@ from workbench.engine.groups import GroupLayout, LazyFlats, build_layouts, move_
 from workbench.engine.snapshots import DeviceSnapshots
 from workbench.engine.storage import Group, materialise
 from workbench.engine.stream.blocks import streamed_blocks
+from workbench.engine.stream.opt_state import StreamedState
 from workbench.engine.stream.self_copy import BlockCopies
 from workbench.engine.stream.shared_host import NodeShare, Unshared
 from workbench.engine.stream.streams import Streams
 from workbench.engine.timing import OpTimer
+from workbench.engine.zo.optim import STATEFUL
 from workbench.engine.zo.perturb import PendingUpdate, ZOOps
 from workbench.engine.zo.step import ApplyUpdate
 from workbench.models.adapter import BlockAdapter
@@ -104,8 +106,14 @@ class BlockStreamer:
         self.snapshots = DeviceSnapshots(device, cfg.to_dict())
         self.copies = BlockCopies(self.blocks, streamed, self.transfer, timer,
                                   self.snapshots.buffers, self._offloaded.get)
+        # momentum / adam: each trained group's optimizer state, where the group is
+        self.opt_state = (StreamedState(cfg.zo_optimizer, cfg.master, cfg.codec,
+                                        self.group_layouts(), [i + 1 for i in streamed], device,
+                                        timer, ops, self.n_slots, cfg.reuse_buffers)
+                          if kind.trained and cfg.zo_optimizer in STATEFUL else None)
         if cfg.checkpoint_every and kind.trained:  # an adapter run snapshots its adapters
-            self.snapshots.prepare(self._on_gpu(), pending=cfg.queries)
+            self.snapshots.prepare(self._on_gpu(), pending=cfg.queries,
+                                   state=self._state_on_gpu())
             self.copies.prepare()
 
     def groups(self) -> list[Group]:
@@ -114,12 +122,15 @@ class BlockStreamer:
 
     # --- the block pipeline ----------------------------------------------------------------
     def stream_blocks(self, step: int, compute: BlockCompute, write_back: bool,
-                      op: str = "compute") -> None:
+                      op: str = "compute", state: bool = False) -> None:
         """Run ``compute`` for every block in order on the compute stream, streamed blocks
         uploaded ``prefetch_depth`` ahead and (with ``write_back``) offloaded after; each
-        compute runs inside an ``op`` span of the timer."""
+        compute runs inside an ``op`` span of the timer. ``state``: the pass applies an update
+        whose rule keeps optimizer state, so each block's state travels with it
+        (``state_for``)."""
         s, n, depth, tr = self.streams, len(self.blocks), self.cfg.prefetch_depth, self.transfer
         node = self.node
+        moved = self.opt_state if state and write_back else None
         inflight: dict[int, tuple] = {}
         node.begin_pass(write_back)
 
@@ -140,6 +151,8 @@ class BlockStreamer:
                                             # the slot's last block is done with it (its
                                             # offload, or a frozen block's decode, read it)
                                             lambda: s.wait(s.upload, self._slot_free.get(slot)))
+                if moved is not None:  # after the weights: the stream has waited for the slot
+                    self.bytes_h2d += moved.upload(j + 1, slot, step, s.upload)
                 inflight[j] = (flat, extra, s.record(s.upload), slot)
                 if write_back:
                     node.after_upload(j, inflight[j][2])
@@ -169,6 +182,11 @@ class BlockStreamer:
                 self._slot_free[slot] = decoded[0] if decoded else computed
                 continue
             self.copies.before_offload(i)  # a snapshot's copy of its master is done
+            if moved is not None:  # every rank keeps its own state: no node copy to defer to
+                with s.on(s.offload):
+                    s.wait(s.offload, computed)  # the update has written the block's state
+                    self.bytes_d2h += moved.offload(i + 1, step, s.offload)
+                computed = s.record(s.offload)  # the slot pair is free once both are down
             if not node.writer:  # the writer writes the node's copy
                 self._offloaded[i] = self._slot_free[slot] = computed
                 continue
@@ -248,14 +266,37 @@ class BlockStreamer:
         overwrites a block whose copy is not done yet. Every buffer is kept from one snapshot
         to the next, so call this only once the writer is done with the last one. Returns a
         function for the writer."""
+        host_state = None
+        if self.opt_state is not None:  # the host state is copied now, the step waiting: it
+            self.sync()  # is not self-copied (a checkpoint step pays the copy of its bytes)
+            host_state = self.opt_state.host_copies(len(self.blocks) + 2)
         return self.snapshots.take(next_step, self._on_gpu(), self.group_layouts(), pending,
-                                   self.copies.start(next_step))
+                                   self.copies.start(next_step), self._state_on_gpu(),
+                                   host_state)
+
+    def load_opt_state(self, snap) -> None:
+        """The optimizer state from a checkpoint's ``Snapshot`` (none kept: nothing)."""
+        if self.opt_state is None:
+            return
+        if snap.opt_state is None:
+            raise ValueError("checkpoint: this run's zo_optimizer keeps per-weight state, and "
+                             "the checkpoint carries none")
+        self.sync()
+        self.opt_state.load(snap.opt_state)
 
     def _on_gpu(self) -> dict[int, torch.Tensor]:
         """The groups that live on the GPU (embedding, head, residents) by canonical index."""
         groups, last = self.groups(), len(self.blocks) + 1
         return {k: groups[k].flat for k in range(last + 1) if k in (0, last)
                 or (k - 1) in self.resident}
+
+    def state_for(self, i: int) -> torch.Tensor | None:
+        """Block i's optimizer state on the device during a pass that moves it (None: the
+        run's rule keeps none)."""
+        return None if self.opt_state is None else self.opt_state.for_group(i + 1)
+
+    def _state_on_gpu(self) -> dict[int, torch.Tensor]:
+        return {} if self.opt_state is None else dict(self.opt_state.gpu)
 
     def gpu_param_bytes(self) -> int:
         if not self.cuda:
@@ -276,6 +317,8 @@ class BlockStreamer:
                "block slots": sum({flat.data_ptr(): nbytes(flat)  # a shared one once
                                    for flat, _ in self.slots}.values())}
         out.update({k: sum(v.values()) for k, v in extras.items()})
+        if self.opt_state is not None:
+            out["optimizer state"] = sum(nbytes(t) for t in self.opt_state.buffers())
         return out
 
     def host_param_bytes(self) -> int:
@@ -289,6 +332,8 @@ class BlockStreamer:
         self.sync()
         self.copies.close()
         self.transfer.close()
+        if self.opt_state is not None:
+            self.opt_state.close()
         for group in self.groups():
             release(group.layout)
         self.blocks, self.slots = [], []

@@ -30,6 +30,7 @@ from workbench.engine.protocol import StepOutput
 from workbench.engine.snapshots import DeviceSnapshots
 from workbench.engine.stream.shared_host import NodeShare
 from workbench.engine.zo.offload import StreamedEngine
+from workbench.engine.zo.optim import load_opt_state, new_state
 from workbench.engine.zo.perturb import pending_from_dict
 from workbench.engine.zo.step import ZOStep, apply_update, zo_passes
 
@@ -43,9 +44,12 @@ class LoRAStreamedEngine(StreamedEngine):
                  share: NodeShare | None = None, objective: Objective | None = None):
         super().__init__(model, source, cfg, device, bus, share, objective)  # a frozen streamer
         self.loras = adapter_groups(self.adapter, cfg, device)
+        # momentum / adam: each adapter group's optimizer state beside it (else None)
+        self.lora_state = [new_state(cfg.zo_optimizer, g.layout.numel, device)
+                           for g in self.loras]
         self.snapshots = DeviceSnapshots(device, cfg.to_dict())  # of the adapters
         if cfg.checkpoint_every:  # at setup, not in the first snapshot's step
-            self.snapshots.prepare(self._adapters(), pending=cfg.queries)
+            self.snapshots.prepare(self._adapters(), pending=cfg.queries, state=self._state())
 
     @torch.no_grad()
     def flush(self, step: int = -1) -> None:
@@ -54,8 +58,8 @@ class LoRAStreamedEngine(StreamedEngine):
         if upd is None:
             return
         with self.timer.span("update", "compute", self.streamer.streams.compute, step, EMBED):
-            for lora in self.loras:
-                apply_update(self.ops, lora.flat, lora.layout, upd)
+            for lora, state in zip(self.loras, self.lora_state):
+                apply_update(self.ops, lora.flat, lora.layout, upd, state=state)
 
     # --- state: the adapters; the base is the streamer's ------------------------------------
     def state_flats(self) -> list[torch.Tensor]:
@@ -75,15 +79,19 @@ class LoRAStreamedEngine(StreamedEngine):
     def _adapters(self) -> dict[int, torch.Tensor]:
         return dict(enumerate(g.flat for g in self.loras))
 
+    def _state(self) -> dict[int, torch.Tensor]:
+        return {k: s for k, s in enumerate(self.lora_state) if s is not None}
+
     def snapshot(self, next_step: int):
         """Host copies of the adapters and the pending g (``engine/snapshots.py``; never
         blocking the step); returns the function the checkpoint writer calls. Call it only
         once the writer is done with the last one."""
         return self.snapshots.take(next_step, self._adapters(), self.group_layouts(),
-                                   self.pending)
+                                   self.pending, state=self._state())
 
     def restore(self, snap: Snapshot) -> None:
         self.load_state_flats(snap.flats)
+        load_opt_state(self.lora_state, snap)
         self.pending = pending_from_dict(snap.pending, self.device)
 
     def buffer_bytes(self) -> dict[str, int]:
@@ -97,7 +105,7 @@ class LoRAStreamedEngine(StreamedEngine):
     def close(self) -> None:
         for group in self.loras:
             release(group.layout)
-        self.loras = []
+        self.loras, self.lora_state = [], []
         self.snapshots.release()
         super().close()
 
@@ -118,7 +126,7 @@ class LoRAOffloadEngine(LoRAStreamedEngine):
 
             def dual_forward(i: int, base: torch.Tensor, apply) -> None:
                 lora = self.loras[i]  # the pending update is fused into the first perturbation
-                for k in zo_passes(ops, lora.flat, lora.layout, st):
+                for k in zo_passes(ops, lora.flat, lora.layout, st, state=self.lora_state[i]):
                     hidden[k] = adapter.run_block(adapter.blocks[i], hidden[k], ctx)
 
             s.stream_blocks(step, dual_forward, write_back=False)

@@ -33,7 +33,7 @@ from workbench.engine.stream.scheduler import BlockStreamer
 from workbench.engine.stream.shared_host import NodeShare
 from workbench.engine.timing import OpTimer
 from workbench.engine.zo.perturb import PendingUpdate, ZOOps, pending_from_dict
-from workbench.engine.zo.estimate import estimate, step_output
+from workbench.engine.zo.estimate import estimate, step_output, update_of
 from workbench.engine.zo.step import ZOStep, apply_update, zo_passes
 from workbench.engine.zo.tied import TiedHead
 from workbench.models.adapter import Inputs
@@ -70,7 +70,7 @@ class StreamedEngine:
     def defer(self, step: int, seed: int, g: torch.Tensor, lr: float, wd: float) -> None:
         """Keep the step's update pending for the next step's uploads (fused_update), or apply
         it now in a separate pass with its own transfers (the unfused baseline)."""
-        self.pending = PendingUpdate(seed, g, lr, wd, self.cfg.zo_optimizer)
+        self.pending = update_of(self.cfg, step, seed, g, lr, wd)
         if not self.cfg.fused_update:
             self.flush(step)
 
@@ -93,11 +93,16 @@ class StreamedEngine:
             return
         s, ops = self.streamer, self.ops
         with self.timer.span("update", "compute", s.streams.compute, step, EMBED):
-            for group in (s.embed, s.head):
-                apply_update(ops, group.flat, group.layout, upd)
-        s.stream_blocks(step, lambda i, flat, apply: apply_update(ops, flat, s.blocks[i].layout,
-                                                                  upd, apply),
-                        write_back=True, op="update")
+            for k, group in ((0, s.embed), (len(s.blocks) + 1, s.head)):
+                apply_update(ops, group.flat, group.layout, upd, state=self.group_state(k))
+        s.stream_blocks(step, lambda i, flat, apply: apply_update(
+            ops, flat, s.blocks[i].layout, upd, apply, s.state_for(i)),
+                        write_back=True, op="update", state=True)
+
+    def group_state(self, k: int) -> torch.Tensor | None:
+        """Group k's (canonical index) optimizer state on the device (None: none kept)."""
+        st = self.streamer.opt_state
+        return None if st is None else st.for_group(k)
 
     @torch.no_grad()
     def evaluate(self, dev, batch_size: int, total: Total | None = None) -> dict[str, float]:
@@ -140,6 +145,7 @@ class StreamedEngine:
 
     def restore(self, snap: Snapshot) -> None:
         self.streamer.load_state_flats(snap.flats)
+        self.streamer.load_opt_state(snap)
         self.pending = pending_from_dict(snap.pending, self.device)
 
     def gpu_param_bytes(self) -> int:
@@ -189,7 +195,8 @@ class ZOOffloadEngine(StreamedEngine):
         emb, tied, compute, n = s.embed, self.tied, s.streams.compute, st.passes
         with autocast(self.device, self.cfg.amp):
             with self.timer.span("compute", "compute", compute, step, EMBED):
-                embed_passes = zo_passes(ops, emb.flat, emb.layout, st)
+                embed_passes = zo_passes(ops, emb.flat, emb.layout, st,
+                                         state=self.group_state(0))
                 hidden, ctx = [], None
                 for k in range(n):
                     next(embed_passes)
@@ -202,13 +209,15 @@ class ZOOffloadEngine(StreamedEngine):
 
             def dual_forward(i: int, flat: torch.Tensor, apply) -> None:
                 block = adapter.blocks[i]
-                for k in zo_passes(ops, flat, s.blocks[i].layout, st, apply=apply):
+                for k in zo_passes(ops, flat, s.blocks[i].layout, st, apply=apply,
+                                   state=s.state_for(i)):
                     hidden[k] = adapter.run_block(block, hidden[k], ctx)
 
-            s.stream_blocks(step, dual_forward, write_back=True)
+            s.stream_blocks(step, dual_forward, write_back=True, state=st.pending is not None)
             losses = [None] * n
             with self.timer.span("compute", "compute", compute, step, HEAD):
-                for k in zo_passes(ops, s.head.flat, s.head.layout, st):
+                for k in zo_passes(ops, s.head.flat, s.head.layout, st,
+                                   state=self.group_state(len(s.blocks) + 1)):
                     if tied is not None:  # the head sees the tied weight at pass k
                         tied.bind_for(k, last=k == n - 1)
                     losses[k] = head_loss(self.objective, adapter, hidden[k], batch)

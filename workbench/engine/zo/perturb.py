@@ -19,7 +19,7 @@ import torch
 
 from workbench.engine import kernels
 from workbench.engine.groups import GroupLayout
-from workbench.engine.zo import philox
+from workbench.engine.zo import half, optim, philox
 
 
 MASK64 = (1 << 64) - 1
@@ -55,6 +55,8 @@ class PendingUpdate:
     lr: float
     wd: float
     rule: str = "sgd"  # "sign": w <- w - lr (sign(sum_j g_j z_j) + wd w), in one pass
+    t: int = 0  # momentum / adam (``optim.py``): the update's count from 1 (step + 1)
+    hp: tuple[float, ...] = ()  # momentum / adam: the rule's own knobs (``optim.hyper``)
 
     def parts(self) -> list[tuple[int, torch.Tensor, float]]:
         """(seed, coefficient (0-d view), weight decay) of each direction, in order."""
@@ -71,19 +73,22 @@ def pending_dict(upd: PendingUpdate | None, host_g: torch.Tensor | None) -> dict
         return None
     g = float(host_g) if upd.g.dim() == 0 else [float(x) for x in host_g.reshape(-1)]
     rule = {"rule": upd.rule} if upd.rule != "sgd" else {}
+    if upd.hp:
+        rule.update(t=upd.t, hp=list(upd.hp))
     return {"seed": upd.seed, "g": g, "lr": upd.lr, "wd": upd.wd, **rule}
 
 
-def pending_from_dict(d: dict | None, device: torch.device,
-                      rule: str = "sgd") -> PendingUpdate | None:
-    """The inverse of ``pending_dict`` (also reads a step-log row, whose rule is the run's:
-    ``rule``), g on ``device``."""
+def pending_from_dict(d: dict | None, device: torch.device, rule: str = "sgd", t: int = 0,
+                      hp: tuple[float, ...] = ()) -> PendingUpdate | None:
+    """The inverse of ``pending_dict`` (also reads a step-log row, whose rule, count and knobs
+    are the run's: ``rule``, ``t``, ``hp``), g on ``device``."""
     if d is None:
         return None
     g = d["g"]
     g = [float(x) for x in g] if isinstance(g, list) else float(g)
     return PendingUpdate(int(d["seed"]), torch.tensor(g, dtype=torch.float32, device=device),
-                         float(d["lr"]), float(d["wd"]), str(d.get("rule", rule)))
+                         float(d["lr"]), float(d["wd"]), str(d.get("rule", rule)),
+                         int(d.get("t", t)), tuple(float(x) for x in d.get("hp", hp)))
 
 
 class ZOOps:
@@ -116,6 +121,8 @@ class ZOOps:
                 out: torch.Tensor | None = None) -> None:
         """out (default: x in place) <- x + scale * z."""
         out = x if out is None else out
+        if x.dtype != torch.float32:  # MeZO's half weights: rounded to nearest (``half.py``)
+            return half.perturb(self, x, layout, seed, scale, out)
         if self.kernels is not None:
             self.kernels.launch(x, out, None, layout.n_decay, seed, 0, layout.gid, scale, 0.0, 0.0,
                               do_update=False, do_perturb=True, write_x=False)
@@ -123,23 +130,38 @@ class ZOOps:
         z = self.z(x.numel(), seed, layout.gid, x.device)
         torch.add(x, z, alpha=scale, out=out)
 
-    def update(self, x: torch.Tensor, layout: GroupLayout, upd: PendingUpdate) -> None:
+    def update(self, x: torch.Tensor, layout: GroupLayout, upd: PendingUpdate,
+               state: torch.Tensor | None = None) -> None:
         """x <- x - lr (g z + wd x) in place, z from the update's seed (one direction at a
-        time for a step of several: ``PendingUpdate.parts``; the sign rule in one pass)."""
+        time for a step of several: ``PendingUpdate.parts``; the sign rule in one pass;
+        momentum and adam on the estimate, with the group's ``state``: ``optim.py``)."""
+        if x.dtype != torch.float32:  # MeZO's half weights: rounded to nearest (``half.py``)
+            return half.update(self, x, layout, upd)
+        if upd.rule in optim.STATEFUL:
+            if state is None:
+                raise ValueError(f"zo_optimizer={upd.rule}: group {layout.name} has no state")
+            optim.stateful_step(x, layout, self.estimate(x, layout, upd), state, upd.rule,
+                                upd.lr, upd.wd, upd.t, upd.hp)
+            return
         if upd.rule == "sign":
             x.add_(self._sign_step(x, layout, upd), alpha=-upd.lr)
             return
         for seed, g, wd in upd.parts():
             self._update_one(x, layout, seed, g, upd.lr, wd)
 
-    def _sign_step(self, x: torch.Tensor, layout: GroupLayout, upd: PendingUpdate) -> torch.Tensor:
-        """sign(sum_j g_j z_j) + wd x (decayed elements) as a new (n,) fp32 tensor: the sign
-        rule's step before -lr (z materialised: one group's worth of 4 B temporaries)."""
+    def estimate(self, x: torch.Tensor, layout: GroupLayout, upd: PendingUpdate) -> torch.Tensor:
+        """d = sum_j g_j z_j as a new (n,) fp32 tensor (z materialised: one group's worth of
+        4 B temporaries)."""
         d = None
         for seed, g, _ in upd.parts():
             u = self.z(x.numel(), seed, layout.gid, x.device).mul_(g.to(x.device))
             d = u if d is None else d.add_(u)
-        d.sign_()
+        return d
+
+    def _sign_step(self, x: torch.Tensor, layout: GroupLayout, upd: PendingUpdate) -> torch.Tensor:
+        """sign(sum_j g_j z_j) + wd x (decayed elements) as a new (n,) fp32 tensor: the sign
+        rule's step before -lr."""
+        d = self.estimate(x, layout, upd).sign_()
         if upd.wd:
             d[:layout.n_decay].add_(x[:layout.n_decay], alpha=upd.wd)
         return d
@@ -157,7 +179,9 @@ class ZOOps:
 
     def delta(self, x: torch.Tensor, layout: GroupLayout, upd: PendingUpdate) -> torch.Tensor:
         """The update itself, -lr (sum_j g_j z_j + wd x), as a new fp32 tensor (x is not
-        changed)."""
+        changed; the stateless rules only: the mirror master carries no state)."""
+        if upd.rule in optim.STATEFUL:
+            raise ValueError(f"zo_optimizer={upd.rule}: the fp32 master's mirror carries no state")
         if upd.rule == "sign":
             return self._sign_step(x, layout, upd).mul_(-upd.lr)
         d = None
@@ -169,15 +193,17 @@ class ZOOps:
         return d.mul_(-upd.lr)
 
     def update_perturb(self, x: torch.Tensor, layout: GroupLayout, upd: PendingUpdate | None,
-                       seed: int, scale: float, out: torch.Tensor | None = None) -> None:
+                       seed: int, scale: float, out: torch.Tensor | None = None,
+                       state: torch.Tensor | None = None) -> None:
         """Apply ``upd`` (if any) to x, then out <- x + scale z (default out: x in place; with a
         separate out, x keeps the updated weights). One pass on the fused path (a step of q
         queries: q - 1 update passes, then the last direction's fused with the perturbation)."""
         if upd is None:
             self.perturb(x, layout, seed, scale, out)
             return
-        if self.kernels is None or upd.rule != "sgd":  # the sign rule: its own pass first
-            self.update(x, layout, upd)
+        # other rules, and half weights: the update its own pass first
+        if self.kernels is None or upd.rule != "sgd" or x.dtype != torch.float32:
+            self.update(x, layout, upd, state)
             self.perturb(x, layout, seed, scale, out)
             return
         *first, (last_seed, g, wd) = upd.parts()

@@ -85,19 +85,26 @@ def projected_grad(loss_plus: torch.Tensor, loss_minus: torch.Tensor, eps: float
 
 
 def apply_update(ops: ZOOps, flat: torch.Tensor, layout: GroupLayout,
-                 upd: PendingUpdate | None, apply: ApplyUpdate | None = None) -> None:
-    """w <- w - lr (g z + wd w) in place on the group's (n,) fp32 buffer; nothing when no
-    update is pending."""
-    if upd is not None and layout.numel:
-        (apply or ops.update)(flat, layout, upd)
+                 upd: PendingUpdate | None, apply: ApplyUpdate | None = None,
+                 state: torch.Tensor | None = None) -> None:
+    """w <- w - lr (g z + wd w) in place on the group's (n,) fp32 buffer (momentum / adam:
+    with the group's ``state``, ``optim.py``); nothing when no update is pending."""
+    if upd is None or not layout.numel:
+        return
+    if apply is not None:
+        apply(flat, layout, upd)
+    else:
+        ops.update(flat, layout, upd, state)
 
 
 def zo_passes(ops: ZOOps, flat: torch.Tensor, layout: GroupLayout, st: ZOStep,
-              apply: ApplyUpdate | None = None) -> Iterator[int]:
+              apply: ApplyUpdate | None = None,
+              state: torch.Tensor | None = None) -> Iterator[int]:
     """The ZO step on one group: yields each pass's index k (0 .. ``st.passes`` - 1) with the
-    group as pass k sees it (the pending update applied first), and leaves it restored when
-    resumed after the last. One central query: PLUS at p, MINUS at m. An empty group yields at
-    the same points and does nothing."""
+    group as pass k sees it (the pending update applied first, with the group's optimizer
+    ``state`` if its rule keeps one), and leaves it restored when resumed after the last. One
+    central query: PLUS at p, MINUS at m. An empty group yields at the same points and does
+    nothing."""
     if not layout.numel:
         yield from range(st.passes)
         return
@@ -110,13 +117,13 @@ def zo_passes(ops: ZOOps, flat: torch.Tensor, layout: GroupLayout, st: ZOStep,
         for j, seed in enumerate(st.seeds):
             # query j's +eps, with the pending update (j = 0) or query j - 1's restore fused
             ops.update_perturb(flat, layout, upd if j == 0 else shift(ops, st.seeds[j - 1], eps),
-                               seed, +eps)
+                               seed, +eps, state=state)
             yield 2 * j
             ops.perturb(flat, layout, seed, -2 * eps)
             yield 2 * j + 1
         ops.perturb(flat, layout, st.seeds[-1], +eps)
         return
-    apply_update(ops, flat, layout, upd)
+    apply_update(ops, flat, layout, upd, state=state)
     yield 0
     for j, seed in enumerate(st.seeds):
         if j == 0:
@@ -155,11 +162,11 @@ def jvp_tangent(ops: ZOOps, flat: torch.Tensor, layout: GroupLayout, st: ZOStep,
 
 
 def replay_pass(ops: ZOOps, flat: torch.Tensor, layout: GroupLayout, st: ZOStep, zo: bool,
-                apply: ApplyUpdate | None = None) -> None:
+                apply: ApplyUpdate | None = None, state: torch.Tensor | None = None) -> None:
     """A step's arithmetic on one group with its forward passes left out (checkpoint replay):
     ``zo`` the ZO passes, else forward-grad's (the update alone)."""
     if zo:
-        for _ in zo_passes(ops, flat, layout, st, apply=apply):
+        for _ in zo_passes(ops, flat, layout, st, apply=apply, state=state):
             pass
     else:
-        apply_update(ops, flat, layout, st.pending, apply)
+        apply_update(ops, flat, layout, st.pending, apply, state)
