@@ -78,7 +78,7 @@ def test_cli_cuda_without_gpu(tmp_path):
     ({"lr": float("nan")}, "lr: nan is not a finite number"),
     ({"eps": float("inf")}, "eps: inf is not a finite number"),
     ({"seq_len": 513}, "seq_len: 513 exceeds the 512 positions of tiny-opt"),
-    ({"codec": "bf16"}, "codec: 'bf16' does not apply to method=mezo"),
+    ({"codec": "bf16"}, "codec: bf16 with master=fp32 leaves mezo's weights in fp32"),
     ({"method": "zo-offload", "adam_beta1": 0.8}, "adam_beta1: 0.8 does not apply"),
     ({"method": "fo", "subgroup_size": 4096}, "subgroup_size: 4096 does not apply to method=fo"),
     ({"method": "fo", "update_threads": 4}, "update_threads: 4 does not apply to method=fo"),

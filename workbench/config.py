@@ -31,7 +31,7 @@ Device = Literal["cpu", "cuda"]
 Amp = Literal["off", "bf16", "fp16"]
 Rng = Literal["philox", "torch"]
 Codec = Literal["fp32", "bf16", "fp16", "fp8-e4m3", "fp8-e5m2"]
-Master = Literal["fp32", "compressed-sr"]
+Master = Literal["fp32", "compressed", "compressed-sr"]
 Objective = Literal["classify", "completion", "lm"]
 Peft = Literal["none", "lora"]
 BaseCodec = Literal["fp32", "bf16", "fp16", "fp8-e4m3", "int8"]
@@ -51,7 +51,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 #: ignored without a word, so it is refused instead.
 METHOD_KNOBS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("overlap", "reuse_buffers", "fused_update", "resident_blocks",
-                     "prefetch_depth", "codec", "master", "host_share"), STREAMING_METHODS),
+                     "prefetch_depth", "host_share"), STREAMING_METHODS),
+    **dict.fromkeys(("codec", "master"), (*STREAMING_METHODS, "mezo")),  # mezo: half weights
     "rng": ZO_METHODS,
     **dict.fromkeys(("eps", "queries", "estimator", "zo_optimizer"), ("mezo", "zo-offload")),
     **dict.fromkeys(("subgroup_size", "update_stride", "gpu_resident_ratio", "update_threads"),
@@ -165,8 +166,10 @@ class RunConfig:
                      "torch's generator as MeZO uses it", group="offload")
     # transfers (issue: AMP and codecs)
     codec: Codec = _knob("fp32", "format blocks travel in over PCIe", group="offload")
-    master: Master = _knob("fp32", "host copy of block weights: fp32, or the codec's format with "
-                           "stochastic rounding", group="offload")
+    master: Master = _knob("fp32", "where weights are kept (zo-offload's host copy of blocks; "
+                           "mezo's weights on the GPU): fp32, or the codec's bf16 / fp16 with "
+                           "updates rounded to nearest (compressed, as MeZO's half precision) or "
+                           "stochastically (compressed-sr)", group="offload")
     # adapters (issue 19): only the adapter trains; the frozen base streams host -> GPU only
     peft: Peft = _knob("none", "adapter: none trains every weight, lora only low-rank adapters",
                        group="peft")
@@ -350,12 +353,14 @@ def _check_values(cfg: RunConfig) -> list[str]:
     if cfg.estimator == "one-sided" and cfg.queries < 2:
         problems.append(f"estimator: one-sided divides the step by the spread of the queries' "
                         f"losses and needs queries >= 2 (this run has queries={cfg.queries})")
-    if cfg.master == "compressed-sr" and cfg.codec == "fp32":
-        problems.append("master: compressed-sr needs a compressed codec (bf16, fp16, fp8-e4m3, "
+    if cfg.master != "fp32" and cfg.codec == "fp32":
+        problems.append(f"master: {cfg.master} needs a compressed codec (bf16, fp16, fp8-e4m3, "
                         "fp8-e5m2); use master=fp32 with codec=fp32")
-    if cfg.master == "compressed-sr" and cfg.codec.startswith("fp8"):
-        problems.append("master: compressed-sr stores bf16/fp16 on the host; with an fp8 codec use "
-                        "master=fp32")
+    if cfg.master != "fp32" and cfg.codec.startswith("fp8"):
+        what = ("holds mezo's weights in bf16/fp16" if cfg.method == "mezo" else
+                "stores bf16/fp16 on the host")
+        problems.append(f"master: {cfg.master} {what}; with an fp8 codec use master=fp32")
+    problems += _check_half_weights(cfg)
     problems += _check_peft(cfg)
     problems += [f"report_to: {name!r} is not one of {', '.join(TRACKERS)} (comma-separated)"
                  for name in trackers(cfg) if name not in TRACKERS]
@@ -376,6 +381,27 @@ TRACKERS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 def trackers(cfg: RunConfig) -> list[str]:
     """The trackers ``report_to`` names, in order (empty: none)."""
     return [t.strip() for t in cfg.report_to.split(",") if t.strip()]
+
+
+def _check_half_weights(cfg: RunConfig) -> list[str]:
+    """mezo's codec and master: its weights in bf16 / fp16 on the device (``zo/half.py``)."""
+    if cfg.method != "mezo" or cfg.codec == "fp32":
+        return []
+    if cfg.master == "fp32":
+        return [f"codec: {cfg.codec} with master=fp32 leaves mezo's weights in fp32 (nothing "
+                "travels to compress); set master=compressed or compressed-sr to hold them in "
+                f"{cfg.codec}, or codec=fp32"]
+    if cfg.codec.startswith("fp8"):
+        return []  # refused above, as for the streamed masters
+    problems = []
+    if cfg.amp != cfg.codec:
+        problems.append(f"amp: mezo's {cfg.codec} weights (master={cfg.master}) compute in "
+                        f"{cfg.codec}; set amp={cfg.codec}")
+    if cfg.zo_optimizer in ("momentum", "adam"):
+        problems.append(f"zo_optimizer: {cfg.zo_optimizer} keeps per-weight state that mezo's "
+                        f"{cfg.codec} weights do not carry; use sgd or sign, or master=fp32 "
+                        "with codec=fp32")
+    return problems
 
 
 def _check_peft(cfg: RunConfig) -> list[str]:

@@ -670,7 +670,7 @@ def _write_bad_inputs(d: Path) -> dict[str, tuple[list[str], str]]:
         "model unknown": (run(f"model={d / 'unknown-arch'}"), "my-own-net"),
         "nan": (run("lr=nan"), "lr: nan is not a finite number"),
         "inf": (run("eps=inf"), "eps: inf is not a finite number"),
-        "not for mezo": (run("codec=bf16"), "codec: 'bf16' does not apply to method=mezo"),
+        "not for mezo": (run("codec=bf16"), "codec: bf16 with master=fp32 leaves mezo's weights"),
         "not for zo": (["run", *sets(*RUN, "method=zo-offload", "subgroup_size=4096"), *out],
                        "subgroup_size: 4096 does not apply to method=zo-offload"),
         "eval without dev": (run("eval_every=5"), "eval_every: data=synthetic has no dev"),

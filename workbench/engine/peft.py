@@ -15,6 +15,7 @@ from workbench.engine.codecs.base import base_codec
 from workbench.engine.codecs.frozen_form import FrozenForm, matrix_dtype
 from workbench.engine.groups import GroupLayout, LazyFlats, adapter_layouts, build_layouts
 from workbench.engine.storage import Group, materialise
+from workbench.engine.zo.half import weight_dtype
 from workbench.models.adapter import BlockAdapter
 from workbench.models.lora import LoRAInit, inject_lora
 
@@ -30,11 +31,13 @@ def model_groups(adapter: BlockAdapter, source, cfg: RunConfig,
                  device: torch.device) -> tuple[list[Group], list[Group]]:
     """(frozen, trainable) groups of a model held whole on ``device``, bound: with
     ``peft=lora`` the base (``frozen_groups``) and the adapters (``adapter_groups``), else
-    nothing frozen and every (embedding, block, head) group trainable."""
+    nothing frozen and every (embedding, block, head) group trainable, in fp32 or MeZO's half
+    weights (``zo/half.py``)."""
     if cfg.peft == "lora":
         return frozen_groups(adapter, source, cfg, device), adapter_groups(adapter, cfg, device)
     embed, blocks, head = build_layouts(adapter)
-    groups = [Group(lay, materialise(lay, source, cfg.seed, device))
+    dtype = weight_dtype(cfg)
+    groups = [Group(lay, materialise(lay, source, cfg.seed, device, dtype=dtype))
               for lay in (embed, *blocks, head)]
     for group in groups:
         group.bind()

@@ -11,7 +11,8 @@ from workbench.engine.groups import GroupLayout
 
 @dataclass
 class Group:
-    """A layout and the flat fp32 buffer holding it on one device, plus cached param views.
+    """A layout and the flat fp32 buffer holding it on one device (bf16 / fp16 for MeZO's half
+    weights: ``zo/half.py``), plus cached param views.
     A frozen base block may instead be held in a ``form`` (``frozen_form.py``: matrices in the
     compute dtype), ``flat`` then being the form's byte buffer."""
 
@@ -21,8 +22,9 @@ class Group:
     _params: dict = field(default_factory=dict)
 
     def values(self) -> torch.Tensor:
-        """The weights held, as fp32 (n,) (a new tensor for a form, else ``flat`` itself)."""
-        return self.flat if self.form is None else self.form.to_fp32(self.flat)
+        """The weights held, as fp32 (n,) (a new tensor for a form or half weights, else
+        ``flat`` itself)."""
+        return self.flat.float() if self.form is None else self.form.to_fp32(self.flat)
 
     def load(self, values: torch.Tensor) -> None:
         """Set the weights from fp32 ``values`` (n,) (a form rounds its matrices)."""
@@ -43,9 +45,11 @@ class Group:
 
 
 def materialise(layout: GroupLayout, source, seed: int, device: torch.device,
-                pin: bool = False) -> torch.Tensor:
-    """A flat fp32 buffer for ``layout`` on ``device``, filled by ``source``."""
+                pin: bool = False, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A flat buffer for ``layout`` on ``device``, filled by ``source``: fp32, or ``dtype``
+    (MeZO's half weights), filled in fp32 and rounded to nearest once, as MeZO's half-precision
+    loading does (one group's fp32 beside it, never the model's)."""
     flat = torch.empty(layout.numel, dtype=torch.float32, device=device, pin_memory=pin)
     if layout.numel:
         source.fill(layout.name, layout.named_views(flat), seed)
-    return flat
+    return flat if dtype == torch.float32 else flat.to(dtype)

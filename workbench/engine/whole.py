@@ -43,8 +43,8 @@ class WholeModel:
                         total=total)
 
     def state_flats(self) -> list[torch.Tensor]:
-        """Every trainable group's fp32 weights in canonical order (device tensors; callers
-        copy)."""
+        """Every trainable group's weights in canonical order (device tensors; callers copy):
+        fp32, or MeZO's half weights in their bf16 / fp16 (a checkpoint stores those bits)."""
         return [g.flat for g in self.groups]
 
     def base_flats(self) -> Sequence[torch.Tensor]:

@@ -35,7 +35,7 @@ from workbench.plan.fo import plan_fo
 from workbench.plan.lora import frozen_stream, matrix_bytes
 from workbench.plan.memory import FINGERPRINT_SCRATCH_BYTES, moments, pinned_bytes
 from workbench.plan.rates import profile
-from workbench.plan.zo import plan_zo
+from workbench.plan.zo import plan_zo, weight_bytes
 from workbench.presets import PRESETS, TINY_PREFIX, Preset, lookup
 
 GiB, MiB = 2 ** 30, 2 ** 20
@@ -142,6 +142,7 @@ def plan(cfg: RunConfig, gpu: str | None = None, calibration: dict | None = None
     prof, notes = profile(cfg, gpu, calib)
     rows, t, masked = cfg.batch_size, cfg.seq_len, cfg.data != "synthetic"
     held = matrix_bytes(cfg)  # a frozen base held in the compute dtype is read, never cast
+    held = 2 if weight_bytes(cfg) == 2 else held  # and so are mezo's half weights
     cast, wb = amp and held is None, 2 if amp and held else 10 if amp else 4
     rate, bw, proj = prof["flops_bf16" if amp else "flops_fp32"], prof["gpu_mem_bps"], \
         p.hf.get("word_embed_proj_dim", p.hidden)
@@ -171,7 +172,7 @@ def plan(cfg: RunConfig, gpu: str | None = None, calibration: dict | None = None
         r = min(cfg.resident_blocks, n) if cfg.method in ("zo-offload", "forward-grad") else n
         pin = lambda nbytes: pinned_bytes(nbytes, cuda)  # noqa: E731
         on_gpu = pin(4 * ne) + pin(4 * nh) + r * pin(4 * nb)  # pinned
-        streamed = 2 if cfg.master == "compressed-sr" and cfg.method == "zo-offload" else 4
+        streamed = 2 if cfg.master != "fp32" and cfg.method == "zo-offload" else 4
         host["checkpoint snapshot (master copy)"] = on_gpu + streamed * (n - r) * nb
     # End of run (digest + norm) and resume: one group at a time as fp32 on the host, plus the
     # threads' fp64 buffers (``engine.groups.fingerprint``; a streamed engine decodes a block only

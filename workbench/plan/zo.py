@@ -2,7 +2,10 @@
 streamed host <-> GPU through ``prefetch_depth`` + ``SPARE_SLOTS`` slots).
 
 Memory (n = elements of one block, B rows, T = seq_len, D hidden).
-  Parameters as the engines hold them (their ``gpu_param_bytes``). mezo: every group in fp32.
+  Parameters as the engines hold them (their ``gpu_param_bytes``). mezo: every group in fp32,
+    or 2 B/param with half weights (master=compressed|compressed-sr, codec=bf16|fp16); their
+    passes materialise an fp32 z (the update: z g + w) of one group at a time even with the
+    fused kernel, and compressed-sr's torch rounding path about 23 B per element beside it.
     zo-offload: embedding + head + resident blocks; prefetch_depth + 2 fp32 slots of a block
     (+ 1 under master=compressed-sr: a slot is free once encoded); a copy of a tied LM-head
     weight in the head's compute dtype (``engine/zo/tied.py``: bf16 / fp16 under amp, else fp32),
@@ -50,10 +53,17 @@ from workbench.presets import Preset
 OP_LAUNCH_S = 5e-5  # host time of one perturbation kernel or one transfer launch
 
 
+def weight_bytes(cfg: RunConfig) -> int:
+    """Bytes per parameter of mezo's weights on the device: 2 for its half weights
+    (``engine/zo/half.py``), else 4 (the streamed methods' resident groups too)."""
+    half = cfg.method == "mezo" and cfg.master != "fp32" and cfg.codec in ("bf16", "fp16")
+    return 2 if half else 4
+
+
 def transfer_kind(cfg: RunConfig) -> str:
     """How trained blocks travel: plain (fp32), sr (compressed master) or mirror (fp32 master,
     a compressed mirror up, a bf16 delta down)."""
-    return "plain" if cfg.codec == "fp32" else ("sr" if cfg.master == "compressed-sr" else "mirror")
+    return "plain" if cfg.codec == "fp32" else ("sr" if cfg.master != "fp32" else "mirror")
 
 
 @dataclass(frozen=True)
@@ -88,7 +98,7 @@ def _stream(cfg: RunConfig, p: Preset, prof: dict) -> Stream:
     z = (lambda k: 0) if fused else (  # z materialised, + philox's int64 chunk temporaries
         lambda k: 4 * k + (0 if cfg.rng == "torch" else 80 * min((k + 3) // 4, 1 << 22)))
     r = min(cfg.resident_blocks, N) if streaming else N
-    kind = transfer_kind(cfg)
+    kind = transfer_kind(cfg) if streaming else "plain"  # mezo: nothing travels
     slots = cfg.prefetch_depth + SPARE_SLOTS[kind] if streaming and r < N else 0
     up = codec_bytes(cfg.codec, nb)
     down = {"plain": 4 * nb, "sr": up, "mirror": 2 * nb}[kind]
@@ -107,8 +117,9 @@ def plan_zo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) ->
 def _parameters(cfg: RunConfig, p: Preset, st: Stream, e: dict, notes: list[str]) -> int:
     """Device and host bytes of the weights, slots and wires; returns the tied head copy's."""
     cuda, dev, nb, s, slots, kind, up = st.cuda, e["dev"], st.nb, st.s, st.slots, st.kind, st.up
-    dev["embedding + head"] = 4 * (st.ne + st.nh)
-    dev["resident blocks" if st.streaming else "blocks"] = 4 * st.r * nb
+    wb = weight_bytes(cfg)
+    dev["embedding + head"] = wb * (st.ne + st.nh)
+    dev["resident blocks" if st.streaming else "blocks"] = wb * st.r * nb
     tied_copy = 0
     if cfg.method == "zo-offload" and p.hf.get("tie_word_embeddings", True):  # the head's copies
         tied_copy = (2 if e["amp"] else 4) * p.vocab * p.hf.get("word_embed_proj_dim", p.hidden) \
@@ -137,7 +148,7 @@ def _parameters(cfg: RunConfig, p: Preset, st: Stream, e: dict, notes: list[str]
                          "up to a power of two: pinned host memory is counted as rounded")
     extras = (dev.get("codec wire buffers", 0) + dev.get("mirror deltas", 0)
               if cfg.reuse_buffers else 0)
-    e["gpu_param_bytes"] = cuda * (4 * (st.ne + st.nh + st.r * nb) + tied_copy
+    e["gpu_param_bytes"] = cuda * (wb * (st.ne + st.nh + st.r * nb) + tied_copy
                                    + (4 * slots * nb + extras) * cfg.reuse_buffers)
     return tied_copy
 
@@ -168,8 +179,8 @@ def _activations(cfg: RunConfig, p: Preset, prof: dict, st: Stream, e: dict, not
                           if tied_copy and e["amp"] else 0)
     peaks = [m["embed"] + (live - 1) * (hb + held // live), live * hb + held + blockm,
              live * hb + held + head_m]
-    peaks += [held + z(max(ne, nb, nh))] if not st.streaming else [  # held: not yet collected
-        live * hb + held + max(z(nb) + 4 * nb * (st.kind == "mirror"), z(ne))]  # (tied: last)
+    peaks += [held + _resident_z(cfg, prof, st, max(ne, nb, nh))] if not st.streaming else [
+        live * hb + held + max(z(nb) + 4 * nb * (st.kind == "mirror"), z(ne))]  # held: not yet collected
     if cfg.zo_optimizer == "sign":  # its update materialises z and the estimate (4 B each)
         peaks[-1] += 8 * max(ne, nb, nh)
     act = max(peaks) + rows * t * t * masked  # + the padding mask, alive all step
@@ -179,6 +190,17 @@ def _activations(cfg: RunConfig, p: Preset, prof: dict, st: Stream, e: dict, not
         em = max(moments(p, er, t, e["amp"], True, e["cast"]).values())
         act = max(act, ehb + held // live * er // rows + em + er * t * t)
     dev["activations"] = act
+
+
+def _resident_z(cfg: RunConfig, prof: dict, st: Stream, k: int) -> int:
+    """Bytes a perturbation or update of a resident group of k elements materialises (mezo):
+    ``st.z``, or with half weights an fp32 z always (+ philox's temporaries without the fused
+    kernel) and compressed-sr's torch rounding path (about 23 B per element) without it."""
+    if weight_bytes(cfg) == 4:
+        return st.z(k)
+    fused = st.cuda and bool(prof.get("fused_kernel"))
+    sr = 23 * k * (cfg.master == "compressed-sr" and not fused)
+    return max(st.z(k), 4 * k) + sr
 
 
 def _time(cfg: RunConfig, prof: dict, st: Stream, e: dict, notes: list[str]) -> None:

@@ -4,7 +4,8 @@ PlainTransfer     master fp32, codec fp32: 4 B/param each way; bit-equal to MeZO
 SRTransfer        master compressed-sr: the host stores bf16/fp16 (2 B/param, half the host
                   memory); up 2 B, decoded to fp32 on the GPU; the updated fp32 weights are
                   encoded with stochastic rounding on the GPU and sent down (2 B). Unbiased:
-                  an update below a bf16 ulp survives in expectation, not always.
+                  an update below a bf16 ulp survives in expectation, not always. master
+                  compressed: the same, rounded to nearest (an update below half an ulp is lost).
 MirrorTransfer    master fp32, compressed codec: the host keeps an fp32 master and a
                   compressed mirror of it. Up: the mirror (2 B, or 1 B + scales for fp8); the
                   GPU applies the pending update on top of the decoded mirror for compute and
@@ -154,11 +155,12 @@ class HalfReader:
 
 
 class SRTransfer(PlainTransfer):
-    """Compressed host storage (bf16 / fp16) with stochastic rounding."""
+    """Compressed host storage (bf16 / fp16) with stochastic rounding (``sr=False``:
+    ``master=compressed``, each offload rounded to nearest instead)."""
 
-    def __init__(self, device, timer, ops, codec: Codec, share=None):
+    def __init__(self, device, timer, ops, codec: Codec, share=None, sr: bool = True):
         super().__init__(device, timer, ops, share)
-        self.codec = codec
+        self.codec, self.sr = codec, sr
         self._offloads: tuple[int, dict[int, int]] = (-1, {})  # (step, block -> offloads so far)
         self._outside = 0  # offloads outside any step so far
 
@@ -218,8 +220,9 @@ class SRTransfer(PlainTransfer):
         k = self._offloads[1].get(block, 0)
         self._offloads[1][block] = k + 1
         seed = step_seed(layout.gid, 4 * step + k)
-        with self.timer.span("codec", "offload", stream, step, block, wire.numel(), "encode-sr"):
-            self.codec.encode(slot, wire, sr_seed=seed)
+        with self.timer.span("codec", "offload", stream, step, block, wire.numel(),
+                             "encode-sr" if self.sr else "encode"):
+            self.codec.encode(slot, wire, sr_seed=seed if self.sr else None)
         if released is not None:
             released()  # the slot has been read: the next block may decode into it
         with self.timer.span("offload", "offload", stream, step, block, wire.numel()):
@@ -322,8 +325,8 @@ def make_transfer(master: str, codec: str, device: torch.device, timer, ops: ZOO
     c = get_codec(codec)
     if codec == "fp32":
         return PlainTransfer(device, timer, ops, share)
-    if master == "compressed-sr":
-        return SRTransfer(device, timer, ops, c, share)
+    if master in ("compressed", "compressed-sr"):
+        return SRTransfer(device, timer, ops, c, share, sr=master == "compressed-sr")
     if share is not None:
         raise ValueError("host_share: master=fp32 with a compressed codec keeps a host master "
                          "per rank; use master=compressed-sr or host_share=false")

@@ -3,7 +3,9 @@
 Per step with seed s: perturb every parameter by +eps z, forward; by -2 eps z, forward; by
 +eps z (restore); g = (L+ - L-) / 2 eps; update w <- w - lr (g z + wd w). z is regenerated from
 s each time, never stored; the groups' flat buffers make each of those passes one launch per
-group. The arithmetic is ``step.py``'s, every group's passes driven together.
+group. The arithmetic is ``step.py``'s, every group's passes driven together. With
+``master=compressed|compressed-sr`` the weights are bf16 / fp16 on the device, each pass
+rounded as MeZO's half-precision runs round it (``half.py``).
 """
 from __future__ import annotations
 
@@ -22,7 +24,9 @@ from workbench.engine.timing import OpTimer
 from workbench.engine.whole import WholeModel
 from workbench.engine.zo.perturb import PendingUpdate, ZOOps
 from workbench.engine.zo.estimate import estimate, pass_name, step_output
-from workbench.engine.zo.step import ZOStep, apply_update, lockstep, zo_passes
+from workbench.engine.zo import half
+from workbench.engine.zo.half import weight_dtype
+from workbench.engine.zo.step import ZOStep, apply_update, lockstep, step_seed, zo_passes
 
 
 class MeZOEngine(WholeModel):
@@ -40,6 +44,9 @@ class MeZOEngine(WholeModel):
         # The groups that train (``groups``) and those that stay as loaded (``frozen``).
         self.hold(model, source, cfg, device, objective)
         self.ops = ZOOps(cfg.rng, device)
+        # half weights under compressed-sr: the update rounds stochastically (else ops.update)
+        sr = cfg.master == "compressed-sr" and weight_dtype(cfg) != torch.float32
+        self.apply = half.updater(self.ops, sr, step_seed)
         self.timer = OpTimer(device, bus, cfg.telemetry)
         self.bytes_h2d = self.bytes_d2h = 0
         # Data parallel: averages the shard losses over ranks (the only traffic of a step).
@@ -75,7 +82,7 @@ class MeZOEngine(WholeModel):
         stream = torch.cuda.current_stream() if self.device.type == "cuda" else None
         with self.timer.span("update", "compute", stream, step, EMBED):
             for group in self.groups:
-                apply_update(self.ops, group.flat, group.layout, upd)
+                apply_update(self.ops, group.flat, group.layout, upd, self.apply)
         self.timer.poll()
         return step_output(losses, st, coefs, g)
 

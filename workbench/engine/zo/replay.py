@@ -6,7 +6,8 @@ them: ``step.replay_pass`` on every group, in the engine's order, with the updat
 where the engine applies it (deferred into the next step's pass, or at the end of the step for
 MeZO and fused_update=false). Streamed blocks go through the run's own host format
 (``stream/transfers.py``): the fp32 master, its compressed mirror (whose updates are computed on the
-decoded mirror and reach the master as bf16), or compressed-sr with its seeded roundings.
+decoded mirror and reach the master as bf16), or compressed(-sr) with its seeded roundings;
+MeZO's half weights (``half.py``) in their own dtype, rounded as the engine rounds them.
 """
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ from workbench.engine.events import EventBus
 from workbench.engine.groups import GroupLayout
 from workbench.engine.stream.transfers import make_transfer
 from workbench.engine.timing import OpTimer
+from workbench.engine.zo import half
+from workbench.engine.zo.half import weight_dtype
 from workbench.engine.zo.perturb import ZOOps, pending_from_dict
-from workbench.engine.zo.step import ApplyUpdate, ZOStep, apply_update, replay_pass
+from workbench.engine.zo.step import ApplyUpdate, ZOStep, apply_update, replay_pass, step_seed
 
 #: What a replayed pass does to one group: ``fn(weights, layout, apply)``.
 GroupPass = Callable[[torch.Tensor, GroupLayout, ApplyUpdate | None], None]
@@ -44,6 +47,9 @@ def replay(flats: list[torch.Tensor], names: list[str], n_decay: list[int],
     # an adapter run's groups (its adapters) are resident in every engine: nothing streams
     streamed = (set() if method == "mezo" or config.get("peft", "none") == "lora"
                 else set(range(1 + resident, 1 + n_blocks)))
+    dtype = weight_dtype(config)  # MeZO's half weights: bf16 / fp16, else fp32
+    resident_apply = half.updater(ops, config.get("master") == "compressed-sr"
+                                  and dtype != torch.float32, step_seed)
     transfer = None
     if streamed:
         timer = OpTimer(device, EventBus(), enabled=False)
@@ -55,13 +61,13 @@ def replay(flats: list[torch.Tensor], names: list[str], n_decay: list[int],
             weights.append(transfer.host_storage(layouts[k]))
             transfer.store_fp32(weights[k], flats[k])
         else:
-            weights.append(flats[k].to(device, torch.float32))
+            weights.append(flats[k].to(device, dtype))
 
     def each_group(t: int, fn: GroupPass) -> None:
         """One pass of step ``t`` (-1: outside any step) over every group, in order."""
         for k, lay in enumerate(layouts):
             if k not in streamed:
-                fn(weights[k], lay, None)
+                fn(weights[k], lay, resident_apply)
                 continue
             b = k - 1  # the block index, as the engine's transfer counts offloads
             transfer.wait_host(b)  # the mirror's host pass of the last offload has finished
@@ -81,7 +87,7 @@ def replay(flats: list[torch.Tensor], names: list[str], n_decay: list[int],
     if upd is not None:
         each_group(-1, lambda w, lay, apply: apply_update(ops, w, lay, upd, apply))
     if transfer is None:
-        return [w.cpu() for w in weights]
+        return [w.cpu().float() for w in weights]
     if device.type == "cuda":
         torch.cuda.synchronize(device)  # replay only: the offloads have written the host copies
     for k in streamed:
