@@ -193,3 +193,35 @@ def test_a_stride_recorded_as_text_resumes_as_the_same_stride():
     old = {**RunConfig(method="fo-offload").to_dict(), "update_stride": "3"}  # an older run.json
     assert check_resume(old, RunConfig(method="fo-offload", update_stride=3)) == []
     assert check_resume(old, RunConfig(method="fo-offload", update_stride=4)) != []
+
+
+@pytest.mark.parametrize("changes, line", [
+    ({"codec": "bf16"}, "codec: bf16 with master=fp32 leaves mezo's weights in fp32"),
+    ({"codec": "bf16", "master": "compressed"},
+     "amp: mezo's bf16 weights (master=compressed) compute in bf16; set amp=bf16"),
+    ({"codec": "fp16", "master": "compressed-sr", "amp": "bf16"}, "amp: mezo's fp16 weights"),
+    ({"codec": "fp8-e4m3", "master": "compressed"},
+     "master: compressed holds mezo's weights in bf16/fp16; with an fp8 codec use master=fp32"),
+    ({"master": "compressed"}, "master: compressed needs a compressed codec"),
+    ({"codec": "bf16", "master": "compressed", "amp": "bf16", "zo_optimizer": "adam"},
+     "zo_optimizer: adam keeps per-weight state that mezo's bf16 weights do not carry"),
+    ({"method": "zo-offload", "codec": "fp8-e5m2", "master": "compressed"},
+     "master: compressed stores bf16/fp16 on the host"),
+    ({"method": "fo", "codec": "bf16", "master": "compressed"}, "codec: 'bf16' does not apply"),
+])
+def test_half_weights_refusals_each_one_line(changes, line):
+    """mezo's half weights (``zo/half.py``): each wrong setting is refused in one line, all at
+    once."""
+    with pytest.raises(ConfigError) as err:
+        RunConfig(**changes)
+    assert sum(p.startswith(line) for p in err.value.problems) == 1, err.value.problems
+
+
+def test_half_weights_and_nearest_master_are_accepted():
+    for codec in ("bf16", "fp16"):
+        for master in ("compressed", "compressed-sr"):
+            assert RunConfig(codec=codec, master=master, amp=codec).master == master
+    assert RunConfig(method="zo-offload", codec="bf16", master="compressed").codec == "bf16"
+    with pytest.raises(ConfigError) as err:  # every problem at once
+        RunConfig(codec="fp16", master="compressed", amp="off", zo_optimizer="momentum")
+    assert [p.split(":")[0] for p in err.value.problems] == ["amp", "zo_optimizer"]

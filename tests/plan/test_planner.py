@@ -337,7 +337,12 @@ def test_host_memory_covers_the_save_one_group_at_a_time():
                                    dict(peft="lora", base_codec="int8", prefetch_depth=2),
                                    dict(peft="lora", base_codec="fp8-e4m3", amp="bf16"),
                                    dict(peft="lora", base_codec="bf16", amp="bf16",
-                                        resident_blocks=1)])
+                                        resident_blocks=1),
+                                   # optimizer state beside the groups and the slots
+                                   dict(zo_optimizer="adam"),
+                                   dict(zo_optimizer="momentum", codec="bf16",
+                                        master="compressed-sr", resident_blocks=1),
+                                   dict(zo_optimizer="adam", peft="lora")])
 def test_planned_device_buffers_are_the_engines_own(model, knobs):
     """The memory model's buffer items equal, byte for byte, the buffers the zo-offload engine
     allocates (built here on the CPU; the same tensors live on the GPU there): embedding + head,
@@ -500,3 +505,50 @@ def test_check_fits_counts_the_gpu_memory_free_now(monkeypatch):
     monkeypatch.setattr(machine, "free_gpu_bytes", never)
     assert machine.check_fits_here(cfg, calibration=HOST, gpu="h200").fits_gpu
     assert machine.check_fits_here(cfg.replace(device="cpu"), calibration=HOST).fits_host
+
+
+@pytest.mark.parametrize("codec", ["bf16", "fp16"])
+def test_mezo_half_weights_hold_two_bytes_a_param(codec):
+    """mezo master=compressed|compressed-sr holds its weights in the codec's 2 B; its passes
+    materialise an fp32 z of the largest group (the fused kernel is fp32-only), and the SR
+    torch path (no Triton) about 23 B per element more. opt-30b then fits an 80 GB H100."""
+    p = PRESETS["opt-30b"]
+    kw = dict(model="opt-30b", batch_size=8, codec=codec, amp=codec)
+    fp32 = plan(cfg_(model="opt-30b", batch_size=8, amp=codec), gpu="h100")
+    near = plan(cfg_(master="compressed", **kw), gpu="h100")
+    sr = plan(cfg_(master="compressed-sr", **kw), gpu="h100")
+    assert fp32.gpu_param_bytes == 4 * p.total_params()
+    assert near.gpu_param_bytes == sr.gpu_param_bytes == 2 * p.total_params()
+    assert near.gpu_breakdown["blocks"] == 2 * p.num_layers * p.block_params()
+    big = max(p.embed_params(), p.block_params(), p.head_params())
+    assert near.gpu_breakdown["activations"] >= 4 * big  # the fp32 z of the embedding
+    assert near.pcie_bytes_per_step == 0 and masters(near) == 0
+    check_fits(cfg_(master="compressed", **kw), gpu="h100")  # fits: no PlanError
+    with pytest.raises(PlanError, match="gpu memory"):
+        check_fits(cfg_(model="opt-30b", batch_size=8, amp=codec), gpu="h100")
+    no_triton = {"device": "cuda", "fused_kernel": False, "method_version": 99}
+    a, b = (plan(cfg_(master=m, **kw), calibration=no_triton)
+            for m in ("compressed", "compressed-sr"))
+    assert b.gpu_breakdown["activations"] - a.gpu_breakdown["activations"] == 23 * big
+
+
+@pytest.mark.parametrize("master, per_elem", [("fp32", 4), ("compressed-sr", 2)])
+def test_optimizer_state_travels_with_each_streamed_block(master, per_elem):
+    """momentum keeps one state tensor, adam two, in the master's format on the host: each adds
+    k x the weights' bytes to a streamed block's host memory and to the wire each way."""
+    p = PRESETS["opt-1.3b"]
+    n, nb = p.num_layers, p.block_params()
+    codec = "fp32" if master == "fp32" else "bf16"
+    sgd = plan(cfg_(model="opt-1.3b", method="zo-offload", codec=codec, master=master),
+               gpu="h200")
+    for rule, k in (("momentum", 1), ("adam", 2)):
+        pl = plan(cfg_(model="opt-1.3b", method="zo-offload", codec=codec, master=master,
+                       zo_optimizer=rule), gpu="h200")
+        assert pl.h2d_bytes_per_step - sgd.h2d_bytes_per_step == k * n * nb * per_elem
+        assert pl.d2h_bytes_per_step - sgd.d2h_bytes_per_step == k * n * nb * per_elem
+        kind = "fp32" if master == "fp32" else "bf16"
+        assert pl.host_breakdown[f"optimizer state ({kind})"] == n * pinned(k * nb * per_elem)
+        assert pl.transfer_seconds > sgd.transfer_seconds  # (compute-bound here: B x T = 2k)
+        assert pl.step_seconds >= sgd.step_seconds
+    mezo = plan(cfg_(model="opt-1.3b", method="mezo", zo_optimizer="adam"), gpu="h200")
+    assert mezo.gpu_breakdown["optimizer state"] == 8 * p.total_params()

@@ -35,6 +35,7 @@ import torch
 
 from workbench.config import ZO_METHODS
 from workbench.engine.groups import LazyFlats
+from workbench.engine.zo.optim import STATE_SUFFIX
 
 FORMAT = 1
 
@@ -54,10 +55,6 @@ class Snapshot:
     # zo_optimizer=momentum / adam: each group's optimizer state (``zo/optim.py``), canonical
     # order, in the master's precision as the weights; None: the rule keeps none
     opt_state: Sequence[torch.Tensor] | None = None
-
-
-#: a group's optimizer state is stored under its name with this suffix, in the group's shard
-STATE_SUFFIX = ".zo_state"
 
 
 def _fsync_dir(path: Path) -> None:

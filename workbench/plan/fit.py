@@ -75,6 +75,10 @@ def _problems(cfg: RunConfig, pl: Plan, replan) -> list[str]:
         cands = []
         if cfg.method in ("mezo", "fo"):
             cands.append(("method=zo-offload streams the blocks", {"method": "zo-offload"}))
+        if cfg.method == "mezo" and cfg.master == "fp32" and cfg.peft == "none":
+            cands.append(("codec=bf16 master=compressed amp=bf16 holds the weights in bf16 "
+                          "(MeZO's half precision)",
+                          {"codec": "bf16", "master": "compressed", "amp": "bf16"}))
         if cfg.method == "fo":
             cands.append(("method=fo-offload keeps AdamW on the host", {"method": "fo-offload"}))
         if cfg.resident_blocks and cfg.method in ("zo-offload", "forward-grad"):
@@ -86,7 +90,7 @@ def _problems(cfg: RunConfig, pl: Plan, replan) -> list[str]:
             spare = SPARE_SLOTS[transfer_kind(cfg)]
             cands.append((f"prefetch_depth=1 ({1 + spare} slots, not "
                           f"{cfg.prefetch_depth + spare})", {"prefetch_depth": 1}))
-        if cfg.codec != "fp32":
+        if cfg.codec != "fp32" and cfg.method != "mezo":  # mezo: its half weights
             cands.append(("codec=fp32 drops the wire buffers beside the slots",
                           {"codec": "fp32", "master": "fp32"}))
         if cfg.amp == "off":

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.config import RunConfig, zo_passes
+from workbench.config import ZO_STATE_SLOTS, RunConfig, zo_passes
 from workbench.plan.memory import SPARE_SLOTS, pinned_bytes
 from workbench.presets import Preset
 
@@ -119,6 +119,9 @@ def frozen_stream(cfg: RunConfig, p: Preset, prof: dict, e: dict[str, Any],
               "perturb_torch_per_s" if cfg.rng == "torch" else "perturb_philox_torch_per_s"]
     dev["adapters (fp32)"] = 4 * nl
     e["gpu_param_bytes"] += cuda * 4 * nl
+    if ZO_STATE_SLOTS[cfg.zo_optimizer]:  # momentum / adam: fp32 state beside the adapters
+        dev["optimizer state"] = 4 * ZO_STATE_SLOTS[cfg.zo_optimizer] * nl
+        e["gpu_param_bytes"] += cuda * dev["optimizer state"]
     # z per adapter element and query: + (with the update), -2, + (restore) (one-sided: the
     # update, +, - (restore)); a pass per query and sign (one-sided: per query, and one clean)
     passes, regens = zo_passes(cfg.queries, cfg.estimator), 4 * cfg.queries - (

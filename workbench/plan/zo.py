@@ -44,7 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from workbench.config import RunConfig, zo_passes
+from workbench.config import ZO_STATE_SLOTS, RunConfig, zo_passes
 from workbench.plan.lora import codec_bytes
 from workbench.plan.memory import EVAL_ROWS, SPARE_SLOTS, moments, pinned_bytes
 from workbench.plan.rates import host_key
@@ -95,6 +95,8 @@ def _stream(cfg: RunConfig, p: Preset, prof: dict) -> Stream:
     fused = cfg.rng == "philox" and cuda and bool(prof.get("fused_kernel"))
     pr = prof["perturb_fused_per_s" if fused else
               "perturb_torch_per_s" if cfg.rng == "torch" else "perturb_philox_torch_per_s"]
+    if fused and weight_bytes(cfg) == 2:  # half weights: torch ops on the kernel's normals
+        pr = prof["perturb_torch_per_s"]  # (``engine/zo/half.py``), planned at torch's rate
     z = (lambda k: 0) if fused else (  # z materialised, + philox's int64 chunk temporaries
         lambda k: 4 * k + (0 if cfg.rng == "torch" else 80 * min((k + 3) // 4, 1 << 22)))
     r = min(cfg.resident_blocks, N) if streaming else N
@@ -150,7 +152,25 @@ def _parameters(cfg: RunConfig, p: Preset, st: Stream, e: dict, notes: list[str]
               if cfg.reuse_buffers else 0)
     e["gpu_param_bytes"] = cuda * (wb * (st.ne + st.nh + st.r * nb) + tied_copy
                                    + (4 * slots * nb + extras) * cfg.reuse_buffers)
+    k = ZO_STATE_SLOTS[cfg.zo_optimizer]
+    if k:  # momentum / adam (``engine/stream/opt_state.py``): fp32 beside the device groups,
+        # fp32 state slots beside the block slots (+ their wires), the master's form on the host
+        sb = _state_wire(cfg, st, k)
+        state = 4 * k * (st.ne + st.nh + st.r * nb) + (4 * k * slots * nb + (
+            2 * sb if kind == "sr" else 0)) * cfg.reuse_buffers
+        dev["optimizer state"] = state
+        e["gpu_param_bytes"] += cuda * state
+        if s:
+            e["pinned"] += s * pinned_bytes(sb, cuda)
+            e["host"][f"optimizer state ({'fp32' if kind == 'plain' else cfg.codec})"] = \
+                s * pinned_bytes(sb, cuda)
     return tied_copy
+
+
+def _state_wire(cfg: RunConfig, st: Stream, k: int) -> int:
+    """Bytes of one streamed block's optimizer state on the host and on the wire each way:
+    k x the block's weights in the master's format (fp32, or the codec's 2 B)."""
+    return k * (4 * st.nb if st.kind == "plain" else codec_bytes(cfg.codec, st.nb))
 
 
 def _activations(cfg: RunConfig, p: Preset, prof: dict, st: Stream, e: dict, notes: list[str],
@@ -181,8 +201,8 @@ def _activations(cfg: RunConfig, p: Preset, prof: dict, st: Stream, e: dict, not
              live * hb + held + head_m]
     peaks += [held + _resident_z(cfg, prof, st, max(ne, nb, nh))] if not st.streaming else [
         live * hb + held + max(z(nb) + 4 * nb * (st.kind == "mirror"), z(ne))]  # held: not yet collected
-    if cfg.zo_optimizer == "sign":  # its update materialises z and the estimate (4 B each)
-        peaks[-1] += 8 * max(ne, nb, nh)
+    if cfg.zo_optimizer != "sgd":  # sign, momentum, adam: the update materialises z and the
+        peaks[-1] += 8 * max(ne, nb, nh)  # estimate (4 B each; adam's denominator reuses it)
     act = max(peaks) + rows * t * t * masked  # + the padding mask, alive all step
     if masked:  # evaluation: one pass over max(B, 16) rows
         er = max(rows, EVAL_ROWS)
@@ -232,15 +252,20 @@ def _time(cfg: RunConfig, prof: dict, st: Stream, e: dict, notes: list[str]) -> 
     factor = 1.0 if cfg.reuse_buffers or not cuda else prof["reuse_off_factor"]
     x_up = factor * st.up / bu + (st.up + 4 * nb) / bw * (kind != "plain")  # + decode on the GPU
     x_dn = factor * st.down / bd + {"plain": 0, "sr": 30 * nb, "mirror": 14 * nb}[kind] / bw
-    rounds = [(c_blk, x_up, x_dn)]
+    k = ZO_STATE_SLOTS[cfg.zo_optimizer]
+    sb = _state_wire(cfg, st, k) if k else 0  # momentum / adam: the state travels with the
+    s_up = factor * sb / bu + (sb + 4 * k * nb) / bw * (kind != "plain")  # block in the pass
+    s_dn = factor * sb / bd + 30 * k * nb / bw * (kind == "sr")  # that updates it
+    rounds = [(c_blk, x_up + s_up, x_dn + s_dn)]
     if not cfg.fused_update:  # flush(): a second round trip with an update pass
-        rounds = [(c_blk, x_up, 0.0 if kind == "mirror" else x_dn), (nb / pr, x_up, x_dn)]
+        rounds = [(c_blk, x_up, 0.0 if kind == "mirror" else x_dn),
+                  (nb / pr, x_up + s_up, x_dn + s_dn)]
         e["compute"] += (ne + nh + N * nb) / pr
         eh_t += (ne + nh + r * nb) / pr
     per = sum(max(c, u, w) if overlap else c + u + w for c, u, w in rounds)
     e["step"] = eh_t + r * c_blk + s * per
-    e["h2d"] = s * st.up * len(rounds)
-    e["d2h"] = s * st.down * (1 if kind == "mirror" else len(rounds))
+    e["h2d"] = s * (st.up * len(rounds) + sb)
+    e["d2h"] = s * (st.down * (1 if kind == "mirror" else len(rounds)) + sb)
     e["transfer"] = s * max(sum(u for _, u, _ in rounds), sum(w for _, _, w in rounds))
     if measured is None:  # the measured per-block cost holds the transfers'
         e["host_t"] += s * len(rounds) * 3 * OP_LAUNCH_S

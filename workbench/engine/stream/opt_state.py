@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import torch
 
-from workbench.engine.checkpoint import STATE_SUFFIX
 from workbench.engine.groups import GroupLayout
 from workbench.engine.stream.transfers import make_transfer
 from workbench.engine.timing import OpTimer
-from workbench.engine.zo.optim import new_state, state_numel
+from workbench.engine.zo.optim import STATE_SUFFIX, new_state, state_numel
 from workbench.engine.zo.perturb import ZOOps
 
 
@@ -74,9 +73,11 @@ class StreamedState:
                                      stream)
 
     def buffers(self) -> list[torch.Tensor]:
-        """Every device buffer the state holds (fresh slots of reuse_buffers=false: none)."""
-        gpu = [t for t in self.gpu.values() if t is not None]
-        return gpu + [t for flat, extra in self.slots for t in (flat, *extra.values())]
+        """Every device buffer the state holds, each once (the slots share their wires; fresh
+        slots of reuse_buffers=false: none)."""
+        held = [t for t in self.gpu.values() if t is not None]
+        held += [t for flat, extra in self.slots for t in (flat, *extra.values())]
+        return list({t.data_ptr(): t for t in held}.values())
 
     def host_copies(self, n_groups: int) -> list[torch.Tensor | None]:
         """Host copies of the streamed blocks' state in the master's format, by canonical index

@@ -96,8 +96,10 @@ class LoRAStreamedEngine(StreamedEngine):
 
     def buffer_bytes(self) -> dict[str, int]:
         """The engine's own device buffers by item (bytes): the streamer's and the adapters."""
+        state = sum(4 * s.numel() for s in self.lora_state if s is not None)
         return {**self.streamer.buffer_bytes(),
-                "adapters (fp32)": sum(g.layout.nbytes for g in self.loras)}
+                "adapters (fp32)": sum(g.layout.nbytes for g in self.loras),
+                **({"optimizer state": state} if state else {})}
 
     def gpu_param_bytes(self) -> int:
         return sum(self.buffer_bytes().values()) if self.device.type == "cuda" else 0

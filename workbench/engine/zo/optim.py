@@ -20,6 +20,8 @@ from workbench.config import ZO_STATE_SLOTS
 from workbench.engine.groups import GroupLayout
 
 STATEFUL = tuple(rule for rule, k in ZO_STATE_SLOTS.items() if k)
+#: a group's state is stored under the group's name with this suffix (checkpoints, transfers)
+STATE_SUFFIX = ".zo_state"
 
 
 def hyper(cfg) -> tuple[float, ...]:
