@@ -197,3 +197,58 @@ def test_zo_offload_nearest_master_replays_exactly(tmp_path):
     """zo-offload's master=compressed: the SR transfer's host format, rounded to nearest."""
     assert_replay_exact(RunConfig(method="zo-offload", master="compressed", codec="bf16",
                                   **BASE), tmp_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_passes_on_cuda_equal_the_cpu_arithmetic_on_the_same_z(dtype):
+    """On CUDA a half group runs as torch ops on the Triton kernel's normals, its SR through the
+    fused SR kernel: fed the same z, every pass ends with the CPU's bits."""
+    from workbench.engine.zo.perturb import PendingUpdate, ZOOps
+
+    n, seed = 1_000_003, 4321
+    lay = GroupLayout("g", [], n, n // 2)
+    cuda, cpu = ZOOps("philox", torch.device("cuda")), ZOOps("philox", torch.device("cpu"))
+    assert cuda.kernels is not None
+    z = cuda.z(n, seed, lay.gid)
+    cpu.z = lambda k, s, gid, device=None: z.cpu().clone()  # the CUDA normals, on the CPU
+    x = (torch.randn(n, generator=torch.Generator().manual_seed(1)) * 0.05).to(dtype)
+    xs = [x.cuda(), x.clone()]
+    for ops, w in zip((cuda, cpu), xs):
+        ops.perturb(w, lay, seed, 1e-3)
+        ops.perturb(w, lay, seed, -2e-3)
+        upd = PendingUpdate(seed, torch.tensor(0.7, device=w.device), 1e-3, 0.1)
+        half.update(ops, w, lay, upd)  # nearest
+        half.update(ops, w, lay, upd, sr_seed=99)  # stochastic
+    assert torch.equal(xs[0].cpu(), xs[1])
+    assert not torch.equal(xs[1], x)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["bf16", "bf16-sr"])
+def test_mezo_half_weights_train_repeat_and_resume_on_cuda(variant, tmp_path):
+    """mezo's half weights on CUDA (z from the Triton normals, torch ops; SR by the fused
+    kernel): 2 B per parameter, a second run bit-identical, and an exact resume."""
+    from workbench.recipes.train import run
+
+    cfg = RunConfig(method="mezo", device="cuda", **RESUMED[variant], lr=1e-2, weight_decay=0.1)
+    engine, a, losses = train(cfg, steps=6)
+    assert all(torch.isfinite(torch.tensor(losses)).view(-1))
+    assert engine.ops.kernels is not None
+    _, b, again = train(cfg, steps=6)
+    assert a == b and losses == again
+    cfg = RunConfig(method="mezo", device="cuda", steps=8, **RESUMED[variant], **BASE)
+    straight = run(cfg, tmp_path / "straight", progress=False)
+    run(cfg.replace(steps=5, checkpoint_every=3), tmp_path / "resumed", progress=False)
+    resumed = run(cfg.replace(checkpoint_every=3), tmp_path / "resumed", progress=False,
+                  resume=True)
+    assert resumed.param_digest == straight.param_digest
+
+
+@pytest.mark.gpu
+def test_mezo_half_weights_hold_two_bytes_a_param_on_cuda():
+    cfg = RunConfig(method="mezo", device="cuda", **RESUMED["bf16"])
+    engine = MeZOEngine(*build_skeleton("tiny-opt"), cfg, torch.device("cuda"), EventBus())
+    n = sum(g.layout.numel for g in engine.groups)
+    assert engine.gpu_param_bytes() == 2 * n
+    engine.close()
