@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from workbench.engine.codecs.wire import HALF, sr_kernels
 from workbench.engine.stream.frozen_transfer import FrozenTransfer
-from workbench.engine.stream.transfers import SRTransfer
 
 
 def warm_kernels(engine) -> int:
@@ -25,10 +24,14 @@ def warm_kernels(engine) -> int:
     if ops is None or ops.kernels is None:
         return 0
     sizes = sorted({(lay.numel, lay.n_decay) for lay in engine.group_layouts() if lay.numel})
-    # Only the compressed-sr master rounds stochastically (each offload of a streamed block).
-    sr = sr_kernels() if isinstance(transfer, SRTransfer) else None
+    # Only compressed-sr rounds stochastically: a streamed block's master at each offload, or
+    # mezo's half weights at each update (``zo/half.py``).
+    cfg = getattr(engine, "cfg", None)
+    codec = getattr(cfg, "codec", "fp32")
+    sr = sr_kernels() if getattr(cfg, "master", "fp32") == "compressed-sr" and codec in HALF \
+        else None
     for numel, n_decay in sizes:
         ops.kernels.warm(numel, n_decay)
         if sr is not None:
-            sr.warm(numel, HALF[transfer.codec.name])
+            sr.warm(numel, HALF[codec])
     return len(sizes)
