@@ -1,7 +1,8 @@
 """Time to accuracy of the ZO rules (issue 40, item 5): SmolLM2-135M on SST-2, all 872 dev
 examples, dev accuracy against steps, training seconds and forward passes.
 
-Each configuration (``--configs``: ``;``-separated, each ``queries=Q,estimator=E,lr=LR``) trains
+Each configuration (``--configs``: ``;``-separated, each ``queries=Q,estimator=E,lr=LR``, any
+of ``zo_optimizer=sgd|sign|momentum|adam`` and its knobs too) trains
 MeZO (the resident reference; zo-offload is bit-equal to it for every q) in a process of its
 own until ``--seconds`` of wall-clock have passed (the run then stops after its step and
 evaluates once more), evaluating every ``--eval-every`` steps. The processes run side by side
@@ -35,12 +36,13 @@ DEFAULT_CONFIGS = ("queries=1,lr=2e-5;queries=2,lr=2e-5;queries=2,lr=4e-5;querie
 
 
 def parse_config(text: str) -> dict:
-    """``queries=4,estimator=one-sided,lr=1e-6`` -> the RunConfig knobs it sets."""
+    """``queries=4,estimator=one-sided,lr=1e-6`` (or ``zo_optimizer=adam,lr=1e-5``) -> the
+    RunConfig knobs it sets."""
     out = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, value = part.split("=", 1)
-        out[key] = value if key == "estimator" else (int(value) if key == "queries"
-                                                      else float(value))
+        out[key] = value if key in ("estimator", "zo_optimizer") else (
+            int(value) if key == "queries" else float(value))
     return out
 
 

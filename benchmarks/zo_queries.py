@@ -12,6 +12,11 @@ the q = 1 step, q = 4 <= 1.25x.
     python benchmarks/zo_queries.py                                    # 13b, 6.7b, 30b (~10 min)
     python benchmarks/zo_queries.py --models opt-13b --queries 1,2,4
     python benchmarks/zo_queries.py --device cpu --models tiny-opt --shapes 2x16 --steps 4  # plumbs
+    python benchmarks/zo_queries.py --models opt-6.7b,opt-13b --queries 1 --rules sgd,momentum,adam
+
+``--rules``: the ZO optimizers (``zo_optimizer``) measured at each q; momentum and adam stream
+their per-weight state with each block (1 and 2 x the block's bytes each way), so their rows
+say what that state costs against sgd's.
 """
 from __future__ import annotations
 
@@ -41,15 +46,15 @@ def child(spec: dict, result: Path) -> None:
 def rows_for(args) -> list[dict]:
     specs = []
     for model in args.models:
-        for q in args.queries:
+        for q, rule in [(q, rule) for q in args.queries for rule in args.rules]:
             b, t = args.shape
             cfg = {"model": model, "method": "zo-offload", "data": "synthetic",
                    "device": args.device, "batch_size": b, "seq_len": t, "steps": args.steps,
                    "lr": 1e-7, "queries": q,  # q = 1: the central step, the baseline
-                   "estimator": args.estimator if q > 1 else "central",
+                   "estimator": args.estimator if q > 1 else "central", "zo_optimizer": rule,
                    **(BF16_SR if args.device == "cuda" else {})}
-            specs.append({"name": f"{model} {b}x{t} q={q}", "config": cfg, "model": model,
-                          "queries": q})
+            specs.append({"name": f"{model} {b}x{t} q={q} {rule}", "config": cfg,
+                          "model": model, "queries": q, "rule": rule})
     return specs
 
 
@@ -57,15 +62,15 @@ def summarise(runs: list[dict], steps_to_target: dict[int, int]) -> list[dict]:
     """One line per run: its step against q = 1 of the same model, and the projected time to
     the target accuracy (steps the q needed x this step)."""
     base = {r["model"]: r["step_seconds"] for r in runs
-            if r["queries"] == 1 and "error" not in r}
+            if r["queries"] == 1 and r.get("rule", "sgd") == "sgd" and "error" not in r}
     rows = []
     for r in runs:
-        line = {k: r.get(k) for k in ("model", "queries", "step_seconds", "planned_step_s",
-                                      "peak_gpu_mem_gb", "error")}
+        line = {k: r.get(k) for k in ("model", "queries", "rule", "step_seconds",
+                                      "planned_step_s", "peak_gpu_mem_gb", "error")}
         if "error" not in r and r["model"] in base:
             line["vs_q1"] = r["step_seconds"] / base[r["model"]]
             limit = TARGETS.get(r["queries"])
-            if limit is not None and r["model"] == "opt-13b":
+            if limit is not None and r["model"] == "opt-13b" and r.get("rule", "sgd") == "sgd":
                 line["target"] = f"<= {limit:.2f}x: " + ("met" if line["vs_q1"] <= limit
                                                           else "missed")
             if r["queries"] in steps_to_target:
@@ -74,8 +79,8 @@ def summarise(runs: list[dict], steps_to_target: dict[int, int]) -> list[dict]:
     return rows
 
 
-COLS = [("model", "model", ""), ("q", "queries", "{}"), ("step s", "step_seconds", "{:.4f}"),
-        ("x q=1", "vs_q1", "{:.3f}"), ("plan s", "planned_step_s", "{:.4f}"),
+COLS = [("model", "model", ""), ("q", "queries", "{}"), ("rule", "rule", ""),
+        ("step s", "step_seconds", "{:.4f}"), ("x q=1 sgd", "vs_q1", "{:.3f}"), ("plan s", "planned_step_s", "{:.4f}"),
         ("peak GB", "peak_gpu_mem_gb", "{:.2f}"), ("to target h", "to_target_h", "{:.2f}"),
         ("target", "target", ""), ("error", "error", "")]
 
@@ -85,6 +90,7 @@ def main() -> None:
     p.add_argument("--models", default="opt-13b,opt-6.7b,opt-30b")
     p.add_argument("--queries", default="1,2,4,8")
     p.add_argument("--estimator", default="central", choices=("central", "one-sided"))
+    p.add_argument("--rules", default="sgd", help="zo_optimizer values, comma-separated")
     p.add_argument("--shapes", default="8x128", help="one BxT")
     p.add_argument("--steps", type=int, default=6, help="steps per run (warm-up left out)")
     p.add_argument("--steps-to-target", default="",
@@ -98,6 +104,7 @@ def main() -> None:
         return
     args.models = args.models.split(",")
     args.queries = [int(q) for q in args.queries.split(",")]
+    args.rules = args.rules.split(",")
     args.shape = tuple(int(x) for x in args.shapes.split("x"))
     to_target = {int(k): v for k, v in json.loads(args.steps_to_target or "{}").items()}
     t = time.perf_counter()
@@ -105,7 +112,7 @@ def main() -> None:
                  "targets": {str(q): x for q, x in TARGETS.items()}, "runs": [], "rows": []}
     for spec in rows_for(args):
         r = in_fresh_process(Path(__file__), spec, args.timeout)
-        r.update(model=spec["model"], queries=spec["queries"])
+        r.update(model=spec["model"], queries=spec["queries"], rule=spec["rule"])
         out["runs"].append(r)
         print(f"{spec['name']}: " + (r["error"] if "error" in r else
               f"step {r['step_seconds']:.4f} s (plan {r['planned_step_s']:.4f} s), peak "

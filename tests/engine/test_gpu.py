@@ -58,14 +58,21 @@ def test_triton_normals_match_torch_philox():
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-opt"])  # tiny-opt: the tied head's copies
 @pytest.mark.parametrize("variant", [dict(queries=3),
                                      dict(queries=4, estimator="one-sided", lr=1e-6),
-                                     dict(queries=2, zo_optimizer="sign", lr=1e-4)])
+                                     dict(queries=2, zo_optimizer="sign", lr=1e-4),
+                                     # state streamed with each block on the three streams
+                                     dict(zo_optimizer="momentum"),
+                                     dict(queries=2, zo_optimizer="adam", lr=1e-4),
+                                     dict(zo_optimizer="adam", lr=1e-4, resident_blocks=1,
+                                          fused_update=False)])
 def test_offload_equals_mezo_with_queries_on_cuda(model, variant):
     """q queries on the fused kernel (q - 1 update launches, the last fused with the first
     perturbation), every pass of a block in its one visit, bf16 autocast: MeZO's losses and
     weights, bit for bit (a compressed host format: the replay test below)."""
+    variant = dict(variant)  # (shared by the model's parametrisations)
+    offload = {k: variant.pop(k) for k in ("resident_blocks", "fused_update") if k in variant}
     base = RunConfig(model=model, device="cuda", amp="bf16", **{"lr": 1e-3, **variant})
     _, a, la = train(base.replace(method="mezo"))
-    _, b, lb = train(base.replace(method="zo-offload", prefetch_depth=2))
+    _, b, lb = train(base.replace(method="zo-offload", prefetch_depth=2, **offload))
     assert a == b and la == lb
 
 
@@ -197,7 +204,7 @@ def test_codec_runs_on_gpu(master, codec):
 
 
 @pytest.mark.parametrize("variant", ["zo-offload", "mirror", "sr", "sr-unfused", "queries",
-                                     "one-sided-sr"])
+                                     "one-sided-sr", "momentum-unfused", "adam-sr"])
 def test_restore_step_replays_a_cuda_run_exactly(variant, tmp_path):
     """The replay on the device type that trained (fused kernels, transfers on CUDA) is
     bit-identical to the straight run."""

@@ -55,3 +55,14 @@ def test_card_of_an_adapter_a_checkpoint_and_a_preset():
     assert f"(the run's final one: `{'ab' * 32}`)" in text
     random_init = model_card(info(config=RunConfig(model="tiny-opt").to_dict()))
     assert "base_model" not in front_matter(random_init)
+
+
+def test_card_names_a_zo_optimizers_own_knobs_only_where_it_runs():
+    adam = RunConfig(model="org/base-model", method="mezo", zo_optimizer="adam",
+                     adam_beta2=0.99).to_dict()
+    text = model_card(info(config=adam))
+    assert "| zo_optimizer | `adam` |" in text and "| adam_beta2 | `0.99` |" in text
+    assert "| momentum |" not in text
+    momentum = model_card(info(config=RunConfig(model="org/base-model", method="zo-offload",
+                                                zo_optimizer="momentum").to_dict()))
+    assert "| momentum | `0.9` |" in momentum and "adam_beta1" not in momentum

@@ -14,7 +14,8 @@ from typing import Any
 from workbench.config import HUB_ID, ZO_METHODS
 
 #: Settings shown in the card: those that shape the trajectory (others only change speed).
-SETTINGS = ("lr", "eps", "queries", "estimator", "zo_optimizer", "weight_decay", "batch_size",
+SETTINGS = ("lr", "eps", "queries", "estimator", "zo_optimizer", "momentum", "adam_beta1",
+            "adam_beta2", "adam_eps", "weight_decay", "batch_size",
             "seq_len", "seed", "train_samples", "amp", "codec", "master", "peft", "lora_rank",
             "lora_alpha", "lora_targets", "base_codec", "template", "label_words",
             "max_new_tokens")
@@ -103,13 +104,18 @@ def _num(v) -> str:
 
 def _matters(key: str, cfg: dict) -> bool:
     """A setting worth a row: LoRA's only with peft=lora, the transfer formats only when
-    streamed, eps and the ZO rule (queries, estimator, zo_optimizer) only for the ZO methods that perturb."""
+    streamed, eps and the ZO rule (queries, estimator, zo_optimizer) only for the ZO methods
+    that perturb, an optimizer's own knobs only where it runs."""
     if key in ("lora_rank", "lora_alpha", "lora_targets", "base_codec"):
         return cfg.get("peft") == "lora"
     if key in ("codec", "master"):
         return cfg.get("method") in ("zo-offload", "forward-grad")
     if key in ("eps", "queries", "estimator", "zo_optimizer"):
         return cfg.get("method") in ("mezo", "zo-offload")
+    if key == "momentum":  # the ZO optimizers' own knobs, where their rule reads them
+        return cfg.get("zo_optimizer") == "momentum"
+    if key.startswith("adam_"):
+        return cfg.get("zo_optimizer") == "adam" or cfg.get("method") in ("fo", "fo-offload")
     if key in ("template", "label_words"):
         return cfg.get("objective", "classify") == "classify"
     if key == "max_new_tokens":
