@@ -58,7 +58,9 @@ def _weights(run_dir: Path):
 
 
 @pytest.mark.parametrize("method", ["mezo", "zo-offload", "forward-grad",
-                                    "zo-offload queries=3"])  # every query's losses averaged
+                                    "zo-offload queries=3",  # every query's losses averaged
+                                    # each rank's own optimizer state beside the node's copy
+                                    "zo-offload zo_optimizer=momentum"])
 def test_two_ranks_stay_identical_and_match_one_process(method, tmp_path):
     _run(tmp_path / "two", method, ranks=2)
     _run(tmp_path / "one", method, ranks=1)
