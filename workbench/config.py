@@ -40,6 +40,8 @@ Estimator = Literal["central", "one-sided"]
 ZOOptimizer = Literal["sgd", "sign"]
 #: fo-offload's update stride: "auto", or k != 0 (``plan/placement.py::make_schedule``)
 Stride = Literal["auto"] | int
+#: fo-offload's Adam moments on the host: fp32, or bf16 with stochastic rounding
+AdamStateDtype = Literal["fp32", "bf16"]
 
 #: Methods that stream transformer blocks host <-> GPU.
 STREAMING_METHODS = ("zo-offload", "forward-grad")
@@ -55,8 +57,8 @@ METHOD_KNOBS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("codec", "master"), (*STREAMING_METHODS, "mezo")),  # mezo: half weights
     "rng": ZO_METHODS,
     **dict.fromkeys(("eps", "queries", "estimator", "zo_optimizer"), ("mezo", "zo-offload")),
-    **dict.fromkeys(("subgroup_size", "update_stride", "gpu_resident_ratio", "update_threads"),
-                    ("fo-offload",)),
+    **dict.fromkeys(("subgroup_size", "update_stride", "gpu_resident_ratio", "update_threads",
+                     "adam_state_dtype"), ("fo-offload",)),
     **dict.fromkeys(("adam_beta1", "adam_beta2", "adam_eps"), ("fo", "fo-offload")),
 }
 #: Knobs a resumed run may change; every other one is fixed by the run's first start (it
@@ -219,6 +221,9 @@ class RunConfig:
     adam_beta1: float = _knob(0.9, "AdamW beta1", lo=0.0, hi=0.999999, group="fo")
     adam_beta2: float = _knob(0.999, "AdamW beta2", lo=0.0, hi=0.99999999, group="fo")
     adam_eps: float = _knob(1e-8, "AdamW epsilon", lo=0.0, hi=1.0, group="fo")
+    adam_state_dtype: AdamStateDtype = _knob("fp32", "fo-offload's Adam m and v: fp32, or bf16 "
+                                             "(2 B each, stochastically rounded; the fp32 "
+                                             "master kept)", group="fo")
     # scale-out
     host_share: bool = _knob(True, "ranks on one host share the streamed blocks' host copy "
                              "(torchrun; zo-offload, forward-grad)", group="distributed")
@@ -265,7 +270,7 @@ def knob_info(name: str) -> dict[str, Any]:
 
 _TYPES = {"Method": Method, "Device": Device, "Amp": Amp, "Rng": Rng, "Codec": Codec,
           "Master": Master, "Objective": Objective, "Peft": Peft, "BaseCodec": BaseCodec,
-          "StopOn": StopOn, "Stride": Stride,
+          "StopOn": StopOn, "Stride": Stride, "AdamStateDtype": AdamStateDtype,
           "int": int, "float": float, "str": str, "bool": bool}
 
 

@@ -6,7 +6,8 @@
     Ug  its GPU update (kept-gradient upcast, fused AdamW, compute-weight downcast)
     Uc  its CPU update on the host side's worker (the step's thread count)
     Dc  its 16-bit downcast into a pinned staging buffer (16-bit compute weights only)
-each ``reps`` times after a warm-up (``time_probes``: the median, the spread kept), on zero
+with bf16 moments (adam_state_dtype=bf16) the updates as the engine runs them then (upcast,
+AdamW, stochastic rounding: ``engine/fo/moments.py``), each ``reps`` times after a warm-up (``time_probes``: the median, the spread kept), on zero
 gradients; subgroup 0's state is put back afterwards, bit for bit. The engine calls it once, when
 it is built (``FOOffloadEngine``'s ``measure``), and places its subgroups with the result
 (``plan/placement.py``).
@@ -22,6 +23,7 @@ import torch
 
 from workbench.engine.fo.adamw import AdamW, OptState, adamw
 from workbench.engine.fo.gpu import gpu_update
+from workbench.engine.fo.moments import HalfMoments, adamw_half
 from workbench.engine.fo.offload import FOParts
 from workbench.plan.placement import Rate
 
@@ -80,7 +82,9 @@ def measure(parts: FOParts, stopwatch: Callable[[Probe], float] | None = None,
     g.zero_()
     opt = AdamW(1e-3, 0.0, cfg.adam_beta1, cfg.adam_beta2, cfg.adam_eps)
     one_cpu, one_dev = torch.ones(()), torch.ones((), device=dev)
-    dp, dm, dv, scratch = (torch.empty(n, device=dev) for _ in range(4))
+    dp, scratch = torch.empty(n, device=dev), torch.empty(n, device=dev)
+    dm, dv = (torch.empty(n, device=dev, dtype=f.mdtype) for _ in range(2))
+    half = HalfMoments(cfg.seed, dev, n) if host.half is not None else None
     dp.copy_(state.p)
     dm.zero_()
     dv.zero_()
@@ -97,9 +101,11 @@ def measure(parts: FOParts, stopwatch: Callable[[Probe], float] | None = None,
         "Bd": Probe(n, partial(on, s.offload, lambda: parts.grads.grads_down([kept], 0, n, 0)),
                     s.offload),
         "Ug": Probe(n, lambda: gpu_update(OptState(dp, dm, dv), kept,
-                                          scratch if sixteen else None, out, segs, opt, one_dev),
+                                          scratch if sixteen else None, out, segs, opt, one_dev,
+                                          half),
                     s.compute),
-        "Uc": Probe(n, partial(host.run, adamw, state, g, segs, opt, one_cpu)),
+        "Uc": Probe(n, partial(host.run, adamw, state, g, segs, opt, one_cpu) if half is None
+                    else partial(host.run, adamw_half, state, g, segs, opt, one_cpu, host.half, 0)),
     }
     if sixteen:
         stage = host.stage(0)[:n]

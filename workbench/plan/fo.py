@@ -5,13 +5,16 @@ Memory. fo: fp32 params, grads, AdamW m and v, and under autocast a bf16 copy of
 (its cast cache keeps them for backward). fo-offload: compute weights + grads in the compute
 dtype (2 B under amp, else 4), up to ``N_SLOTS`` slots of min(subgroup_size, ``SLOT_PIECE``)
 elements (fp32 p, m, v, and g under amp), the gpu_resident_ratio share of p, m, v; the fp32
-masters, m, v and gradients of the rest on the host, pinned. Activations: what each block saves
+masters, m, v and gradients of the rest on the host, pinned. adam_state_dtype=bf16 stores m and v
+in 2 B each (``STATE_BYTES``: 8 B of p, m, v a parameter instead of 12), on both sides. Activations: what each block saves
 for backward (``memory.saved_activations``) and the largest moment of a pass.
 Time. fo: forward, backward (2x; 1x for adapters, whose backward is the input gradients alone),
 AdamW. fo-offload: + the fp32 gradient flush (during backward) and the update phase as the
 engine places it: ``placement.place`` from the profile's rates (B the pinned H2D rate, Ug / Uc
 GPU / CPU AdamW, Dc the CPU downcast), the model's own pick for update_stride=auto (the engine
 then times its candidates for a step each). These are structural estimates.
+Host memory traffic of a CPU-updated parameter (``host_traffic_per_param``): the step is bound
+by it on the machines measured (issue 41), so the planner says it in a note.
 """
 from __future__ import annotations
 
@@ -20,22 +23,32 @@ import math
 from workbench.config import RunConfig
 from workbench.plan.lora import adapter_params
 from workbench.plan.memory import saved_activations
-from workbench.plan.placement import (CHUNK, N_SLOTS, NO_GPU, SITE, SLOT_PIECE, PerfInputs,
-                                      Placement, Subgroups, place)
+from workbench.plan.placement import (CHUNK, N_SLOTS, NO_GPU, SITE, SLOT_PIECE, STATE_BYTES,
+                                      PerfInputs, Placement, Subgroups, place, state_words)
 from workbench.presets import Preset
 
 
-def perf_inputs(prof: dict, word_bytes: int) -> PerfInputs:
+def perf_inputs(prof: dict, word_bytes: int, adam_state_dtype: str = "fp32") -> PerfInputs:
     """The placement model's inputs from a machine profile (params/s): B is the pinned H2D
     rate of fp32, as the engine measures it; no downcast for fp32 compute weights."""
     return PerfInputs(prof["h2d_bps"] / 4, prof["adamw_gpu_per_s"], prof["adamw_cpu_per_s"],
-                      prof["cpu_downcast_per_s"] if word_bytes < 4 else math.inf, word_bytes)
+                      prof["cpu_downcast_per_s"] if word_bytes < 4 else math.inf, word_bytes,
+                      state_words(adam_state_dtype))
+
+
+def host_traffic_per_param(adam_state_dtype: str, cpu_downcast: bool) -> int:
+    """Bytes of host memory one CPU-updated parameter moves in a step: its fp32 gradient
+    written by the D2H (4), AdamW reading p, g, m, v and writing p, m, v (12 + 4 x a moment's
+    bytes), and the new weight read for the upload (4 as fp32; 8 when downcast on the CPU:
+    read fp32, write and DMA-read 16-bit). 36 B with fp32 moments, 28 B with bf16."""
+    moment = STATE_BYTES[adam_state_dtype] // 2 - 2
+    return 4 + 12 + 4 * moment + (8 if cpu_downcast else 4)
 
 
 def fo_placement(cfg: RunConfig, n_params: int, prof: dict, word_bytes: int) -> Placement:
     """Where fo-offload would update each subgroup of ``n_params`` with the profile's rates."""
     groups = Subgroups(n_params, max(1, min(cfg.subgroup_size, n_params)))
-    return place(perf_inputs(prof, word_bytes), groups, cfg.update_stride,
+    return place(perf_inputs(prof, word_bytes, cfg.adam_state_dtype), groups, cfg.update_stride,
                  cfg.gpu_resident_ratio)
 
 
@@ -48,6 +61,7 @@ def plan_fo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) ->
     P, bwd = (adapter_params(cfg, p), 1) if lora else (p.total_params(), 2)
     cw = 2 if amp else 4  # compute-dtype bytes
     rr = cfg.gpu_resident_ratio if cfg.method == "fo-offload" else 1.0
+    sb = STATE_BYTES[cfg.adam_state_dtype]  # p, m, v of one parameter
     if cfg.method == "fo" or not cuda:
         e["dev"].update({"params + grads (fp32)": 8 * P, "AdamW m, v": 8 * P})
         e["dev"]["autocast weight copies"] = 2 * P * amp
@@ -55,10 +69,12 @@ def plan_fo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) ->
     else:
         piece = min(cfg.subgroup_size, SLOT_PIECE, P)  # a slot: p, m, v (+ fp32 grads)
         e["dev"].update({"compute weights + grads": 2 * cw * P, "resident optimizer share":
-                         int(12 * rr * P), "subgroups in flight": min(N_SLOTS, -(-P // piece))
-                         * (12 + 4 * (cw == 2)) * piece,
+                         int(sb * rr * P), "subgroups in flight": min(N_SLOTS, -(-P // piece))
+                         * (sb + 4 * (cw == 2)) * piece,
                          "gradient upcast staging": 2 * 4 * min(CHUNK, P) * (cw == 2)})
-        e["host"]["fp32 master, m, v, grads"] = e["pinned"] = int(16 * (1 - rr) * P)
+        key = ("fp32 master, m, v, grads" if sb == 12 else
+               f"fp32 master, {cfg.adam_state_dtype} m, v, fp32 grads")
+        e["host"][key] = e["pinned"] = int((sb + 4) * (1 - rr) * P)
     e["dev"]["activations (saved + transient)"] = (
         p.num_layers * saved_activations(p, cfg.batch_size, cfg.seq_len, amp) + e["hb"]
         + 8 * cfg.batch_size * p.vocab + 2 * e["m"]["block"])
@@ -69,7 +85,7 @@ def plan_fo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) ->
         placed = fo_placement(cfg, P, prof, cw)
         s, up = placed.split, placed.inputs.word_bytes  # bytes of a weight going up
         # interleaved: p, m, v up and down; CPU-updated: fp32 grads down, weights up
-        e["h2d"], e["d2h"] = P * (12 * s.gpu + up * s.cpu), P * (12 * s.gpu + 4 * s.cpu)
+        e["h2d"], e["d2h"] = P * (sb * s.gpu + up * s.cpu), P * (sb * s.gpu + 4 * s.cpu)
         e["transfer"] = max(e["h2d"], e["d2h"]) / (prof["duplex_bps"] / 2)
         e["step"] = (fwd + max(bwd * fwd, s.cpu * P * 4 / prof["d2h_bps"])
                      + placed.predicted_s)
@@ -78,5 +94,7 @@ def plan_fo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) ->
                  else "fp32 weights")
         notes.append(f"fo-offload: {s.gpu + s.resident:.0%} of the parameters updated on the "
                      f"GPU ({'all others on the CPU' if k == NO_GPU else f'stride {k}'}; "
-                     f"{where})")
+                     f"{where}); host memory traffic "
+                     f"{host_traffic_per_param(cfg.adam_state_dtype, placed.cpu_downcast)} B per "
+                     f"CPU-updated parameter ({cfg.adam_state_dtype} moments)")
     e["host_t"] = prof["step_overhead_s"] + 3 * (p.num_layers + 2) * prof["launch_s"]

@@ -47,6 +47,9 @@ paper ran stride 2 (Algorithm 1's reading): the model is pessimistic about the G
 since it adds the update time to the transfer time that the pipeline actually overlaps.
 When a <= c (the CPU updates faster than the link can even carry the result) nothing goes to
 the GPU: ``NO_GPU``.
+
+bf16 moments (adam_state_dtype=bf16): an interleaved subgroup's (p, m, v) is 8 B a parameter,
+not 12, so the swap term 3/B becomes ``state_words``/B = 2/B (``STATE_BYTES``).
 """
 from __future__ import annotations
 
@@ -66,17 +69,26 @@ N_SLOTS = 3  # GPU slots: one prefetching, one updating, one flushing out
 SLOT_PIECE = 1 << 23
 CHUNK = 1 << 24  # elements upcast to fp32 at a time for a gradient flush (64 MiB a buffer)
 N_STAGES = 4  # pinned 16-bit staging buffers for uploads of CPU-downcast weights
+#: Bytes of one parameter's fp32 master and two Adam moments, by ``adam_state_dtype``.
+STATE_BYTES = {"fp32": 12, "bf16": 8}
+
+
+def state_words(adam_state_dtype: str) -> float:
+    """(p, m, v) of one parameter in fp32 words (what an interleaved swap moves each way)."""
+    return STATE_BYTES[adam_state_dtype] / 4
 
 
 @dataclass(frozen=True)
 class PerfInputs:
-    """Measured (or given) model inputs, params/s; ``word_bytes`` of a compute weight."""
+    """Measured (or given) model inputs, params/s; ``word_bytes`` of a compute weight;
+    ``state_words``: (p, m, v) of a parameter in fp32 words (3, or 2 with bf16 moments)."""
 
     B: float
     Ug: float
     Uc: float
     Dc: float
     word_bytes: int = 2
+    state_words: float = 3.0
 
     def as_dict(self) -> dict:
         return {k: (v if math.isfinite(v) else None) if isinstance(v, float) else v
@@ -92,7 +104,12 @@ class PerfInputs:
         words go up), or on the GPU after it (fp32 goes up, Dc = inf)."""
         if cpu_downcast:
             return self
-        return PerfInputs(self.B, self.Ug, self.Uc, math.inf, 4)
+        return PerfInputs(self.B, self.Ug, self.Uc, math.inf, 4, self.state_words)
+
+    @property
+    def shape(self) -> dict:
+        """The keyword arguments of the model's functions besides the rates."""
+        return {"word_bytes": self.word_bytes, "state_words": self.state_words}
 
 
 @dataclass(frozen=True)
@@ -105,20 +122,21 @@ class Split:
     resident: float = 0.0
 
 
-def _terms(B: float, Ug: float, Uc: float, Dc: float,
-           word_bytes: int) -> tuple[float, float, float]:
+def _terms(B: float, Ug: float, Uc: float, Dc: float, word_bytes: int,
+           state_words: float = 3.0) -> tuple[float, float, float]:
     """(a, b, c) of the module docstring, seconds per parameter."""
     a = 1.0 / Uc + 1.0 / Dc
-    b = 3.0 / B + 1.0 / Ug
+    b = state_words / B + 1.0 / Ug
     c = (word_bytes / 4.0) / B
     return a, b, c
 
 
-def balance_ratio(B: float, Ug: float, Uc: float, Dc: float, *, word_bytes: int = 2) -> float:
+def balance_ratio(B: float, Ug: float, Uc: float, Dc: float, *, word_bytes: int = 2,
+                  state_words: float = 3.0) -> float:
     """Equation 1: k = (3/B + 1/Ug) / (1/Uc + 1/Dc - w/B), the CPU : GPU subgroup ratio that
     balances both sides (w = word_bytes / 4; the paper's 1/(2B) for 16-bit weights).
     ``math.inf`` when the denominator is <= 0 (keep everything on the CPU)."""
-    a, b, c = _terms(B, Ug, Uc, Dc, word_bytes)
+    a, b, c = _terms(B, Ug, Uc, Dc, word_bytes, state_words)
     return b / (a - c) if a > c else math.inf
 
 
@@ -144,14 +162,15 @@ def _cost(f: float, a: float, b: float, c: float) -> float:
     return max((1.0 - f) * a, f * b + (1.0 - f) * c)
 
 
-def stride(B: float, Ug: float, Uc: float, Dc: float, *, word_bytes: int = 2) -> int:
+def stride(B: float, Ug: float, Uc: float, Dc: float, *, word_bytes: int = 2,
+           state_words: float = 3.0) -> int:
     """The update stride for the given rates (params/s): s > 0 sends every s-th subgroup to the
     GPU, -m sends m of every m + 1; the integer schedule next to the balance point
     f* = 1/(1 + k) (k from ``balance_ratio``) with the smaller predicted update time."""
-    k = balance_ratio(B, Ug, Uc, Dc, word_bytes=word_bytes)
+    k = balance_ratio(B, Ug, Uc, Dc, word_bytes=word_bytes, state_words=state_words)
     if not math.isfinite(k):
         return NO_GPU
-    a, b, c = _terms(B, Ug, Uc, Dc, word_bytes)
+    a, b, c = _terms(B, Ug, Uc, Dc, word_bytes, state_words)
     if k >= 1.0:  # ratio r : 1 with r = s - 1 around k; ties keep fewer GPU subgroups
         lo = int(math.floor(k)) + 1
         cands = [lo + 1, lo]
@@ -162,18 +181,20 @@ def stride(B: float, Ug: float, Uc: float, Dc: float, *, word_bytes: int = 2) ->
 
 
 def sides(n_params: int, split: Split, B: float, Ug: float, Uc: float, Dc: float, *,
-          word_bytes: int = 2) -> tuple[float, float]:
+          word_bytes: int = 2, state_words: float = 3.0) -> tuple[float, float]:
     """(CPU side, GPU side) of the update phase in seconds, for ``n_params`` parameters split as
-    ``split``: n cpu (1/Uc + 1/Dc), and n (gpu (3/B + 1/Ug) + cpu w/B + resident/Ug)."""
-    a, b, c = _terms(B, Ug, Uc, Dc, word_bytes)
+    ``split``: n cpu (1/Uc + 1/Dc), and n (gpu (3/B + 1/Ug) + cpu w/B + resident/Ug); 2/B for
+    bf16 moments (``state_words``)."""
+    a, b, c = _terms(B, Ug, Uc, Dc, word_bytes, state_words)
     return (n_params * split.cpu * a,
             n_params * (split.gpu * b + split.cpu * c + split.resident / Ug))
 
 
 def predict_update_seconds(n_params: int, split: Split, B: float, Ug: float, Uc: float,
-                           Dc: float, *, word_bytes: int = 2) -> float:
+                           Dc: float, *, word_bytes: int = 2, state_words: float = 3.0) -> float:
     """Predicted update-phase seconds: the slower of the two ``sides``."""
-    return max(sides(n_params, split, B, Ug, Uc, Dc, word_bytes=word_bytes))
+    return max(sides(n_params, split, B, Ug, Uc, Dc, word_bytes=word_bytes,
+                     state_words=state_words))
 
 
 @dataclass(frozen=True)
@@ -202,11 +223,12 @@ class Rate:
                 "n": self.n, "seconds": list(self.seconds)}
 
 
-def inputs(rates: dict[str, Rate], word_bytes: int) -> PerfInputs:
+def inputs(rates: dict[str, Rate], word_bytes: int, state_words: float = 3.0) -> PerfInputs:
     """The model's inputs from measured rates ("B" is fp32 parameters per second up the link;
     no "Dc" probe means nothing is downcast: Dc = inf)."""
     dc = rates["Dc"].per_s if "Dc" in rates else math.inf
-    return PerfInputs(rates["B"].per_s, rates["Ug"].per_s, rates["Uc"].per_s, dc, word_bytes)
+    return PerfInputs(rates["B"].per_s, rates["Ug"].per_s, rates["Uc"].per_s, dc, word_bytes,
+                      state_words)
 
 
 # --- placement ---------------------------------------------------------------------------------
@@ -283,23 +305,22 @@ class Placement:
 
     def sides(self, n_params: int) -> tuple[float, float]:
         """(CPU side, GPU side) seconds of the update phase (``sides``)."""
-        return sides(n_params, self.split, *self.inputs.rates, word_bytes=self.inputs.word_bytes)
+        return sides(n_params, self.split, *self.inputs.rates, **self.inputs.shape)
 
     @property
     def balance(self) -> float:
         """Equation 1's k at these inputs (``balance_ratio``)."""
-        return balance_ratio(*self.inputs.rates, word_bytes=self.inputs.word_bytes)
+        return balance_ratio(*self.inputs.rates, **self.inputs.shape)
 
 
 def place_at(perf: PerfInputs, groups: Subgroups, update_stride: Stride, resident_ratio: float,
              cpu_downcast: bool) -> Placement:
     """The placement for one downcast site: the model's stride ("auto") or the given one."""
     at = perf.at_site(cpu_downcast)
-    k = (stride(*at.rates, word_bytes=at.word_bytes) if update_stride == "auto"
-         else update_stride)
+    k = stride(*at.rates, **at.shape) if update_stride == "auto" else update_stride
     schedule = make_schedule(groups.count, k, resident_ratio)
     split = groups.split(schedule)
-    t = predict_update_seconds(groups.numel, split, *at.rates, word_bytes=at.word_bytes)
+    t = predict_update_seconds(groups.numel, split, *at.rates, **at.shape)
     return Placement(schedule, split, cpu_downcast and perf.word_bytes < 4, at, t)
 
 

@@ -2,8 +2,9 @@
 
 The trained groups (embedding, blocks, head; or the adapter groups under peft=lora) are
 concatenated in canonical order and cut into subgroups (``plan/placement.py::Subgroups``). The
-host holds, page-locked, the fp32 master weights ``p32``, Adam's ``m`` and ``v`` and the fp32
-gradients ``g32`` of the whole range (16 bytes per parameter); the device holds the compute
+host holds, page-locked, the fp32 master weights ``p32``, Adam's ``m`` and ``v`` (fp32, or bf16
+under adam_state_dtype=bf16: ``moments.py``) and the fp32 gradients ``g32`` of the whole range
+(16 bytes per parameter, 12 with bf16 moments); the device holds the compute
 weights ``w`` (bf16 under amp=bf16, else fp32) that the forward and backward passes read.
 """
 from __future__ import annotations
@@ -26,23 +27,25 @@ class FlatParams:
         device: where the compute weights live.
         wdtype: their dtype (bf16 under amp=bf16, else fp32).
         memory: the page-locked host memory the host buffers come from.
+        mdtype: the dtype of Adam's m and v (fp32, or bf16).
 
     Attributes: ``layouts``, ``offsets`` (each group's start), ``groups`` (the subgroups),
-    ``p32``, ``m``, ``v``, ``g32`` (host, fp32, (numel,)), ``w`` (device, (numel,)) and
+    ``p32``, ``g32`` (host, fp32, (numel,)), ``m``, ``v`` (host, ``mdtype``, (numel,)), ``w`` (device, (numel,)) and
     ``w_out`` (an alias of ``w`` the updates write through), ``segments`` (per subgroup, its
     decayed and undecayed runs).
     """
 
     def __init__(self, layouts: list[GroupLayout], subgroup_size: int, device: torch.device,
-                 wdtype: torch.dtype, memory: HostMemory):
-        self.layouts, self.device, self.wdtype = layouts, device, wdtype
+                 wdtype: torch.dtype, memory: HostMemory, mdtype: torch.dtype = torch.float32):
+        self.layouts, self.device, self.wdtype, self.mdtype = layouts, device, wdtype, mdtype
         self.offsets, n = [], 0
         for lay in layouts:
             self.offsets.append(n)
             n += lay.numel
         self.numel = n
         self.groups = Subgroups(n, max(1, min(subgroup_size, n)))
-        self.p32, self.m, self.v, self.g32 = (memory.empty(n) for _ in range(4))
+        self.p32, self.g32 = memory.empty(n), memory.empty(n)
+        self.m, self.v = memory.empty(n, mdtype), memory.empty(n, mdtype)
         self.m.zero_()
         self.v.zero_()
         self.w = torch.empty(n, dtype=wdtype, device=device)

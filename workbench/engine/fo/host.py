@@ -32,6 +32,7 @@ import torch
 from workbench.engine.events import EventBus, OpEvent
 from workbench.engine.fo.adamw import AdamW, adamw
 from workbench.engine.fo.flat import FlatParams
+from workbench.engine.fo.moments import CPU_CHUNK, HalfMoments, adamw_half
 from workbench.engine.stream.pinned import HostMemory
 from workbench.engine.stream.streams import Streams
 from workbench.engine.timing import OpTimer
@@ -57,16 +58,19 @@ class HostUpdates:
         timer, bus: where its spans go (published on the training thread, in ``finish``).
         memory: page-locked host memory for the staging buffers.
         threads: OpenMP threads of the CPU AdamW.
+        seed: the run's seed (the stochastic rounding of bf16 moments, ``moments.py``).
 
     Attributes: ``threads`` (as the worker sees them), ``bytes_h2d`` (uploaded so far, counted
-    at each ``finish``).
+    at each ``finish``), ``half`` (bf16 moments' scratch and noise; None for fp32 moments).
     """
 
     def __init__(self, flat: FlatParams, streams: Streams, timer: OpTimer, bus: EventBus,
-                 memory: HostMemory, threads: int):
+                 memory: HostMemory, threads: int, seed: int = 0):
         self.flat, self.streams, self.timer, self.bus, self.memory = (flat, streams, timer, bus,
                                                                       memory)
         self.cuda = flat.device.type == "cuda"
+        self.half = (HalfMoments(seed, torch.device("cpu"), min(CPU_CHUNK, flat.sub))
+                     if flat.mdtype == torch.bfloat16 else None)
         caller = torch.get_num_threads()
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="fo-cpu-update",
                                        initializer=torch.set_num_threads, initargs=(threads,))
@@ -103,9 +107,12 @@ class HostUpdates:
             self.stages.append(self.memory.empty(self.flat.sub, self.flat.wdtype))
         return self.stages[k]
 
-    def begin(self, step: int, opt: AdamW, step_t: torch.Tensor) -> None:
-        """This step's AdamW settings and (CPU) step count (before its first ``submit``)."""
+    def begin(self, step: int, opt: AdamW, step_t: torch.Tensor, adam_step: int = 0) -> None:
+        """This step's AdamW settings, (CPU) step count and Adam step (the rounding of bf16
+        moments; before its first ``submit``)."""
         self.step, self.opt, self.step_t = step, opt, step_t
+        if self.half is not None:
+            self.half.t = adam_step
 
     def submit(self, j: int, ready) -> None:
         """Update CPU subgroup j once ``ready`` (its gradients' D2H; None on a CPU) has passed."""
@@ -128,6 +135,16 @@ class HostUpdates:
             self.bytes_h2d += self._uploaded
             self._uploaded = 0
 
+    def adamw(self, j: int) -> None:
+        """AdamW on subgroup j's host state, in this thread (fp32 or bf16 moments)."""
+        f = self.flat
+        a, b = f.bounds(j)
+        if self.half is None:
+            adamw(f.state(a, b), f.g32[a:b], f.segments[j], self.opt, self.step_t)
+        else:
+            adamw_half(f.state(a, b), f.g32[a:b], f.segments[j], self.opt, self.step_t,
+                       self.half, j)
+
     def run(self, fn, *args):
         """``fn(*args)`` on the worker thread (its thread count), waited for."""
         return self.pool.submit(fn, *args).result()
@@ -148,7 +165,7 @@ class HostUpdates:
             ready.synchronize()  # the CPU reads host gradients the offload stream is writing
             self._host("cpu-wait", "wait", j, t0)
         t0 = timer.now()
-        adamw(f.state(a, b), f.g32[a:b], f.segments[j], self.opt, self.step_t)
+        self.adamw(j)
         self._host("cpu-update", "cpu", j, t0, threads_text(self.threads))
         src, stage = f.p32[a:b], None
         if self.cpu_downcast:

@@ -1,9 +1,9 @@
 """First-order training with interleaved offloaded optimizer states (Deep Optimizer States).
 
 Where things live (``flat.py``). The host holds, page-locked, the fp32 master weights p, Adam's
-m and v and the fp32 gradients of all parameters (16 bytes per parameter), as one buffer each
-over the canonically ordered, concatenated parameter groups, cut into subgroups of
-``subgroup_size`` parameters. The GPU holds the compute weights w (bf16 under amp=bf16, else
+m and v and the fp32 gradients of all parameters (16 bytes per parameter; 12 with bf16 moments,
+``moments.py``), as one buffer each over the canonically ordered, concatenated parameter groups,
+cut into subgroups of ``subgroup_size`` parameters. The GPU holds the compute weights w (bf16 under amp=bf16, else
 fp32) the forward and backward passes read, and, for the placement (``plan/placement.py``: which
 subgroups are updated on which side), the gradients of GPU-updated subgroups, ``N_SLOTS`` slots
 of up to ``SLOT_PIECE`` elements, and the (p, m, v) of the static resident share
@@ -52,6 +52,7 @@ from workbench.engine.fo.flat import FlatParams
 from workbench.engine.fo.gpu import GpuUpdates
 from workbench.engine.fo.grads import GradFlush, LossScale
 from workbench.engine.fo.host import HostUpdates, default_threads
+from workbench.engine.fo.moments import DTYPES
 from workbench.engine.fo.resident import (FirstOrderContract, prompt_loss, refuse_unsupported,
                                           trainable_params)
 from workbench.engine.fo.timeline import UpdateClock
@@ -118,7 +119,8 @@ class FOOffloadEngine(FirstOrderContract):
             embed, blocks, head = build_layouts(self.adapter)
             self.frozen, layouts = [], [embed, *blocks, head]
         self.memory = HostMemory(self.cuda)
-        self.flat = FlatParams(layouts, cfg.subgroup_size, device, wdtype, self.memory)
+        self.flat = FlatParams(layouts, cfg.subgroup_size, device, wdtype, self.memory,
+                               DTYPES[cfg.adam_state_dtype])
         self.flat.materialise(source, cfg.seed)
         params = [trainable_params(lay, view) for lay, view in
                   zip(layouts, self.flat.per_group(self.flat.w))]
@@ -130,7 +132,7 @@ class FOOffloadEngine(FirstOrderContract):
         self._step_dev, self._step_cpu = torch.zeros((), device=device), torch.zeros(())
         self.loss_scale = LossScale(cfg.amp, device)
         self.host = HostUpdates(self.flat, self.streams, self.timer, bus, self.memory,
-                                cfg.update_threads or default_threads(self.cuda))
+                                cfg.update_threads or default_threads(self.cuda), cfg.seed)
         self.grads = GradFlush(self.flat, params, self.streams, self.timer, self.loss_scale,
                                self.host.submit)
         # The GPU side's own streams: prefetches, and flush-outs (not queued behind the
@@ -143,7 +145,8 @@ class FOOffloadEngine(FirstOrderContract):
         self.calibration = measure(self.parts)
         self.bus.publish(InfoEvent("fo_calibration",
                                    {k: r.as_dict() for k, r in self.calibration.items()}))
-        self.perf = placement.inputs(self.calibration, self.word)
+        self.perf = placement.inputs(self.calibration, self.word,
+                                     placement.state_words(cfg.adam_state_dtype))
         tries = (self.candidates(cfg.gpu_resident_ratio) if cfg.update_stride == "auto"
                  else [])
         self._trial = trial.ScheduleTrial(tries) if len(tries) > 1 else None
@@ -180,7 +183,7 @@ class FOOffloadEngine(FirstOrderContract):
         placed = self.placement = self.plan(update_stride, resident_ratio, cpu_downcast)
         s = placed.schedule
         self.gpu = GpuUpdates(self.flat, s, self.streams, self.timer, self._prefetch,
-                              self._evict)
+                              self._evict, self.cfg.seed)
         self.host.place(placed.cpu_downcast)
         self.grads.route(s, self.gpu.kept)
         k = placed.balance
@@ -266,7 +269,7 @@ class FOOffloadEngine(FirstOrderContract):
         self._step_cpu.fill_(self.adam_step)
         cfg = self.cfg
         self._opt = AdamW(lr, wd, cfg.adam_beta1, cfg.adam_beta2, cfg.adam_eps)
-        self.host.begin(step, self._opt, self._step_cpu)
+        self.host.begin(step, self._opt, self._step_cpu, self.adam_step)
 
     def _update(self, step: int, lr: float, wd: float, early: bool) -> None:
         s = self.streams
@@ -277,7 +280,7 @@ class FOOffloadEngine(FirstOrderContract):
             self._begin_update(step, lr, wd)
             for j, ready in self.grads.ready.items():  # in the order their gradients landed
                 self.host.submit(j, ready)
-        self.gpu.run(step, self._opt, self._step_dev)
+        self.gpu.run(step, self._opt, self._step_dev, self.adam_step)
         if self.cuda:
             self.host.finish()  # the host waits for the worker to enqueue every upload
             with self.timer.span("gpu-wait", "wait", s.compute, step, EMBED):
