@@ -121,4 +121,6 @@ def test_fo_offload_auto_tries_its_candidate_schedules_and_records_the_choice(tm
     kept = cands[trial["chosen"]]
     where = ("all on the CPU" if kept["stride"] == NO_GPU else f"stride {kept['stride']}")
     assert re.search(rf"^fo-offload update schedule +{re.escape(where)}, downcast on "
-                     rf"{kept['downcast']}, best of {len(cands)} tried$", r.stdout, re.M), r.stdout
+                     rf"{kept['downcast']}, subgroups of 5,000, best of {len(cands)} tried$",
+                     r.stdout, re.M), r.stdout
+    assert {c["subgroup_size"] for c in cands} == {5000}  # a given size: only strides tried

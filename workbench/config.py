@@ -42,6 +42,9 @@ ZOOptimizer = Literal["sgd", "sign"]
 Stride = Literal["auto"] | int
 #: fo-offload's Adam moments on the host: fp32, or bf16 with stochastic rounding
 AdamStateDtype = Literal["fp32", "bf16"]
+#: fo-offload's subgroup size: "auto" (``plan/placement.py::subgroup_sizes``), or parameters
+#: (the same type as ``Stride``: one check, one parser)
+Size = Literal["auto"] | int
 
 #: Methods that stream transformer blocks host <-> GPU.
 STREAMING_METHODS = ("zo-offload", "forward-grad")
@@ -208,8 +211,9 @@ class RunConfig:
                              "python -m workbench export reads), one group at a time",
                              group="checkpoint")
     # first-order offload (interleaved optimizer states)
-    subgroup_size: int = _knob(2_000_000, "parameters per optimizer subgroup", lo=1024,
-                               hi=2**31 - 1, unit="params", group="fo")
+    subgroup_size: Size = _knob("auto", "parameters per optimizer subgroup, or auto (sizes the "
+                                "model proposes, tried for a step each with the stride)",
+                                lo=1024, hi=2**31 - 1, unit="params", group="fo")
     update_stride: Stride = _knob("auto", "auto (the model's candidates tried for a step each, "
                                "the fastest kept), or k: every k-th subgroup updated on the GPU "
                                "(negative -k: k of every k+1 on the GPU)", group="fo")
@@ -237,6 +241,7 @@ class RunConfig:
         # A stride spelled as text ("3": a text box, a run.json of an older version) is read
         # here, once; everything downstream sees "auto" or an int.
         object.__setattr__(self, "update_stride", _stride(self.update_stride))
+        object.__setattr__(self, "subgroup_size", _stride(self.subgroup_size))
         problems = _check_types(self) or _check_values(self)
         if problems:
             raise ConfigError(problems)
@@ -270,7 +275,7 @@ def knob_info(name: str) -> dict[str, Any]:
 
 _TYPES = {"Method": Method, "Device": Device, "Amp": Amp, "Rng": Rng, "Codec": Codec,
           "Master": Master, "Objective": Objective, "Peft": Peft, "BaseCodec": BaseCodec,
-          "StopOn": StopOn, "Stride": Stride, "AdamStateDtype": AdamStateDtype,
+          "StopOn": StopOn, "Stride": Stride, "AdamStateDtype": AdamStateDtype, "Size": Size,
           "int": int, "float": float, "str": str, "bool": bool}
 
 
@@ -320,6 +325,8 @@ def _check_values(cfg: RunConfig) -> list[str]:
     problems = []
     for f in fields(cfg):
         lo, hi, value = f.metadata.get("lo"), f.metadata.get("hi"), getattr(cfg, f.name)
+        if value == "auto":  # subgroup_size=auto: the range is for a number
+            continue
         if lo is not None and value < lo or hi is not None and value > hi:
             unit = f" {f.metadata['unit']}" if f.metadata.get("unit") else ""
             problems.append(f"{f.name}: {value!r} is outside [{lo:g}, {hi:g}]{unit}")
@@ -542,6 +549,8 @@ def check_resume(previous: Mapping[str, Any], cfg: RunConfig) -> list[str]:
     out = []
     for f in fields(RunConfig):
         old, new = previous.get(f.name, f.default), getattr(cfg, f.name)
+        if f.name == "subgroup_size" and cfg.method != "fo-offload":
+            continue  # read by fo-offload only (older runs stored its old default, 2 M)
         if f.name == "update_stride":  # an older run.json spells a stride as text
             old = _stride(old)
         if f.name not in RESUMABLE and old != new:

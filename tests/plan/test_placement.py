@@ -9,7 +9,7 @@ import pytest
 
 from workbench.config import RunConfig
 from workbench.plan import placement
-from workbench.plan.fo import fo_placement, perf_inputs
+from workbench.plan.fo import fo_placement, perf_inputs, subgroup_size
 from workbench.plan.placement import PerfInputs, Subgroups, make_schedule
 from workbench.plan.planner import plan
 from workbench.plan.rates import gpu_profile
@@ -109,8 +109,8 @@ def test_the_planner_takes_the_engines_placement(amp, stride):
     prof, n = gpu_profile("h200"), PRESETS["opt-1.3b"].total_params()
     word = 2 if amp == "bf16" else 4
     placed = fo_placement(cfg, n, prof, word)
-    again = placement.place(perf_inputs(prof, word), Subgroups(n, cfg.subgroup_size), stride,
-                            0.1)
+    again = placement.place(perf_inputs(prof, word), Subgroups(n, subgroup_size(cfg, n)),
+                            stride, 0.1)
     assert placed == again
     pl = plan(cfg, gpu="h200")
     s = placed.split

@@ -6,8 +6,8 @@ Memory. fo: fp32 params, grads, AdamW m and v, and under autocast a bf16 copy of
 dtype (2 B under amp, else 4), up to ``N_SLOTS`` slots of min(subgroup_size, ``SLOT_PIECE``)
 elements (fp32 p, m, v, and g under amp), the gpu_resident_ratio share of p, m, v; the fp32
 masters, m, v and gradients of the rest on the host, pinned. adam_state_dtype=bf16 stores m and v
-in 2 B each (``STATE_BYTES``: 8 B of p, m, v a parameter instead of 12), on both sides. Activations: what each block saves
-for backward (``memory.saved_activations``) and the largest moment of a pass.
+in 2 B each (``STATE_BYTES``: 8 B of p, m, v a parameter instead of 12), on both sides.
+Activations: what each block saves for backward (``memory.saved_activations``) and the largest moment of a pass.
 Time. fo: forward, backward (2x; 1x for adapters, whose backward is the input gradients alone),
 AdamW. fo-offload: + the fp32 gradient flush (during backward) and the update phase as the
 engine places it: ``placement.place`` from the profile's rates (B the pinned H2D rate, Ug / Uc
@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 
 from workbench.config import RunConfig
+from workbench.plan.auto import subgroup_sizes
 from workbench.plan.lora import adapter_params
 from workbench.plan.memory import saved_activations
 from workbench.plan.placement import (CHUNK, N_SLOTS, NO_GPU, SITE, SLOT_PIECE, STATE_BYTES,
@@ -45,9 +46,16 @@ def host_traffic_per_param(adam_state_dtype: str, cpu_downcast: bool) -> int:
     return 4 + 12 + 4 * moment + (8 if cpu_downcast else 4)
 
 
+def subgroup_size(cfg: RunConfig, n_params: int) -> int:
+    """The subgroup size a run starts with (auto: the first of ``plan/auto.py``'s sizes)."""
+    if cfg.subgroup_size == "auto":
+        return subgroup_sizes(n_params, cfg.device == "cuda")[0]
+    return cfg.subgroup_size
+
+
 def fo_placement(cfg: RunConfig, n_params: int, prof: dict, word_bytes: int) -> Placement:
     """Where fo-offload would update each subgroup of ``n_params`` with the profile's rates."""
-    groups = Subgroups(n_params, max(1, min(cfg.subgroup_size, n_params)))
+    groups = Subgroups(n_params, max(1, min(subgroup_size(cfg, n_params), n_params)))
     return place(perf_inputs(prof, word_bytes, cfg.adam_state_dtype), groups, cfg.update_stride,
                  cfg.gpu_resident_ratio)
 
@@ -67,7 +75,7 @@ def plan_fo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) ->
         e["dev"]["autocast weight copies"] = 2 * P * amp
         e["gpu_param_bytes"] = 4 * P * cuda
     else:
-        piece = min(cfg.subgroup_size, SLOT_PIECE, P)  # a slot: p, m, v (+ fp32 grads)
+        piece = min(subgroup_size(cfg, P), SLOT_PIECE, P)  # a slot: p, m, v (+ fp32 grads)
         e["dev"].update({"compute weights + grads": 2 * cw * P, "resident optimizer share":
                          int(sb * rr * P), "subgroups in flight": min(N_SLOTS, -(-P // piece))
                          * (sb + 4 * (cw == 2)) * piece,

@@ -145,9 +145,9 @@ def text_table(recs: Sequence[RunRecord], labels: Sequence[str]) -> str:
 
 
 def schedule_text(info: dict) -> str | None:
-    """"stride 3, downcast on gpu, best of 5 tried" from a run's fo-offload records (None for
-    other methods): the stride kept, where 16-bit weights are downcast, and under
-    update_stride=auto how many placements were tried."""
+    """"stride 3, downcast on gpu, subgroups of 50,000,000, best of 5 tried" from a run's
+    fo-offload records (None for other methods): the stride kept, where 16-bit weights are
+    downcast, the subgroup size, and under "auto" how many placements were tried."""
     if "fo_stride" not in info:
         return None
     from workbench.plan.placement import NO_GPU  # fo-offload runs only
@@ -156,6 +156,8 @@ def schedule_text(info: dict) -> str | None:
     text = "all on the CPU" if stride == NO_GPU else f"stride {stride}"
     downcast = info.get("fo_perf_inputs", {}).get("downcast", "none")
     text += f", downcast on {downcast}" if downcast != "none" else ""
+    size = info.get("fo_perf_inputs", {}).get("subgroup_size")
+    text += f", subgroups of {size:,}" if isinstance(size, int) else ""
     tried = info.get("fo_trial", {}).get("candidates", [])
     return text + (f", best of {len(tried)} tried" if tried else "")
 

@@ -30,8 +30,8 @@ class FlatParams:
         mdtype: the dtype of Adam's m and v (fp32, or bf16).
 
     Attributes: ``layouts``, ``offsets`` (each group's start), ``groups`` (the subgroups),
-    ``p32``, ``g32`` (host, fp32, (numel,)), ``m``, ``v`` (host, ``mdtype``, (numel,)), ``w`` (device, (numel,)) and
-    ``w_out`` (an alias of ``w`` the updates write through), ``segments`` (per subgroup, its
+    ``p32``, ``g32`` (host, fp32, (numel,)), ``m``, ``v`` (host, ``mdtype``, (numel,)), ``w``
+    (device, (numel,)) and ``w_out`` (an alias of ``w`` the updates write through), ``segments`` (per subgroup, its
     decayed and undecayed runs).
     """
 
@@ -43,7 +43,7 @@ class FlatParams:
             self.offsets.append(n)
             n += lay.numel
         self.numel = n
-        self.groups = Subgroups(n, max(1, min(subgroup_size, n)))
+        self.recut(subgroup_size)
         self.p32, self.g32 = memory.empty(n), memory.empty(n)
         self.m, self.v = memory.empty(n, mdtype), memory.empty(n, mdtype)
         self.m.zero_()
@@ -53,6 +53,12 @@ class FlatParams:
         # own, so uploading block j while backward still holds saved views of earlier blocks'
         # weights trips no autograd check (backward is done with j once its grads are in).
         self.w_out = self.w.data
+
+    def recut(self, subgroup_size: int) -> None:
+        """Cut the range into subgroups of ``subgroup_size`` (at most the whole range): the
+        buffers stay as they are, only ``groups`` and ``segments`` change (between steps,
+        before a placement is made: subgroup_size=auto tries sizes)."""
+        self.groups = Subgroups(self.numel, max(1, min(subgroup_size, self.numel)))
         self.segments = [self._decay_segments(j) for j in range(self.groups.count)]
 
     @property

@@ -22,8 +22,8 @@ from workbench.engine.fo.adamw import AdamW, OptState, Segment, adamw, within
 from workbench.engine.fo.flat import FlatParams
 from workbench.engine.fo.grads import Kept
 from workbench.engine.fo.moments import HalfMoments, adamw_half
+from workbench.engine.fo.spans import PhaseTimer
 from workbench.engine.stream.streams import Streams
-from workbench.engine.timing import OpTimer
 from workbench.plan import placement
 from workbench.plan.placement import N_SLOTS, Schedule
 
@@ -59,8 +59,8 @@ class GpuUpdates:
     None), ``bytes_h2d`` / ``bytes_d2h`` (moved so far).
     """
 
-    def __init__(self, flat: FlatParams, schedule: Schedule, streams: Streams, timer: OpTimer,
-                 prefetch, evict, seed: int = 0):
+    def __init__(self, flat: FlatParams, schedule: Schedule, streams: Streams,
+                 timer: PhaseTimer, prefetch, evict, seed: int = 0):
         self.flat, self.schedule, self.streams, self.timer = flat, schedule, streams, timer
         self.prefetch, self.evict = prefetch, evict
         dev, sub, convert = flat.device, flat.sub, flat.wdtype != torch.float32

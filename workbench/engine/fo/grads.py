@@ -18,8 +18,8 @@ from typing import Callable
 import torch
 
 from workbench.engine.fo.flat import FlatParams
+from workbench.engine.fo.spans import PhaseTimer
 from workbench.engine.stream.streams import Streams
-from workbench.engine.timing import OpTimer
 from workbench.plan import placement
 from workbench.plan.placement import Schedule
 
@@ -84,7 +84,7 @@ class GradFlush:
     """
 
     def __init__(self, flat: FlatParams, params: list[list[torch.nn.Parameter]],
-                 streams: Streams, timer: OpTimer, loss: LossScale,
+                 streams: Streams, timer: PhaseTimer, loss: LossScale,
                  submit: Callable[[int, object], None]):
         self.flat, self.params, self.streams, self.timer = flat, params, streams, timer
         self.loss, self.submit = loss, submit

@@ -34,8 +34,8 @@ from workbench.engine.fo.adamw import AdamW, adamw
 from workbench.engine.fo.flat import FlatParams
 from workbench.engine.fo.moments import CPU_CHUNK, HalfMoments, adamw_half
 from workbench.engine.stream.pinned import HostMemory
+from workbench.engine.fo.spans import PhaseTimer
 from workbench.engine.stream.streams import Streams
-from workbench.engine.timing import OpTimer
 from workbench.plan.placement import N_STAGES
 
 
@@ -55,17 +55,20 @@ class HostUpdates:
     """Args:
         flat: the parameters whose CPU subgroups this side updates and uploads.
         streams: the engine's streams (uploads go on ``upload``).
-        timer, bus: where its spans go (published on the training thread, in ``finish``).
+        timer, bus: where its spans go (handed over on the training thread, in ``finish``).
         memory: page-locked host memory for the staging buffers.
         threads: OpenMP threads of the CPU AdamW.
         seed: the run's seed (the stochastic rounding of bf16 moments, ``moments.py``).
+        stage_size: elements of each staging buffer (the largest subgroup size a trial of
+            subgroup_size=auto tries; default the current one).
 
     Attributes: ``threads`` (as the worker sees them), ``bytes_h2d`` (uploaded so far, counted
     at each ``finish``), ``half`` (bf16 moments' scratch and noise; None for fp32 moments).
     """
 
-    def __init__(self, flat: FlatParams, streams: Streams, timer: OpTimer, bus: EventBus,
-                 memory: HostMemory, threads: int, seed: int = 0):
+    def __init__(self, flat: FlatParams, streams: Streams, timer: PhaseTimer, bus: EventBus,
+                 memory: HostMemory, threads: int, seed: int = 0,
+                 stage_size: int | None = None):
         self.flat, self.streams, self.timer, self.bus, self.memory = (flat, streams, timer, bus,
                                                                       memory)
         self.cuda = flat.device.type == "cuda"
@@ -78,6 +81,7 @@ class HostUpdates:
         torch.set_num_threads(caller)  # the worker keeps its own team; the process default stays
         self.cpu_downcast = False
         self.stages: list[torch.Tensor] = []
+        self.stage_size = stage_size or flat.sub
         self._stage_free: list = []
         self._next = 0
         self.slot: torch.Tensor | None = None
@@ -104,7 +108,8 @@ class HostUpdates:
     def stage(self, k: int) -> torch.Tensor:
         """Pinned 16-bit staging buffer k (of one subgroup), allocated on first use and kept."""
         while len(self.stages) <= k:
-            self.stages.append(self.memory.empty(self.flat.sub, self.flat.wdtype))
+            self.stages.append(self.memory.empty(max(self.stage_size, self.flat.sub),
+                                                 self.flat.wdtype))
         return self.stages[k]
 
     def begin(self, step: int, opt: AdamW, step_t: torch.Tensor, adam_step: int = 0) -> None:
@@ -129,7 +134,7 @@ class HostUpdates:
             spans, self._spans = self._spans, []
             for s in spans:
                 if isinstance(s, OpEvent):
-                    self.bus.publish(s)
+                    self.timer.publish(s)
                 else:
                     self.timer.track(*s)
             self.bytes_h2d += self._uploaded

@@ -3,8 +3,8 @@
 Where things live (``flat.py``). The host holds, page-locked, the fp32 master weights p, Adam's
 m and v and the fp32 gradients of all parameters (16 bytes per parameter; 12 with bf16 moments,
 ``moments.py``), as one buffer each over the canonically ordered, concatenated parameter groups,
-cut into subgroups of ``subgroup_size`` parameters. The GPU holds the compute weights w (bf16 under amp=bf16, else
-fp32) the forward and backward passes read, and, for the placement (``plan/placement.py``: which
+cut into subgroups of ``subgroup_size`` parameters. The GPU holds the compute weights w (bf16
+under amp=bf16, else fp32) the forward and backward passes read, and, for the placement (``plan/placement.py``: which
 subgroups are updated on which side), the gradients of GPU-updated subgroups, ``N_SLOTS`` slots
 of up to ``SLOT_PIECE`` elements, and the (p, m, v) of the static resident share
 (``gpu_resident_ratio``, the last subgroups, TwinFlow-style).
@@ -27,7 +27,9 @@ The timeline. Per subgroup and step: ``grad-d2h`` (offload), ``cpu-wait`` / ``cp
 Placement. The engine places its subgroups with the rates it is given a way to measure
 (``measure``: ``calibrate/fo.py`` times this engine's own parts), the model of
 ``plan/placement.py``, and, under update_stride=auto, one timed step per candidate
-(``trial.py``).
+(``trial.py``). subgroup_size=auto (the default) proposes sizes (``plan/auto.py``): the strides
+are tried at the first, then the best of them at each other size; between trial steps the flat
+range is only re-cut (``FlatParams.recut``), no buffer moves.
 
 Adapters (``peft=lora``): the range above is the adapter groups only (their p, m, v and
 gradients on the host, their compute weights in w); the frozen base is held on the device as
@@ -55,6 +57,7 @@ from workbench.engine.fo.host import HostUpdates, default_threads
 from workbench.engine.fo.moments import DTYPES
 from workbench.engine.fo.resident import (FirstOrderContract, prompt_loss, refuse_unsupported,
                                           trainable_params)
+from workbench.engine.fo.spans import PhaseTimer
 from workbench.engine.fo.timeline import UpdateClock
 from workbench.engine.groups import GroupLayout, adapter_layouts, build_layouts, move_buffers
 from workbench.engine.objective import Objective, Total, evaluate, objective_for
@@ -65,8 +68,8 @@ from workbench.engine.stream.pinned import HostMemory
 from workbench.engine.stream.streams import Streams
 from workbench.engine.timing import OpTimer
 from workbench.models.lora import LoRAInit
-from workbench.plan import placement
-from workbench.plan.placement import Candidate, Placement, Rate
+from workbench.plan import auto, placement
+from workbench.plan.placement import Candidate, Placement, Rate, Subgroups
 
 
 class FOParts(NamedTuple):
@@ -89,7 +92,8 @@ Measure = Callable[[FOParts], dict[str, Rate]]
 class FOOffloadEngine(FirstOrderContract):
     """Args:
         model, source, device, bus: as ``FOEngine``.
-        cfg: the run config; besides the FO knobs (amp, adam_*), ``subgroup_size``,
+        cfg: the run config; besides the FO knobs (amp, adam_*), ``subgroup_size`` ("auto":
+            the sizes of ``plan/auto.py``, tried with the stride),
             ``update_stride`` ("auto": the performance model's candidates, one timed step
             each, the fastest kept: ``trial.py``), ``gpu_resident_ratio`` and
             ``update_threads``.
@@ -119,7 +123,10 @@ class FOOffloadEngine(FirstOrderContract):
             embed, blocks, head = build_layouts(self.adapter)
             self.frozen, layouts = [], [embed, *blocks, head]
         self.memory = HostMemory(self.cuda)
-        self.flat = FlatParams(layouts, cfg.subgroup_size, device, wdtype, self.memory,
+        numel = sum(lay.numel for lay in layouts)
+        self.sizes = (auto.subgroup_sizes(numel, self.cuda) if cfg.subgroup_size == "auto"
+                      else (cfg.subgroup_size,))
+        self.flat = FlatParams(layouts, self.sizes[0], device, wdtype, self.memory,
                                DTYPES[cfg.adam_state_dtype])
         self.flat.materialise(source, cfg.seed)
         params = [trainable_params(lay, view) for lay, view in
@@ -127,13 +134,16 @@ class FOOffloadEngine(FirstOrderContract):
         move_buffers([model], device)
         self.streams = Streams(device, overlap=True)
         self.timer = OpTimer(device, bus, cfg.telemetry)
+        # The parts' spans, merged per phase above SPAN_LIMIT subgroups (``spans.py``).
+        self.spans = PhaseTimer(self.timer, bus)
         self.clock = UpdateClock(self.timer, bus)
         self.adam_step = 0
         self._step_dev, self._step_cpu = torch.zeros((), device=device), torch.zeros(())
         self.loss_scale = LossScale(cfg.amp, device)
-        self.host = HostUpdates(self.flat, self.streams, self.timer, bus, self.memory,
-                                cfg.update_threads or default_threads(self.cuda), cfg.seed)
-        self.grads = GradFlush(self.flat, params, self.streams, self.timer, self.loss_scale,
+        self.host = HostUpdates(self.flat, self.streams, self.spans, bus, self.memory,
+                                cfg.update_threads or default_threads(self.cuda), cfg.seed,
+                                min(max(self.sizes), numel))
+        self.grads = GradFlush(self.flat, params, self.streams, self.spans, self.loss_scale,
                                self.host.submit)
         # The GPU side's own streams: prefetches, and flush-outs (not queued behind the
         # gradients' D2H).
@@ -147,15 +157,18 @@ class FOOffloadEngine(FirstOrderContract):
                                    {k: r.as_dict() for k, r in self.calibration.items()}))
         self.perf = placement.inputs(self.calibration, self.word,
                                      placement.state_words(cfg.adam_state_dtype))
-        tries = (self.candidates(cfg.gpu_resident_ratio) if cfg.update_stride == "auto"
-                 else [])
-        self._trial = trial.ScheduleTrial(tries) if len(tries) > 1 else None
+        rr = cfg.gpu_resident_ratio
+        tries = (self.candidates(rr) if cfg.update_stride == "auto"
+                 else [self._candidate(cfg.update_stride, None, self.flat.sub)])
+        sized = len(self.sizes) > 1
+        self._trial = (trial.ScheduleTrial(tries, then=self._other_sizes if sized else None)
+                       if len(tries) > 1 or sized else None)
         self._next: Candidate | None = None  # the placement the next step begins with
         if self._trial is not None:
             first = self._trial.current
-            self.reschedule(first.stride, cfg.gpu_resident_ratio, first.cpu_downcast)
+            self.reschedule(first.stride, rr, first.cpu_downcast, first.size)
         else:
-            self.reschedule(cfg.update_stride, cfg.gpu_resident_ratio)
+            self.reschedule(cfg.update_stride, rr)
 
     # --- placement --------------------------------------------------------------------------
     def plan(self, update_stride: Stride, resident_ratio: float,
@@ -168,11 +181,27 @@ class FOOffloadEngine(FirstOrderContract):
         """What "auto" tries (``trial.py``; ``placement.candidates``)."""
         return placement.candidates(self.perf, self.flat.groups, resident_ratio)
 
+    def _candidate(self, update_stride: Stride, cpu_downcast: bool | None,
+                   size: int) -> Candidate:
+        """The placement of a stride at a subgroup size, as a trial candidate."""
+        groups = Subgroups(self.flat.numel, max(1, min(size, self.flat.numel)))
+        placed = placement.place(self.perf, groups, update_stride, self.cfg.gpu_resident_ratio,
+                                 cpu_downcast)
+        return Candidate(placed.schedule.stride,
+                         placed.cpu_downcast if self.word == 2 else None, placed.predicted_s,
+                         placed.split.gpu + placed.split.resident, groups.size)
+
+    def _other_sizes(self, best: Candidate) -> list[Candidate]:
+        """The trial's best placement at each other size of subgroup_size=auto."""
+        down = None if best.cpu_downcast is None else bool(best.cpu_downcast)
+        return [self._candidate(best.stride, down, n) for n in self.sizes[1:]]
+
     def reschedule(self, update_stride: Stride, resident_ratio: float,
-                   cpu_downcast: bool | None = None) -> Placement:
-        """(Re)place subgroups: "auto" or a stride, the resident share, and where 16-bit
-        weights are downcast (None: the site the model predicts faster). Moves resident state
-        between host and GPU; waits for all pending work (call between steps)."""
+                   cpu_downcast: bool | None = None, size: int | None = None) -> Placement:
+        """(Re)place subgroups: "auto" or a stride, the resident share, where 16-bit weights
+        are downcast (None: the site the model predicts faster) and, given, a new subgroup
+        size. Moves resident state between host and GPU; waits for all pending work (call
+        between steps)."""
         self.sync()
         if self.gpu is not None:  # bring the old residents' state home, then free its buffers
             self.gpu.home()  # before the new placement's are allocated (memory caps)
@@ -180,9 +209,12 @@ class FOOffloadEngine(FirstOrderContract):
                            self._moved[1] + self.gpu.bytes_d2h]
             self.gpu = None
         self.host.release()  # its GPU upload slot too
+        if size is not None and size != self.flat.sub:
+            self.flat.recut(size)
+        self.spans.place(self.flat.groups.count)
         placed = self.placement = self.plan(update_stride, resident_ratio, cpu_downcast)
         s = placed.schedule
-        self.gpu = GpuUpdates(self.flat, s, self.streams, self.timer, self._prefetch,
+        self.gpu = GpuUpdates(self.flat, s, self.streams, self.spans, self._prefetch,
                               self._evict, self.cfg.seed)
         self.host.place(placed.cpu_downcast)
         self.grads.route(s, self.gpu.kept)
@@ -221,9 +253,8 @@ class FOOffloadEngine(FirstOrderContract):
         gradients and state still read as this step's placement left them."""
         nxt, self._next = self._next, None
         now = self.placement
-        if nxt is not None and (nxt.stride, bool(nxt.cpu_downcast)) != (now.schedule.stride,
-                                                                         now.cpu_downcast):
-            self.reschedule(nxt.stride, self.cfg.gpu_resident_ratio, nxt.cpu_downcast)
+        if nxt is not None and nxt.key != (now.schedule.stride, now.cpu_downcast, self.flat.sub):
+            self.reschedule(nxt.stride, self.cfg.gpu_resident_ratio, nxt.cpu_downcast, nxt.size)
         if self._trial is None:
             return self._train_step(batch, step, lr, wd)
         self.sync()  # a trial step is timed whole: nothing of the one before still running ...
@@ -288,6 +319,7 @@ class FOOffloadEngine(FirstOrderContract):
         else:
             with self.timer.span("gpu-wait", "wait", None, step, EMBED):
                 self.host.finish()  # this thread (the "GPU") waits for the CPU side
+        self.spans.flush()  # this step's merged phases, if any
         self.clock.stop(start, [s.compute, s.offload, s.upload, self._evict])
         self.clock.resolve()
 

@@ -14,8 +14,17 @@ result.
 The first candidate's first step is a warm-up (kernels, the allocator) and is not compared.
 Only candidates with no more GPU-side parameters than the model's own pick are tried, so the
 trial needs no more GPU memory than running that pick would.
+
+subgroup_size=auto (``plan/auto.py``). The candidates above are of the first size; once they
+are timed, ``then(winner)`` gives the winner's placement at each other size (the rates are per
+parameter, so the model's ranking holds at every size; the size changes only per-subgroup
+overheads and how early the CPU side starts), each timed for a step too, and the fastest of all
+is kept. Sizes are compared on equal terms: the first step at a new size is not warm-up, since
+its buffers are allocated before it (at the largest size, once).
 """
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from workbench.plan.placement import SITE, Candidate
 
@@ -29,16 +38,19 @@ class ScheduleTrial:
 
     ``current`` is the candidate the next step runs with; ``record(seconds)`` takes that step's
     time and returns the candidate for the step after it (the winner once all are timed, when
-    ``done`` turns true).
+    ``done`` turns true). ``then``: called once with the winner of the candidates so far, its
+    answer (those not tried yet) is tried after them (subgroup_size=auto's other sizes).
     """
 
-    def __init__(self, candidates: list[Candidate], warmup: int = 1):
+    def __init__(self, candidates: list[Candidate], warmup: int = 1,
+                 then: Callable[[Candidate], list[Candidate]] | None = None):
         if not candidates:
             raise ValueError("a schedule trial needs at least one candidate")
         self.candidates = list(candidates)
         self.seconds: list[float | None] = [None] * len(candidates)
         self._warm_left = warmup
         self._at = 0
+        self._then = then
 
     @property
     def current(self) -> Candidate:
@@ -57,6 +69,12 @@ class ScheduleTrial:
             return self.current
         self.seconds[self._at] = seconds
         self._at += 1
+        if self.done and self._then is not None:
+            then, self._then = self._then, None
+            seen = {c.key for c in self.candidates}
+            more = [c for c in then(self.winner) if c.key not in seen]
+            self.candidates += more
+            self.seconds += [None] * len(more)
         return self.winner if self.done else self.current
 
     @property
@@ -74,6 +92,7 @@ class ScheduleTrial:
     def summary(self) -> dict:
         """What was tried and what won (the ``fo_trial`` record)."""
         return {"candidates": [{"stride": c.stride, "downcast": SITE[c.cpu_downcast],
-                                "gpu_share": c.gpu_share, "predicted_s": c.predicted_s,
-                                "step_s": s} for c, s in zip(self.candidates, self.seconds)],
+                                "gpu_share": c.gpu_share, "subgroup_size": c.size,
+                                "predicted_s": c.predicted_s, "step_s": s}
+                               for c, s in zip(self.candidates, self.seconds)],
                 "chosen": self.candidates.index(self.winner) if self.done else None}

@@ -1,0 +1,31 @@
+"""What fo-offload's "auto" tries beyond the stride: subgroup sizes (subgroup_size=auto).
+
+``placement.candidates`` proposes the strides and downcast sites of one subgroup size; the
+engine's trial (``engine/fo/trial.py``) times those at the first size here, then its winner at
+each other size, and keeps the fastest. Pure arithmetic (no torch), like the rest of ``plan/``.
+"""
+from __future__ import annotations
+
+#: subgroup_size=auto's sizes (parameters): the fo_offload benchmark's tuned 50 M first (1.66 s
+#: vs 3.4 s per step at 2 M on opt-6.7b, issue 41), then the others, tried with its best stride.
+SIZES = (50_000_000, 25_000_000, 100_000_000, 8_000_000)
+#: Subgroups a size must leave at least (fewer: backward hands the CPU side too few pieces to
+#: overlap, and a stride has too few subgroups to interleave).
+MIN_SUBGROUPS = 8
+MIN_SIZE = 1024  # RunConfig.subgroup_size's lower bound
+
+
+def subgroup_sizes(numel: int, cuda: bool) -> tuple[int, ...]:
+    """What subgroup_size=auto tries, the first one first (``engine/fo/trial.py``).
+
+    On a GPU: the ``SIZES`` that leave at least ``MIN_SUBGROUPS`` subgroups of ``numel``
+    parameters, in ``SIZES`` order; none of them for a model below 8 x 8 M parameters: one size,
+    numel / ``MIN_SUBGROUPS`` (rounded up, at least ``MIN_SIZE``), and no size trial. On a CPU
+    both sides of the update run on the CPU and the size changes little: one size, the first
+    of ``SIZES`` or the whole range if smaller, and no size trial. The per-size buffers (the
+    CPU-downcast staging and the GPU upload slot) are at most 100 M x 8 B + 100 M x 4 B = 1.2 GB
+    across host and GPU; the trial allocates them once at the largest size it tries."""
+    if not cuda:
+        return (max(1, min(SIZES[0], numel)),)
+    fit = tuple(n for n in SIZES if numel >= MIN_SUBGROUPS * n)
+    return fit or (max(MIN_SIZE, -(-numel // MIN_SUBGROUPS)),)
