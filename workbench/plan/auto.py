@@ -1,10 +1,14 @@
-"""What fo-offload's "auto" tries beyond the stride: subgroup sizes (subgroup_size=auto).
+"""What fo-offload's "auto" tries beyond the stride: subgroup sizes (subgroup_size=auto) and
+GPU-resident shares that fit the GPU memory left over (gpu_resident_ratio 0, update_stride=auto).
 
 ``placement.candidates`` proposes the strides and downcast sites of one subgroup size; the
 engine's trial (``engine/fo/trial.py``) times those at the first size here, then its winner at
-each other size, and keeps the fastest. Pure arithmetic (no torch), like the rest of ``plan/``.
+each other size and at each resident share that fits, and keeps the fastest. Pure arithmetic
+(no torch), like the rest of ``plan/``.
 """
 from __future__ import annotations
+
+import math
 
 #: subgroup_size=auto's sizes (parameters): the fo_offload benchmark's tuned 50 M first (1.66 s
 #: vs 3.4 s per step at 2 M on opt-6.7b, issue 41), then the others, tried with its best stride.
@@ -29,3 +33,37 @@ def subgroup_sizes(numel: int, cuda: bool) -> tuple[int, ...]:
         return (max(1, min(SIZES[0], numel)),)
     fit = tuple(n for n in SIZES if numel >= MIN_SUBGROUPS * n)
     return fit or (max(MIN_SIZE, -(-numel // MIN_SUBGROUPS)),)
+
+
+# --- GPU-resident shares ------------------------------------------------------------------------
+#: GPU memory left free beside a resident share (allocator slack, cuBLAS workspaces; the
+#: trial's peak is one step's), bytes.
+MARGIN = 2 * 2**30
+SHARE_STEP = 0.05  # resident shares are multiples of this
+
+
+def resident_bytes(state_bytes: int, word_bytes: int) -> int:
+    """GPU bytes one resident parameter adds: its p, m, v (``placement.STATE_BYTES``) and its
+    kept gradient (the compute dtype)."""
+    return state_bytes + word_bytes
+
+
+def gpu_spare(budget: int, peak: int) -> int:
+    """GPU bytes a resident share may take: the run's budget (``gpu_mem_limit_gb``, else the
+    GPU memory this process can have: free + what it holds) less the peak of the steps so far
+    (no residents) and ``MARGIN``."""
+    return budget - peak - MARGIN
+
+
+def resident_shares(spare: int, numel: int, per_param: int, scratch: int = 0) -> tuple[float, ...]:
+    """The gpu_resident_ratio values "auto" also tries, largest first: the largest multiple of
+    ``SHARE_STEP`` whose residents (``per_param`` bytes each, of ``numel``, plus a fixed
+    ``scratch``: the residents' fp32 gradient upcast) fit in ``spare`` bytes, and half of it on
+    the same grid; () when not even one step fits. Tried with the best stride and size like the
+    sizes are (``engine/fo/trial.py``): a resident share is kept only when it is faster."""
+    room = spare - scratch
+    if room <= 0 or numel <= 0:
+        return ()
+    top = min(1.0, math.floor(room / (numel * per_param) / SHARE_STEP + 1e-9) * SHARE_STEP)
+    half = math.floor(top / 2 / SHARE_STEP + 1e-9) * SHARE_STEP
+    return tuple(dict.fromkeys(round(s, 4) for s in (top, half) if s > 0))

@@ -342,18 +342,21 @@ class Candidate:
     """A placement to try: ``stride`` (``NO_GPU``: all on the CPU), where 16-bit weights are
     downcast (True: CPU, False: GPU, None: fp32 weights, nothing to downcast), the model's
     predicted update seconds, the share of parameters updated on the GPU side
-    (interleaved and resident), and the subgroup size (parameters)."""
+    (interleaved and resident), the subgroup size (parameters) and the resident share
+    (gpu_resident_ratio)."""
 
     stride: int
     cpu_downcast: bool | None
     predicted_s: float
     gpu_share: float
     size: int = 0
+    resident: float = 0.0
 
     @property
-    def key(self) -> tuple[int, bool, int]:
-        """What makes two candidates the same placement: stride, downcast site, size."""
-        return self.stride, bool(self.cpu_downcast), self.size
+    def key(self) -> tuple[int, bool, int, float]:
+        """What makes two candidates the same placement: stride, downcast site, size and
+        resident share."""
+        return self.stride, bool(self.cpu_downcast), self.size, self.resident
 
 
 def candidates(perf: PerfInputs, groups: Subgroups, resident_ratio: float) -> list[Candidate]:
@@ -375,7 +378,7 @@ def candidates(perf: PerfInputs, groups: Subgroups, resident_ratio: float) -> li
     out: list[Candidate] = []
     for p in sorted(placed, key=lambda p: p.predicted_s):
         c = Candidate(p.schedule.stride, p.cpu_downcast if sixteen else None, p.predicted_s,
-                      p.split.gpu + p.split.resident, groups.size)
+                      p.split.gpu + p.split.resident, groups.size, resident_ratio)
         if c.gpu_share <= most and all((o.stride, o.cpu_downcast) != (c.stride, c.cpu_downcast)
                                        for o in out):
             out.append(c)

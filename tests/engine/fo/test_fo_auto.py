@@ -95,3 +95,37 @@ def test_a_given_stride_with_auto_sizes_tries_the_sizes_only(monkeypatch):
     assert [(c["stride"], c["subgroup_size"]) for c in cands] == [(2, 5000), (2, 3000)]
     assert {s for s, _ in ran} == {2}
     engine.close()
+
+
+def test_resident_shares_that_fit_a_memory_limit():
+    """opt-6.7b under bf16 with a 40 GB cap and the 21.9 GB peak issue 41 measured for auto:
+    15.9 GB spare at 14 B a resident parameter (fp32 p, m, v + a bf16 gradient) is 17%, so
+    15% and 5% are tried; bf16 moments (10 B) fit 20% and 10%; nothing fits a full GPU."""
+    n, budget, peak = 6_700 * M, int(40e9), int(21.9e9)
+    spare = auto.gpu_spare(budget, peak)
+    assert spare == budget - peak - auto.MARGIN
+    assert auto.resident_bytes(12, 2) == 14 and auto.resident_bytes(8, 2) == 10
+    assert auto.resident_shares(spare, n, 14, 4 * 50 * M) == (0.15, 0.05)
+    assert auto.resident_shares(spare, n, 10, 4 * 50 * M) == (0.2, 0.1)
+    assert auto.resident_shares(auto.gpu_spare(budget, int(39e9)), n, 14) == ()
+    assert auto.resident_shares(10**15, 1000, 14) == (1.0, 0.5)
+
+
+def test_auto_tries_the_resident_shares_that_fit_and_records_them(monkeypatch):
+    """A fake GPU budget (CPU run): after the strides, the best at each share that fits."""
+    monkeypatch.setattr(fo_trial, "ScheduleTrial", _Scripted)
+    monkeypatch.setattr(fo_trial.Proposals, "more_to_try", property(lambda self: True))
+    per = 14 - 2  # fp32 weights: 12 B of p, m, v + a 4 B gradient = 16 B a resident
+    monkeypatch.setattr(fo_trial.Proposals, "gpu_spare",
+                        lambda self: int(0.32 * self.numel * (per + 4)) + 4 * self.sizes[0])
+    cfg = RunConfig(model="tiny-opt", method="fo-offload", subgroup_size=5000, lr=1e-2,
+                    weight_decay=0.1)
+    _check_against_adamw(cfg, steps=8)
+    engine, infos, ran = _record(cfg, 10)
+    assert infos["fo_gpu_budget"]["shares"] == [0.3, 0.15]
+    cands = infos["fo_trial"]["candidates"]
+    assert [c["gpu_resident_ratio"] for c in cands[-2:]] == [0.3, 0.15]
+    assert all(c["gpu_resident_ratio"] == 0 for c in cands[:-2])
+    assert infos["fo_trial"]["chosen"] == len(cands) - 1  # scripted: the last is fastest
+    assert engine.resident_ratio == 0.15 and len(engine.placement.schedule.resident) > 0
+    engine.close()

@@ -69,7 +69,7 @@ from workbench.engine.stream.streams import Streams
 from workbench.engine.timing import OpTimer
 from workbench.models.lora import LoRAInit
 from workbench.plan import auto, placement
-from workbench.plan.placement import Candidate, Placement, Rate, Subgroups
+from workbench.plan.placement import Candidate, Placement, Rate
 
 
 class FOParts(NamedTuple):
@@ -158,15 +158,17 @@ class FOOffloadEngine(FirstOrderContract):
         self.perf = placement.inputs(self.calibration, self.word,
                                      placement.state_words(cfg.adam_state_dtype))
         rr = cfg.gpu_resident_ratio
+        self.proposals = trial.Proposals(self.perf, self.flat.numel, self.word, self.sizes, cfg,
+                                         device, bus)
         tries = (self.candidates(rr) if cfg.update_stride == "auto"
-                 else [self._candidate(cfg.update_stride, None, self.flat.sub)])
-        sized = len(self.sizes) > 1
-        self._trial = (trial.ScheduleTrial(tries, then=self._other_sizes if sized else None)
-                       if len(tries) > 1 or sized else None)
+                 else [self.proposals.candidate(cfg.update_stride, None, self.flat.sub)])
+        more = self.proposals.more_to_try
+        self._trial = (trial.ScheduleTrial(tries, then=self.proposals.more if more else None)
+                       if len(tries) > 1 or more else None)
         self._next: Candidate | None = None  # the placement the next step begins with
         if self._trial is not None:
             first = self._trial.current
-            self.reschedule(first.stride, rr, first.cpu_downcast, first.size)
+            self.reschedule(first.stride, first.resident, first.cpu_downcast, first.size)
         else:
             self.reschedule(cfg.update_stride, rr)
 
@@ -180,21 +182,6 @@ class FOOffloadEngine(FirstOrderContract):
     def candidates(self, resident_ratio: float) -> list[Candidate]:
         """What "auto" tries (``trial.py``; ``placement.candidates``)."""
         return placement.candidates(self.perf, self.flat.groups, resident_ratio)
-
-    def _candidate(self, update_stride: Stride, cpu_downcast: bool | None,
-                   size: int) -> Candidate:
-        """The placement of a stride at a subgroup size, as a trial candidate."""
-        groups = Subgroups(self.flat.numel, max(1, min(size, self.flat.numel)))
-        placed = placement.place(self.perf, groups, update_stride, self.cfg.gpu_resident_ratio,
-                                 cpu_downcast)
-        return Candidate(placed.schedule.stride,
-                         placed.cpu_downcast if self.word == 2 else None, placed.predicted_s,
-                         placed.split.gpu + placed.split.resident, groups.size)
-
-    def _other_sizes(self, best: Candidate) -> list[Candidate]:
-        """The trial's best placement at each other size of subgroup_size=auto."""
-        down = None if best.cpu_downcast is None else bool(best.cpu_downcast)
-        return [self._candidate(best.stride, down, n) for n in self.sizes[1:]]
 
     def reschedule(self, update_stride: Stride, resident_ratio: float,
                    cpu_downcast: bool | None = None, size: int | None = None) -> Placement:
@@ -212,6 +199,7 @@ class FOOffloadEngine(FirstOrderContract):
         if size is not None and size != self.flat.sub:
             self.flat.recut(size)
         self.spans.place(self.flat.groups.count)
+        self.resident_ratio = resident_ratio
         placed = self.placement = self.plan(update_stride, resident_ratio, cpu_downcast)
         s = placed.schedule
         self.gpu = GpuUpdates(self.flat, s, self.streams, self.spans, self._prefetch,
@@ -253,8 +241,9 @@ class FOOffloadEngine(FirstOrderContract):
         gradients and state still read as this step's placement left them."""
         nxt, self._next = self._next, None
         now = self.placement
-        if nxt is not None and nxt.key != (now.schedule.stride, now.cpu_downcast, self.flat.sub):
-            self.reschedule(nxt.stride, self.cfg.gpu_resident_ratio, nxt.cpu_downcast, nxt.size)
+        if nxt is not None and nxt.key != (now.schedule.stride, now.cpu_downcast, self.flat.sub,
+                                           self.resident_ratio):
+            self.reschedule(nxt.stride, nxt.resident, nxt.cpu_downcast, nxt.size)
         if self._trial is None:
             return self._train_step(batch, step, lr, wd)
         self.sync()  # a trial step is timed whole: nothing of the one before still running ...

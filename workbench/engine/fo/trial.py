@@ -13,10 +13,12 @@ result.
 
 The first candidate's first step is a warm-up (kernels, the allocator) and is not compared.
 Only candidates with no more GPU-side parameters than the model's own pick are tried, so the
-trial needs no more GPU memory than running that pick would.
+trial needs no more GPU memory than running that pick would; the one exception is a
+GPU-resident share, tried only where it fits the GPU memory the run has (``plan/auto.py``).
 
 subgroup_size=auto (``plan/auto.py``). The candidates above are of the first size; once they
-are timed, ``then(winner)`` gives the winner's placement at each other size (the rates are per
+are timed, ``then(winner)`` gives the winner's placement at each other size and at each
+resident share that fits the GPU memory left over (``plan/auto.py``; the rates are per
 parameter, so the model's ranking holds at every size; the size changes only per-subgroup
 overheads and how early the CPU side starts), each timed for a step too, and the fastest of all
 is kept. Sizes are compared on equal terms: the first step at a new size is not warm-up, since
@@ -26,7 +28,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from workbench.plan.placement import SITE, Candidate
+import torch
+
+from workbench.config import RunConfig, Stride
+from workbench.engine.events import EventBus, InfoEvent
+from workbench.plan import auto, placement
+from workbench.plan.placement import SITE, Candidate, PerfInputs, Subgroups
+from workbench.plan.planner import CONTEXT_BYTES
 
 #: Step times within 3% of the fastest count as a tie (steps of one placement vary by about
 #: that much on an H100 host), settled by GPU memory.
@@ -93,6 +101,78 @@ class ScheduleTrial:
         """What was tried and what won (the ``fo_trial`` record)."""
         return {"candidates": [{"stride": c.stride, "downcast": SITE[c.cpu_downcast],
                                 "gpu_share": c.gpu_share, "subgroup_size": c.size,
+                                "gpu_resident_ratio": c.resident,
                                 "predicted_s": c.predicted_s, "step_s": s}
                                for c, s in zip(self.candidates, self.seconds)],
                 "chosen": self.candidates.index(self.winner) if self.done else None}
+
+
+class Proposals:
+    """The candidates "auto" tries beyond the first ones (``ScheduleTrial``'s ``then``).
+
+    Args:
+        perf: the placement model's inputs (the engine's measured rates).
+        numel: parameters in the flat range.
+        word: bytes of a compute weight.
+        sizes: subgroup_size=auto's sizes (``plan/auto.py``; one: the given size).
+        cfg: the run config (update_stride, gpu_resident_ratio, adam_state_dtype,
+            gpu_mem_limit_gb).
+        device: the engine's device (GPU memory is read there).
+        bus: where ``fo_gpu_budget`` goes.
+    """
+
+    def __init__(self, perf: PerfInputs, numel: int, word: int, sizes: tuple[int, ...],
+                 cfg: RunConfig, device: torch.device, bus: EventBus):
+        self.perf, self.numel, self.word, self.sizes = perf, numel, word, sizes
+        self.cfg, self.device, self.bus = cfg, device, bus
+        self.cuda = device.type == "cuda"
+
+    @property
+    def more_to_try(self) -> bool:
+        """Other sizes, or (on a GPU, update_stride=auto, no resident share given) resident
+        shares that may fit."""
+        return len(self.sizes) > 1 or (self.cuda and self._residents)
+
+    @property
+    def _residents(self) -> bool:
+        return self.cfg.update_stride == "auto" and self.cfg.gpu_resident_ratio == 0
+
+    def candidate(self, update_stride: Stride, cpu_downcast: bool | None, size: int,
+                  resident: float | None = None) -> Candidate:
+        """The placement of a stride at a subgroup size and resident share (None: the
+        config's), as a trial candidate."""
+        rr = self.cfg.gpu_resident_ratio if resident is None else resident
+        groups = Subgroups(self.numel, max(1, min(size, self.numel)))
+        placed = placement.place(self.perf, groups, update_stride, rr, cpu_downcast)
+        return Candidate(placed.schedule.stride,
+                         placed.cpu_downcast if self.word == 2 else None, placed.predicted_s,
+                         placed.split.gpu + placed.split.resident, groups.size, rr)
+
+    def more(self, best: Candidate) -> list[Candidate]:
+        """After the first candidates: their best at each other size, and, at its size, each
+        GPU-resident share that fits (the model's stride for the rest), published as
+        ``fo_gpu_budget``."""
+        down = None if best.cpu_downcast is None else bool(best.cpu_downcast)
+        out = [self.candidate(best.stride, down, n) for n in self.sizes[1:]]
+        spare = self.gpu_spare() if self._residents else None
+        if spare is not None:
+            per = auto.resident_bytes(placement.STATE_BYTES[self.cfg.adam_state_dtype],
+                                      self.word)
+            shares = auto.resident_shares(spare, self.numel, per, 4 * best.size)
+            self.bus.publish(InfoEvent("fo_gpu_budget", {"spare_bytes": spare,
+                                                         "bytes_per_resident": per,
+                                                         "shares": list(shares)}))
+            out += [self.candidate("auto", down, best.size, r) for r in shares]
+        return out
+
+    def gpu_spare(self) -> int | None:
+        """GPU bytes left for a resident share after the steps so far (None on a CPU):
+        ``plan/auto.py::gpu_spare`` of gpu_mem_limit_gb (less the CUDA context, as
+        ``recipes/limits.py`` caps it) or of the memory this process can have."""
+        if not self.cuda:
+            return None
+        free, _ = torch.cuda.mem_get_info(self.device)
+        held = torch.cuda.memory_reserved(self.device)
+        limit = self.cfg.gpu_mem_limit_gb
+        budget = int(limit * 1e9 - CONTEXT_BYTES) if limit > 0 else free + held
+        return auto.gpu_spare(budget, torch.cuda.max_memory_reserved(self.device))
