@@ -31,8 +31,8 @@ class FlatParams:
 
     Attributes: ``layouts``, ``offsets`` (each group's start), ``groups`` (the subgroups),
     ``p32``, ``g32`` (host, fp32, (numel,)), ``m``, ``v`` (host, ``mdtype``, (numel,)), ``w``
-    (device, (numel,)) and ``w_out`` (an alias of ``w`` the updates write through), ``segments`` (per subgroup, its
-    decayed and undecayed runs).
+    (device, (numel,)) and ``w_out`` (an alias of ``w`` the updates write through),
+    ``segments`` (per subgroup, its decayed and undecayed runs).
     """
 
     def __init__(self, layouts: list[GroupLayout], subgroup_size: int, device: torch.device,

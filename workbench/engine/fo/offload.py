@@ -4,8 +4,9 @@ Where things live (``flat.py``). The host holds, page-locked, the fp32 master we
 m and v and the fp32 gradients of all parameters (16 bytes per parameter; 12 with bf16 moments,
 ``moments.py``), as one buffer each over the canonically ordered, concatenated parameter groups,
 cut into subgroups of ``subgroup_size`` parameters. The GPU holds the compute weights w (bf16
-under amp=bf16, else fp32) the forward and backward passes read, and, for the placement (``plan/placement.py``: which
-subgroups are updated on which side), the gradients of GPU-updated subgroups, ``N_SLOTS`` slots
+under amp=bf16, else fp32) the forward and backward passes read, and, for the placement
+(``plan/placement.py``: which subgroups are updated on which side), the gradients of
+GPU-updated subgroups, ``N_SLOTS`` slots
 of up to ``SLOT_PIECE`` elements, and the (p, m, v) of the static resident share
 (``gpu_resident_ratio``, the last subgroups, TwinFlow-style).
 
