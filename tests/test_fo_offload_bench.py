@@ -75,7 +75,7 @@ def test_unknown_rows_are_refused_in_one_line():
 def test_cpu_plumbing_run_prints_the_table_and_skips_torchao():
     out = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--model", "tiny-opt",
                           "--steps", "1", "--subgroup", "20000", "--threads", "1",
-                          "--rows", "all-cpu,auto,torchao-bf16"],
+                          "--rows", "all-cpu,auto,defaults,torchao-bf16"],
                          capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     text = out.stdout
@@ -86,8 +86,10 @@ def test_cpu_plumbing_run_prints_the_table_and_skips_torchao():
     # candidates' order follows the measured rates, so a loaded machine may list them otherwise)
     tried = re.search(r"auto tried (.*); kept ", text)
     assert tried, text
-    assert re.search(r"(^|, )stride -?\d+/[cg]pu: [\d.]+ s", tried.group(1)), text
-    assert re.search(r"(^|, )all-cpu/[cg]pu: [\d.]+ s", tried.group(1)), text
+    assert re.search(r"(^|, )stride -?\d+/[cg]pu/[\d.]+M/res 0: [\d.]+ s", tried.group(1)), text
+    assert re.search(r"(^|, )all-cpu/[cg]pu/[\d.]+M/res 0: [\d.]+ s", tried.group(1)), text
+    defaults = next(x for x in text.splitlines() if x.strip().startswith("defaults"))
+    assert float(defaults.split()[1]) > 0  # the CLI's defaults ran (one size on a CPU)
     assert "saved nothing (a CPU plumbing run)" in text
 
 
@@ -114,3 +116,32 @@ def test_rows_of_separate_runs_are_summarised_together_without_running_any(tmp_p
     assert "1.50" in auto and "1.25" in auto  # x torchao-fp32, x torchao-bf16 (from file b)
     saved = json.loads(next(tmp_path.glob("merged-*.json")).read_text())
     assert [r["from"] for r in saved["rows"]] == ["a.json", "a.json", "b.json"]
+
+
+def test_the_defaults_row_is_held_to_the_best_other_row(bench):
+    """issue 41: the CLI's defaults within 10% of the best row (any other row, torchao's too)."""
+    base = {"fp32_master": True, "split": {"cpu": 1.0, "gpu": 0.0, "resident": 0.0},
+            "phases": {}}
+    rows = [{"row": "auto", "iteration_s": 1.0, "peak_gpu_bytes": 19e9, **base},
+            {"row": "torchao-bf16", "iteration_s": 1.2, "peak_gpu_bytes": 18e9},
+            {"row": "defaults", "iteration_s": 1.08, "peak_gpu_bytes": 20e9, **base}]
+    line = {x["row"]: x for x in bench.summarise(rows)}["defaults"]
+    assert line["x_best"] == pytest.approx(1.08) and line["targets"] == "met"
+    rows[2]["iteration_s"] = 1.15
+    line = {x["row"]: x for x in bench.summarise(rows)}["defaults"]
+    assert line["targets"] == "missed"
+
+
+@pytest.mark.gpu
+def test_the_cli_defaults_run_within_10_percent_of_the_best_row(tmp_path):
+    """On a GPU: the defaults row (subgroup_size=auto, update_stride=auto, telemetry on) steps
+    within 10% of the fastest tuned row of the same benchmark run (opt-1.3b, fresh processes)."""
+    out = subprocess.run([sys.executable, str(SCRIPT), "--model", "opt-1.3b", "--steps", "3",
+                          "--rows", "defaults,all-cpu,auto,static",
+                          "--name", str(tmp_path / "defaults")],
+                         capture_output=True, text=True, cwd=ROOT, timeout=1800)
+    assert out.returncode == 0, out.stderr[-2000:]
+    saved = json.loads(next(tmp_path.glob("defaults-*.json")).read_text())
+    line = {x["row"]: x for x in saved["summary"]}["defaults"]
+    assert not line.get("error"), line
+    assert line["x_best"] <= 1.10, out.stdout[-4000:]
