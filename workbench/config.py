@@ -37,7 +37,7 @@ Peft = Literal["none", "lora"]
 BaseCodec = Literal["fp32", "bf16", "fp16", "fp8-e4m3", "int8"]
 StopOn = Literal["never", "diverged"]
 Estimator = Literal["central", "one-sided"]
-ZOOptimizer = Literal["sgd", "sign"]
+ZOOptimizer = Literal["sgd", "sign", "momentum", "adam"]
 #: fo-offload's update stride: "auto", or k != 0 (``plan/placement.py::make_schedule``)
 Stride = Literal["auto"] | int
 #: fo-offload's Adam moments on the host: fp32, or bf16 with stochastic rounding
@@ -62,7 +62,9 @@ METHOD_KNOBS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("eps", "queries", "estimator", "zo_optimizer"), ("mezo", "zo-offload")),
     **dict.fromkeys(("subgroup_size", "update_stride", "gpu_resident_ratio", "update_threads",
                      "adam_state_dtype"), ("fo-offload",)),
-    **dict.fromkeys(("adam_beta1", "adam_beta2", "adam_eps"), ("fo", "fo-offload")),
+    **dict.fromkeys(("adam_beta1", "adam_beta2", "adam_eps"),
+                    ("fo", "fo-offload", "mezo", "zo-offload")),  # ZO: zo_optimizer=adam
+    "momentum": ("mezo", "zo-offload"),
 }
 #: Knobs a resumed run may change; every other one is fixed by the run's first start (it
 #: shapes the trajectory or where the checkpoints are). The scheduler knobs are bit-identical.
@@ -145,9 +147,14 @@ class RunConfig:
                                  "2 forward passes each; one-sided (L_j - L_0) / eps against one "
                                  "clean pass, the step divided by the spread of the q losses "
                                  "(FZOO; queries >= 2)", group="optim")
-    zo_optimizer: ZOOptimizer = _knob("sgd", "ZO update: sgd w -= lr (sum_j c_j z_j + wd w); "
-                                      "sign w -= lr (sign(sum_j c_j z_j) + wd w) (ZO-SGD-Sign)",
-                                      group="optim")
+    zo_optimizer: ZOOptimizer = _knob("sgd", "ZO update of the estimate d = sum_j c_j z_j: sgd "
+                                      "w -= lr (d + wd w); sign w -= lr (sign(d) + wd w) "
+                                      "(ZO-SGD-Sign); momentum m = momentum m + d, w -= lr (m + "
+                                      "wd w); adam AdamW on d (adam_beta1, adam_beta2, adam_eps); "
+                                      "momentum and adam keep per-weight state in the master's "
+                                      "format, streamed with each block", group="optim")
+    momentum: float = _knob(0.9, "ZO-SGD momentum coefficient (zo_optimizer=momentum)", lo=0.0,
+                            hi=0.999999, group="optim")
     weight_decay: float = _knob(0.0, "decoupled weight decay (not applied to biases and norms)",
                                 lo=0.0, hi=1.0, live=True, group="optim")
     seed: int = _knob(0, "seed for init, data order and perturbations", lo=0, hi=2**31 - 1)
@@ -365,6 +372,7 @@ def _check_values(cfg: RunConfig) -> list[str]:
     if cfg.estimator == "one-sided" and cfg.queries < 2:
         problems.append(f"estimator: one-sided divides the step by the spread of the queries' "
                         f"losses and needs queries >= 2 (this run has queries={cfg.queries})")
+    problems += _check_zo_optimizer(cfg)
     if cfg.master != "fp32" and cfg.codec == "fp32":
         problems.append(f"master: {cfg.master} needs a compressed codec (bf16, fp16, fp8-e4m3, "
                         "fp8-e5m2); use master=fp32 with codec=fp32")
@@ -413,6 +421,26 @@ def _check_half_weights(cfg: RunConfig) -> list[str]:
         problems.append(f"zo_optimizer: {cfg.zo_optimizer} keeps per-weight state that mezo's "
                         f"{cfg.codec} weights do not carry; use sgd or sign, or master=fp32 "
                         "with codec=fp32")
+    return problems
+
+
+#: zo_optimizer -> per-weight state tensors the rule keeps (momentum: m; adam: m and v).
+ZO_STATE_SLOTS = {"sgd": 0, "sign": 0, "momentum": 1, "adam": 2}
+
+
+def _check_zo_optimizer(cfg: RunConfig) -> list[str]:
+    """The ZO optimizers' own knobs, and the host formats that can carry their state."""
+    if cfg.method not in ("mezo", "zo-offload"):
+        return []
+    own = {"momentum": ("momentum",), "adam": ("adam_beta1", "adam_beta2", "adam_eps")}
+    problems = [f"{name}: applies only with zo_optimizer={rule} (this run has "
+                f"zo_optimizer={cfg.zo_optimizer})" for rule, names in own.items()
+                if cfg.zo_optimizer != rule for name in names if getattr(cfg, name) != _default(name)]
+    if ZO_STATE_SLOTS[cfg.zo_optimizer] and cfg.method == "zo-offload" and \
+            cfg.master == "fp32" and cfg.codec != "fp32":
+        problems.append(f"zo_optimizer: {cfg.zo_optimizer} keeps per-weight state, which the "
+                        f"fp32 master's {cfg.codec} mirror does not carry; use master=compressed-sr "
+                        f"(state stored as {cfg.codec}) or codec=fp32")
     return problems
 
 

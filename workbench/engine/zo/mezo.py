@@ -22,8 +22,9 @@ from workbench.engine.protocol import StepOutput
 from workbench.engine.snapshots import DeviceSnapshots
 from workbench.engine.timing import OpTimer
 from workbench.engine.whole import WholeModel
-from workbench.engine.zo.perturb import PendingUpdate, ZOOps
-from workbench.engine.zo.estimate import estimate, pass_name, step_output
+from workbench.engine.zo.optim import load_opt_state, new_state
+from workbench.engine.zo.perturb import ZOOps
+from workbench.engine.zo.estimate import estimate, pass_name, step_output, update_of
 from workbench.engine.zo import half
 from workbench.engine.zo.half import weight_dtype
 from workbench.engine.zo.step import ZOStep, apply_update, lockstep, step_seed, zo_passes
@@ -51,9 +52,13 @@ class MeZOEngine(WholeModel):
         self.bytes_h2d = self.bytes_d2h = 0
         # Data parallel: averages the shard losses over ranks (the only traffic of a step).
         self.reduce = None  # MeZO applies its update within the step
+        # momentum / adam: each group's optimizer state beside it (``optim.py``), else None
+        self.opt_state = [new_state(cfg.zo_optimizer, g.layout.numel, device)
+                          for g in self.groups]
         self.snapshots = DeviceSnapshots(device, cfg.to_dict())
         if cfg.checkpoint_every:  # at setup, not in the first snapshot's step
-            self.snapshots.prepare(dict(enumerate(g.flat for g in self.groups)), pending=0)
+            self.snapshots.prepare(dict(enumerate(g.flat for g in self.groups)), pending=0,
+                                   state=self._state())
 
     # --- training ---------------------------------------------------------------------------
     def _loss(self, batch: Batch, step: int, sign: str) -> torch.Tensor:
@@ -72,17 +77,17 @@ class MeZOEngine(WholeModel):
         """One ZO step (``cfg.queries`` perturbations, ``cfg.estimator``); returns the loss,
         g, L+ and L- as 0-d device tensors (``step.step_losses``)."""
         st = ZOStep.of(self.cfg, step)
-        passes = lockstep([zo_passes(self.ops, g.flat, g.layout, st) for g in self.groups],
-                          st.passes)
+        passes = lockstep([zo_passes(self.ops, g.flat, g.layout, st, state=s)
+                           for g, s in zip(self.groups, self.opt_state)], st.passes)
         losses = [self._loss(batch, step, pass_name(st, k)) for k in passes]
         if self.reduce is not None:
             losses = list(self.reduce(torch.stack(losses)).unbind())
         coefs, g = estimate(losses, st)
-        upd = PendingUpdate(st.seed, coefs, lr, wd, self.cfg.zo_optimizer)
+        upd = update_of(self.cfg, step, st.seed, coefs, lr, wd)
         stream = torch.cuda.current_stream() if self.device.type == "cuda" else None
         with self.timer.span("update", "compute", stream, step, EMBED):
-            for group in self.groups:
-                apply_update(self.ops, group.flat, group.layout, upd, self.apply)
+            for group, state in zip(self.groups, self.opt_state):
+                apply_update(self.ops, group.flat, group.layout, upd, self.apply, state)
         self.timer.poll()
         return step_output(losses, st, coefs, g)
 
@@ -92,13 +97,18 @@ class MeZOEngine(WholeModel):
         returns a function the checkpoint writer calls to get the ``Snapshot``. Call it only
         once the writer is done with the last one."""
         return self.snapshots.take(next_step, dict(enumerate(g.flat for g in self.groups)),
-                                   self.group_layouts(), None)
+                                   self.group_layouts(), None, state=self._state())
+
+    def _state(self) -> dict[int, torch.Tensor]:
+        """The groups' optimizer state by group index (empty: the rule keeps none)."""
+        return {k: s for k, s in enumerate(self.opt_state) if s is not None}
 
     def restore(self, snap: Snapshot) -> None:
         """MeZO applies each update within its step: a snapshot never carries one."""
         if snap.pending is not None:
             raise ValueError("checkpoint: a MeZO snapshot cannot carry a pending update")
         self.load_state_flats(snap.flats)
+        load_opt_state(self.opt_state, snap)
 
     def gpu_param_bytes(self) -> int:
         on_gpu = self.device.type == "cuda"
@@ -110,5 +120,5 @@ class MeZOEngine(WholeModel):
         self.timer.poll(wait=True)
         for group in self.groups + self.frozen:
             release(group.layout)
-        self.groups, self.frozen = [], []
+        self.groups, self.frozen, self.opt_state = [], [], []
         self.snapshots.release()

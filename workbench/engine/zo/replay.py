@@ -21,20 +21,24 @@ from workbench.engine.stream.transfers import make_transfer
 from workbench.engine.timing import OpTimer
 from workbench.engine.zo import half
 from workbench.engine.zo.half import weight_dtype
+from workbench.engine.stream.opt_state import StreamedState
+from workbench.engine.zo.optim import STATEFUL, hyper
 from workbench.engine.zo.perturb import ZOOps, pending_from_dict
 from workbench.engine.zo.step import ApplyUpdate, ZOStep, apply_update, replay_pass, step_seed
 
-#: What a replayed pass does to one group: ``fn(weights, layout, apply)``.
-GroupPass = Callable[[torch.Tensor, GroupLayout, ApplyUpdate | None], None]
+#: What a replayed pass does to one group: ``fn(weights, layout, apply, state)`` (state: the
+#: group's optimizer state on the device, or None).
+GroupPass = Callable[[torch.Tensor, GroupLayout, ApplyUpdate | None, torch.Tensor | None], None]
 
 
 def replay(flats: list[torch.Tensor], names: list[str], n_decay: list[int],
            pending: dict | None, config: dict[str, Any], rows: dict[int, dict], first: int,
-           last: int, device: torch.device) -> list[torch.Tensor]:
+           last: int, device: torch.device,
+           opt_state: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
     """Groups' fp32 weights (canonical order, CPU) after steps ``first`` .. ``last - 1`` are
     replayed on ``device`` from the snapshot taken before step ``first`` (``flats`` with its
-    ``pending`` update) and the step log's ``rows``, with the final pending update applied as
-    a flush outside any step applies it."""
+    ``pending`` update and, for momentum / adam, the groups' ``opt_state``) and the step log's
+    ``rows``, with the final pending update applied as a flush outside any step applies it."""
     method = config["method"]
     ops = ZOOps(config.get("rng", "philox"), device)
     eps, zo = float(config.get("eps", 0.0)), method != "forward-grad"
@@ -62,34 +66,52 @@ def replay(flats: list[torch.Tensor], names: list[str], n_decay: list[int],
             transfer.store_fp32(weights[k], flats[k])
         else:
             weights.append(flats[k].to(device, dtype))
+    states = None
+    if rule in STATEFUL:  # the state crosses the engine's own transfers, in its own format
+        if opt_state is None:
+            raise ValueError(f"replay: zo_optimizer={rule} needs the snapshot's optimizer state")
+        states = StreamedState(rule, config.get("master", "fp32"), config.get("codec", "fp32"),
+                               layouts, sorted(streamed), device,
+                               OpTimer(device, EventBus(), enabled=False), ops, 0, False)
+        states.load(opt_state)
 
-    def each_group(t: int, fn: GroupPass) -> None:
-        """One pass of step ``t`` (-1: outside any step) over every group, in order."""
+    def each_group(t: int, fn: GroupPass, moves_state: bool) -> None:
+        """One pass of step ``t`` (-1: outside any step) over every group, in order; a
+        streamed block's state travels with it in a pass that applies an update."""
+        moved = states if moves_state else None
         for k, lay in enumerate(layouts):
             if k not in streamed:
-                fn(weights[k], lay, resident_apply)
+                fn(weights[k], lay, resident_apply, states and states.for_group(k))
                 continue
             b = k - 1  # the block index, as the engine's transfer counts offloads
             transfer.wait_host(b)  # the mirror's host pass of the last offload has finished
             slot, extra = transfer.slot_buffers(lay.numel)
             transfer.upload(weights[k], slot, extra, t, b, None)
-            fn(slot, lay, transfer.updater(extra, b))
+            if moved is not None:
+                moved.upload(k, 0, t, None)
+            fn(slot, lay, transfer.updater(extra, b), moved and moved.for_group(k))
+            if moved is not None:  # before the weights, as the engine offloads them
+                moved.offload(k, t, None)
             transfer.offload(weights[k], slot, extra, t, b, lay, None)
 
     upd = pending_from_dict(pending, device)
     for t in range(first, last):
         st = ZOStep(int(rows[t]["seed"]), eps, upd, queries, estimator)
-        each_group(t, lambda w, lay, apply: replay_pass(ops, w, lay, st, zo, apply))
-        upd = pending_from_dict(rows[t], device, rule)
+        each_group(t, lambda w, lay, apply, s: replay_pass(ops, w, lay, st, zo, apply, s),
+                   upd is not None)
+        upd = pending_from_dict(rows[t], device, rule, t + 1 if rule in STATEFUL else 0,
+                                hyper(config))
         if not deferred:  # applied within the step, in a pass of its own
-            each_group(t, lambda w, lay, apply: apply_update(ops, w, lay, upd, apply))
+            each_group(t, lambda w, lay, apply, s: apply_update(ops, w, lay, upd, apply, s), True)
             upd = None
     if upd is not None:
-        each_group(-1, lambda w, lay, apply: apply_update(ops, w, lay, upd, apply))
-    if transfer is None:
-        return [w.cpu().float() for w in weights]
+        each_group(-1, lambda w, lay, apply, s: apply_update(ops, w, lay, upd, apply, s), True)
     if device.type == "cuda":
         torch.cuda.synchronize(device)  # replay only: the offloads have written the host copies
+    if states is not None:
+        states.close()
+    if transfer is None:
+        return [w.cpu().float() for w in weights]
     for k in streamed:
         transfer.wait_host(k - 1)  # every host pass has written its master
     out = [w.cpu() if k not in streamed else transfer.to_fp32(w).clone()
