@@ -170,7 +170,8 @@ def workbench_row(spec: dict) -> dict:
     cfg = (RunConfig(**shape) if defaults else
            RunConfig(**shape, weight_decay=0.0, subgroup_size=spec["subgroup"],
                      update_stride=stride, gpu_resident_ratio=ratio,
-                     update_threads=spec["threads"]))
+                     update_threads=spec["threads"],  # the cap, for auto's resident shares
+                     gpu_mem_limit_gb=round(cap / GB, 3) if cuda else 0.0))
     bus, events, info = _collect()
     if defaults:  # what a CLI run subscribes: the run record's collector
         from workbench.telemetry.collector import Collector

@@ -135,9 +135,11 @@ def test_the_defaults_row_is_held_to_the_best_other_row(bench):
 @pytest.mark.gpu
 def test_the_cli_defaults_run_within_10_percent_of_the_best_row(tmp_path):
     """On a GPU: the defaults row (subgroup_size=auto, update_stride=auto, telemetry on) steps
-    within 10% of the fastest tuned row of the same benchmark run (opt-1.3b, fresh processes)."""
-    out = subprocess.run([sys.executable, str(SCRIPT), "--model", "opt-1.3b", "--steps", "3",
-                          "--rows", "defaults,all-cpu,auto,static",
+    within 10% of the fastest tuned row of the same benchmark run (opt-6.7b as in issue 41,
+    fresh processes; ~112 GB of host memory; at opt-1.3b a step is ~0.08 s and steps of one
+    placement vary by 30% on an H100 host, too much to hold to 10%)."""
+    out = subprocess.run([sys.executable, str(SCRIPT), "--model", "opt-6.7b", "--steps", "5",
+                          "--rows", "defaults,auto,static",
                           "--name", str(tmp_path / "defaults")],
                          capture_output=True, text=True, cwd=ROOT, timeout=1800)
     assert out.returncode == 0, out.stderr[-2000:]

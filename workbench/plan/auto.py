@@ -50,8 +50,8 @@ def resident_bytes(state_bytes: int, word_bytes: int) -> int:
 
 def gpu_spare(budget: int, peak: int) -> int:
     """GPU bytes a resident share may take: the run's budget (``gpu_mem_limit_gb``, else the
-    GPU memory this process can have: free + what it holds) less the peak of the steps so far
-    (no residents) and ``MARGIN``."""
+    GPU memory this process can have: free + what it holds) less the peak allocated by the
+    steps so far (no residents) and ``MARGIN``."""
     return budget - peak - MARGIN
 
 
