@@ -250,3 +250,11 @@ def check_codec_run(device: str, master: str, codec: str, amp: str = "off", rng:
             half = got[k].to(HALF_DTYPES[codec]).float()
             assert torch.equal(half, got[k]) and not torch.equal(got[k], ref[k])
     return got
+
+
+def cli_run(out: Path, *sets: str) -> subprocess.CompletedProcess:
+    """``python -m workbench run --out OUT --quiet --set ...`` as a user types it (each of
+    ``sets`` is one ``name=value``)."""
+    args = [a for s in sets for a in ("--set", s)]
+    return subprocess.run([sys.executable, "-m", "workbench", "run", "--out", str(out),
+                           "--quiet", *args], capture_output=True, text=True, timeout=600)

@@ -2,8 +2,6 @@
 update against torch's own optimizers fed the ZO estimate, zo-offload bit-equal to MeZO with the
 state streamed with each block, the settings checked, and the CLI as a user runs it."""
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -13,7 +11,7 @@ from workbench.engine.groups import GroupLayout
 from workbench.engine.zo.optim import new_state
 from workbench.engine.zo.perturb import PendingUpdate, ZOOps, query_seeds
 
-from zo_helpers import train
+from zo_helpers import cli_run, train
 
 
 def _reference(rule: str, x0: torch.Tensor, n_decay: int, grads: list[torch.Tensor], lr: float,
@@ -107,11 +105,7 @@ def test_the_cli_trains_adam_on_both_engines_alike(tmp_path):
     """As a user runs it: ``--set zo_optimizer=adam`` on mezo and zo-offload ends with one
     digest, the run records the rule; a mirror master is refused in one line before any work."""
     def cli(out, *sets):
-        args = [a for s in sets for a in ("--set", s)]
-        return subprocess.run([sys.executable, "-m", "workbench", "run", "--out", str(out),
-                               "--quiet", "--set", "steps=4", "--set", "zo_optimizer=adam",
-                               "--set", "lr=1e-4", *args], capture_output=True, text=True,
-                              timeout=600)
+        return cli_run(out, "steps=4", "zo_optimizer=adam", "lr=1e-4", *sets)
 
     digests = []
     for method in ("mezo", "zo-offload"):

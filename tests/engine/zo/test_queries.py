@@ -16,7 +16,7 @@ from workbench.engine.zo.perturb import PendingUpdate, ZOOps, pending_dict, pend
 from workbench.engine.zo.step import step_seed
 from workbench.models.build import build_skeleton
 
-from zo_helpers import BASE, losses_of_copies, train
+from zo_helpers import BASE, cli_run, losses_of_copies, train
 
 
 @pytest.mark.parametrize("estimator", ["central", "one-sided"])
@@ -160,15 +160,8 @@ def test_the_cli_trains_queries_on_both_engines_alike_and_refuses_a_bad_estimato
     """As a user runs it: ``--set queries=3`` on mezo and zo-offload ends with one digest, the
     run records the knobs, and a one-sided estimator of one query is refused in one line before
     any work."""
-    import subprocess
-    import sys
-
     def cli(out, *sets):
-        args = [a for s in sets for a in ("--set", s)]
-        return subprocess.run([sys.executable, "-m", "workbench", "run", "--out", str(out),
-                               "--quiet", "--set", "steps=4", "--set", "queries=3",
-                               "--set", "lr=1e-3", *args], capture_output=True, text=True,
-                              timeout=600)
+        return cli_run(out, "steps=4", "queries=3", "lr=1e-3", *sets)
 
     digests = []
     for method in ("mezo", "zo-offload"):
