@@ -114,7 +114,10 @@ def test_engine_calibration_leaves_the_state_bit_for_bit(amp):
     before = [t.clone() for t in (f.p32, f.m, f.v, f.g32, f.w)]
     measure(engine.parts)
     after = (f.p32, f.m, f.v, f.g32, f.w)
+    # bits, not values: g32 is never written where the GPU updates (its gradients stay there),
+    # so it holds whatever the allocator gave, nan patterns included, and nan != nan
     for a, b in zip(before, after):
-        assert torch.equal(a, b)
+        assert torch.equal(a.view(torch.int16 if a.element_size() == 2 else torch.int32),
+                           b.view(torch.int16 if b.element_size() == 2 else torch.int32))
     assert float(f.m.abs().max()) > 0  # the check had something to see
     engine.close()
