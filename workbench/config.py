@@ -229,9 +229,10 @@ class RunConfig:
     update_threads: int = _knob(0, "threads of the CPU AdamW (0: torch's thread count, less one "
                                 "on a GPU run: that core launches kernels)", lo=0, hi=4096,
                                 group="fo")
-    adam_beta1: float = _knob(0.9, "AdamW beta1", lo=0.0, hi=0.999999, group="fo")
-    adam_beta2: float = _knob(0.999, "AdamW beta2", lo=0.0, hi=0.99999999, group="fo")
-    adam_eps: float = _knob(1e-8, "AdamW epsilon", lo=0.0, hi=1.0, group="fo")
+    adam_beta1: float = _knob(0.9, "AdamW beta1 (fo, fo-offload; ZO with zo_optimizer=adam)",
+                              lo=0.0, hi=0.999999, group="optim")
+    adam_beta2: float = _knob(0.999, "AdamW beta2", lo=0.0, hi=0.99999999, group="optim")
+    adam_eps: float = _knob(1e-8, "AdamW epsilon", lo=0.0, hi=1.0, group="optim")
     adam_state_dtype: AdamStateDtype = _knob("fp32", "fo-offload's Adam m and v: fp32, or bf16 "
                                              "(2 B each, stochastically rounded; the fp32 "
                                              "master kept)", group="fo")

@@ -254,3 +254,16 @@ def test_mezo_vs_offload_is_one_call(tmp_path):
     assert list(again.children[1].data[0].y) == ["mezo", "zo-offload"]  # what differs
     with pytest.raises(ConfigError):
         mezo_vs_offload(out_dir=tmp_path, steps="zero")
+
+
+def test_the_zo_optimizers_knobs_are_shown_for_the_zo_methods():
+    """zo_optimizer, momentum and Adam's knobs sit in a group the ZO methods show (adam_* are
+    fo's knobs too, and fo shows them)."""
+    from workbench.config import knob_info
+    from workbench.ui.panel import groups_for
+
+    for method in ("mezo", "zo-offload", "fo", "fo-offload"):
+        for name in ("adam_beta1", "adam_beta2", "adam_eps"):
+            assert knob_info(name)["group"] in groups_for(method), (method, name)
+    for name in ("zo_optimizer", "momentum"):
+        assert knob_info(name)["group"] in groups_for("zo-offload")
