@@ -13,8 +13,6 @@ from __future__ import annotations
 import torch
 
 from workbench.engine.protocol import StepOutput
-from workbench.engine.zo.optim import STATEFUL, hyper
-from workbench.engine.zo.perturb import PendingUpdate
 from workbench.engine.zo.step import MINUS, PLUS, ZOStep, projected_grad
 
 #: the spread of the queries' losses below which a one-sided step is not divided further (a
@@ -40,17 +38,6 @@ def estimate(losses: list[torch.Tensor], st: ZOStep) -> tuple[torch.Tensor, torc
     perturbed = torch.stack(losses[1:])
     g = (perturbed - losses[0]) / eps
     return g / (q * perturbed.std().clamp_min(MIN_SPREAD)), g.mean()
-
-
-def update_of(cfg, step: int, seed: int, coefs: torch.Tensor, lr: float,
-              wd: float) -> PendingUpdate:
-    """Step ``step``'s update under the run's rule (``cfg``: a ``RunConfig`` or its dict), from
-    its coefficients (``estimate``): what every engine keeps pending or applies, and what the
-    replay rebuilds from a step-log row."""
-    get = cfg.get if isinstance(cfg, dict) else lambda k, d: getattr(cfg, k, d)
-    rule = str(get("zo_optimizer", "sgd"))
-    return PendingUpdate(seed, coefs, lr, wd, rule, step + 1 if rule in STATEFUL else 0,
-                         hyper(cfg))
 
 
 def step_output(losses: list[torch.Tensor], st: ZOStep, coefs: torch.Tensor,

@@ -23,8 +23,8 @@ from workbench.engine.snapshots import DeviceSnapshots
 from workbench.engine.timing import OpTimer
 from workbench.engine.whole import WholeModel
 from workbench.engine.zo.optim import load_opt_state, new_state
-from workbench.engine.zo.perturb import ZOOps
-from workbench.engine.zo.estimate import estimate, pass_name, step_output, update_of
+from workbench.engine.zo.perturb import PendingUpdate, ZOOps
+from workbench.engine.zo.estimate import estimate, pass_name, step_output
 from workbench.engine.zo import half
 from workbench.engine.zo.half import weight_dtype
 from workbench.engine.zo.step import ZOStep, apply_update, lockstep, step_seed, zo_passes
@@ -83,7 +83,7 @@ class MeZOEngine(WholeModel):
         if self.reduce is not None:
             losses = list(self.reduce(torch.stack(losses)).unbind())
         coefs, g = estimate(losses, st)
-        upd = update_of(self.cfg, step, st.seed, coefs, lr, wd)
+        upd = PendingUpdate.of(self.cfg, step, st.seed, coefs, lr, wd)
         stream = torch.cuda.current_stream() if self.device.type == "cuda" else None
         with self.timer.span("update", "compute", stream, step, EMBED):
             for group, state in zip(self.groups, self.opt_state):

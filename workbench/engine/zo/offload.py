@@ -33,7 +33,7 @@ from workbench.engine.stream.scheduler import BlockStreamer
 from workbench.engine.stream.shared_host import NodeShare
 from workbench.engine.timing import OpTimer
 from workbench.engine.zo.perturb import PendingUpdate, ZOOps, pending_from_dict
-from workbench.engine.zo.estimate import estimate, step_output, update_of
+from workbench.engine.zo.estimate import estimate, step_output
 from workbench.engine.zo.step import ZOStep, apply_update, zo_passes
 from workbench.engine.zo.tied import TiedHead
 from workbench.models.adapter import Inputs
@@ -70,7 +70,7 @@ class StreamedEngine:
     def defer(self, step: int, seed: int, g: torch.Tensor, lr: float, wd: float) -> None:
         """Keep the step's update pending for the next step's uploads (fused_update), or apply
         it now in a separate pass with its own transfers (the unfused baseline)."""
-        self.pending = update_of(self.cfg, step, seed, g, lr, wd)
+        self.pending = PendingUpdate.of(self.cfg, step, seed, g, lr, wd)
         if not self.cfg.fused_update:
             self.flush(step)
 

@@ -58,6 +58,17 @@ class PendingUpdate:
     t: int = 0  # momentum / adam (``optim.py``): the update's count from 1 (step + 1)
     hp: tuple[float, ...] = ()  # momentum / adam: the rule's own knobs (``optim.hyper``)
 
+    @classmethod
+    def of(cls, cfg, step: int, seed: int, coefs: torch.Tensor, lr: float,
+           wd: float) -> "PendingUpdate":
+        """Step ``step``'s update under the run's rule (``cfg``: a ``RunConfig`` or its dict),
+        from its coefficients (``estimate.estimate``): what every engine keeps pending or
+        applies, and what the replay rebuilds from a step-log row."""
+        get = cfg.get if isinstance(cfg, dict) else lambda k, d: getattr(cfg, k, d)
+        rule = str(get("zo_optimizer", "sgd"))
+        return cls(seed, coefs, lr, wd, rule, step + 1 if rule in optim.STATEFUL else 0,
+                   optim.hyper(cfg))
+
     def parts(self) -> list[tuple[int, torch.Tensor, float]]:
         """(seed, coefficient (0-d view), weight decay) of each direction, in order."""
         if self.g.dim() == 0:
@@ -78,17 +89,17 @@ def pending_dict(upd: PendingUpdate | None, host_g: torch.Tensor | None) -> dict
     return {"seed": upd.seed, "g": g, "lr": upd.lr, "wd": upd.wd, **rule}
 
 
-def pending_from_dict(d: dict | None, device: torch.device, rule: str = "sgd", t: int = 0,
-                      hp: tuple[float, ...] = ()) -> PendingUpdate | None:
-    """The inverse of ``pending_dict`` (also reads a step-log row, whose rule, count and knobs
-    are the run's: ``rule``, ``t``, ``hp``), g on ``device``."""
+def pending_from_dict(d: dict | None, device: torch.device,
+                      rule: str = "sgd") -> PendingUpdate | None:
+    """The inverse of ``pending_dict`` (also reads a step-log row, whose rule is the run's:
+    ``rule``; its count and knobs, ``PendingUpdate.of``'s), g on ``device``."""
     if d is None:
         return None
     g = d["g"]
     g = [float(x) for x in g] if isinstance(g, list) else float(g)
     return PendingUpdate(int(d["seed"]), torch.tensor(g, dtype=torch.float32, device=device),
                          float(d["lr"]), float(d["wd"]), str(d.get("rule", rule)),
-                         int(d.get("t", t)), tuple(float(x) for x in d.get("hp", hp)))
+                         int(d.get("t", 0)), tuple(float(x) for x in d.get("hp", ())))
 
 
 class ZOOps:

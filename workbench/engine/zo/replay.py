@@ -22,8 +22,8 @@ from workbench.engine.timing import OpTimer
 from workbench.engine.zo import half
 from workbench.engine.zo.half import weight_dtype
 from workbench.engine.stream.opt_state import StreamedState
-from workbench.engine.zo.optim import STATEFUL, hyper
-from workbench.engine.zo.perturb import ZOOps, pending_from_dict
+from workbench.engine.zo.optim import STATEFUL
+from workbench.engine.zo.perturb import PendingUpdate, ZOOps, pending_from_dict
 from workbench.engine.zo.step import ApplyUpdate, ZOStep, apply_update, replay_pass, step_seed
 
 #: What a replayed pass does to one group: ``fn(weights, layout, apply, state)`` (state: the
@@ -99,8 +99,8 @@ def replay(flats: list[torch.Tensor], names: list[str], n_decay: list[int],
         st = ZOStep(int(rows[t]["seed"]), eps, upd, queries, estimator)
         each_group(t, lambda w, lay, apply, s: replay_pass(ops, w, lay, st, zo, apply, s),
                    upd is not None)
-        upd = pending_from_dict(rows[t], device, rule, t + 1 if rule in STATEFUL else 0,
-                                hyper(config))
+        row = pending_from_dict(rows[t], device, rule)  # its rule's count and knobs: the run's
+        upd = PendingUpdate.of(config, t, row.seed, row.g, row.lr, row.wd)
         if not deferred:  # applied within the step, in a pass of its own
             each_group(t, lambda w, lay, apply, s: apply_update(ops, w, lay, upd, apply, s), True)
             upd = None
