@@ -16,7 +16,20 @@ import torch
 from workbench.engine.events import EventBus, OpEvent
 
 
-class OpTimer:
+class Spans:
+    """``span`` over a timer's own ``open`` and ``close`` (``OpTimer``, and timers that wrap
+    one: ``fo/spans.py``'s ``PhaseTimer``)."""
+
+    @contextmanager
+    def span(self, op: str, stream_name: str, stream, step: int, block: int, nbytes: int = 0,
+             detail: str = "") -> Iterator[None]:
+        """Time the work enqueued (CUDA) or done (CPU) inside the block."""
+        began = self.open(stream)
+        yield
+        self.close(began, op, stream_name, stream, step, block, nbytes, detail)
+
+
+class OpTimer(Spans):
     """Args:
         device: compute device.
         bus: where resolved ``OpEvent`` records go.
@@ -55,14 +68,6 @@ class OpTimer:
 
     def _event(self) -> torch.cuda.Event:
         return self._free.pop() if self._free else torch.cuda.Event(enable_timing=True)
-
-    @contextmanager
-    def span(self, op: str, stream_name: str, stream, step: int, block: int, nbytes: int = 0,
-             detail: str = "") -> Iterator[None]:
-        """Time the work enqueued (CUDA) or done (CPU) inside the block."""
-        began = self.open(stream)
-        yield
-        self.close(began, op, stream_name, stream, step, block, nbytes, detail)
 
     def open(self, stream) -> object:
         """The start of an operation whose work is enqueued in parts, at different times, on

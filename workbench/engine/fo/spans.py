@@ -15,13 +15,11 @@ over on the training thread; the merge is guarded by a lock.
 from __future__ import annotations
 
 import threading
-from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 
 from workbench.engine.events import EventBus, OpEvent
-from workbench.engine.timing import OpTimer
+from workbench.engine.timing import OpTimer, Spans
 
 #: Subgroups above which per-subgroup spans are merged per phase.
 SPAN_LIMIT = 64
@@ -31,7 +29,7 @@ PER_SUBGROUP = ("grad-d2h", "cpu-wait", "cpu-update", "downcast", "upload-weight
 PHASE = -3  # OpEvent.block of a span that covers a whole phase of a step
 
 
-class PhaseTimer:
+class PhaseTimer(Spans):
     """``OpTimer``'s interface for fo-offload's parts, merging per-subgroup spans per phase
     while ``coarse`` (``place``: more than ``SPAN_LIMIT`` subgroups).
 
@@ -62,13 +60,6 @@ class PhaseTimer:
 
     def open(self, stream) -> object:
         return self.timer.open(stream)
-
-    @contextmanager
-    def span(self, op: str, stream_name: str, stream, step: int, block: int, nbytes: int = 0,
-             detail: str = "") -> Iterator[None]:
-        began = self.open(stream)
-        yield
-        self.close(began, op, stream_name, stream, step, block, nbytes, detail)
 
     def close(self, began, op: str, stream_name: str, stream, step: int, block: int,
               nbytes: int = 0, detail: str = "") -> None:
