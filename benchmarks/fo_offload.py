@@ -224,6 +224,7 @@ def workbench_row(spec: dict) -> dict:
         "downcast": plan["downcast"],
         "update_threads": engine.host.threads,
         "calibration": info.get("fo_calibration"), "perf_inputs": engine.perf.as_dict(),
+        "contention": info.get("fo_contention"),
         "update_s_predicted": engine.placement.predicted_s,
         "predicted_cpu_side_s": plan["predicted_cpu_s"],
         "predicted_gpu_side_s": plan["predicted_gpu_s"],
@@ -248,6 +249,28 @@ def trial_text(trial: dict) -> str:
              for c in trial["candidates"]]
     kept = tried[trial["chosen"]].split(":")[0]
     return f"auto tried {', '.join(tried)}; kept {kept}"
+
+
+def trial_predictions(trial: dict) -> list[str]:
+    """One line per placement tried: its update phase predicted (under the step's DMA where
+    calibrated: plan/dma.py) against the one its step measured, and the error; then how many
+    are within the target (issue 41: every schedule the trial tries within 15%)."""
+    from workbench.plan import placement
+
+    lines = []
+    for c in trial["candidates"]:
+        where = (f"{'all-cpu' if c['stride'] == placement.NO_GPU else 'stride ' + str(c['stride'])}"
+                 f"/{c['downcast']}/{c.get('subgroup_size', 0) / 1e6:g}M"
+                 f"/res {c.get('gpu_resident_ratio', 0):g}")
+        pred, meas, err = (c.get("update_s_predicted", c.get("predicted_s")),
+                           c.get("update_s_measured"), c.get("prediction_error"))
+        lines.append(f"{where:>28}: update predicted {pred:.3f} s, measured "
+                     + (f"{meas:.3f} s, error {err:+.0%}" if meas else "-"))
+    ok, known = trial.get("within", [None, None])
+    lines.append(f"trial predictions within {TARGETS['predicted_within']:.0%}: {ok} of {known}"
+                 + (" (target met)" if known and ok == known else
+                    " (target missed)" if known else ""))
+    return lines
 
 
 def _cap(spec: dict) -> float:
@@ -423,10 +446,14 @@ def summarise(rows: list[dict]) -> list[dict]:
                                                   "prefetch_s", "gpu_update_s", "flush_out_s",
                                                   "gpu_wait_s", "optimizer_step_s")})
             line["cpu_lead"] = ph.get("cpu_start_vs_backward_end_s")
+            within = (r.get("trial") or {}).get("within")
+            line["trial_ok"] = f"{within[0]}/{within[1]}" if within and within[1] else None
             uc = ph.get("cpu_update_params_per_s")
             line["uc_step"] = uc / 1e9 if uc else None
             cal = (r.get("perf_inputs") or {}).get("Uc")
             line["uc_cal"] = cal / 1e9 if cal else None
+            ucd = (r.get("contention") or {}).get("Ucd")
+            line["ucd_cal"] = ucd / 1e9 if ucd else None
             for ref, key in ((ref32, "x_fp32"), (ref16, "x_bf16")):
                 if ref:
                     line[key] = ref["iteration_s"] / r["iteration_s"]
@@ -445,6 +472,8 @@ def summarise(rows: list[dict]) -> list[dict]:
                 checks.append(line["x_best"] <= TARGETS["defaults_vs_best"])
             if line.get("pred_err") is not None:
                 checks.append(abs(line["pred_err"]) <= TARGETS["predicted_within"])
+            if within and within[1]:  # every schedule the trial tried
+                checks.append(within[0] == within[1])
             line["targets"] = " ".join("met" if c else "missed" for c in checks)
         out.append(line)
     return out
@@ -457,11 +486,13 @@ HEAD = [("row", "row", ""), ("iter s", "it_s", "{:.3f}"), ("x torchao-fp32", "x_
         ("stride", "stride", ""), ("gpu%", "gpu_pct", "{:.0f}"), ("res%", "res_pct", "{:.0f}"),
         ("downcast", "downcast", ""), ("upd pred s", "upd_pred", "{:.3f}"),
         ("upd meas s", "upd_meas", "{:.3f}"), ("pred err", "pred_err", "{:+.0%}"),
+        ("trial pred ok", "trial_ok", ""),
         ("targets", "targets", ""), ("error", "error", "")]
 PHASES = [("row", "row", ""), ("bwd", "backward_s", "{:.3f}"), ("D2H", "grad_d2h_s", "{:.3f}"),
           ("cpu start-bwd end", "cpu_lead", "{:+.3f}"),
           ("cpu upd", "cpu_update_s", "{:.3f}"), ("threads", "threads", ""),
-          ("Uc cal G/s", "uc_cal", "{:.2f}"), ("Uc step G/s", "uc_step", "{:.2f}"),
+          ("Uc cal G/s", "uc_cal", "{:.2f}"), ("Ucd cal G/s", "ucd_cal", "{:.2f}"),
+          ("Uc step G/s", "uc_step", "{:.2f}"),
           ("cpu wait", "cpu_wait_s", "{:.3f}"), ("downcast", "downcast_s", "{:.3f}"),
           ("upload", "upload_s", "{:.3f}"), ("prefetch", "prefetch_s", "{:.3f}"),
           ("gpu upd", "gpu_update_s", "{:.3f}"), ("flush-out", "flush_out_s", "{:.3f}"),
@@ -544,6 +575,9 @@ def main(argv=None) -> int:
                       f"GB, process {r.get('process_seconds', 0):.0f} s"), flush=True)
         if r.get("trial"):
             print("  " + trial_text(r["trial"]), flush=True)
+            print("\n".join("  " + line for line in trial_predictions(r["trial"])), flush=True)
+        if r.get("contention"):
+            print(f"  contention: {r['contention']}", flush=True)
         if args.device == "cuda":
             save(args.name, out)  # after every row: a timeout keeps what ran
     out["summary"] = summarise(out["rows"])

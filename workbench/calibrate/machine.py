@@ -72,6 +72,7 @@ def calibrate(device: str | None = None, quick: bool = False, save: bool = True)
         props = torch.cuda.get_device_properties(dev)
         out.update(gpu_name=props.name, gpu_mem_total_bytes=props.total_memory)
         out.update(_link_rates(dev, quick))
+        out.update(_cpu_under_dma(dev, quick, out))
         out.update(_gpu_rates(dev, quick))
     else:
         out.update(gpu_name=None, fused_kernel=False, reuse_off_factor=1.0,
@@ -105,6 +106,27 @@ def _cpu_rates(quick: bool) -> dict[str, float]:
     opt = torch.optim.AdamW([p], lr=1e-4, **kw)
     out["adamw_cpu_per_s"] = p.numel() / _timeit(opt.step, "cpu", reps)
     return out
+
+
+def _cpu_under_dma(dev, quick: bool, rates: dict) -> dict[str, float]:
+    """CPU AdamW as ``_cpu_rates`` times it, while pinned copies keep the link busy both ways
+    (``calibrate/fo.py``'s ``PinnedTraffic``, as fo-offload's GPU side does in a step):
+    ``adamw_cpu_dma_per_s``, and ``adamw_cpu_dma_bps`` the bytes/s the copies moved meanwhile
+    (``plan/dma.py`` slows the planner's CPU update by them; ``adamw_cpu_per_s`` is alone)."""
+    import torch
+
+    from workbench.calibrate.fo import PinnedTraffic, Probe, Stopwatch, under_load
+
+    n = (2 ** 22 if quick else 2 ** 25) // 4
+    p = torch.nn.Parameter(torch.randn(n))
+    p.grad = torch.randn_like(p)
+    kw = {"fused": True} if _cpu_fused_adamw() else {"foreach": True}
+    opt = torch.optim.AdamW([p], lr=1e-4, **kw)
+    load = PinnedTraffic(dev, rates["h2d_bps"])
+    est = n / rates["adamw_cpu_per_s"]
+    got = under_load(Probe(n, opt.step, load=lambda: load(est)), load, Stopwatch(),
+                     2 if quick else 4)
+    return {"adamw_cpu_dma_per_s": got["Ucd"].per_s, "adamw_cpu_dma_bps": got["Xd"].per_s}
 
 
 def _perturb_cpu(quick: bool) -> dict[str, float]:

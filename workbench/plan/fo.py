@@ -12,7 +12,11 @@ Time. fo: forward, backward (2x; 1x for adapters, whose backward is the input gr
 AdamW. fo-offload: + the fp32 gradient flush (during backward) and the update phase as the
 engine places it: ``placement.place`` from the profile's rates (B the pinned H2D rate, Ug / Uc
 GPU / CPU AdamW, Dc the CPU downcast), the model's own pick for update_stride=auto (the engine
-then times its candidates for a step each). These are structural estimates.
+then times its candidates for a step each), the CPU side slowed by the step's DMA
+(``plan/dma.py``) from the profile's ``adamw_cpu_dma_per_s`` (CPU AdamW under pinned copies
+both ways) and ``adamw_cpu_dma_bps`` (their bytes/s); a profile without them (calibrated
+before they were measured, or the defaults) predicts with the rate alone and a note says the
+prediction ignores DMA contention. These are structural estimates.
 Host memory traffic of a CPU-updated parameter (``host_traffic_per_param``): the step is bound
 by it on the machines measured (issue 41), so the planner says it in a note.
 """
@@ -21,11 +25,12 @@ from __future__ import annotations
 import math
 
 from workbench.config import RunConfig
+from workbench.plan import dma
 from workbench.plan.auto import subgroup_sizes
 from workbench.plan.lora import adapter_params
 from workbench.plan.memory import saved_activations
 from workbench.plan.placement import (CHUNK, N_SLOTS, NO_GPU, SITE, SLOT_PIECE, STATE_BYTES,
-                                      PerfInputs, Placement, Subgroups, place, state_words)
+                                      PerfInputs, Placement, Subgroups, state_words)
 from workbench.presets import Preset
 
 
@@ -35,6 +40,16 @@ def perf_inputs(prof: dict, word_bytes: int, adam_state_dtype: str = "fp32") -> 
     return PerfInputs(prof["h2d_bps"] / 4, prof["adamw_gpu_per_s"], prof["adamw_cpu_per_s"],
                       prof["cpu_downcast_per_s"] if word_bytes < 4 else math.inf, word_bytes,
                       state_words(adam_state_dtype))
+
+
+def contention(prof: dict) -> dma.Contention | None:
+    """The CPU update under DMA load from a profile (``plan/dma.py``), or None when it has no
+    ``adamw_cpu_dma_per_s`` (then predictions take the CPU rate alone: ``dma.NOTE``). The
+    load's bytes/s: ``adamw_cpu_dma_bps``, else the both-way link rate it was measured at."""
+    if not prof.get("adamw_cpu_dma_per_s"):
+        return None
+    return dma.Contention(prof["adamw_cpu_per_s"], prof["adamw_cpu_dma_per_s"],
+                          prof.get("adamw_cpu_dma_bps") or prof["duplex_bps"])
 
 
 def host_traffic_per_param(adam_state_dtype: str, cpu_downcast: bool) -> int:
@@ -54,10 +69,11 @@ def subgroup_size(cfg: RunConfig, n_params: int) -> int:
 
 
 def fo_placement(cfg: RunConfig, n_params: int, prof: dict, word_bytes: int) -> Placement:
-    """Where fo-offload would update each subgroup of ``n_params`` with the profile's rates."""
+    """Where fo-offload would update each subgroup of ``n_params`` with the profile's rates
+    (predicted under the step's DMA where the profile says how: ``contention``)."""
     groups = Subgroups(n_params, max(1, min(subgroup_size(cfg, n_params), n_params)))
-    return place(perf_inputs(prof, word_bytes, cfg.adam_state_dtype), groups, cfg.update_stride,
-                 cfg.gpu_resident_ratio)
+    return dma.place(perf_inputs(prof, word_bytes, cfg.adam_state_dtype), groups,
+                     cfg.update_stride, cfg.gpu_resident_ratio, None, contention(prof))
 
 
 def plan_fo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) -> None:
@@ -105,4 +121,9 @@ def plan_fo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) ->
                      f"{where}); host memory traffic "
                      f"{host_traffic_per_param(cfg.adam_state_dtype, placed.cpu_downcast)} B per "
                      f"CPU-updated parameter ({cfg.adam_state_dtype} moments)")
+        c = contention(prof)
+        notes.append(f"fo-offload: {dma.NOTE}; the profile has no adamw_cpu_dma_per_s (rerun "
+                     f"python -m workbench calibrate on a GPU)" if c is None else
+                     f"fo-offload: the CPU update {c.slowdown:.0%} slower under the link's "
+                     f"copies (calibrated), counted for the DMA each placement causes")
     e["host_t"] = prof["step_overhead_s"] + 3 * (p.num_layers + 2) * prof["launch_s"]

@@ -9,7 +9,10 @@ Defaults (uncalibrated), from the brief's H200 measurements (torch 2.11, 2026-11
     pinned H2D / D2H 55 GB/s each way, 101 GB/s both at once; pageable H2D 21 GB/s.
     Effective FLOP/s from "one OPT-13B block, 16x128 tokens: fp32 27 ms, bf16 2.5 ms" with the
     planner's FLOP count (2 x params x tokens + attention): about 48 TFLOP/s fp32, 520 bf16.
-    AdamW: CPU 0.76 G params/s, GPU (fused) 112 G params/s.
+    AdamW: CPU 0.76 G params/s, GPU (fused) 112 G params/s. No CPU AdamW rate under DMA load
+    (``adamw_cpu_dma_per_s``, with ``adamw_cpu_dma_bps`` the bytes/s of the pinned copies both
+    ways it ran beside: only a CUDA calibration measures it; without it an fo-offload plan
+    predicts the CPU update at the rate alone and says so, ``plan/dma.py``).
     Perturbation: 100 G element-regenerations/s ("normal_ then add_"), for every backend that
     regenerates z on the GPU without allocating; torch.randn into a fresh tensor: 28 G/s, so
     rng=torch gets 25 G/s. The fused Triton kernel is likely faster (it is memory bound):
@@ -157,7 +160,8 @@ def save_calibration(result: dict[str, Any]) -> Path:
 # --- a plan's profile -------------------------------------------------------------------------
 #: Host rates a calibration on this machine gives every profile (the GPU ones come with its GPU)
 HOST_KEYS = ("adamw_cpu_per_s", "cpu_downcast_per_s", "host_update_per_s", "host_memcpy_bps",
-             "host_ram_bytes", "host_mem_available_bytes")
+             "host_ram_bytes", "host_mem_available_bytes", "adamw_cpu_dma_per_s",
+             "adamw_cpu_dma_bps")
 
 
 #: The calibrated (method, amp) pairs of ``host_costs_s`` (``calibrate/shapes.py::host_costs``)

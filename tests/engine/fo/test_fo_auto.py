@@ -21,8 +21,8 @@ class _Scripted(ScheduleTrial):
     """Reports scripted step times, each candidate 10% faster than the one before (the last
     tried the fastest, however many ``then`` adds)."""
 
-    def record(self, seconds: float) -> Candidate:
-        return super().record(9.0 if self._warm_left else 0.9 ** self._at)
+    def record(self, seconds: float, update_s: float | None = None) -> Candidate:
+        return super().record(9.0 if self._warm_left else 0.9 ** self._at, update_s)
 
 
 def test_the_sizes_auto_proposes():

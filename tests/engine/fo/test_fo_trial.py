@@ -67,10 +67,10 @@ def test_candidates_hold_the_models_pick_and_never_need_more_gpu(amp):
 class _Scripted(ScheduleTrial):
     """Reports scripted step times (the last candidate fastest) instead of the clock's."""
 
-    def record(self, seconds: float) -> Candidate:
+    def record(self, seconds: float, update_s: float | None = None) -> Candidate:
         n = len(self.candidates)
         fake = 1.0 if self._warm_left else 0.5 + 0.1 * (n - 1 - self._at)
-        return super().record(fake)
+        return super().record(fake, update_s)
 
 
 @pytest.mark.parametrize("amp", ["off", "bf16"])

@@ -69,7 +69,7 @@ from workbench.engine.stream.pinned import HostMemory
 from workbench.engine.stream.streams import Streams
 from workbench.engine.timing import OpTimer
 from workbench.models.lora import LoRAInit
-from workbench.plan import auto, placement
+from workbench.plan import auto, dma, placement
 from workbench.plan.placement import Candidate, Placement, Rate
 
 
@@ -158,9 +158,13 @@ class FOOffloadEngine(FirstOrderContract):
                                    {k: r.as_dict() for k, r in self.calibration.items()}))
         self.perf = placement.inputs(self.calibration, self.word,
                                      placement.state_words(cfg.adam_state_dtype))
+        # the CPU update under the step's DMA (``plan/dma.py``; None: predictions ignore it)
+        self.contention = dma.of_rates(self.calibration)
+        bus.publish(InfoEvent("fo_contention", self.contention.as_dict() if self.contention
+                              else {"note": dma.NOTE}))
         rr = cfg.gpu_resident_ratio
         self.proposals = trial.Proposals(self.perf, self.flat.numel, self.word, self.sizes, cfg,
-                                         device, bus)
+                                         device, bus, self.contention)
         tries = (self.candidates(rr) if cfg.update_stride == "auto"
                  else [self.proposals.candidate(cfg.update_stride, None, self.flat.sub)])
         more = self.proposals.more_to_try
@@ -176,13 +180,14 @@ class FOOffloadEngine(FirstOrderContract):
     # --- placement --------------------------------------------------------------------------
     def plan(self, update_stride: Stride, resident_ratio: float,
              cpu_downcast: bool | None = None) -> Placement:
-        """The placement ``reschedule`` would make, without making it (``plan/placement.py``)."""
-        return placement.place(self.perf, self.flat.groups, update_stride, resident_ratio,
-                               cpu_downcast)
+        """The placement ``reschedule`` would make, without making it (``plan/placement.py``;
+        predicted under the step's DMA: ``plan/dma.py``)."""
+        return dma.place(self.perf, self.flat.groups, update_stride, resident_ratio,
+                         cpu_downcast, self.contention)
 
     def candidates(self, resident_ratio: float) -> list[Candidate]:
         """What "auto" tries (``trial.py``; ``placement.candidates``)."""
-        return placement.candidates(self.perf, self.flat.groups, resident_ratio)
+        return dma.candidates(self.perf, self.flat.groups, resident_ratio, self.contention)
 
     def reschedule(self, update_stride: Stride, resident_ratio: float,
                    cpu_downcast: bool | None = None, size: int | None = None) -> Placement:
@@ -208,7 +213,7 @@ class FOOffloadEngine(FirstOrderContract):
         self.host.place(placed.cpu_downcast)
         self.grads.route(s, self.gpu.kept)
         k = placed.balance
-        t_cpu, t_gpu = placed.sides(self.flat.numel)
+        t_cpu, t_gpu = dma.sides(placed, self.flat.numel, self.contention)
         self.bus.publish(InfoEvent("fo_stride", s.stride))
         self.bus.publish(InfoEvent("fo_perf_inputs", {
             **self.perf.as_dict(), "k": k if math.isfinite(k) else None,
@@ -248,10 +253,11 @@ class FOOffloadEngine(FirstOrderContract):
         if self._trial is None:
             return self._train_step(batch, step, lr, wd)
         self.sync()  # a trial step is timed whole: nothing of the one before still running ...
-        t0 = time.perf_counter()
+        t0, timed = time.perf_counter(), len(self.clock.seconds)
         out = self._train_step(batch, step, lr, wd)
-        self.sync()  # ... up to its last copy
-        self._next = self._trial.record(time.perf_counter() - t0)
+        self.sync()  # ... up to its last copy, its update phase resolved (none: skipped, fp16)
+        update = self.clock.seconds[-1] if len(self.clock.seconds) > timed else None
+        self._next = self._trial.record(time.perf_counter() - t0, update)
         if self._trial.done:
             self.bus.publish(InfoEvent("fo_trial", self._trial.summary()))
             self._trial = None

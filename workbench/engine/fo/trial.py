@@ -23,6 +23,11 @@ parameter, so the model's ranking holds at every size; the size changes only per
 overheads and how early the CPU side starts), each timed for a step too, and the fastest of all
 is kept. Sizes are compared on equal terms: the first step at a new size is not warm-up, since
 its buffers are allocated before it (at the largest size, once).
+
+The record (``fo_trial``) lists, per candidate, the model's predicted update phase (under the
+step's DMA where it was measured: ``plan/dma.py``) beside the one its step measured
+(``timeline.py``: end of backward to the last update work) and their relative error, so a run
+shows whether the prediction holds for every schedule tried (issue 41: within 15%).
 """
 from __future__ import annotations
 
@@ -32,7 +37,7 @@ import torch
 
 from workbench.config import RunConfig, Stride
 from workbench.engine.events import EventBus, InfoEvent
-from workbench.plan import auto, placement
+from workbench.plan import auto, dma, placement
 from workbench.plan.placement import SITE, Candidate, PerfInputs, Subgroups
 from workbench.plan.planner import CONTEXT_BYTES
 
@@ -44,8 +49,8 @@ TIE = 0.03
 class ScheduleTrial:
     """One timed step per candidate, in order, after ``warmup`` steps on the first.
 
-    ``current`` is the candidate the next step runs with; ``record(seconds)`` takes that step's
-    time and returns the candidate for the step after it (the winner once all are timed, when
+    ``current`` is the candidate the next step runs with; ``record(seconds, update_s)`` takes
+    that step's time (and its measured update phase, when known) and returns the candidate for the step after it (the winner once all are timed, when
     ``done`` turns true). ``then``: called once with the winner of the candidates so far, its
     answer (those not tried yet) is tried after them (subgroup_size=auto's other sizes).
     """
@@ -56,6 +61,7 @@ class ScheduleTrial:
             raise ValueError("a schedule trial needs at least one candidate")
         self.candidates = list(candidates)
         self.seconds: list[float | None] = [None] * len(candidates)
+        self.update_s: list[float | None] = [None] * len(candidates)
         self._warm_left = warmup
         self._at = 0
         self._then = then
@@ -68,14 +74,15 @@ class ScheduleTrial:
     def done(self) -> bool:
         return self._at >= len(self.candidates)
 
-    def record(self, seconds: float) -> Candidate:
-        """The step just run with ``current`` took ``seconds``; the candidate to run next."""
+    def record(self, seconds: float, update_s: float | None = None) -> Candidate:
+        """The step just run with ``current`` took ``seconds`` (its update phase ``update_s``);
+        the candidate to run next."""
         if self.done:
             raise RuntimeError("the schedule trial is over")
         if self._warm_left > 0:
             self._warm_left -= 1
             return self.current
-        self.seconds[self._at] = seconds
+        self.seconds[self._at], self.update_s[self._at] = seconds, update_s
         self._at += 1
         if self.done and self._then is not None:
             then, self._then = self._then, None
@@ -83,6 +90,7 @@ class ScheduleTrial:
             more = [c for c in then(self.winner) if c.key not in seen]
             self.candidates += more
             self.seconds += [None] * len(more)
+            self.update_s += [None] * len(more)
         return self.winner if self.done else self.current
 
     @property
@@ -98,13 +106,28 @@ class ScheduleTrial:
         return self.candidates[min(tied, key=lambda i: (self.candidates[i].gpu_share, i))]
 
     def summary(self) -> dict:
-        """What was tried and what won (the ``fo_trial`` record)."""
-        return {"candidates": [{"stride": c.stride, "downcast": SITE[c.cpu_downcast],
-                                "gpu_share": c.gpu_share, "subgroup_size": c.size,
-                                "gpu_resident_ratio": c.resident,
-                                "predicted_s": c.predicted_s, "step_s": s}
-                               for c, s in zip(self.candidates, self.seconds)],
-                "chosen": self.candidates.index(self.winner) if self.done else None}
+        """What was tried and what won (the ``fo_trial`` record): per candidate its placement,
+        step seconds, and predicted vs measured update phase (``update_s_predicted``, also
+        ``predicted_s``; ``update_s_measured``; ``prediction_error``: (predicted - measured)
+        / measured); ``within``: how many errors are within ``WITHIN``, of how many known."""
+        rows = [{"stride": c.stride, "downcast": SITE[c.cpu_downcast], "gpu_share": c.gpu_share,
+                 "subgroup_size": c.size, "gpu_resident_ratio": c.resident,
+                 "predicted_s": c.predicted_s, "step_s": s, "update_s_predicted": c.predicted_s,
+                 "update_s_measured": u, "prediction_error": error(c.predicted_s, u)}
+                for c, s, u in zip(self.candidates, self.seconds, self.update_s)]
+        known = [r["prediction_error"] for r in rows if r["prediction_error"] is not None]
+        return {"candidates": rows,
+                "chosen": self.candidates.index(self.winner) if self.done else None,
+                "within": [sum(abs(e) <= WITHIN for e in known), len(known)]}
+
+
+#: The prediction target of issue 41: the predicted update phase within 15% of the measured.
+WITHIN = 0.15
+
+
+def error(predicted: float, measured: float | None) -> float | None:
+    """(predicted - measured) / measured, or None without a (positive) measurement."""
+    return (predicted - measured) / measured if measured else None
 
 
 class Proposals:
@@ -119,11 +142,14 @@ class Proposals:
             gpu_mem_limit_gb).
         device: the engine's device (GPU memory is read there).
         bus: where ``fo_gpu_budget`` goes.
+        contention: the CPU update under DMA load (``plan/dma.py``; None: predictions ignore it).
     """
 
     def __init__(self, perf: PerfInputs, numel: int, word: int, sizes: tuple[int, ...],
-                 cfg: RunConfig, device: torch.device, bus: EventBus):
+                 cfg: RunConfig, device: torch.device, bus: EventBus,
+                 contention: dma.Contention | None = None):
         self.perf, self.numel, self.word, self.sizes = perf, numel, word, sizes
+        self.contention = contention
         self.cfg, self.device, self.bus = cfg, device, bus
         self.cuda = device.type == "cuda"
 
@@ -143,7 +169,7 @@ class Proposals:
         config's), as a trial candidate."""
         rr = self.cfg.gpu_resident_ratio if resident is None else resident
         groups = Subgroups(self.numel, max(1, min(size, self.numel)))
-        placed = placement.place(self.perf, groups, update_stride, rr, cpu_downcast)
+        placed = dma.place(self.perf, groups, update_stride, rr, cpu_downcast, self.contention)
         return Candidate(placed.schedule.stride,
                          placed.cpu_downcast if self.word == 2 else None, placed.predicted_s,
                          placed.split.gpu + placed.split.resident, groups.size, rr)
