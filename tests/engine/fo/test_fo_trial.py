@@ -107,3 +107,47 @@ def test_a_given_stride_runs_no_trial():
     engine.step(data.batch_for_step(0, 4, 0), 0, 1e-3, 0.0)
     assert engine.placement.schedule.stride == 2
     engine.close()
+
+
+def test_the_record_lists_predicted_and_measured_update_per_schedule():
+    trial = ScheduleTrial([A, B, C], warmup=1)
+    trial.record(9.0, 5.0)  # the warm-up: not recorded
+    for s, u in ((0.30, 0.11), (0.25, 0.15), (0.28, None)):  # C: no update phase timed
+        trial.record(s, u)
+    rows = trial.summary()["candidates"]
+    assert [r["update_s_predicted"] for r in rows] == [0.1, 0.2, 0.3]
+    assert [r["predicted_s"] for r in rows] == [0.1, 0.2, 0.3]
+    assert [r["update_s_measured"] for r in rows] == [0.11, 0.15, None]
+    assert rows[0]["prediction_error"] == pytest.approx((0.1 - 0.11) / 0.11)
+    assert rows[1]["prediction_error"] == pytest.approx((0.2 - 0.15) / 0.15)
+    assert rows[2]["prediction_error"] is None
+    # within 15%: A (-9%) yes, B (+33%) no; C unknown
+    assert trial.summary()["within"] == [1, 2]
+    assert fo_trial.error(1.0, 0.0) is None and fo_trial.error(1.15, 1.0) == pytest.approx(0.15)
+
+
+@pytest.mark.parametrize("amp", ["off", "bf16"])
+def test_an_auto_run_records_each_schedules_measured_update(amp):
+    """The real trial on a CPU: every candidate's step times its update phase (``timeline.py``)
+    and the record pairs it with the model's prediction."""
+    cfg = RunConfig(model="tiny-opt", method="fo-offload", amp=amp, update_stride="auto",
+                    subgroup_size=5000)
+    infos: dict = {}
+    bus = EventBus()
+    bus.subscribe(lambda e: infos.__setitem__(e.key, e.value) if isinstance(e, InfoEvent)
+                  else None)
+    engine, data = _engine(cfg, bus)
+    cands = engine.candidates(0.0)
+    t = 0
+    while engine.trying:
+        engine.step(data.batch_for_step(t, 4, 0), t, 1e-3, 0.0)
+        t += 1
+    rows = infos["fo_trial"]["candidates"]
+    assert len(rows) == len(cands) and t == len(cands) + 1  # the warm-up, then one step each
+    for row, cand in zip(rows, cands):
+        assert row["update_s_predicted"] == pytest.approx(cand.predicted_s)
+        assert row["update_s_measured"] > 0 and row["update_s_measured"] < row["step_s"]
+        assert row["prediction_error"] == pytest.approx(
+            (row["update_s_predicted"] - row["update_s_measured"]) / row["update_s_measured"])
+    assert infos["fo_trial"]["within"][1] == len(rows)
+    engine.close()
