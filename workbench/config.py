@@ -45,6 +45,9 @@ AdamStateDtype = Literal["fp32", "bf16"]
 #: fo-offload's subgroup size: "auto" (``plan/placement.py::subgroup_sizes``), or parameters
 #: (the same type as ``Stride``: one check, one parser)
 Size = Literal["auto"] | int
+#: zo-offload's GPU block slots: the master's bf16 / fp16 with the forward's form computed from
+#: it (compute), fp32 (the decoded master), or compute where it applies on a GPU (auto)
+SlotDtype = Literal["auto", "fp32", "compute"]
 
 #: Methods that stream transformer blocks host <-> GPU.
 STREAMING_METHODS = ("zo-offload", "forward-grad")
@@ -65,11 +68,13 @@ METHOD_KNOBS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("adam_beta1", "adam_beta2", "adam_eps"),
                     ("fo", "fo-offload", "mezo", "zo-offload")),  # ZO: zo_optimizer=adam
     "momentum": ("mezo", "zo-offload"),
+    "slot_dtype": ("zo-offload",),
 }
 #: Knobs a resumed run may change; every other one is fixed by the run's first start (it
 #: shapes the trajectory or where the checkpoints are). The scheduler knobs are bit-identical.
 RESUMABLE = ("steps", "lr", "weight_decay", "eval_every", "eval_samples", "device", "data_dir",
              "overlap", "reuse_buffers", "fused_update", "resident_blocks", "prefetch_depth",
+             "slot_dtype",
              "telemetry", "sample_hz", "keep_steps", "checkpoint_every", "keep_last",
              "digest_check_every", "host_share", "gpu_mem_limit_gb", "max_new_tokens",
              "checkpoint_dir", "data_changed_ok", "stop_on", "save_final",
@@ -182,6 +187,12 @@ class RunConfig:
                            "mezo's weights on the GPU): fp32, or the codec's bf16 / fp16 with "
                            "updates rounded to nearest (compressed, as MeZO's half precision) or "
                            "stochastically (compressed-sr)", group="offload")
+    slot_dtype: SlotDtype = _knob("auto", "what zo-offload's GPU block slots hold: the "
+                                  "master's bf16 / fp16 as it is, the forward computing from one "
+                                  "buffer in the autocast dtype (compute: half the slot memory, "
+                                  "bit-equal), or fp32; auto: compute where it applies on a GPU "
+                                  "(master=compressed or compressed-sr, amp on, "
+                                  "zo_optimizer=sgd)", group="offload")
     # adapters (issue 19): only the adapter trains; the frozen base streams host -> GPU only
     peft: Peft = _knob("none", "adapter: none trains every weight, lora only low-rank adapters",
                        group="peft")
@@ -382,6 +393,7 @@ def _check_values(cfg: RunConfig) -> list[str]:
                 "stores bf16/fp16 on the host")
         problems.append(f"master: {cfg.master} {what}; with an fp8 codec use master=fp32")
     problems += _check_half_weights(cfg)
+    problems += _check_slot_dtype(cfg)
     problems += _check_peft(cfg)
     problems += [f"report_to: {name!r} is not one of {', '.join(TRACKERS)} (comma-separated)"
                  for name in trackers(cfg) if name not in TRACKERS]
@@ -423,6 +435,34 @@ def _check_half_weights(cfg: RunConfig) -> list[str]:
                         f"{cfg.codec} weights do not carry; use sgd or sign, or master=fp32 "
                         "with codec=fp32")
     return problems
+
+
+def _compute_slot_needs(cfg: RunConfig) -> list[str]:
+    """What ``slot_dtype=compute`` needs that this run lacks (empty: it applies)."""
+    needs = [f"master=compressed or compressed-sr (this run has master={cfg.master})"
+             if cfg.master == "fp32" or cfg.codec not in ("bf16", "fp16") else "",
+             "amp=bf16 or fp16 (this run has amp=off)" if cfg.amp == "off" else "",
+             f"zo_optimizer=sgd (this run has {cfg.zo_optimizer}: its update is not recorded)"
+             if cfg.zo_optimizer != "sgd" else "",
+             "peft=none (an adapter run's base has its own form: base_codec)"
+             if cfg.peft != "none" else ""]
+    return [n for n in needs if n]
+
+
+def compute_slots(cfg: RunConfig) -> bool:
+    """Whether zo-offload's streamed blocks sit in compute-dtype slots
+    (``engine/stream/compute_slots.py``): ``slot_dtype=compute``, or auto where it applies on
+    a GPU."""
+    if cfg.method != "zo-offload" or cfg.slot_dtype == "fp32":
+        return False
+    return cfg.slot_dtype == "compute" or (cfg.device == "cuda" and not _compute_slot_needs(cfg))
+
+
+def _check_slot_dtype(cfg: RunConfig) -> list[str]:
+    if cfg.slot_dtype != "compute" or cfg.method != "zo-offload":
+        return []
+    return [f"slot_dtype: compute needs {' and '.join(_compute_slot_needs(cfg))}; use "
+            "slot_dtype=fp32 or auto"] if _compute_slot_needs(cfg) else []
 
 
 #: zo_optimizer -> per-weight state tensors the rule keeps (momentum: m; adam: m and v).

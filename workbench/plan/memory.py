@@ -20,8 +20,8 @@ PIN_EXACT = 64 * MiB
 #: GPU slots a transfer keeps beyond prefetch_depth, by kind (``engine/stream``): plain and
 #: mirror, the block computing and the one whose offload still reads its slot; sr, one (the slot
 #: is free once encoded); a frozen base, one (the wire the next copy may fill while the last
-#: is still to be decoded).
-SPARE_SLOTS = {"plain": 2, "mirror": 2, "sr": 1, "frozen": 1}
+#: is still to be decoded); compute-dtype slots, two (the slot goes down as it is).
+SPARE_SLOTS = {"plain": 2, "mirror": 2, "sr": 1, "frozen": 1, "compute": 2}
 #: The recipe evaluates in batches of max(batch_size, EVAL_ROWS) rows
 EVAL_ROWS = 16
 #: Threads that hash and square pieces of a group at most (``engine/groups.py::fingerprint``).

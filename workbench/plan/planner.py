@@ -153,6 +153,7 @@ def plan(cfg: RunConfig, gpu: str | None = None, calibration: dict | None = None
         dev={}, host={}, pinned=0, h2d=0, d2h=0, transfer=0.0, elastic=0, gpu_param_bytes=0,
         amp=amp, masked=masked, hb=4 * rows * t * p.hidden, cast=cast,
         m=moments(p, rows, t, amp, masked, cast),
+        blk_flops=block_flops(p, rows, t, not masked) / blk_rate,
         blk=max(block_flops(p, rows, t, not masked) / blk_rate,
                 p.block_params() * wb / bw),  # fp32 read (+ bf16 cast)
         eh=max(2 * rows * p.vocab * proj / rate, p.vocab * proj * (10 if amp else 4) / bw)

@@ -44,8 +44,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from workbench.config import ZO_STATE_SLOTS, RunConfig, zo_passes
-from workbench.plan.lora import codec_bytes
+from workbench.config import ZO_STATE_SLOTS, RunConfig, compute_slots, zo_passes
+from workbench.plan.lora import block_matrices, codec_bytes
 from workbench.plan.memory import EVAL_ROWS, SPARE_SLOTS, moments, pinned_bytes
 from workbench.plan.rates import host_key
 from workbench.presets import Preset
@@ -61,9 +61,32 @@ def weight_bytes(cfg: RunConfig) -> int:
 
 
 def transfer_kind(cfg: RunConfig) -> str:
-    """How trained blocks travel: plain (fp32), sr (compressed master) or mirror (fp32 master,
-    a compressed mirror up, a bf16 delta down)."""
+    """How trained blocks travel: plain (fp32), sr (compressed master), mirror (fp32 master,
+    a compressed mirror up, a bf16 delta down) or compute (the compressed master kept as it is
+    in its slot: ``slot_dtype``)."""
+    if compute_slots(cfg):
+        return "compute"
     return "plain" if cfg.codec == "fp32" else ("sr" if cfg.master != "fp32" else "mirror")
+
+
+def work_bytes(p: Preset, item: int = 2) -> int:
+    """Bytes of compute-dtype slots' work buffer (``FrozenForm.nbytes`` of a block): the
+    matrices in the compute dtype (``item`` B), padded to 16 B, then the 1-D tail in fp32. A
+    preset counted on its model (``counts``) plans every element as a matrix (its tail, the
+    norms and biases, is a fraction of a percent)."""
+    nb = p.block_params()
+    n_mat = nb if p.counts is not None else sum(o * i for o, i in block_matrices(p).values())
+    return (item * n_mat + 15) // 16 * 16 + 4 * (nb - n_mat)
+
+
+def chain_regens(cfg: RunConfig, pending: bool = True) -> int:
+    """z regenerations per element of a streamed block per step with compute-dtype slots
+    (``zo/chain.py``): each forward pass's fill and the final write start again from the master
+    and regenerate one z per distinct seed so far (the pending update's q, then the queries')."""
+    q, p = cfg.queries, cfg.queries if pending else 0
+    if cfg.estimator == "central":  # passes 2j, 2j + 1 see p + j + 1 seeds; the write p + q
+        return sum(2 * (p + j + 1) for j in range(q)) + p + q
+    return p + sum(p + j + 1 for j in range(q)) + p + q  # a clean pass first
 
 
 @dataclass(frozen=True)
@@ -103,7 +126,7 @@ def _stream(cfg: RunConfig, p: Preset, prof: dict) -> Stream:
     kind = transfer_kind(cfg) if streaming else "plain"  # mezo: nothing travels
     slots = cfg.prefetch_depth + SPARE_SLOTS[kind] if streaming and r < N else 0
     up = codec_bytes(cfg.codec, nb)
-    down = {"plain": 4 * nb, "sr": up, "mirror": 2 * nb}[kind]
+    down = {"plain": 4 * nb, "sr": up, "mirror": 2 * nb, "compute": up}[kind]
     return Stream(cuda, streaming, N, nb, p.embed_params(), p.head_params(), r, N - r, slots,
                   kind, up, down, pr, z)
 
@@ -127,18 +150,21 @@ def _parameters(cfg: RunConfig, p: Preset, st: Stream, e: dict, notes: list[str]
         tied_copy = (2 if e["amp"] else 4) * p.vocab * p.hf.get("word_embed_proj_dim", p.hidden) \
             * (zo_passes(cfg.queries, cfg.estimator) - 1)
         dev["tied head weight copy"] = tied_copy
+    slot_b = up if kind == "compute" else 4 * nb  # one block in its slot
     if slots:
         ahead = s if cuda and cfg.overlap and not cfg.reuse_buffers else slots
-        dev["block slots" if cfg.reuse_buffers else "blocks in flight"] = 4 * ahead * nb
-        e["elastic"] = 4 * (ahead - slots) * nb
-        if kind != "plain":  # shared wires (one per direction) with reuse, else per block
+        dev["block slots" if cfg.reuse_buffers else "blocks in flight"] = slot_b * ahead
+        e["elastic"] = slot_b * (ahead - slots)
+        if kind == "compute":  # the forward's form of one block, shared by every slot
+            dev["work buffer"] = work_bytes(p, 2)
+        elif kind != "plain":  # shared wires (one per direction) with reuse, else per block
             wires = {"sr": 2 * up, "mirror": up} if cfg.reuse_buffers else {
                 "sr": slots * up, "mirror": slots * up}
             dev["codec wire buffers"] = wires[kind]
             if kind == "mirror":
                 dev["mirror deltas"] = slots * 2 * nb
         pin = lambda nbytes: pinned_bytes(nbytes, cuda)  # noqa: E731
-        e["pinned"] = s * {"plain": pin(4 * nb), "sr": pin(up),
+        e["pinned"] = s * {"plain": pin(4 * nb), "sr": pin(up), "compute": pin(up),
                            "mirror": pin(up) + pin(2 * nb)}[kind]
         if kind == "mirror":  # a pageable fp32 master, a pinned mirror and delta
             e["host"]["block masters (fp32)"] = 4 * s * nb
@@ -149,9 +175,9 @@ def _parameters(cfg: RunConfig, p: Preset, st: Stream, e: dict, notes: list[str]
             notes.append("blocks under 64 MiB are pinned by torch's allocator, which rounds each "
                          "up to a power of two: pinned host memory is counted as rounded")
     extras = (dev.get("codec wire buffers", 0) + dev.get("mirror deltas", 0)
-              if cfg.reuse_buffers else 0)
+              if cfg.reuse_buffers else 0) + dev.get("work buffer", 0)
     e["gpu_param_bytes"] = cuda * (wb * (st.ne + st.nh + st.r * nb) + tied_copy
-                                   + (4 * slots * nb + extras) * cfg.reuse_buffers)
+                                   + slot_b * slots * cfg.reuse_buffers + extras)
     k = ZO_STATE_SLOTS[cfg.zo_optimizer]
     if k:  # momentum / adam (``engine/stream/opt_state.py``): fp32 beside the device groups,
         # fp32 state slots beside the block slots (+ their wires), the master's form on the host
@@ -182,8 +208,12 @@ def _activations(cfg: RunConfig, p: Preset, prof: dict, st: Stream, e: dict, not
     held = (3 if p.family == "opt" else 1) * hb * live  # embedding frames kept by the adapter
     # SR encode beside compute: the fused kernel holds nothing extra; the torch path about 23 B
     # per element (int64 noise words, int32 noise, mask, rounded, selected, cast)
-    blockm = m["block"] + (0 if st.cuda and prof.get("fused_kernel") else 23 * nb) * (
-        st.kind == "sr")
+    fused = st.cuda and prof.get("fused_kernel")
+    blockm = m["block"] + (0 if fused else 23 * nb) * (st.kind == "sr")
+    if st.kind == "compute":  # the matrices are read in the compute dtype: no cast copy; the
+        # torch path replays the chain on an fp32 copy (+ z), then the SR encode's 23 B
+        blockm = moments(p, rows, t, e["amp"], masked, cast=False)["block"] + (0 if fused else (
+            4 * nb + z(nb) + 23 * nb * (cfg.master == "compressed-sr")))
     if cfg.method == "forward-grad":  # dual tensors, math-backend attention (scores + probs)
         blockm = 2 * m["block"] + 4 * rows * p.heads * t * t * (2 if e["amp"] else 4)
         # embedding and head tangents live all step; a block's only while it computes
@@ -230,8 +260,15 @@ def _time(cfg: RunConfig, prof: dict, st: Stream, e: dict, notes: list[str]) -> 
     passes, regens = (3, 2) if cfg.method == "forward-grad" else (  # per query: 1 update + 3
         zo_passes(cfg.queries, cfg.estimator), (4 if cfg.estimator == "central" else 3)  # (2)
         * cfg.queries)  # perturbations (central; one-sided 2)
-    c_blk = passes * e["blk"] + regens * nb / pr
     eh_t = passes * e["eh"] + regens * (ne + nh) / pr
+    last = 0.0  # compute-dtype slots: the chain's last write, on the offload stream
+    if kind == "compute":  # bf16 weights read, not cast; each pass's fill from the master
+        final = 2 * cfg.queries  # seeds of the last write: the pending update's, the queries'
+        last = final * nb / pr
+        c_blk = passes * max(e["blk_flops"], 2 * nb / prof["gpu_mem_bps"]) + (
+            chain_regens(cfg) - final) * nb / pr
+    else:
+        c_blk = passes * e["blk"] + regens * nb / pr
     e["compute"] = eh_t + N * c_blk
     # this machine's host seconds per step and per block (a GPU's; on a CPU host time is compute)
     measured = prof.get("host_costs_s", {}).get(host_key(cfg.method, bool(e["amp"]))) \
@@ -250,8 +287,10 @@ def _time(cfg: RunConfig, prof: dict, st: Stream, e: dict, notes: list[str]) -> 
     else:  # with overlap both directions run at once and share the link
         bu, bd = ((prof["duplex_bps"] / 2,) * 2 if overlap else (prof["h2d_bps"], prof["d2h_bps"]))
     factor = 1.0 if cfg.reuse_buffers or not cuda else prof["reuse_off_factor"]
-    x_up = factor * st.up / bu + (st.up + 4 * nb) / bw * (kind != "plain")  # + decode on the GPU
-    x_dn = factor * st.down / bd + {"plain": 0, "sr": 30 * nb, "mirror": 14 * nb}[kind] / bw
+    decoded = kind not in ("plain", "compute")  # a decode on the GPU after the copy
+    x_up = factor * st.up / bu + (st.up + 4 * nb) / bw * decoded
+    x_dn = factor * st.down / bd + {"plain": 0, "sr": 30 * nb, "mirror": 14 * nb,
+                                    "compute": 4 * nb}[kind] / bw + last
     k = ZO_STATE_SLOTS[cfg.zo_optimizer]
     sb = _state_wire(cfg, st, k) if k else 0  # momentum / adam: the state travels with the
     s_up = factor * sb / bu + (sb + 4 * k * nb) / bw * (kind != "plain")  # block in the pass

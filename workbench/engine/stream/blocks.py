@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import torch
 
-from workbench.config import RunConfig
+from workbench.config import RunConfig, compute_slots
 from workbench.engine.codecs.frozen_form import matrix_dtype
+from workbench.engine.codecs.wire import HALF, get_codec
 from workbench.engine.groups import GroupLayout
 from workbench.engine.peft import frozen_block
 from workbench.engine.storage import Group, materialise
+from workbench.engine.stream.compute_slots import ComputeSlotTransfer
 from workbench.engine.stream.frozen_transfer import FrozenTransfer
 from workbench.engine.stream.shared_host import NodeShare
 from workbench.engine.stream.transfers import make_transfer
@@ -23,15 +25,21 @@ from workbench.models.build import RandomInit
 
 class TrainedBlocks:
     """Blocks that train: their master (fp32, or the codec's under compressed-sr) in host
-    memory, a transfer per ``cfg.master`` / ``cfg.codec``; resident blocks in fp32. Their
+    memory, a transfer per ``cfg.master`` / ``cfg.codec`` (and ``cfg.slot_dtype``); resident
+    blocks in fp32. Their
     snapshots copy the host masters (``self_copy.py``)."""
 
     trained = True
 
     def __init__(self, cfg: RunConfig, device: torch.device, timer: OpTimer, ops: ZOOps,
-                 share: NodeShare | None):
+                 streamed: list[GroupLayout], share: NodeShare | None):
         self.cfg, self.device = cfg, device
-        self.transfer = make_transfer(cfg.master, cfg.codec, device, timer, ops, share)
+        if compute_slots(cfg):  # the slots keep the master's 2 B (``compute_slots.py``)
+            self.transfer = ComputeSlotTransfer(device, timer, ops, get_codec(cfg.codec),
+                                                HALF[cfg.amp], streamed, share,
+                                                sr=cfg.master == "compressed-sr")
+        else:
+            self.transfer = make_transfer(cfg.master, cfg.codec, device, timer, ops, share)
 
     def resident(self, lay: GroupLayout, source) -> Group:
         return Group(lay, materialise(lay, source, self.cfg.seed, self.device))
@@ -67,7 +75,7 @@ def streamed_blocks(cfg: RunConfig, device: torch.device, timer: OpTimer, ops: Z
     """The kind of ``cfg``'s streamed blocks (``streamed``: their layouts, in order)."""
     if cfg.peft == "lora":
         return FrozenBase(cfg, device, timer, streamed, share)
-    return TrainedBlocks(cfg, device, timer, ops, share)
+    return TrainedBlocks(cfg, device, timer, ops, streamed, share)
 
 
 def host_storage(transfer, lay: GroupLayout, source, seed: int, device: torch.device):

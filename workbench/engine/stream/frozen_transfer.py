@@ -154,7 +154,7 @@ class FrozenTransfer:
         return n
 
     def before_compute(self, host: Encoded, slot, extra, step: int, block: int, stream,
-                       released: Callable[[], None]) -> None:
+                       released: Callable[[], None], layout: GroupLayout | None = None) -> None:
         """On the compute stream, once the block's upload has landed: decode its wire into
         ``slot`` (the decoded buffer), then ``released`` (the wire may take the next copy).
         fp32: nothing (the block computes in its slot, which stays busy until it is done)."""

@@ -94,6 +94,11 @@ class BlockStreamer:
         if cfg.reuse_buffers and self.slot_numel:  # has gone back to the allocator
             self.slots = [self.transfer.slot_buffers(self.slot_numel, shared=True)
                           for _ in range(self.n_slots)]
+        # compute-dtype slots: each forward pass of a streamed block first has the transfer
+        # write the block as that pass sees it (``compute_slots.py``)
+        self._hooks = [adapter.blocks[i].register_forward_pre_hook(
+            lambda module, args, i=i: self.transfer.ready(i)) for i in streamed
+            if getattr(self.transfer, "lazy", False)]
         self.embed.bind()
         self.head.bind()
         for i in self.resident:
@@ -173,7 +178,7 @@ class BlockStreamer:
                 t.record_stream(s.compute)  # fresh buffers: alive until compute is done
             decoded: list = []  # a frozen block decoded on the compute stream frees its wire
             tr.before_compute(group.flat, flat, extra, step, i, s.compute,
-                              lambda: decoded.append(s.record(s.compute)))
+                              lambda: decoded.append(s.record(s.compute)), group.layout)
             self._bind_slot(i, flat, slot)
             with self.timer.span(op, "compute", s.compute, step, i):
                 compute(i, flat, tr.updater(extra, i))
@@ -317,6 +322,9 @@ class BlockStreamer:
                "block slots": sum({flat.data_ptr(): nbytes(flat)  # a shared one once
                                    for flat, _ in self.slots}.values())}
         out.update({k: sum(v.values()) for k, v in extras.items()})
+        work = getattr(self.transfer, "work", None)
+        if work is not None:  # compute-dtype slots: the one buffer blocks compute from
+            out["work buffer"] = nbytes(work)
         if self.opt_state is not None:
             out["optimizer state"] = sum(nbytes(t) for t in self.opt_state.buffers())
         return out
@@ -330,6 +338,8 @@ class BlockStreamer:
         """Drain transfers and snapshot copies, free GPU and pinned host memory (the model
         becomes a skeleton: a notebook runs many jobs in one process)."""
         self.sync()
+        for hook in self._hooks:
+            hook.remove()
         self.copies.close()
         self.transfer.close()
         if self.opt_state is not None:

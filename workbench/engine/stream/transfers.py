@@ -85,9 +85,9 @@ class PlainTransfer:
         return layout.make_params(slot)
 
     def before_compute(self, host, slot, extra, step: int, block: int, stream,
-                       released: Callable[[], None]) -> None:
-        """On the compute stream before the block computes: nothing (the upload stream has
-        decoded the block into its slot)."""
+                       released: Callable[[], None], layout: GroupLayout | None = None) -> None:
+        """On the compute stream before the block (of ``layout``) computes: nothing (the
+        upload stream has decoded the block into its slot)."""
 
     def slot_extra(self, n: int, shared: bool = False) -> dict[str, torch.Tensor]:
         """Device buffers beside a slot of n elements. ``shared`` (slots allocated once): the
@@ -207,11 +207,11 @@ class SRTransfer(PlainTransfer):
             self.codec.decode(wire, slot)
         return wire.numel()
 
-    def offload(self, host, slot, extra, step, block, layout, stream, released=None) -> int:
-        wire = extra["down"][:host.numel()]
-        # A fresh rounding draw for every offload, a function of (step, block, offload within
-        # the step) alone, so a resumed run rounds exactly as a straight one. Passes outside a
-        # step (step < 0: an eval's flush of the pending update) count on from their own base.
+    def round_seed(self, step: int, block: int, layout: GroupLayout) -> int:
+        """The rounding draw of this offload of ``block``: a fresh one for every offload, a
+        function of (step, block, offload within the step) alone, so a resumed run rounds
+        exactly as a straight one. Passes outside a step (step < 0: an eval's flush of the
+        pending update) count on from their own base."""
         if step < 0:
             self._outside += 1
             step = -self._outside
@@ -219,7 +219,11 @@ class SRTransfer(PlainTransfer):
             self._offloads = (step, {})
         k = self._offloads[1].get(block, 0)
         self._offloads[1][block] = k + 1
-        seed = step_seed(layout.gid, 4 * step + k)
+        return step_seed(layout.gid, 4 * step + k)
+
+    def offload(self, host, slot, extra, step, block, layout, stream, released=None) -> int:
+        wire = extra["down"][:host.numel()]
+        seed = self.round_seed(step, block, layout)
         with self.timer.span("codec", "offload", stream, step, block, wire.numel(),
                              "encode-sr" if self.sr else "encode"):
             self.codec.encode(slot, wire, sr_seed=seed if self.sr else None)

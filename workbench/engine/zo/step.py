@@ -36,6 +36,7 @@ import torch
 
 from workbench.config import zo_passes as count_passes
 from workbench.engine.groups import GroupLayout
+from workbench.engine.zo.chain import Chain
 from workbench.engine.zo.perturb import PendingUpdate, ZOOps, mix31, query_seeds
 
 
@@ -108,6 +109,8 @@ def zo_passes(ops: ZOOps, flat: torch.Tensor, layout: GroupLayout, st: ZOStep,
     if not layout.numel:
         yield from range(st.passes)
         return
+    if isinstance(apply, Chain):  # a compute-dtype slot: its chain records every operation
+        ops, apply = apply.ops, None
     upd = st.pending
     if upd is not None and apply is not None:
         apply(flat, layout, upd)

@@ -1,0 +1,128 @@
+"""Compute-dtype block slots (``slot_dtype=compute``): the slot keeps the 2-byte master and the
+forward computes from the chain's form, bit-equal to the fp32-slot run (CPU here; the chain
+kernel on CUDA in ``tests/engine/test_gpu.py``)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from workbench.config import ConfigError, RunConfig, compute_slots
+from workbench.engine.events import EventBus
+from zo_helpers import BASE, assert_replay_exact, train
+
+SR = dict(method="zo-offload", codec="bf16", master="compressed-sr", amp="bf16", lr=5e-3,
+          weight_decay=0.1)
+#: knobs that change what the chain records or when blocks move, each against fp32 slots
+VARIANTS = {
+    "tiny-opt": dict(),
+    "unfused": dict(fused_update=False),
+    "fresh-buffers-resident": dict(reuse_buffers=False, resident_blocks=1),
+    "depth-2": dict(prefetch_depth=2),
+    "queries-2": dict(queries=2),
+    "one-sided": dict(queries=3, estimator="one-sided"),
+    "nearest": dict(master="compressed"),
+    "fp16": dict(codec="fp16", amp="fp16"),
+    "tiny-llama": dict(model="tiny-llama"),
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_compute_slots_equal_fp32_slots(variant):
+    """Losses, projected gradients and the final digest equal the fp32-slot run's, bit for bit,
+    and the streamed blocks never held fp32 on the device."""
+    cfg = RunConfig(**{**SR, **VARIANTS[variant]})
+    _, d32, out32 = train(cfg.replace(slot_dtype="fp32"), steps=4)
+    engine, d16, out16 = train(cfg.replace(slot_dtype="compute"), steps=4)
+    assert out16 == out32
+    assert d16 == d32
+    assert type(engine.streamer.transfer).__name__ == "ComputeSlotTransfer"
+
+
+def test_evaluation_reads_the_master_through_the_form():
+    """A read-only pass (evaluation, generation) sees the unperturbed weights: the final hidden
+    states equal the fp32-slot engine's after the same steps."""
+    from workbench.engine import build_engine
+    from workbench.models.build import build_skeleton
+
+    ids = torch.randint(0, 200, (2, 12))
+    mask = torch.ones_like(ids)
+    mask[1, 8:] = 0
+    hidden = []
+    for slots in ("fp32", "compute"):
+        cfg = RunConfig(**SR, slot_dtype=slots)
+        model, source = build_skeleton(cfg.model)
+        engine = build_engine(model, source, cfg, torch.device("cpu"), EventBus())
+        from workbench.data.batches import SyntheticData
+
+        data = SyntheticData(model.config.vocab_size, 16)
+        for t in range(2):
+            engine.step(data.batch_for_step(t, 4, cfg.seed), t, cfg.lr, cfg.weight_decay)
+        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+            hidden.append(engine.streamed_forward(ids, mask))
+        engine.close()
+    assert torch.equal(hidden[0], hidden[1])
+
+
+def test_device_buffers_are_half_the_fp32_slots():
+    """Per slot 2 B per parameter (the master as it is), no wires, one work buffer in the
+    forward's form; the planner counts exactly these bytes."""
+    from workbench.engine import build_engine
+    from workbench.models.build import build_skeleton
+    from workbench.plan.planner import plan
+
+    cfg = RunConfig(**SR, slot_dtype="compute", data="synthetic")
+    model, source = build_skeleton(cfg.model)
+    engine = build_engine(model, source, cfg, torch.device("cpu"), EventBus())
+    try:
+        got = {k: v for k, v in engine.buffer_bytes().items() if v}
+        nb = engine.streamer.slot_numel
+        form = engine.streamer.transfer.form(engine.streamer.blocks[0].layout)
+    finally:
+        engine.close()
+    assert got["block slots"] == 3 * 2 * nb  # prefetch_depth 1 + 2 spare, bf16
+    assert got["work buffer"] == form.nbytes < 4 * nb
+    assert "codec wire buffers" not in got
+    planned = plan(cfg.replace(device="cuda"), gpu="h200").gpu_breakdown
+    assert got == {k: planned[k] for k in got}
+
+
+@pytest.mark.parametrize("variant", ["compute", "compute-unfused"])
+def test_replay_through_fp32_slots_is_exact(variant, tmp_path):
+    """The checkpoint replay computes in fp32 slots; a run in compute-dtype slots is restored
+    to its exact bits between snapshots."""
+    knobs = dict(fused_update=False) if variant.endswith("unfused") else {}
+    assert_replay_exact(RunConfig(**{**BASE, **SR, "lr": BASE["lr"], "weight_decay":
+                                     BASE["weight_decay"]}, slot_dtype="compute", **knobs),
+                        tmp_path)
+
+
+def test_resume_is_exact_and_may_switch_slots(tmp_path):
+    """A run resumed from a checkpoint ends with the straight run's digest, also when the
+    resumed half runs in the other slot dtype (the knob is resumable: the bits are the same)."""
+    from workbench.recipes.train import run
+
+    cfg = RunConfig(**{**BASE, **SR}, steps=8, slot_dtype="compute")
+    straight = run(cfg, tmp_path / "straight", progress=False)
+    run(cfg.replace(steps=4, checkpoint_every=2), tmp_path / "resumed", progress=False)
+    resumed = run(cfg.replace(checkpoint_every=2, slot_dtype="fp32"), tmp_path / "resumed",
+                  progress=False, resume=True)
+    assert resumed.param_digest == straight.param_digest
+
+
+def test_auto_chooses_compute_on_a_gpu_only_where_it_applies():
+    base = RunConfig(**SR)
+    assert compute_slots(base.replace(device="cuda"))
+    assert not compute_slots(base)  # auto on the CPU: fp32 (nothing to save there)
+    assert not compute_slots(base.replace(device="cuda", zo_optimizer="momentum"))
+    assert not compute_slots(base.replace(device="cuda", amp="off"))
+    assert not compute_slots(RunConfig(method="zo-offload", device="cuda"))
+
+
+def test_compute_where_it_cannot_apply_is_refused_in_one_line():
+    with pytest.raises(ConfigError) as err:
+        RunConfig(method="zo-offload", slot_dtype="compute", zo_optimizer="adam")
+    (line,) = err.value.problems
+    assert line.startswith("slot_dtype: compute needs master=compressed or compressed-sr")
+    assert "amp=bf16 or fp16" in line and "zo_optimizer=sgd" in line
+    with pytest.raises(ConfigError, match="slot_dtype: 'compute' does not apply to method=mezo"):
+        RunConfig(method="mezo", slot_dtype="compute")

@@ -1,0 +1,128 @@
+"""Compute-dtype block slots (``slot_dtype=compute``): a streamed block's master crosses PCIe and
+sits in its GPU slot as the host keeps it (bf16 / fp16 under master=compressed or
+compressed-sr), and the block computes from one shared buffer in the forward's own form.
+
+The fp32-slot path (``transfers.SRTransfer``) decodes each block into an fp32 slot, perturbs,
+restores and updates it there in place, and encodes it back down; under autocast every matmul
+then casts the fp32 weight to the compute dtype again, in every pass. Here the slot keeps the
+2-byte master; the step's operations are recorded (``zo/chain.py``), and just before each
+forward pass of the block (a forward pre-hook the scheduler registers) the chain kernel writes
+the block as that pass sees it into the work buffer, matrices already in the compute dtype
+(``codecs/frozen_form.py``: what autocast's cast would give, bit for bit) and the rest in fp32.
+At the offload the same chain, run to its end, rounds the result into the slot with the SR
+encoder's own draw, and the slot goes down as it is. Every value equals the fp32-slot run's.
+
+Per block in flight: 2 B per parameter instead of 4 (+ two 2 B wires shared by all slots), and
+one work buffer in all; no decode or encode pass, no autocast cast of a weight.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from workbench.engine.codecs.frozen_form import FrozenForm
+from workbench.engine.codecs.wire import HALF, Codec
+from workbench.engine.groups import GroupLayout
+from workbench.engine.stream.transfers import SRTransfer
+from workbench.engine.zo.chain import Chain, ChainRunner
+from workbench.engine.zo.perturb import ZOOps
+from workbench.plan.memory import SPARE_SLOTS
+
+
+@dataclass
+class Visit:
+    """A block on the device: its master in the slot, its layout, the chain recorded so far
+    (None: a pass that changes nothing) and the chain length the work buffer holds (-1: none)."""
+
+    master: torch.Tensor
+    layout: GroupLayout
+    chain: Chain | None = None
+    filled: int = -1
+
+
+class ComputeSlotTransfer(SRTransfer):
+    """Args: as ``SRTransfer``, and ``compute``: the autocast dtype the matrices are held in;
+    ``layouts``: the streamed blocks' layouts (the work buffer fits the largest form)."""
+
+    #: the block computing and the one whose offload still reads its slot (it goes down as is)
+    spare_slots = SPARE_SLOTS["compute"]
+    #: the scheduler calls ``ready(block)`` right before each forward pass of a block
+    lazy = True
+
+    def __init__(self, device: torch.device, timer, ops: ZOOps, codec: Codec,
+                 compute: torch.dtype, layouts: list[GroupLayout], share=None, sr: bool = True):
+        super().__init__(device, timer, ops, codec, share, sr)
+        self.compute, self.half = compute, HALF[codec.name]
+        self.runner = ChainRunner(ops, codec.name, sr, compute)
+        self._forms: dict[tuple, FrozenForm] = {}
+        size = max((self.form(lay).nbytes for lay in layouts), default=0)
+        self.work = torch.empty(size, dtype=torch.uint8, device=device)
+        self._visits: dict[int, Visit] = {}
+
+    def form(self, layout: GroupLayout) -> FrozenForm:
+        """The forward's form of a block of ``layout`` (one per block shape)."""
+        key = layout.signature()
+        if key not in self._forms:
+            self._forms[key] = FrozenForm(layout, self.compute)
+        return self._forms[key]
+
+    def slot_buffers(self, n: int, shared: bool = False) -> tuple[torch.Tensor, dict]:
+        return torch.empty(self.codec.nbytes(n), dtype=torch.uint8, device=self.device), {}
+
+    def slot_view(self, slot: torch.Tensor, numel: int) -> torch.Tensor:
+        return slot[:self.codec.nbytes(numel)]
+
+    def make_params(self, layout: GroupLayout, slot: torch.Tensor) -> list:
+        """Views of the work buffer: every block computes from it, whatever its slot."""
+        return self.form(layout).make_params(self.work)
+
+    def upload(self, host, slot, extra, step, block, stream, slot_ready=None) -> int:
+        if slot_ready is not None:
+            slot_ready()  # the copy overwrites the slot, which its last block's offload reads
+        with self.timer.span("upload", "upload", stream, step, block, host.numel()):
+            slot.copy_(host, non_blocking=True)
+        return host.numel()
+
+    def before_compute(self, host, slot, extra, step: int, block: int, stream,
+                       released: Callable[[], None], layout: GroupLayout | None = None) -> None:
+        """Start the block's visit (an earlier block's is over: its offload, if any, has been
+        enqueued, and it computes no more)."""
+        self._visits = {block: Visit(slot.view(self.half), layout)}
+
+    def updater(self, extra: dict[str, torch.Tensor], block: int) -> Chain:
+        """The visit's chain: ``step.py`` records the step's operations through it."""
+        visit = self._visits[block]
+        visit.chain = Chain(self.ops)
+        return visit.chain
+
+    def ready(self, block: int) -> None:
+        """On the compute stream, right before a forward pass of ``block``: the work buffer
+        <- the block as the operations recorded so far leave it (once per change)."""
+        visit = self._visits.get(block)
+        if visit is None:  # block 0 called outside a visit: the embedding's capture of its
+            return  # inputs (``models/adapter.py``), which stops before the block computes
+        ops = visit.chain.ops_list if visit.chain is not None else []
+        if visit.filled == len(ops):
+            return
+        self.runner.fill_form(visit.master, visit.layout, ops, self.form(visit.layout),
+                              self.work)
+        visit.filled = len(ops)
+
+    def offload(self, host, slot, extra, step, block, layout, stream, released=None) -> int:
+        """The chain run to its end and rounded into the slot, then the slot down as is."""
+        visit = self._visits[block]
+        ops = visit.chain.ops_list if visit.chain is not None else []
+        seed = self.round_seed(step, block, layout)
+        with self.timer.span("codec", "offload", stream, step, block, host.numel(),
+                             "chain-sr" if self.sr else "chain"):
+            self.runner.write_master(visit.master, layout, ops, seed)
+        with self.timer.span("offload", "offload", stream, step, block, host.numel()):
+            host.copy_(slot, non_blocking=True)
+        return host.numel()
+
+    def close(self) -> None:
+        self._visits.clear()
+        self.work = self.work[:0]
+        super().close()
