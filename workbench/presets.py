@@ -93,6 +93,15 @@ def _counts(embed: int, blocks: tuple[tuple[int, int], ...], head: int) -> tuple
     return embed, tuple(n for k, n in blocks for _ in range(k)), head
 
 
+def _pattern_counts(embed: int, pattern: str, sizes: dict[str, int], head: int) -> tuple:
+    """(embedding, each block, head) of a hybrid whose blocks follow ``pattern``, one character
+    a block, ``sizes`` its parameters per kind of block."""
+    return embed, tuple(sizes[c] for c in pattern), head
+
+
+#: Nemotron-H-8B's blocks (its config's hybrid_override_pattern): M Mamba-2, * attention, - MLP
+_NEMOTRON_H_8B = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
+
 _LLAMA31 = dict(vocab_size=128256, max_position_embeddings=131072, rms_norm_eps=1e-5,
                 tie_word_embeddings=False, rope_theta=500000.0, bos_token_id=128000,
                 eos_token_id=128001, rope_scaling={
@@ -172,6 +181,25 @@ PRESETS: dict[str, Preset] = {
         intermediate_size=2880, num_local_experts=128, num_experts_per_tok=4,
         vocab_size=201088, sliding_window=128, max_position_embeddings=131072,
         rms_norm_eps=1e-5, tie_word_embeddings=False),
+    # A hybrid MeZO can hold in fp32 on one 80 GB GPU (8.10 B): Nemotron-H-8B-Base-8K, 52
+    # blocks each one mixer, per its pattern: 24 Mamba-2 (M), 4 attention (*), 24 MLP (-).
+    # The hybrid row of the speed comparisons. Its Mamba-2 mixers run on transformers' torch
+    # path without mamba-ssm / causal-conv1d: a chunked scan (chunk_size 128), no per-token
+    # loop. Sizes from nvidia/Nemotron-H-8B-Base-8K's config.json on the hub, as copied in
+    # github.com/NVIDIA-NeMo/Megatron-Bridge tests/unit_tests/models/nemotronh/
+    # test_nemotron_h_bridge.py (nemotronh_8b_config_dict); head_dim is its attention_head_dim
+    # under transformers' name.
+    "nemotron-h-8b": _published(
+        "nemotron_h", _pattern_counts(536870912, _NEMOTRON_H_8B,
+                                      {"M": 109640064, "*": 41947136, "-": 176164864},
+                                      536875008),
+        hidden_size=4096, num_hidden_layers=52, hybrid_override_pattern=_NEMOTRON_H_8B,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, intermediate_size=21504,
+        mlp_hidden_act="relu2", mamba_num_heads=128, mamba_head_dim=64, n_groups=8,
+        ssm_state_size=128, conv_kernel=4, expand=2, chunk_size=128, use_conv_bias=True,
+        use_bias=False, mlp_bias=False, attention_bias=False, vocab_size=131072,
+        max_position_embeddings=8192, rms_norm_eps=1e-5, layer_norm_epsilon=1e-5,
+        tie_word_embeddings=False),
 }
 
 #: ``model=tiny:<model_type>``: a tiny random model of any architecture the block adapter
