@@ -9,6 +9,13 @@ Suites (combine with commas):
   methods   zo-offload vs forward-grad (tokens/s, peak memory)
   cap       the largest OPT preset that trains under a 24 GiB GPU memory cap
 Usage: python benchmarks/zo_offload.py --suite main --models opt-125m,opt-1.3b
+  main, one method per process (a fresh process per row; the ratios and the bound are then
+  the caller's, from the rows' JSON):
+    python benchmarks/zo_offload.py --models nemotron-h-8b --amps off --shapes 8x128 --methods mezo
+    python benchmarks/zo_offload.py --models nemotron-h-8b --amps bf16 --shapes 8x128 \
+        --methods zo-offload --codec bf16 --master compressed-sr
+  plumbing on the CPU (no PCIe rates, no bounds, nothing saved):
+    --device cpu --models tiny:nemotron_h --shapes 2x16
 """
 from __future__ import annotations
 
@@ -25,27 +32,39 @@ from workbench.engine.codecs import wire as codec_module
 
 
 def run_main(args, bw) -> list[dict]:
+    """``--methods`` picks the rows (both: zo-offload's ratios to MeZO and its bound from MeZO's
+    compute; zo-offload alone: the bound from its own compute); ``--codec`` / ``--master`` are
+    zo-offload's (MeZO keeps fp32 weights)."""
     rows = args.sink.setdefault("main", [])
+    knobs = {k: v for k, v in (("codec", args.codec), ("master", args.master)) if v}
+    tag = "".join(f" {v}" for v in knobs.values())
     for model in args.models:
         for amp in args.amps:
             for b, t in args.shapes:
-                base = RunConfig(model=model, data="synthetic", device="cuda", amp=amp,
+                base = RunConfig(model=model, data="synthetic", device=args.device, amp=amp,
                                  batch_size=b, seq_len=t, steps=args.steps, lr=1e-7)
-                mezo = measure(base.replace(method="mezo"), f"{model} {amp} {b}x{t} mezo")
-                off = measure(base.replace(method="zo-offload"), f"{model} {amp} {b}x{t} offload")
-                for r in (mezo, off):
+                mezo = off = None
+                if "mezo" in args.methods:
+                    mezo = measure(base.replace(method="mezo"), f"{model} {amp} {b}x{t} mezo")
+                if "zo-offload" in args.methods:
+                    off = measure(base.replace(method="zo-offload", **knobs),
+                                  f"{model} {amp} {b}x{t} offload{tag}")
+                now = [r for r in (mezo, off) if r is not None]
+                for r in now:
                     r.update(model=model, amp=amp, shape=f"{b}x{t}")
-                fwd2 = mezo.get("compute_seconds_per_step")
-                if "error" not in off:
-                    add_bound(off, bw, fwd2)  # MeZO's two forward passes: the compute bound
-                    if "error" not in mezo:
-                        off["tps_ratio"] = off["tokens_per_s"] / mezo["tokens_per_s"]
-                        off["mem_ratio"] = (off["peak_gpu_mem_bytes"] / mezo["peak_gpu_mem_bytes"]
-                                            if mezo["peak_gpu_mem_bytes"] else None)
-                mezo["lower_bound_s"] = fwd2
-                rows += [mezo, off]
+                fwd2 = mezo.get("compute_seconds_per_step") if mezo else None
+                if off is not None and "error" not in off and bw is not None:
+                    # MeZO's two forward passes: the compute bound (alone: its own compute)
+                    add_bound(off, bw, fwd2 if mezo else off.get("compute_seconds_per_step"))
+                if off and mezo and "error" not in off and "error" not in mezo:
+                    off["tps_ratio"] = off["tokens_per_s"] / mezo["tokens_per_s"]
+                    off["mem_ratio"] = (off["peak_gpu_mem_bytes"] / mezo["peak_gpu_mem_bytes"]
+                                        if mezo["peak_gpu_mem_bytes"] else None)
+                if mezo is not None:
+                    mezo["lower_bound_s"] = fwd2
+                rows += now
                 args.flush()
-                print(table([mezo, off], MAIN_COLS), flush=True)
+                print(table(now, MAIN_COLS), flush=True)
     return rows
 
 
@@ -220,6 +239,12 @@ def main() -> None:
     p.add_argument("--amps", default="off,bf16")
     p.add_argument("--shapes", default="16x128")
     p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--methods", default="mezo,zo-offload",
+                   help="main suite: which rows (one per process: a fresh process per row)")
+    p.add_argument("--codec", help="main suite: zo-offload's codec (default: the config's, fp32)")
+    p.add_argument("--master", help="main suite: zo-offload's master (default: fp32)")
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                   help="main suite: cpu is a plumbing check (no PCIe rates, no bounds)")
     p.add_argument("--combos", default="fp32/fp32,bf16/compressed-sr,bf16/compressed-sr/before-sr,"
                    "fp16/compressed-sr,bf16/fp32,fp8-e4m3/fp32,fp8-e5m2/fp32",
                    help="codecs suite: codec/master[/torch-sr|/before-sr] (torch-sr: the torch path of the "
@@ -229,21 +254,27 @@ def main() -> None:
     args.models = args.models.split(",")
     args.amps = args.amps.split(",")
     args.shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    args.methods = args.methods.split(",")
+    suites = args.suite.split(",")
+    if args.device == "cpu" and suites != ["main"]:
+        p.error("--device cpu: the main suite only")
     t = time.perf_counter()
-    bw = pcie_bandwidth()
-    print(f"PCIe pinned: H2D {bw['h2d'] / 1e9:.1f} GB/s, D2H {bw['d2h'] / 1e9:.1f} GB/s, both "
-          f"{bw['both_per_direction'] / 1e9:.1f} GB/s per direction", flush=True)
+    bw = None
+    if args.device == "cuda":
+        bw = pcie_bandwidth()
+        print(f"PCIe pinned: H2D {bw['h2d'] / 1e9:.1f} GB/s, D2H {bw['d2h'] / 1e9:.1f} GB/s, "
+              f"both {bw['both_per_direction'] / 1e9:.1f} GB/s per direction", flush=True)
     out: dict = {"pcie": bw, "args": {k: v for k, v in vars(args).items()}}
     args.sink = out
-    args.flush = lambda: save(args.name, out)  # after every row: a timeout keeps what ran
-    suites = args.suite.split(",")
+    # after every row: a timeout keeps what ran (a CPU plumbing run saves nothing)
+    args.flush = (lambda: save(args.name, out)) if args.device == "cuda" else (lambda: None)
     for suite, fn in (("main", lambda: run_main(args, bw)), ("ablation", lambda: run_ablation(args)),
                       ("codecs", lambda: run_codecs(args, bw)), ("telemetry", lambda: run_telemetry(args)),
                       ("methods", lambda: run_methods(args)), ("cap", lambda: run_cap(args))):
         if suite in suites:
             fn()
     out["seconds"] = time.perf_counter() - t
-    path = save(args.name, out)
+    path = save(args.name, out) if args.device == "cuda" else "nothing (a CPU plumbing run)"
     for key, cols in (("main", MAIN_COLS), ("ablation", ABL_COLS), ("codecs", CODEC_COLS),
                       ("telemetry", TEL_COLS), ("methods", MAIN_COLS), ("cap", CAP_COLS)):
         if key in out:
