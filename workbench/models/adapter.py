@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import inspect
+import re
 
 import torch
 from torch import nn
@@ -51,6 +52,8 @@ class BlockContext:
     model_mask: torch.Tensor | dict | None = None  # 4D (per layer type when mixed): what the
     # model's own mask code passes through
     masks: dict[str, torch.Tensor | None] | None = None  # mixed layer types: each type's mask
+    # mixed layer types: what the model hands the first block of each type, by type
+    per_type: dict[str, dict[str, Any]] | None = None
 
 
 class BlockAdapter:
@@ -79,9 +82,13 @@ class BlockAdapter:
         self.window: int | None = getattr(cfg, "sliding_window", None) \
             if sliding or self._types else None
         self._sdpa = getattr(cfg, "_attn_implementation", None) == "sdpa"
+        # a base whose own mask code never takes SDPA's causal path (a sparse-attention indexer
+        # or a dynamic mask reads the 4D mask; ALiBi is added onto it): its blocks always get it
+        self._always_4d = _materializes_mask(type(self.base))
         accepted = inspect.signature(self.base.forward).parameters
         self._base_kwargs = {k: v for k, v in (("use_cache", False),) if k in accepted}
         self._last: tuple[Any, BlockContext] | None = None  # the last batch and its context
+        self._hidden_dim: int | None = None  # dims of the hidden states the blocks pass on
 
     # --- the three parts -------------------------------------------------------------------
     def embed(self, batch) -> tuple[torch.Tensor, BlockContext]:
@@ -95,7 +102,18 @@ class BlockAdapter:
         if self._last is not None and self._last[0] is batch:
             ctx = self._last[1]
             return self._run_base(ids, ctx)[0], ctx
+        hidden, ctx = self._context(batch)
+        self._hidden_dim = hidden.dim()
+        return hidden, ctx
+
+    def _context(self, batch) -> tuple[torch.Tensor, BlockContext]:
+        ids, mask = batch.input_ids, batch.attention_mask
         padded = batch.padded if batch.padded is not None else bool((mask == 0).any())
+        if self.quirk.base_mask == "2d":  # the base builds the blocks' mask itself
+            ctx = BlockContext({}, mask.sum(dim=1) - 1, self._positions(mask), mask)
+            hidden, ctx.kwargs = self._run_base(ids, ctx)
+            self._last = (batch, ctx)
+            return hidden, ctx
         if self._types is None:
             kind = "sliding_attention" if self.window else "full_attention"
             model_mask = self._mask(kind, batch, padded)
@@ -105,7 +123,7 @@ class BlockAdapter:
             model_mask = {k: _STAND_IN(mask) if m is None else m for k, m in masks.items()}
         ctx = BlockContext({}, mask.sum(dim=1) - 1, self._positions(mask),
                            _STAND_IN(mask) if model_mask is None else model_mask, masks)
-        hidden, ctx.kwargs = self._run_base(ids, ctx)
+        hidden, ctx.kwargs = self._run_base(ids, ctx, by_type=self._types is not None)
         if model_mask is None:  # the blocks get None (SDPA's causal path)
             ctx.kwargs["attention_mask"] = None
         self._last = (batch, ctx)
@@ -118,11 +136,12 @@ class BlockAdapter:
         ids, mask = batch.input_ids, batch.attention_mask
         if kind in _NO_MASK:
             return None
-        if kind == "linear_attention" or self.quirk.mask == "padding":
+        if kind in _RECURRENT or self.quirk.mask == "padding":
             # as transformers' create_recurrent_attention_mask gives them
             return mask if padded else None
         window = self.window if kind == "sliding_attention" else None
-        if self._sdpa and not (padded or (window is not None and ids.shape[1] >= window)):
+        if self._sdpa and not self._always_4d \
+                and not (padded or (window is not None and ids.shape[1] >= window)):
             return None
         # Hugging Face's own mask, told not to look for the unmasked shortcut (the look is the
         # sync); only the shape, dtype and device of ``inputs_embeds`` are read
@@ -137,10 +156,16 @@ class BlockAdapter:
             return (torch.cumsum(mask, dim=1) * mask - 1).long()
         return torch.arange(mask.shape[1], device=mask.device).unsqueeze(0)
 
-    def _run_base(self, input_ids: torch.Tensor,
-                  ctx: BlockContext) -> tuple[torch.Tensor, dict[str, Any]]:
+    def _run_base(self, input_ids: torch.Tensor, ctx: BlockContext,
+                  by_type: bool = False) -> tuple[torch.Tensor, dict[str, Any]]:
         """The model's own forward up to block 0: (hidden (B, T, D), block 0's kwargs). A 4D
-        mask and explicit positions leave its mask code nothing to compute or check."""
+        mask and explicit positions leave its mask code nothing to compute or check. With
+        ``by_type`` (mixed layer types), the forward runs its loop over stand-ins of the blocks
+        that pass the hidden states through, up to the first block of each type, and
+        ``ctx.per_type`` keeps what that block is handed (a rotary table of its type's base,
+        None where its type takes none, ...)."""
+        if by_type:
+            return self._run_base_by_type(input_ids, ctx)
         hook = self.blocks[0].register_forward_pre_hook(_raise_captured, with_kwargs=True)
         try:
             self.base(input_ids=input_ids, attention_mask=ctx.model_mask,
@@ -154,13 +179,46 @@ class BlockAdapter:
             raise RuntimeError("the model's forward never reached its first block")
         finally:
             hook.remove()
-        hidden = args[0] if args else kwargs.pop("hidden_states")
-        return hidden, kwargs
+        return _by_name(self.blocks[0], args, kwargs)
+
+    def _run_base_by_type(self, input_ids: torch.Tensor,
+                          ctx: BlockContext) -> tuple[torch.Tensor, dict[str, Any]]:
+        firsts: dict[str, int] = {}
+        for i, block in enumerate(self.blocks):
+            firsts.setdefault(self._types[id(block)], i)
+        seen: dict[int, tuple[tuple, dict]] = {}
+        stand_ins = nn.ModuleList(_StandIn(b, i, seen, i == max(firsts.values()))
+                                  for i, b in enumerate(self.blocks))
+        name = next(n for n, m in self.base.named_children()
+                    if isinstance(m, nn.ModuleList) and list(m) == self.blocks)
+        real = getattr(self.base, name)
+        setattr(self.base, name, stand_ins)
+        try:
+            self.base(input_ids=input_ids, attention_mask=ctx.model_mask,
+                      position_ids=ctx.position_ids, **self._base_kwargs)
+        except _Captured as c:
+            c.__traceback__ = None
+        else:  # pragma: no cover - a family whose base stops before its last block type
+            raise RuntimeError("the model's forward never reached a block of each type")
+        finally:
+            setattr(self.base, name, real)
+        inputs = {}
+        for kind, i in firsts.items():
+            hidden, kwargs = _by_name(self.blocks[i], *seen[i])
+            inputs[kind] = kwargs
+            if i == 0:
+                first = hidden, kwargs
+        ctx.per_type = inputs
+        return first
 
     def run_block(self, block: nn.Module, hidden: torch.Tensor, ctx: BlockContext) -> torch.Tensor:
         """(B, T, D) -> (B, T, D) through one block with its current weights."""
-        kwargs = ctx.kwargs if ctx.masks is None else \
-            {**ctx.kwargs, "attention_mask": ctx.masks[self._types[id(block)]]}
+        if ctx.masks is None:
+            kwargs = ctx.kwargs
+        else:
+            kind = self._types[id(block)]
+            kwargs = {**(ctx.per_type or {}).get(kind, ctx.kwargs),
+                      "attention_mask": ctx.masks[kind]}
         out = block(hidden, **kwargs)
         return out[0] if isinstance(out, tuple) else out
 
@@ -168,10 +226,17 @@ class BlockAdapter:
         """Final modules. With ``ctx``: logits (B, V) at each row's last real token only, which
         is all a prompt-classification loss needs; without: logits (B, T, V)."""
         if ctx is not None:
-            hidden = hidden[torch.arange(hidden.shape[0], device=hidden.device), ctx.last_index]
+            rows = torch.arange(hidden.shape[0], device=hidden.device)
+            hidden = hidden[rows, ctx.last_index]
+        # a token per row, (B, ...): run as a length-1 sequence, so a head that mixes streams
+        # (DeepSeek-V4's hyper-connections, hidden (B, T, streams, D)) finds its time axis
+        one = self._hidden_dim is not None and hidden.dim() == self._hidden_dim - 1
+        if one:
+            hidden = hidden.unsqueeze(1)
         for module in self.head_modules:
             hidden = module(hidden)
-        return transform_logits(self.model.config, hidden)
+        logits = transform_logits(self.model.config, hidden)
+        return logits.squeeze(1) if one else logits
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The whole model piecewise: logits (B, T, V). Used to check the split."""
@@ -191,15 +256,65 @@ class Inputs:
 #: Layer types whose masks the adapter builds (``_mask``): a 4D mask for attention layers; for
 #: linear-attention and state-space layers the 2D padding mask, None when nothing is padded (what
 #: transformers' ``create_recurrent_attention_mask`` gives them).
-_MASKS = ("full_attention", "sliding_attention", "linear_attention")
+_MASKS = ("full_attention", "sliding_attention", "linear_attention", "conv",
+          "indexed_attention")
+#: Of those, the layers that get the 2D padding mask (LFM2's short convolutions too).
+_RECURRENT = ("linear_attention", "conv")
 #: Layer types of hybrid stacks that take no mask (Nemotron-H's MLP and MoE layers get None
 #: from the model's own mask mapping).
 _NO_MASK = ("mlp", "moe")
 
 
+def _materializes_mask(cls: type) -> bool:
+    """True when ``cls.forward`` builds its causal mask with ``allow_is_causal_skip=False``."""
+    try:
+        source = inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return False
+    return re.search(r"allow_is_causal_skip[\"']?\s*[=:]\s*False", source) is not None
+
+
 def _STAND_IN(mask: torch.Tensor) -> torch.Tensor:
     """What gets an unmasked batch past the model's mask code (the blocks then get None)."""
     return mask.new_ones((1, 1, 1, 1), dtype=torch.bool)
+
+
+class _StandIn(nn.Module):
+    """Stands in for block ``index`` while the base runs: records what it is handed and passes
+    the hidden states through (the last one needed stops the forward). Other attributes are the
+    block's, for a forward that reads them (a layer's type, ...)."""
+
+    def __init__(self, block: nn.Module, index: int, seen: dict, last: bool):
+        super().__init__()
+        object.__setattr__(self, "_wrapped", (block, index, seen, last))  # not a submodule
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(object.__getattribute__(self, "_wrapped")[0], name)
+
+    def forward(self, *args, **kwargs):
+        _, index, seen, last = object.__getattribute__(self, "_wrapped")
+        seen[index] = (args, kwargs)
+        if last:
+            raise _Captured(args, kwargs)
+        return args[0] if args else kwargs["hidden_states"]
+
+
+def _by_name(block: nn.Module, args: tuple, kwargs: dict) -> tuple[torch.Tensor, dict]:
+    """What a block was handed as (hidden states, the rest by parameter name): a family that
+    passes its mask positionally (XGLM: ``layer(hidden, attention_mask, ...)``) gets it back
+    by name."""
+    bound = inspect.signature(block.forward).bind_partial(*args, **kwargs).arguments
+    params = inspect.signature(block.forward).parameters
+    named: dict[str, Any] = {}
+    for key, value in bound.items():
+        if params[key].kind is inspect.Parameter.VAR_KEYWORD:
+            named.update(value)
+        elif params[key].kind is not inspect.Parameter.VAR_POSITIONAL:
+            named[key] = value
+    return named.pop(next(iter(params))), named
 
 
 def _raise_captured(module: nn.Module, args: tuple, kwargs: dict) -> None:

@@ -128,8 +128,9 @@ def check_model_folder(model: str) -> None:
         BlockAdapter(build_skeleton(model)[0])
     except ConfigError:
         raise
-    except ValueError as e:  # Refused, an unknown tiny type, a config transformers rejects
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+    except (ValueError, ImportError) as e:  # Refused, an unknown tiny type, a config
+        # transformers rejects, a part that needs a library not installed (Gemma 3n's timm)
+        reason = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
         raise ConfigError([reason if reason.startswith("model:")
                            else f"model: {model} is not supported: {reason}"]) from None
 

@@ -36,6 +36,11 @@ class Quirk:
     # what its blocks take as attention_mask: "causal" (a 4D mask, or None on SDPA's causal
     # path) or "padding" (the 2D padding mask, None when nothing is padded)
     mask: str = "causal"
+    # what the base's own forward is handed as attention_mask: "prepared" (the adapter's 4D
+    # mask, which its mask code passes through) or "2d" (the batch's padding mask: a base
+    # that builds more than the mask from it, BLOOM's ALiBi; its blocks get what it builds,
+    # and its mask code may read the mask back: a host sync on a GPU)
+    base_mask: str = "prepared"
     reason: str = ""
 
 
@@ -45,39 +50,57 @@ QUIRKS: dict[str, Quirk] = {
     **dict.fromkeys(("mamba", "falcon_mamba", "mamba2"), Quirk(
         mask="padding", reason="state-space blocks only: the model hands each block the 2D "
         "padding mask as given (no layer_types names them)")),
+    "bloom": Quirk(base_mask="2d", reason="BLOOM's base builds its ALiBi biases from the 2D "
+                   "padding mask (a 4D one does not unpack)"),
+}
+
+#: Types whose blocks are not one pass of hidden states through a list, refused with why.
+REFUSED: dict[str, str] = {
+    "dory": "its forward runs a span of its blocks several times (recurrent loops), not each "
+            "block once",
+    **dict.fromkeys(("inkling2_text", "inkling2_loop_text"), "each block reads the stack of "
+                    "every earlier block's output (block attention residuals), not one hidden "
+                    "state"),
 }
 
 #: The types whose parts, found as above, compute what the model itself computes: each passed
 #: ``tests/models/test_any_decoder.py`` built tiny (its forward against the model's own, padded
 #: and not; zo-offload's digest and losses against MeZO's under each scheduler knob, fp32, 3
 #: steps; resume exact; fo overfitting a batch; LoRA's targets; the planner's part counts).
-#: 108 of the 196 causal-LM types of transformers 5.24; the slow grid of that test
-#: checks that this is exactly the set that passes. Any other type is refused: the grid found
+#: 137 of the 196 causal-LM types of transformers 5.24 (the grid of 2026-11-27c); the slow grid
+#: of that test checks that this is exactly the set that passes. Any other type is refused: the grid found
 #: types whose parts are found but whose piecewise logits differ, or that fail to run, and a
 #: wrong model must not train silently.
 CHECKED = frozenset({
-    "afmoe", "apertus", "apertus1p5_text", "arcee", "aria_text", "axk1", "bailing_hybrid",
-    "bamba", "bart", "bitnet", "codegen", "cohere", "cohere2", "cohere2_moe", "cwm",
-    "deepseek_v2", "deepseek_v3", "diffllama", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4",
-    "exaone_moe", "falcon", "falcon_h1", "falcon_mamba", "flex_olmo", "flint", "gemma",
-    "gemma2", "gemma3_text", "glm", "glm4", "glm4_moe", "glm4_moe_lite", "gpt-sw3", "gpt2",
-    "gpt_bigcode", "gpt_neox", "gpt_neox_japanese", "gpt_oss", "gptj", "granite", "granite_swa",
-    "granitemoe", "granitemoe_swa", "granitemoehybrid", "granitemoeshared", "helium",
-    "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hyperclovax", "internlm3", "iquestcoder",
-    "jais2", "jamba", "jetmoe", "kimi_linear", "kolibri1", "laguna", "lfm2", "lfm3", "llama",
-    "llama4_text", "mamba", "mamba2", "mbart", "mellum", "minicpm3", "minimax", "minimax_m2",
-    "minimax_m3_vl_text", "ministral", "ministral3", "mistral", "mixtral", "moshi", "mpt",
-    "nemotron", "nemotron_h", "olmo", "olmo2", "olmo3", "olmoe", "opt", "persimmon", "phi",
-    "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_5_moe_text", "qwen3_5_text",
-    "qwen3_moe", "qwen3_next", "qwen4_exp_text", "rwkv", "sarvam_mla", "sarvam_moe", "seed_oss",
-    "smollm3", "solar_open", "stablelm", "starcoder2", "vaultgemma", "youtu"
+    "afmoe", "apertus", "apertus1p5_text", "arcee", "aria_text", "axk1", "axk2", "bailing_hybrid",
+    "bamba", "bart", "beam", "bigbird_pegasus", "bitnet", "bloom", "codegen", "cohere", "cohere2",
+    "cohere2_moe", "cohere_compass_text", "cwm", "dbrx", "deepseek_v2", "deepseek_v3",
+    "deepseek_v32", "deepseek_v4", "diffllama", "doge", "dots1", "dots3_note_text", "ernie4_5",
+    "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "falcon", "falcon_h1", "falcon_mamba",
+    "flex_olmo", "flint", "gemma", "gemma2", "gemma3_text", "gemma4_unified_text", "glm", "glm4",
+    "glm4_moe", "glm4_moe_lite", "glm_moe_dsa", "gpt-sw3", "gpt2", "gpt_bigcode", "gpt_neo",
+    "gpt_neox", "gpt_neox_japanese", "gpt_oss", "gptj", "granite", "granite_swa", "granitemoe",
+    "granitemoe_swa", "granitemoehybrid", "granitemoeshared", "helium", "hunyuan_v1_dense",
+    "hunyuan_v1_moe", "hy_v3", "hy_v4", "hyperclovax", "inkling_text", "internlm3", "iquestcoder",
+    "jais2", "jamba", "jetmoe", "kimi_linear", "kolibri1", "laguna", "lara_mini", "lfm2",
+    "lfm2_moe", "lfm3", "llama", "llama4", "llama4_text", "mamba", "mamba2", "mbart", "mellum",
+    "mimo_v2_flash", "minicpm3", "minimax", "minimax_m2", "minimax_m3_vl_text", "ministral",
+    "ministral3", "mistral", "mixtral", "moshi", "mpt", "nanochat", "nemotron", "nemotron_h",
+    "olmo", "olmo2", "olmo3", "olmo_hybrid", "olmoe", "opt", "persimmon", "phi", "phi3", "phimoe",
+    "qwen2", "qwen2_moe", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5_text",
+    "qwen3_moe", "qwen3_next", "qwen4_exp", "qwen4_exp_text", "recurrent_gemma", "rwkv",
+    "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3", "solar_open", "stablelm", "starcoder2",
+    "trocr", "vaultgemma", "xglm", "xlstm", "youtu"
 })
 
 #: Logit transforms a ``*ForCausalLM`` applies after its LM head, by the config key that turns
-#: each on: soft-capping cap * tanh(z / cap) (gemma2/3, cohere2, ...), z * logit_scale (cohere),
-#: z / logits_scaling (granite). The test that runs every type against its full forward
-#: finds any other.
-LOGIT_KEYS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+#: each on: soft-capping cap * tanh(z / cap) (gemma2/3, cohere2, ...; xLSTM names its cap
+#: output_logit_soft_cap, RecurrentGemma logits_soft_cap), z * logit_scale (cohere), z / logits_scaling (granite), Inkling's
+#: hidden / logits_mup_width_multiplier before its bias-free head (the same as dividing z) and
+#: its cut to unpadded_vocab_size. The test that runs every type against its full forward finds
+#: any other.
+LOGIT_KEYS = ("final_logit_softcapping", "output_logit_soft_cap", "logits_soft_cap", "logit_scale",
+              "logits_scaling", "logits_mup_width_multiplier", "unpadded_vocab_size")
 
 
 @dataclass(frozen=True)
@@ -100,6 +123,8 @@ def find_layout(model: nn.Module) -> Layout:
             stack, parameters outside the three parts, ...).
     """
     config = model.config
+    if config.model_type in REFUSED:
+        raise Refused(f"type {config.model_type!r}: {REFUSED[config.model_type]}")
     if getattr(config, "is_encoder_decoder", False):
         raise Refused("an encoder-decoder model (the adapter runs decoder-only models)")
     path, layers = _block_list(model)
@@ -145,30 +170,54 @@ def _block_list(model: nn.Module) -> tuple[str, nn.ModuleList]:
 
 def _split_by_forward(cls: type, attr: str,
                       children: dict[str, nn.Module]) -> tuple[list[nn.Module], list[nn.Module]]:
-    """The children the base's forward names before ``self.<attr>`` and those after, each in
-    the order the forward first names them (a child without parameters that it never names is
-    left out; a parameterized one is refused: when it runs is unknown)."""
+    """The children the base's forward names before ``self.<attr>`` and those it names after,
+    each in the order the forward first names them there (a child without parameters that it
+    never names is left out; a parameterized one is refused: when it runs is unknown). A child
+    named on both sides runs on both (NanoChat's weightless norm before and after its blocks);
+    a parameterized one would be trained as two parts, and is refused."""
     try:
         source = inspect.getsource(cls.forward)
     except (OSError, TypeError):
         raise Refused(f"{cls.__name__}.forward has no readable source") from None
 
-    def first(name: str) -> int:
-        found = re.search(rf"self\.{re.escape(name)}\b", source)
-        return found.start() if found else -1
+    def named(name: str) -> list[int]:
+        return [m.start() for m in re.finditer(rf"self\.{re.escape(name)}\b", source)]
 
-    at = first(attr)
+    at = next(iter(named(attr)), -1)
     if at < 0:
         raise Refused(f"{cls.__name__}.forward never names self.{attr}")
-    where = {n: first(n) for n in children}
-    unnamed = [n for n, i in where.items() if i < 0 and next(children[n].parameters(), None)]
-    where = {n: i for n, i in where.items() if i >= 0}
+    where = {n: named(n) for n in children}
+    unnamed = [n for n, i in where.items()
+               if not i and next(children[n].parameters(), None) is not None]
     if unnamed:
         raise Refused(f"{cls.__name__}.forward never names its parameterized "
                       f"{', '.join(unnamed)}, so when they run is unknown")
-    ordered = sorted(where, key=where.__getitem__)
-    return ([children[n] for n in ordered if where[n] < at],
-            [children[n] for n in ordered if where[n] > at])
+    before = sorted((i[0], n) for n, i in where.items() if i and i[0] < at)
+    # after the blocks, in the order the calls end: self.norm(self.hc_head(h)) runs hc_head
+    # first (DeepSeek-V4's hyper-connection head)
+    after = sorted((_call_end(source, min(j for j in i if j > at)), n)
+                   for n, i in where.items() if i and i[-1] > at)
+    both = {n for _, n in before} & {n for _, n in after}
+    if any(next(children[n].parameters(), None) is not None for n in both):
+        raise Refused(f"{cls.__name__}.forward runs {', '.join(sorted(both))} both before and "
+                      "after its blocks")
+    return [children[n] for _, n in before], [children[n] for _, n in after]
+
+
+def _call_end(source: str, at: int) -> int:
+    """Where the call ``self.<name>(...)`` starting at ``at`` closes (its start when the name is
+    not called there)."""
+    i = source.index(".", at) + 1
+    while i < len(source) and (source[i].isalnum() or source[i] == "_"):
+        i += 1
+    if i >= len(source) or source[i] != "(":
+        return at
+    depth = 0
+    for j in range(i, len(source)):
+        depth += {"(": 1, ")": -1}.get(source[j], 0)
+        if depth == 0:
+            return j
+    return at
 
 
 def _check_covered(model: nn.Module, parts: list[nn.Module]) -> None:
@@ -181,13 +230,17 @@ def _check_covered(model: nn.Module, parts: list[nn.Module]) -> None:
 
 def transform_logits(config, logits: torch.Tensor) -> torch.Tensor:
     """What the ``*ForCausalLM`` does to its LM head's output (``LOGIT_KEYS``); (..., V)."""
-    cap = getattr(config, "final_logit_softcapping", None)
+    cap = next((c for c in (getattr(config, k, None) for k in LOGIT_KEYS[:3]) if c), None)
     if cap:
         logits = torch.tanh(logits / cap) * cap
     scale = getattr(config, "logit_scale", None)
     if isinstance(scale, (int, float)) and scale != 1:
         logits = logits * scale
-    divisor = getattr(config, "logits_scaling", None)
-    if isinstance(divisor, (int, float)) and divisor != 1:
-        logits = logits / divisor
+    for key in ("logits_scaling", "logits_mup_width_multiplier"):
+        divisor = getattr(config, key, None)
+        if isinstance(divisor, (int, float)) and divisor != 1:
+            logits = logits / divisor
+    keep = getattr(config, "unpadded_vocab_size", None)
+    if isinstance(keep, int) and keep < logits.shape[-1]:
+        logits = logits[..., :keep]
     return logits

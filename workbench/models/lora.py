@@ -1,6 +1,7 @@
 """LoRA adapters through ``peft``: which modules get them, and their initial weights.
 
-``peft.inject_adapter_in_model`` wraps each target ``nn.Linear`` in its own ``LoraLayer``
+``peft.inject_adapter_in_model`` wraps each target ``nn.Linear`` (or transformers' ``Conv1D``,
+GPT-2's transposed linear, which peft adapts with ``fan_in_fan_out``) in its own ``LoraLayer``
 (base layer + low-rank A, B), in place, on the model skeleton: no forward is rewritten here.
 The engines then see the adapter weights as ordinary parameters (names containing ``lora_``)
 and the wrapped base weight as ``<module>.base_layer.weight``; ``checkpoint_name`` maps that
@@ -23,17 +24,20 @@ from workbench.models.build import group_id
 #: Default targets, the first set whose every name is a linear module of the model: attention
 #: query and value (LoRA's paper), else the fused query-key-value projection a family uses, the
 #: up-projections of latent attention's query and key-value (DeepSeek's MLA, with or without a
-#: query rank), or a state-space block's input projection (Mamba; peft refuses its out_proj).
+#: query rank), a state-space block's input projection (Mamba; peft refuses its out_proj), or
+#: GPT-2's fused ``c_attn`` (a ``Conv1D`` there, a Linear in GPT-BigCode).
 DEFAULT_TARGETS = (("q_proj", "v_proj"), ("query_key_value",), ("qkv_proj",), ("Wqkv",),
-                   ("q_b_proj", "kv_b_proj"), ("q_proj", "kv_b_proj"), ("in_proj",))
+                   ("q_b_proj", "kv_b_proj"), ("q_proj", "kv_b_proj"), ("in_proj",),
+                   ("c_attn",))
 LORA_MARK = "lora_"  # every adapter parameter's name contains it (lora_A, lora_B)
 
 
 def targets_for(model: nn.Module, lora_targets: str) -> list[str]:
     """The module names given adapters: ``lora_targets`` split on commas, or the family's
     default (``DEFAULT_TARGETS``). Raises ValueError naming the setting when a target matches
-    no Linear."""
-    linear = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    no linear module (``nn.Linear`` or transformers' ``Conv1D``)."""
+    linear = {n.rsplit(".", 1)[-1] for n, m in model.named_modules()
+              if isinstance(m, _linear_types())}
     default = next((t for t in DEFAULT_TARGETS if set(t) <= linear), ())
     names = [t.strip() for t in lora_targets.split(",")] if lora_targets else list(default)
     missing = [t for t in names if t not in linear]
@@ -68,10 +72,24 @@ def inject_lora(model: nn.Module, rank: int, alpha: float, lora_targets: str) ->
     layers, adapter weights on meta too (the engines materialise them with ``init_lora``)."""
     from peft import LoraConfig, inject_adapter_in_model
 
+    targets = targets_for(model, lora_targets)
+    from transformers.pytorch_utils import Conv1D
+
+    # Conv1D stores its weight (in, out): peft adapts it with fan_in_fan_out (and warns when
+    # that is not set); a model whose targets are all Conv1D gets it set
+    wrapped = [m for n, m in model.named_modules() if n.rsplit(".", 1)[-1] in targets]
+    conv1d = bool(wrapped) and all(isinstance(m, Conv1D) for m in wrapped)
     config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, bias="none",
-                        target_modules=targets_for(model, lora_targets))
+                        target_modules=targets, fan_in_fan_out=conv1d)
     with torch.device("meta"):
         inject_adapter_in_model(config, model)
+
+
+def _linear_types() -> tuple[type, ...]:
+    """The module types LoRA wraps: ``nn.Linear`` and transformers' ``Conv1D``."""
+    from transformers.pytorch_utils import Conv1D
+
+    return (nn.Linear, Conv1D)
 
 
 def is_adapter(name: str) -> bool:
