@@ -45,6 +45,21 @@ def test_a_tie_goes_to_the_least_gpu_memory_then_to_the_earlier_candidate():
         ScheduleTrial([])
 
 
+def test_a_candidate_that_does_not_fit_is_skipped_and_listed():
+    """A placement the GPU cannot hold (out of memory when placed) is skipped, not fatal: the
+    trial goes on to the next, and the record says which did not fit."""
+    trial = ScheduleTrial([A, B, C], warmup=0)
+    assert trial.record(0.30) == B
+    assert trial.skip() == C  # B could not be placed
+    assert trial.record(0.40) == A and trial.done  # the winner of those timed
+    rows = trial.summary()["candidates"]
+    assert [r["out_of_memory"] for r in rows] == [False, True, False]
+    assert rows[1]["step_s"] is None
+    only = ScheduleTrial([A], warmup=0)
+    with pytest.raises(RuntimeError, match="no candidate placement fits"):
+        only.skip()
+
+
 @pytest.mark.parametrize("amp", ["off", "bf16"])
 def test_candidates_hold_the_models_pick_and_never_need_more_gpu(amp):
     engine, _ = _engine(RunConfig(model="tiny-opt", method="fo-offload", amp=amp,

@@ -202,6 +202,8 @@ class FOOffloadEngine(FirstOrderContract):
                            self._moved[1] + self.gpu.bytes_d2h]
             self.gpu = None
         self.host.release()  # its GPU upload slot too
+        if self.cuda:  # the old placement's blocks back to the device: a larger resident share
+            torch.cuda.empty_cache()  # must not fail on the cache's fragments (9.6 GB at 6.7b)
         if size is not None and size != self.flat.sub:
             self.flat.recut(size)
         self.spans.place(self.flat.groups.count)
@@ -247,9 +249,16 @@ class FOOffloadEngine(FirstOrderContract):
         gradients and state still read as this step's placement left them."""
         nxt, self._next = self._next, None
         now = self.placement
-        if nxt is not None and nxt.key != (now.schedule.stride, now.cpu_downcast, self.flat.sub,
-                                           self.resident_ratio):
-            self.reschedule(nxt.stride, nxt.resident, nxt.cpu_downcast, nxt.size)
+        while nxt is not None and nxt.key != (now.schedule.stride, now.cpu_downcast,
+                                              self.flat.sub, self.resident_ratio):
+            try:
+                self.reschedule(nxt.stride, nxt.resident, nxt.cpu_downcast, nxt.size)
+                break
+            except torch.OutOfMemoryError:  # a trial candidate that does not fit after all:
+                if self._trial is None:  # skipped, and said so in the trial's record
+                    raise
+                self.bus.publish(InfoEvent("fo_trial_skipped", nxt.key))
+                nxt = self._trial.skip()
         if self._trial is None:
             return self._train_step(batch, step, lr, wd)
         self.sync()  # a trial step is timed whole: nothing of the one before still running ...
@@ -381,6 +390,7 @@ class FOOffloadEngine(FirstOrderContract):
         self.host.close()
         self.timer.poll(wait=True)
         self.clock.resolve(wait=True)
-        self.gpu.home()
+        if self.gpu is not None:  # None: a placement failed half-way (its error is raised)
+            self.gpu.home()
         self.grads.close()
         self.memory.release()

@@ -65,6 +65,7 @@ class ScheduleTrial:
         self._warm_left = warmup
         self._at = 0
         self._then = then
+        self.failed: set[int] = set()  # candidates that could not be placed
 
     @property
     def current(self) -> Candidate:
@@ -93,6 +94,15 @@ class ScheduleTrial:
             self.update_s += [None] * len(more)
         return self.winner if self.done else self.current
 
+    def skip(self) -> Candidate:
+        """``current`` could not be placed (out of GPU memory): it stays untimed, and is
+        listed as such; the candidate to place instead (the next, or the winner so far)."""
+        self.failed.add(self._at)
+        self._at += 1
+        if self.done and not any(x is not None for x in self.seconds):
+            raise RuntimeError("no candidate placement fits in GPU memory")
+        return self.winner if self.done else self.current
+
     @property
     def winner(self) -> Candidate:
         """Of the timed candidates within ``TIE`` of the fastest (as fast, to one step's
@@ -113,8 +123,9 @@ class ScheduleTrial:
         rows = [{"stride": c.stride, "downcast": SITE[c.cpu_downcast], "gpu_share": c.gpu_share,
                  "subgroup_size": c.size, "gpu_resident_ratio": c.resident,
                  "predicted_s": c.predicted_s, "step_s": s, "update_s_predicted": c.predicted_s,
-                 "update_s_measured": u, "prediction_error": error(c.predicted_s, u)}
-                for c, s, u in zip(self.candidates, self.seconds, self.update_s)]
+                 "update_s_measured": u, "prediction_error": error(c.predicted_s, u),
+                 "out_of_memory": i in self.failed}
+                for i, (c, s, u) in enumerate(zip(self.candidates, self.seconds, self.update_s))]
         known = [r["prediction_error"] for r in rows if r["prediction_error"] is not None]
         return {"candidates": rows,
                 "chosen": self.candidates.index(self.winner) if self.done else None,
