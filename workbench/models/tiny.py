@@ -70,8 +70,6 @@ CONFIG_QUIRKS: dict[str, tuple[dict, str]] = {
                  "published causal configs set it; its axial positions must sum to the hidden "
                  "size and multiply to the positions"),
     "zaya": ({"num_experts_per_tok": 1}, "its validator takes one expert per token only"),
-    "gemma4_assistant": ({"hidden_size_per_layer_input": 0},
-                         "its validator takes no per-layer input embeddings"),
 }
 
 
