@@ -27,9 +27,10 @@ from workbench.telemetry.environment import environment  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def measure(cfg: RunConfig, name: str = "") -> dict:
+def measure(cfg: RunConfig, name: str = "", digest: bool = False) -> dict:
     """One run through the training recipe (no eval, no run directory); its summary plus the
-    NVML peak and the per-step compute / transfer times seen in the stream events."""
+    NVML peak, the per-step compute / transfer times seen in the stream events, each step's
+    loss and projected gradient, and with ``digest`` the final weights' digest."""
     from workbench.recipes.train import TrainRecipe
 
     torch.cuda.empty_cache()
@@ -39,7 +40,7 @@ def measure(cfg: RunConfig, name: str = "") -> dict:
         recipe.setup()
         recipe.dev_data = None  # speed runs: no eval
         recipe.train()
-        rec = recipe.save(digest_params=False)
+        rec = recipe.save(digest_params=digest)
     except torch.OutOfMemoryError as e:
         return {"name": name, "error": f"out of memory: {str(e).splitlines()[0]}"}
     except Exception as e:  # keep the rest of the table; the error is in the JSON
@@ -49,6 +50,10 @@ def measure(cfg: RunConfig, name: str = "") -> dict:
         recipe.cleanup()
     s = dict(rec.summary)
     s["wall_seconds"] = time.perf_counter() - t
+    s["losses"] = [r.get("loss") for r in rec.steps]
+    s["projected_grads"] = [r.get("projected_grad") for r in rec.steps]
+    if digest:
+        s["param_digest"] = rec.param_digest
     nvml = [x.get("gpu mem used (bytes)") for x in rec.samples]
     nvml = [v for v in nvml if v is not None and math.isfinite(v)]
     s["nvml_peak_bytes"] = max(nvml) if nvml else None

@@ -111,16 +111,17 @@ def test_fused_kernel_equals_separate_passes():
     assert torch.equal(c, w) and torch.equal(out, a)
 
 
-def _allocations_inside_steps(reuse_buffers: bool):
+def _allocations_inside_steps(reuse_buffers: bool, **knobs):
     """Ten steps after a ten-step warm-up, under the allocator's history: the sizes of
-    block-sized allocations, the new segments (with their Python frames), stats before / after."""
+    block-sized allocations, the new segments (with their Python frames), stats before / after
+    (``knobs``: the config's, beyond opt-125m zo-offload)."""
     from workbench.data.batches import SyntheticData
     from workbench.engine import build_engine
     from workbench.engine.events import EventBus
     from workbench.models.build import build_skeleton
 
-    cfg = RunConfig(model="opt-125m", method="zo-offload", device="cuda", telemetry=False,
-                    reuse_buffers=reuse_buffers)
+    cfg = RunConfig(**{"model": "opt-125m", "method": "zo-offload", "device": "cuda",
+                       "telemetry": False, "reuse_buffers": reuse_buffers, **knobs})
     model, source = build_skeleton(cfg.model)
     engine = build_engine(model, source, cfg, torch.device("cuda"), EventBus())
     batch = SyntheticData(model.config.vocab_size, 128).batch_for_step(0, 4, 0).to("cuda")

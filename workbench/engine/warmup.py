@@ -14,7 +14,8 @@ from workbench.engine.stream.frozen_transfer import FrozenTransfer
 
 def warm_kernels(engine) -> int:
     """Compile and load the fused ZO kernels for every parameter group of ``engine``, under
-    ``master=compressed-sr`` the stochastic-rounding encoder, and a frozen base's decoders.
+    ``master=compressed-sr`` the stochastic-rounding encoder, a frozen base's decoders, and
+    compute-dtype slots' chain kernel.
     Returns the number of group sizes warmed (0 where no Triton ZO kernel runs: the CPU,
     ``rng=torch``, first-order methods)."""
     transfer = getattr(getattr(engine, "streamer", None), "transfer", None)
@@ -34,4 +35,10 @@ def warm_kernels(engine) -> int:
         ops.kernels.warm(numel, n_decay)
         if sr is not None:
             sr.warm(numel, HALF[codec])
+    if getattr(transfer, "lazy", False) and transfer.runner.kernel is not None:
+        # compute-dtype slots: each block shape's fills and its last write (``zo/chain.py``)
+        k = transfer.runner.kernel
+        for lay in {b.layout.signature(): b.layout for b in engine.streamer.blocks}.values():
+            k.warm(lay.numel, transfer.form(lay).n_mat, lay.n_decay, transfer.half,
+                   transfer.compute, (k.FORM, k.SR if transfer.sr else k.NEAREST))
     return len(sizes)
