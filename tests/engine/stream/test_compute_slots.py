@@ -13,26 +13,23 @@ from zo_helpers import BASE, assert_replay_exact, train
 SR = dict(method="zo-offload", codec="bf16", master="compressed-sr", amp="bf16", lr=5e-3,
           weight_decay=0.1)
 #: knobs that change what the chain records or when blocks move, each against fp32 slots
-VARIANTS = {
-    "tiny-opt": dict(),
-    "unfused": dict(fused_update=False),
-    "fresh-buffers-resident": dict(reuse_buffers=False, resident_blocks=1),
-    "depth-2": dict(prefetch_depth=2),
-    "queries-2": dict(queries=2),
-    "one-sided": dict(queries=3, estimator="one-sided"),
-    "nearest": dict(master="compressed"),
-    "fp16": dict(codec="fp16", amp="fp16"),
-    "tiny-llama": dict(model="tiny-llama"),
-}
+VARIANTS = {"tiny-opt": dict(), "unfused": dict(fused_update=False),
+            "fresh-buffers-resident": dict(reuse_buffers=False, resident_blocks=1),
+            "depth-2": dict(prefetch_depth=2), "nearest": dict(master="compressed")}
+#: the rest of the grid (``-m slow``; each also runs on CUDA in test_compute_slots_gpu.py)
+SLOW_VARIANTS = {"queries-2": dict(queries=2),
+                 "one-sided": dict(queries=3, estimator="one-sided"),
+                 "fp16": dict(codec="fp16", amp="fp16"), "tiny-llama": dict(model="tiny-llama")}
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", [pytest.param(v, id=k) for k, v in VARIANTS.items()] + [
+    pytest.param(v, id=k, marks=pytest.mark.slow) for k, v in SLOW_VARIANTS.items()])
 def test_compute_slots_equal_fp32_slots(variant):
     """Losses, projected gradients and the final digest equal the fp32-slot run's, bit for bit,
     and the streamed blocks never held fp32 on the device."""
-    cfg = RunConfig(**{**SR, **VARIANTS[variant]})
-    _, d32, out32 = train(cfg.replace(slot_dtype="fp32"), steps=4)
-    engine, d16, out16 = train(cfg.replace(slot_dtype="compute"), steps=4)
+    cfg = RunConfig(**{**SR, **variant})
+    _, d32, out32 = train(cfg.replace(slot_dtype="fp32"), steps=3)
+    engine, d16, out16 = train(cfg.replace(slot_dtype="compute"), steps=3)
     assert out16 == out32
     assert d16 == d32
     assert type(engine.streamer.transfer).__name__ == "ComputeSlotTransfer"
@@ -86,7 +83,8 @@ def test_device_buffers_are_half_the_fp32_slots():
     assert got == {k: planned[k] for k in got}
 
 
-@pytest.mark.parametrize("variant", ["compute", "compute-unfused"])
+@pytest.mark.parametrize("variant", ["compute", pytest.param("compute-unfused",
+                                                           marks=pytest.mark.slow)])
 def test_replay_through_fp32_slots_is_exact(variant, tmp_path):
     """The checkpoint replay computes in fp32 slots; a run in compute-dtype slots is restored
     to its exact bits between snapshots."""
