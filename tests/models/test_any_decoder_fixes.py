@@ -134,7 +134,8 @@ def test_a_composite_type_shrinks_the_part_its_causal_lm_runs():
 
 
 @pytest.mark.parametrize("model_type, why", [
-    ("dory", "recurrent loops"), ("inkling2_text", "block attention residuals")])
+    ("dory", "recurrent loops"), ("inkling2_text", "block attention residuals"),
+    ("zaya", "router's hidden states")])
 def test_a_model_that_is_not_one_pass_through_its_blocks_is_refused_in_one_line(
         model_type, why):
     with pytest.raises(ConfigError) as e:

@@ -58,6 +58,8 @@ QUIRKS: dict[str, Quirk] = {
 REFUSED: dict[str, str] = {
     "dory": "its forward runs a span of its blocks several times (recurrent loops), not each "
             "block once",
+    "zaya": "each block hands the next its router's hidden states beside the hidden states "
+            "(and its base scales the embeddings with weights of its own)",
     **dict.fromkeys(("inkling2_text", "inkling2_loop_text"), "each block reads the stack of "
                     "every earlier block's output (block attention residuals), not one hidden "
                     "state"),
