@@ -69,10 +69,10 @@ REFUSED: dict[str, str] = {
 #: ``tests/models/test_any_decoder.py`` built tiny (its forward against the model's own, padded
 #: and not; zo-offload's digest and losses against MeZO's under each scheduler knob, fp32, 3
 #: steps; resume exact; fo overfitting a batch; LoRA's targets; the planner's part counts).
-#: 137 of the 196 causal-LM types of transformers 5.24 (the grid of 2026-11-27c); the slow grid
-#: of that test checks that this is exactly the set that passes. Any other type is refused: the grid found
-#: types whose parts are found but whose piecewise logits differ, or that fail to run, and a
-#: wrong model must not train silently.
+#: 137 of the 196 causal-LM types of transformers 5.24 (the grid of 2026-11-27c); the slow
+#: grid of that test checks that this is exactly the set that passes. Any other type is
+#: refused: the grid found types whose parts are found but whose piecewise logits differ, or
+#: that fail to run, and a wrong model must not train silently.
 CHECKED = frozenset({
     "afmoe", "apertus", "apertus1p5_text", "arcee", "aria_text", "axk1", "axk2", "bailing_hybrid",
     "bamba", "bart", "beam", "bigbird_pegasus", "bitnet", "bloom", "codegen", "cohere", "cohere2",
@@ -97,10 +97,10 @@ CHECKED = frozenset({
 
 #: Logit transforms a ``*ForCausalLM`` applies after its LM head, by the config key that turns
 #: each on: soft-capping cap * tanh(z / cap) (gemma2/3, cohere2, ...; xLSTM names its cap
-#: output_logit_soft_cap, RecurrentGemma logits_soft_cap), z * logit_scale (cohere), z / logits_scaling (granite), Inkling's
-#: hidden / logits_mup_width_multiplier before its bias-free head (the same as dividing z) and
-#: its cut to unpadded_vocab_size. The test that runs every type against its full forward finds
-#: any other.
+#: output_logit_soft_cap, RecurrentGemma logits_soft_cap), z * logit_scale (cohere),
+#: z / logits_scaling (granite), Inkling's hidden / logits_mup_width_multiplier before its
+#: bias-free head (the same as dividing z) and its cut to unpadded_vocab_size. The test that
+#: runs every type against its full forward finds any other.
 LOGIT_KEYS = ("final_logit_softcapping", "output_logit_soft_cap", "logits_soft_cap", "logit_scale",
               "logits_scaling", "logits_mup_width_multiplier", "unpadded_vocab_size")
 
