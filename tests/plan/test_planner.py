@@ -332,6 +332,8 @@ def test_host_memory_covers_the_save_one_group_at_a_time():
 @pytest.mark.parametrize("model", ["tiny-opt", "tiny-llama"])
 @pytest.mark.parametrize("knobs", [dict(), dict(amp="bf16"), dict(resident_blocks=1),
                                    dict(codec="bf16", master="compressed-sr", amp="bf16"),
+                                   dict(codec="bf16", master="compressed-sr", amp="bf16",
+                                        slot_dtype="fp32"),
                                    dict(codec="bf16", master="compressed-sr", prefetch_depth=2),
                                    dict(codec="bf16"), dict(peft="lora"),
                                    dict(peft="lora", base_codec="int8", prefetch_depth=2),
@@ -353,10 +355,14 @@ def test_planned_device_buffers_are_the_engines_own(model, knobs):
     from workbench.engine.events import EventBus
     from workbench.models.build import build_skeleton
 
+    from workbench.config import compute_slots
+
     cfg = cfg_(model=model, method="zo-offload", **knobs)
     skeleton, source = build_skeleton(model)
-    engine = build_engine(skeleton, source, cfg.replace(device="cpu"), torch.device("cpu"),
-                          EventBus(), measure=measure)
+    # the slots the GPU run would have (auto: compute-dtype slots there, fp32 on a CPU)
+    on_cpu = cfg.replace(device="cpu", slot_dtype="compute" if compute_slots(cfg) else "fp32")
+    engine = build_engine(skeleton, source, on_cpu, torch.device("cpu"), EventBus(),
+                          measure=measure)
     try:
         actual = {k: v for k, v in engine.buffer_bytes().items() if v}
     finally:

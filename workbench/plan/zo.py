@@ -94,7 +94,12 @@ class Stream:
     """What a ZO plan's parts share: the shapes (N blocks of nb elements, embedding ne, head
     nh), r resident and s streamed blocks through ``slots`` slots, the transfer ``kind`` with
     its bytes per block ``up`` and ``down``, the perturbation rate ``pr`` (elements/s) and
-    ``z(k)``: the bytes a materialised z of k elements takes (0 with the fused kernel)."""
+    ``z(k)``: the bytes a materialised z of k elements takes (0 with the fused kernel).
+    ``sizes``: each streamed block's elements (a counted preset's blocks differ: a hybrid's
+    state-space, attention and MLP blocks), ``resident``: the resident blocks' elements; slots
+    are sized for the largest block, and what scales with the blocks (host memory, PCIe, time)
+    counts each block at its own size: ``se``, ``re`` and ``Ne`` are the streamed, resident and
+    all blocks in largest-block equivalents."""
 
     cuda: bool
     streaming: bool
@@ -110,6 +115,24 @@ class Stream:
     down: int
     pr: float
     z: Callable[[int], int]
+    sizes: tuple[int, ...] = ()
+    resident: int = 0
+
+    @property
+    def se(self) -> float:
+        return sum(self.sizes) / self.nb if self.nb else 0.0
+
+    @property
+    def re(self) -> float:
+        return self.resident / self.nb if self.nb else 0.0
+
+    @property
+    def Ne(self) -> float:
+        return self.se + self.re
+
+    def per_block(self, f: Callable[[int], int]) -> int:
+        """f summed over the streamed blocks (f of one block's elements)."""
+        return sum(f(n) for n in self.sizes)
 
 
 def _stream(cfg: RunConfig, p: Preset, prof: dict) -> Stream:
@@ -127,8 +150,9 @@ def _stream(cfg: RunConfig, p: Preset, prof: dict) -> Stream:
     slots = cfg.prefetch_depth + SPARE_SLOTS[kind] if streaming and r < N else 0
     up = codec_bytes(cfg.codec, nb)
     down = {"plain": 4 * nb, "sr": up, "mirror": 2 * nb, "compute": up}[kind]
+    blocks = p.counts[1] if p.counts is not None else (nb,) * N
     return Stream(cuda, streaming, N, nb, p.embed_params(), p.head_params(), r, N - r, slots,
-                  kind, up, down, pr, z)
+                  kind, up, down, pr, z, tuple(blocks[r:]), sum(blocks[:r]))
 
 
 def plan_zo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) -> None:
@@ -144,7 +168,7 @@ def _parameters(cfg: RunConfig, p: Preset, st: Stream, e: dict, notes: list[str]
     cuda, dev, nb, s, slots, kind, up = st.cuda, e["dev"], st.nb, st.s, st.slots, st.kind, st.up
     wb = weight_bytes(cfg)
     dev["embedding + head"] = wb * (st.ne + st.nh)
-    dev["resident blocks" if st.streaming else "blocks"] = wb * st.r * nb
+    dev["resident blocks" if st.streaming else "blocks"] = wb * st.resident
     tied_copy = 0
     if cfg.method == "zo-offload" and p.hf.get("tie_word_embeddings", True):  # the head's copies
         tied_copy = (2 if e["amp"] else 4) * p.vocab * p.hf.get("word_embed_proj_dim", p.hidden) \
@@ -164,32 +188,35 @@ def _parameters(cfg: RunConfig, p: Preset, st: Stream, e: dict, notes: list[str]
             if kind == "mirror":
                 dev["mirror deltas"] = slots * 2 * nb
         pin = lambda nbytes: pinned_bytes(nbytes, cuda)  # noqa: E731
-        e["pinned"] = s * {"plain": pin(4 * nb), "sr": pin(up), "compute": pin(up),
-                           "mirror": pin(up) + pin(2 * nb)}[kind]
+        e["pinned"] = st.per_block(lambda n: {
+            "plain": pin(4 * n), "sr": pin(codec_bytes(cfg.codec, n)),
+            "compute": pin(codec_bytes(cfg.codec, n)),
+            "mirror": pin(codec_bytes(cfg.codec, n)) + pin(2 * n)}[kind])
         if kind == "mirror":  # a pageable fp32 master, a pinned mirror and delta
-            e["host"]["block masters (fp32)"] = 4 * s * nb
+            e["host"]["block masters (fp32)"] = 4 * sum(st.sizes)
             e["host"][f"{cfg.codec} mirrors + bf16 deltas"] = e["pinned"]
         else:
             e["host"][f"block masters ({cfg.codec})"] = e["pinned"]
-        if cuda and e["pinned"] > 1.1 * s * (4 * nb if kind == "plain" else up + 2 * nb):
+        if cuda and e["pinned"] > 1.1 * st.se * (4 * nb if kind == "plain" else up + 2 * nb):
             notes.append("blocks under 64 MiB are pinned by torch's allocator, which rounds each "
                          "up to a power of two: pinned host memory is counted as rounded")
     extras = (dev.get("codec wire buffers", 0) + dev.get("mirror deltas", 0)
               if cfg.reuse_buffers else 0) + dev.get("work buffer", 0)
-    e["gpu_param_bytes"] = cuda * (wb * (st.ne + st.nh + st.r * nb) + tied_copy
+    e["gpu_param_bytes"] = cuda * (wb * (st.ne + st.nh + st.resident) + tied_copy
                                    + slot_b * slots * cfg.reuse_buffers + extras)
     k = ZO_STATE_SLOTS[cfg.zo_optimizer]
     if k:  # momentum / adam (``engine/stream/opt_state.py``): fp32 beside the device groups,
         # fp32 state slots beside the block slots (+ their wires), the master's form on the host
         sb = _state_wire(cfg, st, k)
-        state = 4 * k * (st.ne + st.nh + st.r * nb) + (4 * k * slots * nb + (
+        state = 4 * k * (st.ne + st.nh + st.resident) + (4 * k * slots * nb + (
             2 * sb if kind == "sr" else 0)) * cfg.reuse_buffers
         dev["optimizer state"] = state
         e["gpu_param_bytes"] += cuda * state
         if s:
-            e["pinned"] += s * pinned_bytes(sb, cuda)
-            e["host"][f"optimizer state ({'fp32' if kind == 'plain' else cfg.codec})"] = \
-                s * pinned_bytes(sb, cuda)
+            held = st.per_block(lambda n: pinned_bytes(k * (
+                4 * n if kind == "plain" else codec_bytes(cfg.codec, n)), cuda))
+            e["pinned"] += held
+            e["host"][f"optimizer state ({'fp32' if kind == 'plain' else cfg.codec})"] = held
     return tied_copy
 
 
@@ -269,7 +296,7 @@ def _time(cfg: RunConfig, prof: dict, st: Stream, e: dict, notes: list[str]) -> 
             chain_regens(cfg) - final) * nb / pr
     else:
         c_blk = passes * e["blk"] + regens * nb / pr
-    e["compute"] = eh_t + N * c_blk
+    e["compute"] = eh_t + st.Ne * c_blk
     # this machine's host seconds per step and per block (a GPU's; on a CPU host time is compute)
     measured = prof.get("host_costs_s", {}).get(host_key(cfg.method, bool(e["amp"]))) \
         if cuda else None
@@ -300,18 +327,19 @@ def _time(cfg: RunConfig, prof: dict, st: Stream, e: dict, notes: list[str]) -> 
         rounds = [(c_blk, x_up, 0.0 if kind == "mirror" else x_dn),
                   (nb / pr, x_up + s_up, x_dn + s_dn)]
         e["compute"] += (ne + nh + N * nb) / pr
-        eh_t += (ne + nh + r * nb) / pr
+        eh_t += (ne + nh + st.resident) / pr
     per = sum(max(c, u, w) if overlap else c + u + w for c, u, w in rounds)
-    e["step"] = eh_t + r * c_blk + s * per
-    e["h2d"] = s * (st.up * len(rounds) + sb)
-    e["d2h"] = s * (st.down * (1 if kind == "mirror" else len(rounds)) + sb)
-    e["transfer"] = s * max(sum(u for _, u, _ in rounds), sum(w for _, _, w in rounds))
+    se = st.se  # each streamed block at its own size (the largest's bytes, scaled)
+    e["step"] = eh_t + st.re * c_blk + se * per
+    e["h2d"] = round(se * (st.up * len(rounds) + sb))
+    e["d2h"] = round(se * (st.down * (1 if kind == "mirror" else len(rounds)) + sb))
+    e["transfer"] = se * max(sum(u for _, u, _ in rounds), sum(w for _, _, w in rounds))
     if measured is None:  # the measured per-block cost holds the transfers'
         e["host_t"] += s * len(rounds) * 3 * OP_LAUNCH_S
     elif len(rounds) > 1:  # fused_update off: a second streamed pass
         e["host_t"] += s * 3 * OP_LAUNCH_S
     if kind == "mirror":  # one host thread: master += delta, re-encode the mirror
-        e["host_t"] = max(e["host_t"], s * nb / prof["host_update_per_s"])
+        e["host_t"] = max(e["host_t"], sum(st.sizes) / prof["host_update_per_s"])
     if not cfg.reuse_buffers and cuda:
         notes.append(f"reuse_buffers=false: transfers {factor:.2f}x slower (the paper's 0.37x "
                      f"ablation; our caching allocator may do better); fits with {st.slots} in "

@@ -113,6 +113,8 @@ def test_auto_chooses_compute_on_a_gpu_only_where_it_applies():
     assert not compute_slots(base)  # auto on the CPU: fp32 (nothing to save there)
     assert not compute_slots(base.replace(device="cuda", zo_optimizer="momentum"))
     assert not compute_slots(base.replace(device="cuda", amp="off"))
+    assert not compute_slots(base.replace(device="cuda", queries=2))  # slower there: fp32
+    assert compute_slots(base.replace(device="cuda", queries=2, slot_dtype="compute"))
     assert not compute_slots(RunConfig(method="zo-offload", device="cuda"))
 
 
