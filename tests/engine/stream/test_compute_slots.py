@@ -126,3 +126,44 @@ def test_compute_where_it_cannot_apply_is_refused_in_one_line():
     assert "amp=bf16 or fp16" in line and "zo_optimizer=sgd" in line
     with pytest.raises(ConfigError, match="slot_dtype: 'compute' does not apply to method=mezo"):
         RunConfig(method="mezo", slot_dtype="compute")
+
+
+def test_through_the_cli_compute_slots_train_the_same_weights_in_less_memory(tmp_path):
+    """What the README says, the way a user meets it: ``run`` with ``slot_dtype=compute`` ends
+    with the fp32-slot run's weights; ``plan`` shows the work buffer and fewer GPU bytes, and
+    refuses compute where it cannot apply in one line."""
+    import json
+    import subprocess
+    import sys
+
+    common = ["method=zo-offload", "codec=bf16", "master=compressed-sr", "amp=bf16", "steps=3",
+              "batch_size=2", "seq_len=16", "eval_samples=8", "data=synthetic", "eval_every=0"]
+
+    def cli(cmd, settings, *extra):
+        args = [a for kv in settings for a in ("--set", kv)]
+        return subprocess.run([sys.executable, "-m", "workbench", cmd, *extra, *args],
+                              capture_output=True, text=True, timeout=300)
+
+    digests = []
+    for slots in ("fp32", "compute"):
+        r = cli("run", [*common, f"slot_dtype={slots}"], "--out", str(tmp_path / slots),
+                "--quiet")
+        assert r.returncode == 0, r.stderr
+        digests.append(json.loads((tmp_path / slots / "run.json").read_text())["param_digest"])
+    assert digests[0] == digests[1] and digests[0]
+    gpu = ["device=cuda", "model=opt-1.3b"] + common[:4]
+    plans = [cli("plan", [*gpu, f"slot_dtype={s}"], "--gpu", "h100") for s in ("fp32", "compute")]
+    assert all(p.returncode == 0 for p in plans), plans[0].stderr
+    def gib(out: str, item: str) -> float:
+        return float(out.split(item)[1].split("GiB")[0]) if item in out else 0.0
+
+    held = [gib(p.stdout, "block slots") + gib(p.stdout, "codec wire buffers")
+            + gib(p.stdout, "work buffer") for p in plans]
+    assert "work buffer" in plans[1].stdout and "codec wire buffers" in plans[0].stdout
+    assert abs(held[1] / held[0] - 2 / 3) < 0.02  # 3 x 2 B + 2 B against 2 x 4 B + 2 x 2 B
+    assert gib(plans[1].stdout, "torch peak") < gib(plans[0].stdout, "torch peak")
+    r = cli("plan", ["method=zo-offload", "slot_dtype=compute"])
+    assert r.returncode == 2
+    assert [l for l in r.stderr.splitlines() if l.strip()] == [
+        "error: slot_dtype: compute needs master=compressed or compressed-sr (this run has "
+        "master=fp32) and amp=bf16 or fp16 (this run has amp=off); use slot_dtype=fp32 or auto"]
