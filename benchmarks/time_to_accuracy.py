@@ -36,13 +36,19 @@ DEFAULT_CONFIGS = ("queries=1,lr=2e-5;queries=2,lr=2e-5;queries=2,lr=4e-5;querie
 
 
 def parse_config(text: str) -> dict:
-    """``queries=4,estimator=one-sided,lr=1e-6`` (or ``zo_optimizer=adam,lr=1e-5``) -> the
-    RunConfig knobs it sets."""
-    out = {}
+    """``queries=4,estimator=one-sided,lr=1e-6`` (or ``zo_optimizer=adam,lr=1e-5``, or
+    ``method=fo-offload,adam_state_dtype=bf16,seed=1,lr=3e-5``) -> the RunConfig knobs it
+    sets (integers, numbers, else words)."""
+    out: dict = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, value = part.split("=", 1)
-        out[key] = value if key in ("estimator", "zo_optimizer") else (
-            int(value) if key == "queries" else float(value))
+        if value.lstrip("-").isdigit() and key != "lr":
+            out[key] = int(value)  # queries, seed
+        else:
+            try:
+                out[key] = float(value)
+            except ValueError:
+                out[key] = value  # method, estimator, zo_optimizer, adam_state_dtype
     return out
 
 
@@ -116,6 +122,8 @@ def main() -> None:
                "batch_size": 16, "seq_len": 64, "train_samples": 1000, "eval_samples": 0,
                "eps": args.eps, "steps": 10_000_000, "eval_every": args.eval_every,
                "sample_hz": 0.0, "telemetry": False, **knobs}
+        if cfg["method"] not in ("mezo", "zo-offload"):
+            del cfg["eps"]  # first-order runs (issue 41's fidelity curves) take no eps
         specs.append({"name": text.strip(), "config": cfg, "seconds": args.seconds})
     t = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
