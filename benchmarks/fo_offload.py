@@ -14,6 +14,7 @@ Rows (``--rows``, comma-separated; default all six):
     static         fo-offload, the resident share (TwinFlow) the model predicts fastest among
                    those predicted to fit ``--cap-gb`` (5% steps)
     stride:K       fo-offload, interleaved stride K      static:R   resident share R
+    defaults:G     the CLI's defaults under ``gpu_mem_limit_gb=G`` (what a user with G GB gets)
     torchao-fp32   torchao ``CPUOffloadOptimizer(torch.optim.AdamW, offload_gradients=True,
                    fused=True)``, fp32 model on the GPU (the CPU holds fp32 weights)
     torchao-bf16   the same over a bf16 model (the CPU updates bf16 weights: no fp32 master)
@@ -95,7 +96,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     bad = [r for r in args.rows.split(",") if r and not _known(r)]
     if bad:
         ap.error(f"--rows: {', '.join(bad)} not among {', '.join(WORKBENCH_ROWS + TORCHAO_ROWS)}"
-                 ", stride:K, static:R")
+                 ", stride:K, static:R, defaults:G")
     return args
 
 
@@ -103,7 +104,8 @@ def _known(row: str) -> bool:
     kind, _, value = row.partition(":")
     try:
         return (row in WORKBENCH_ROWS + TORCHAO_ROWS or (kind == "stride" and int(value) != 0)
-                or (kind == "static" and 0.0 <= float(value) <= 1.0))
+                or (kind == "static" and 0.0 <= float(value) <= 1.0)
+                or (kind == "defaults" and float(value) > 0))
     except ValueError:
         return False
 
@@ -163,10 +165,12 @@ def workbench_row(spec: dict) -> dict:
     stride, ratio = ("auto" if row == "auto" else value if kind == "stride" else placement.NO_GPU,
                      float(value) if kind == "static" and value else 0.0)
     cuda = device.type == "cuda"
-    defaults = row == "defaults"
+    defaults = kind == "defaults"  # "defaults:G": the CLI's defaults under gpu_mem_limit_gb=G
     cap = _cap(spec) if cuda and not defaults else math.inf
     shape = dict(model=spec["model"], method="fo-offload", device=spec["device"], amp="bf16",
                  lr=1e-5, data="synthetic", batch_size=spec["batch"], seq_len=spec["seq"])
+    if defaults and value:
+        shape["gpu_mem_limit_gb"] = float(value)
     cfg = (RunConfig(**shape) if defaults else
            RunConfig(**shape, weight_decay=0.0, subgroup_size=spec["subgroup"],
                      update_stride=stride, gpu_resident_ratio=ratio,
@@ -428,7 +432,7 @@ def summarise(rows: list[dict]) -> list[dict]:
     by = {r["row"]: r for r in rows if "iteration_s" in r}
     ref32, ref16 = by.get("torchao-fp32"), by.get("torchao-bf16")
     static = by.get("static")
-    others = [r["iteration_s"] for r in by.values() if r["row"] != "defaults"]
+    others = [r["iteration_s"] for r in by.values() if not r["row"].startswith("defaults")]
     out = []
     for r in rows:
         line = {"row": r["row"], "error": r.get("error") or r.get("skipped")}
