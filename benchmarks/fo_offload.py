@@ -171,6 +171,10 @@ def workbench_row(spec: dict) -> dict:
                  lr=1e-5, data="synthetic", batch_size=spec["batch"], seq_len=spec["seq"])
     if defaults and value:
         shape["gpu_mem_limit_gb"] = float(value)
+    if defaults and value and cuda:  # the cap a CLI run sets at run time (recipes/limits.py)
+        from workbench.recipes.limits import cap_gpu_memory
+
+        cap_gpu_memory(RunConfig(**shape), device)
     cfg = (RunConfig(**shape) if defaults else
            RunConfig(**shape, weight_decay=0.0, subgroup_size=spec["subgroup"],
                      update_stride=stride, gpu_resident_ratio=ratio,
