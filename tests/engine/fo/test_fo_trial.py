@@ -16,6 +16,16 @@ A, B, C = (Candidate(3, False, 0.1, 0.33), Candidate(placement.NO_GPU, False, 0.
            Candidate(placement.NO_GPU, True, 0.3, 0.0))
 
 
+def _engine_with_infos(cfg: RunConfig):
+    """An fo-offload engine, its data, and a dict that collects its InfoEvents by key."""
+    infos: dict = {}
+    bus = EventBus()
+    bus.subscribe(lambda e: infos.__setitem__(e.key, e.value) if isinstance(e, InfoEvent)
+                  else None)
+    engine, data = _engine(cfg, bus)
+    return engine, data, infos
+
+
 def test_trial_warms_up_then_times_each_candidate_once_and_keeps_the_fastest():
     trial = ScheduleTrial([A, B, C], warmup=1)
     assert trial.current == A and not trial.done
@@ -95,11 +105,7 @@ def test_auto_tries_every_candidate_then_runs_the_winner_and_stays_exact(monkeyp
                     subgroup_size=5000, lr=1e-2, weight_decay=0.1)
     # Equal to torch AdamW across every placement change (warm-up, each candidate, winner).
     _check_against_adamw(cfg, steps=6)
-    infos: dict = {}
-    bus = EventBus()
-    bus.subscribe(lambda e: infos.__setitem__(e.key, e.value) if isinstance(e, InfoEvent)
-                  else None)
-    engine, data = _engine(cfg, bus)
+    engine, data, infos = _engine_with_infos(cfg)
     cands = engine.candidates(0.0)
     assert len(cands) >= 2 and engine.trying
     seen = []
@@ -147,11 +153,7 @@ def test_an_auto_run_records_each_schedules_measured_update(amp):
     and the record pairs it with the model's prediction."""
     cfg = RunConfig(model="tiny-opt", method="fo-offload", amp=amp, update_stride="auto",
                     subgroup_size=5000)
-    infos: dict = {}
-    bus = EventBus()
-    bus.subscribe(lambda e: infos.__setitem__(e.key, e.value) if isinstance(e, InfoEvent)
-                  else None)
-    engine, data = _engine(cfg, bus)
+    engine, data, infos = _engine_with_infos(cfg)
     cands = engine.candidates(0.0)
     t = 0
     while engine.trying:
