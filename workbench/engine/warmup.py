@@ -35,7 +35,7 @@ def warm_kernels(engine) -> int:
         ops.kernels.warm(numel, n_decay)
         if sr is not None:
             sr.warm(numel, HALF[codec])
-    if getattr(transfer, "lazy", False) and transfer.runner.kernel is not None:
+    if transfer is not None and transfer.lazy and transfer.runner.kernel is not None:
         # compute-dtype slots: each block shape's fills and its last write (``zo/chain.py``)
         k = transfer.runner.kernel
         for lay in {b.layout.signature(): b.layout for b in engine.streamer.blocks}.values():

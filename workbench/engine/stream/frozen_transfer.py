@@ -51,6 +51,7 @@ class FrozenTransfer:
     #: slots beyond prefetch_depth: with fp32 the block computing reads its slot; compressed,
     #: the wire the next copy may fill while the last one is still to be decoded
     spare_slots = SPARE_SLOTS["frozen"]
+    lazy = False  # the decoded block is ready before compute (``before_compute``)
 
     def __init__(self, name: str, layouts: list[GroupLayout], device: torch.device, timer,
                  dtype: torch.dtype | None, share=None):

@@ -98,7 +98,7 @@ class BlockStreamer:
         # write the block as that pass sees it (``compute_slots.py``)
         self._hooks = [adapter.blocks[i].register_forward_pre_hook(
             lambda module, args, i=i: self.transfer.ready(i)) for i in streamed
-            if getattr(self.transfer, "lazy", False)]
+            if self.transfer.lazy]
         self.embed.bind()
         self.head.bind()
         for i in self.resident:

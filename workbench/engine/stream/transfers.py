@@ -113,6 +113,9 @@ class PlainTransfer:
     #: GPU slots beyond prefetch_depth: the block computing and the one whose offload still
     #: reads its slot (the copy goes straight out of the slot)
     spare_slots = SPARE_SLOTS["plain"]
+    #: whether the scheduler must call ``ready(block)`` before each forward pass of a block
+    #: (compute-dtype slots write the pass's weights then: ``compute_slots.py``)
+    lazy = False
 
     def upload(self, host, slot, extra, step: int, block: int, stream,
                slot_ready: Callable[[], None] | None = None) -> int:
