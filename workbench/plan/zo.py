@@ -288,12 +288,13 @@ def _time(cfg: RunConfig, prof: dict, st: Stream, e: dict, notes: list[str]) -> 
         zo_passes(cfg.queries, cfg.estimator), (4 if cfg.estimator == "central" else 3)  # (2)
         * cfg.queries)  # perturbations (central; one-sided 2)
     eh_t = passes * e["eh"] + regens * (ne + nh) / pr
-    last = 0.0  # compute-dtype slots: the chain's last write, on the offload stream
     if kind == "compute":  # bf16 weights read, not cast; each pass's fill from the master
-        final = 2 * cfg.queries  # seeds of the last write: the pending update's, the queries'
-        last = final * nb / pr
-        c_blk = passes * max(e["blk_flops"], 2 * nb / prof["gpu_mem_bps"]) + (
-            chain_regens(cfg) - final) * nb / pr
+        bw = prof["gpu_mem_bps"]
+        # one regeneration of z over the block without the fp32 pass's 8 B of memory traffic
+        # (the chain kernel reads 2 B and writes 2 B once per launch, however many it regenerates)
+        regen = max(nb / pr - 8 * nb / bw, 0.25 * nb / pr)
+        c_blk = passes * (max(e["blk_flops"], 2 * nb / bw) + 4 * nb / bw) + (
+            chain_regens(cfg) * regen)  # every fill, and the last write (``settle``)
     else:
         c_blk = passes * e["blk"] + regens * nb / pr
     e["compute"] = eh_t + st.Ne * c_blk
@@ -317,7 +318,7 @@ def _time(cfg: RunConfig, prof: dict, st: Stream, e: dict, notes: list[str]) -> 
     decoded = kind not in ("plain", "compute")  # a decode on the GPU after the copy
     x_up = factor * st.up / bu + (st.up + 4 * nb) / bw * decoded
     x_dn = factor * st.down / bd + {"plain": 0, "sr": 30 * nb, "mirror": 14 * nb,
-                                    "compute": 4 * nb}[kind] / bw + last
+                                    "compute": 0}[kind] / bw
     k = ZO_STATE_SLOTS[cfg.zo_optimizer]
     sb = _state_wire(cfg, st, k) if k else 0  # momentum / adam: the state travels with the
     s_up = factor * sb / bu + (sb + 4 * k * nb) / bw * (kind != "plain")  # block in the pass

@@ -9,8 +9,9 @@ then casts the fp32 weight to the compute dtype again, in every pass. Here the s
 forward pass of the block (a forward pre-hook the scheduler registers) the chain kernel writes
 the block as that pass sees it into the work buffer, matrices already in the compute dtype
 (``codecs/frozen_form.py``: what autocast's cast would give, bit for bit) and the rest in fp32.
-At the offload the same chain, run to its end, rounds the result into the slot with the SR
-encoder's own draw, and the slot goes down as it is. Every value equals the fp32-slot run's.
+Right after the block's last pass (``settle``, on the compute stream) the same chain, run to
+its end, rounds the result into the slot with the SR encoder's own draw, and the slot goes down
+as it is. Every value equals the fp32-slot run's.
 
 Per block in flight: 2 B per parameter instead of 4 (+ two 2 B wires shared by all slots), and
 one work buffer in all; no decode or encode pass, no autocast cast of a weight.
@@ -110,14 +111,19 @@ class ComputeSlotTransfer(SRTransfer):
                               self.work)
         visit.filled = len(ops)
 
-    def offload(self, host, slot, extra, step, block, layout, stream, released=None) -> int:
-        """The chain run to its end and rounded into the slot, then the slot down as is."""
+    def settle(self, step: int, block: int, layout: GroupLayout) -> None:
+        """On the compute stream, right after the block's last pass: the chain run to its end
+        and rounded into the slot (the compute stream has room where PCIe sets the pace)."""
         visit = self._visits[block]
         ops = visit.chain.ops_list if visit.chain is not None else []
         seed = self.round_seed(step, block, layout)
-        with self.timer.span("codec", "offload", stream, step, block, host.numel(),
+        stream = torch.cuda.current_stream(self.device) if self.cuda else None
+        with self.timer.span("codec", "compute", stream, step, block, 2 * layout.numel,
                              "chain-sr" if self.sr else "chain"):
             self.runner.write_master(visit.master, layout, ops, seed)
+
+    def offload(self, host, slot, extra, step, block, layout, stream, released=None) -> int:
+        """The slot down as it is (``settle`` has written the step into it)."""
         with self.timer.span("offload", "offload", stream, step, block, host.numel()):
             host.copy_(slot, non_blocking=True)
         return host.numel()

@@ -182,6 +182,8 @@ class BlockStreamer:
             self._bind_slot(i, flat, slot)
             with self.timer.span(op, "compute", s.compute, step, i):
                 compute(i, flat, tr.updater(extra, i))
+            if write_back and node.writer:  # on the compute stream: a compute-dtype slot's
+                tr.settle(step, i, group.layout)  # master takes the pass's operations now
             computed = s.record(s.compute)
             if not write_back:
                 self._slot_free[slot] = decoded[0] if decoded else computed

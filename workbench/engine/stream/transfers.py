@@ -89,6 +89,10 @@ class PlainTransfer:
         """On the compute stream before the block (of ``layout``) computes: nothing (the
         upload stream has decoded the block into its slot)."""
 
+    def settle(self, step: int, block: int, layout: GroupLayout) -> None:
+        """On the compute stream, after a pass that writes back: nothing (the slot holds the
+        weights the offload sends; compute-dtype slots compute them here)."""
+
     def slot_extra(self, n: int, shared: bool = False) -> dict[str, torch.Tensor]:
         """Device buffers beside a slot of n elements. ``shared`` (slots allocated once): the
         wire buffers are one for all uploads and one for all offloads, since each stream runs

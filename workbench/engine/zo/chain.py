@@ -6,8 +6,8 @@ operations (the pending update, each perturbation, the restore) through a ``Chai
 on an fp32 buffer: the chain only records them. When the block's forward pass is about to run,
 ``fill_form`` computes, from the master, the fp32 value the fp32-slot path would hold at that
 point and writes the forward's form (matrices in the compute dtype, rounded as autocast rounds
-them; the rest fp32); at the offload, ``write_master`` computes the final value and rounds it
-into the master as the SR transfer's encode would. So a run with these slots is the fp32-slot
+them; the rest fp32); after the block's last pass, ``write_master`` computes the final value and
+rounds it into the master as the SR transfer's encode would. So a run with these slots is the fp32-slot
 run bit for bit, in about a third of the device memory and traffic per block.
 
 Backends: the chain kernel (``chain_kernel.py``: CUDA, rng=philox), or, elsewhere, the very
@@ -99,8 +99,8 @@ class Tables:
                     else op for op in ops)
         if key not in self._built:
             if len(self._built) >= self.KEEP:
-                self._built.clear()  # a new step's lists (the launches that read the old ones
-                # have recorded their streams: ``ChainRunner.write_master``)
+                self._built.clear()  # a new step's lists: every launch that read the old
+                # ones is on the stream these are built on (the compute stream), so ordered
             self._built[key] = self._build(ops, one)
         return self._built[key]
 
@@ -164,8 +164,6 @@ class ChainRunner:
             self.codec.encode(x, master.view(torch.uint8), sr_seed=sr_seed if self.sr else None)
             return
         g, tables, n_groups = self.tables.get(ops, self.base.one)
-        for t in (g, *tables):  # built on the compute stream, read on this one (the offload's)
-            t.record_stream(torch.cuda.current_stream(master.device))
         mats = torch.empty(0, dtype=self.compute, device=master.device)  # unused here
         self.kernel.launch(master, mats, mats.float(), g, tables, n_groups, 0, layout.n_decay,
                            layout.gid, self.kernel.SR if self.sr else self.kernel.NEAREST,
