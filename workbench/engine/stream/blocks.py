@@ -26,8 +26,7 @@ from workbench.models.build import RandomInit
 class TrainedBlocks:
     """Blocks that train: their master (fp32, or the codec's under compressed-sr) in host
     memory, a transfer per ``cfg.master`` / ``cfg.codec`` (and ``cfg.slot_dtype``); resident
-    blocks in fp32. Their
-    snapshots copy the host masters (``self_copy.py``)."""
+    blocks in fp32. Their snapshots copy the host masters (``self_copy.py``)."""
 
     trained = True
 

@@ -22,7 +22,7 @@ import torch
 
 from workbench.engine import kernels
 from workbench.engine.codecs.frozen_form import FrozenForm
-from workbench.engine.codecs.wire import SR_KEY, get_codec, HALF
+from workbench.engine.codecs.wire import SR_KEY, get_codec
 from workbench.engine.groups import GroupLayout
 from workbench.engine.zo.perturb import PendingUpdate, ZOOps
 
@@ -135,7 +135,6 @@ class ChainRunner:
 
     def __init__(self, base: ZOOps, codec: str, sr: bool, compute: torch.dtype):
         self.base, self.codec, self.sr, self.compute = base, get_codec(codec), sr, compute
-        self.half = HALF[codec]
         self.kernel = (kernels.load("zo.chain_kernel", "slot_dtype=compute")
                        if base.kernels is not None else None)
         self.tables = Tables(base.device)
