@@ -437,8 +437,10 @@ def test_adapter_plans_of_the_other_methods_by_hand():
                     **lora), gpu="h100", calibration=HOST)
     g = off.gpu_breakdown
     assert off.host_breakdown["fp32 master, m, v, grads"] == 16 * nl
-    assert g["compute weights + grads"] == 2 * 2 * nl
+    assert g["compute weights"] == g["gradients kept for the GPU"] == 2 * nl  # all on the GPU
+    assert g["gradients queued for the link"] == 0
     assert g["subgroups in flight"] == 16 * nl  # one subgroup (the adapters are < 2M): one slot
+    assert g["weight upload slot"] == 4 * nl  # 16-bit weights downcast on the GPU: fp32 goes up
     assert g["frozen base"] == 4 * (ne + nh) + 4 * (2 * 49152 + 4 * 832)
     assert g["autocast weight copies"] == 2 * (ne + nh)
     assert 0 < off.h2d_bytes_per_step <= 12 * nl and 0 < off.d2h_bytes_per_step <= 12 * nl

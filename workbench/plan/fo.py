@@ -28,9 +28,10 @@ from workbench.config import RunConfig
 from workbench.plan import dma
 from workbench.plan.auto import subgroup_sizes
 from workbench.plan.lora import adapter_params
-from workbench.plan.memory import saved_activations
-from workbench.plan.placement import (CHUNK, N_SLOTS, NO_GPU, SITE, SLOT_PIECE, STATE_BYTES,
-                                      PerfInputs, Placement, Subgroups, state_words)
+from workbench.plan.fo_memory import device_parts, fitting, leaner_strides
+from workbench.plan.memory import CONTEXT_BYTES, WORKSPACE_BYTES, saved_activations
+from workbench.plan.placement import (NO_GPU, SITE, STATE_BYTES, PerfInputs, Placement,
+                                      Subgroups, state_words)
 from workbench.presets import Preset
 
 
@@ -76,6 +77,38 @@ def fo_placement(cfg: RunConfig, n_params: int, prof: dict, word_bytes: int) -> 
                      cfg.update_stride, cfg.gpu_resident_ratio, None, contention(prof))
 
 
+def offload_parts(cfg: RunConfig, n_params: int, word: int, placed: Placement) -> dict[str, int]:
+    """fo-offload's GPU bytes by part for ``placed`` (``fo_memory.device_parts``)."""
+    return device_parts(n_params, word, STATE_BYTES[cfg.adam_state_dtype], placed.split,
+                        subgroup_size(cfg, n_params), word == 2 and not placed.cpu_downcast)
+
+
+def capped_placement(cfg: RunConfig, n_params: int, prof: dict, word: int, other: int,
+                     model: Placement, notes: list[str]) -> Placement:
+    """Under ``gpu_mem_limit_gb`` (update_stride=auto): the fastest predicted of the model's
+    stride and every leaner one, at each downcast site, whose parts fit the cap beside
+    ``other`` bytes (activations, workspaces) and the CUDA context; the leanest if none does
+    (the fit check then refuses it with that estimate)."""
+    groups = Subgroups(n_params, max(1, min(subgroup_size(cfg, n_params), n_params)))
+    perf, c = perf_inputs(prof, word, cfg.adam_state_dtype), contention(prof)
+    sites = (False, True) if word == 2 else (False,)
+    options = sorted((dma.place(perf, groups, k, cfg.gpu_resident_ratio, down, c)
+                      for down in sites
+                      for k in leaner_strides(model.schedule.stride, groups.count)),
+                     key=lambda placed: placed.predicted_s)
+    budget = int(cfg.gpu_mem_limit_gb * 1e9) - CONTEXT_BYTES - other
+    parts = lambda placed: offload_parts(cfg, n_params, word, placed)  # noqa: E731
+    fit = fitting(options, parts, budget)
+    if fit is None:
+        return min(options, key=lambda placed: sum(parts(placed).values()))
+    if fit.schedule.stride != model.schedule.stride:
+        notes.append(f"fo-offload: gpu_mem_limit_gb={cfg.gpu_mem_limit_gb:g} leaves room for "
+                     f"{fit.split.gpu + fit.split.resident:.0%} of the parameters updated on "
+                     f"the GPU (the fastest placement that fits; the model's own pick needs "
+                     f"{sum(parts(model).values()) / 2**30:.1f} GiB of parameter-side buffers)")
+    return fit
+
+
 def plan_fo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) -> None:
     """First-order methods: fill e (memory parts, PCIe bytes, times)."""
     cuda, amp = cfg.device == "cuda", e["amp"]
@@ -86,27 +119,25 @@ def plan_fo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) ->
     cw = 2 if amp else 4  # compute-dtype bytes
     rr = cfg.gpu_resident_ratio if cfg.method == "fo-offload" else 1.0
     sb = STATE_BYTES[cfg.adam_state_dtype]  # p, m, v of one parameter
+    act = (p.num_layers * saved_activations(p, cfg.batch_size, cfg.seq_len, amp) + e["hb"]
+           + 8 * cfg.batch_size * p.vocab + 2 * e["m"]["block"])
     if cfg.method == "fo" or not cuda:
         e["dev"].update({"params + grads (fp32)": 8 * P, "AdamW m, v": 8 * P})
         e["dev"]["autocast weight copies"] = 2 * P * amp
         e["gpu_param_bytes"] = 4 * P * cuda
     else:
-        piece = min(subgroup_size(cfg, P), SLOT_PIECE, P)  # a slot: p, m, v (+ fp32 grads)
-        e["dev"].update({"compute weights + grads": 2 * cw * P, "resident optimizer share":
-                         int(sb * rr * P), "subgroups in flight": min(N_SLOTS, -(-P // piece))
-                         * (sb + 4 * (cw == 2)) * piece,
-                         "gradient upcast staging": 2 * 4 * min(CHUNK, P) * (cw == 2)})
+        placed = fo_placement(cfg, P, prof, cw)
+        if cfg.gpu_mem_limit_gb > 0 and cfg.update_stride == "auto":
+            placed = capped_placement(cfg, P, prof, cw, act + WORKSPACE_BYTES, placed, notes)
+        e["dev"].update(offload_parts(cfg, P, cw, placed))
         key = ("fp32 master, m, v, grads" if sb == 12 else
                f"fp32 master, {cfg.adam_state_dtype} m, v, fp32 grads")
         e["host"][key] = e["pinned"] = int((sb + 4) * (1 - rr) * P)
-    e["dev"]["activations (saved + transient)"] = (
-        p.num_layers * saved_activations(p, cfg.batch_size, cfg.seq_len, amp) + e["hb"]
-        + 8 * cfg.batch_size * p.vocab + 2 * e["m"]["block"])
+    e["dev"]["activations (saved + transient)"] = act
     fwd = p.num_layers * e["blk"] + e["eh"]
     e["compute"] = (1 + bwd) * fwd
     e["step"] = (1 + bwd) * fwd + P / prof["adamw_gpu_per_s" if cuda else "adamw_cpu_per_s"]
     if cfg.method == "fo-offload" and cuda:
-        placed = fo_placement(cfg, P, prof, cw)
         s, up = placed.split, placed.inputs.word_bytes  # bytes of a weight going up
         # interleaved: p, m, v up and down; CPU-updated: fp32 grads down, weights up
         e["h2d"], e["d2h"] = P * (sb * s.gpu + up * s.cpu), P * (sb * s.gpu + 4 * s.cpu)

@@ -33,17 +33,13 @@ from workbench.config import ConfigError, RunConfig
 from workbench.plan.flops import block_flops
 from workbench.plan.fo import plan_fo
 from workbench.plan.lora import frozen_stream, matrix_bytes
-from workbench.plan.memory import FINGERPRINT_SCRATCH_BYTES, moments, pinned_bytes
+from workbench.plan.memory import (CONTEXT_BYTES, FINGERPRINT_SCRATCH_BYTES, WORKSPACE_BYTES,
+                                   moments, pinned_bytes)
 from workbench.plan.rates import profile
 from workbench.plan.zo import plan_zo, weight_bytes
 from workbench.presets import PRESETS, TINY_PREFIX, Preset, lookup
 
 GiB, MiB = 2 ** 30, 2 ** 20
-#: A CUDA process's device memory outside torch's allocator (context, cuBLAS and kernel modules):
-#: NVML sees it, torch does not. H100, torch 2.11: 769-789 MiB over torch's reserved bytes in
-#: three zo-offload runs (benchmarks/nvml_probe.py, 2026-11-23).
-CONTEXT_BYTES = 800 * MiB
-WORKSPACE_BYTES = 32 * MiB  # cuBLAS workspace (Hopper default), allocated through torch
 HOST_PROCESS_BYTES = 3 * GiB  # Python, torch, CUDA libraries, transformers
 HOST_PROCESS_CPU_BYTES = 1 * GiB  # without CUDA (a tiny CPU run peaks near 0.5 GiB)
 SAVE_KEY = "save / resume: one group as fp32"

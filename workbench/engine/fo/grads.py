@@ -6,11 +6,14 @@ of GPU-updated subgroups are copied aside into the kept buffer (``Kept``) on the
 and the parts of CPU-updated subgroups go down to the host's ``g32`` on the offload stream,
 upcast to fp32 a ``CHUNK`` at a time through two staging buffers. A CPU subgroup whose pieces
 are all down is ``ready``: with no loss scaling it is handed to the host side at once (``submit``),
-so its update overlaps the rest of the backward pass. fp16 loss scaling (``LossScale``) unscales
-on the way and notes inf / nan on both streams; the step is then decided after backward.
+so its update overlaps the rest of the backward pass. Backward writes gradients faster than the
+link carries them: at most ``QUEUE_BYTES`` of them wait for it, then backward waits too. fp16
+loss scaling (``LossScale``) unscales on the way and notes inf / nan on both streams; the step
+is then decided after backward.
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable
@@ -21,6 +24,7 @@ from workbench.engine.fo.flat import FlatParams
 from workbench.engine.fo.spans import PhaseTimer
 from workbench.engine.stream.streams import Streams
 from workbench.plan import placement
+from workbench.plan.fo_memory import QUEUE_BYTES
 from workbench.plan.placement import Schedule
 
 
@@ -94,6 +98,9 @@ class GradFlush:
                         for _ in range(2)])
         self._turn = 0
         self.bytes_d2h = 0
+        self._queue: deque[tuple[object, int]] = deque()  # (D2H read event, bytes) in order
+        self._queued = 0
+        self.waits = 0  # times backward waited for the link (``_bound_queue``)
         self.ready: dict[int, object] = {}
         self._hooks = [p.register_post_accumulate_grad_hook(partial(self._on_grad, gi, ei))
                        for gi, ps in enumerate(params) for ei, p in enumerate(ps)]
@@ -114,6 +121,8 @@ class GradFlush:
             for j, c in touches.items():
                 self._waiting[j] = self._waiting.get(j, 0) + c
         self.ready = {}
+        self._queue.clear()  # the last step's copies are down: its host side waited for each
+        self._queued = 0
 
     def end(self) -> None:
         """After backward: flush the groups with parameters that got no gradient."""
@@ -190,6 +199,20 @@ class GradFlush:
         if self.cuda:
             for g in grads:
                 g.record_stream(s.offload)  # allocated on the compute stream, read on this one
+            self._bound_queue(done, sum(g.numel() * g.element_size() for g in grads))
+
+    def _bound_queue(self, read: object, nbytes: int) -> None:
+        """Gradients whose D2H is queued hold their GPU memory until the offload stream has
+        read them (``read``), and backward writes them faster than the link carries them: past
+        ``QUEUE_BYTES`` queued (``plan/fo_memory.py``), the autograd thread waits for the
+        oldest, so the queue never takes more GPU memory than the planner counts."""
+        self._queue.append((read, nbytes))
+        self._queued += nbytes
+        while self._queued > QUEUE_BYTES and len(self._queue) > 1:
+            event, n = self._queue.popleft()
+            event.synchronize()  # backward waits for the link: those gradients are down
+            self._queued -= n
+            self.waits += 1
 
     def grads_down(self, parts: list[torch.Tensor], lo: int, hi: int, at: int) -> None:
         """Elements [lo, hi) of the concatenated gradients ``parts`` (compute dtype, on the

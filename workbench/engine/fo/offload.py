@@ -165,7 +165,7 @@ class FOOffloadEngine(FirstOrderContract):
         rr = cfg.gpu_resident_ratio
         self.proposals = trial.Proposals(self.perf, self.flat.numel, self.word, self.sizes, cfg,
                                          device, bus, self.contention)
-        tries = (self.candidates(rr) if cfg.update_stride == "auto"
+        tries = (self.proposals.first(self.candidates(rr)) if cfg.update_stride == "auto"
                  else [self.proposals.candidate(cfg.update_stride, None, self.flat.sub)])
         more = self.proposals.more_to_try
         self._trial = (trial.ScheduleTrial(tries, then=self.proposals.more if more else None)
@@ -251,6 +251,11 @@ class FOOffloadEngine(FirstOrderContract):
         now = self.placement
         while nxt is not None and nxt.key != (now.schedule.stride, now.cpu_downcast,
                                               self.flat.sub, self.resident_ratio):
+            if self._trial is not None and not self.proposals.fits(nxt):  # over the cap by
+                # the first step's peak: skipped and listed
+                self.bus.publish(InfoEvent("fo_trial_skipped", nxt.key))
+                nxt = self._trial.skip(over_cap=True)
+                continue
             try:
                 self.reschedule(nxt.stride, nxt.resident, nxt.cpu_downcast, nxt.size)
                 break
@@ -266,6 +271,7 @@ class FOOffloadEngine(FirstOrderContract):
         out = self._train_step(batch, step, lr, wd)
         self.sync()  # ... up to its last copy, its update phase resolved (none: skipped, fp16)
         update = self.clock.seconds[-1] if len(self.clock.seconds) > timed else None
+        self.proposals.measured(self._trial.current)  # under a cap: what the others add to
         self._next = self._trial.record(time.perf_counter() - t0, update)
         if self._trial.done:
             self.bus.publish(InfoEvent("fo_trial", self._trial.summary()))

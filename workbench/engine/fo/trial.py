@@ -39,7 +39,8 @@ from workbench.config import RunConfig, Stride
 from workbench.engine.events import EventBus, InfoEvent
 from workbench.plan import auto, dma, placement
 from workbench.plan.placement import SITE, Candidate, PerfInputs, Subgroups
-from workbench.plan.planner import CONTEXT_BYTES
+from workbench.plan.fo_memory import device_parts, leaner_strides
+from workbench.plan.memory import CONTEXT_BYTES
 
 #: Step times within 3% of the fastest count as a tie (steps of one placement vary by about
 #: that much on an H100 host), settled by GPU memory.
@@ -66,6 +67,7 @@ class ScheduleTrial:
         self._at = 0
         self._then = then
         self.failed: set[int] = set()  # candidates that could not be placed
+        self.over_cap: set[int] = set()  # candidates skipped as over gpu_mem_limit_gb
 
     @property
     def current(self) -> Candidate:
@@ -94,10 +96,11 @@ class ScheduleTrial:
             self.update_s += [None] * len(more)
         return self.winner if self.done else self.current
 
-    def skip(self) -> Candidate:
-        """``current`` could not be placed (out of GPU memory): it stays untimed, and is
-        listed as such; the candidate to place instead (the next, or the winner so far)."""
-        self.failed.add(self._at)
+    def skip(self, over_cap: bool = False) -> Candidate:
+        """``current`` could not be placed (out of GPU memory) or, ``over_cap``, would not fit
+        gpu_mem_limit_gb: it stays untimed, and is listed as such; the candidate to place
+        instead (the next, or the winner so far)."""
+        (self.over_cap if over_cap else self.failed).add(self._at)
         self._at += 1
         if self.done and not any(x is not None for x in self.seconds):
             raise RuntimeError("no candidate placement fits in GPU memory")
@@ -124,7 +127,7 @@ class ScheduleTrial:
                  "subgroup_size": c.size, "gpu_resident_ratio": c.resident,
                  "predicted_s": c.predicted_s, "step_s": s, "update_s_predicted": c.predicted_s,
                  "update_s_measured": u, "prediction_error": error(c.predicted_s, u),
-                 "out_of_memory": i in self.failed}
+                 "out_of_memory": i in self.failed, "over_cap": i in self.over_cap}
                 for i, (c, s, u) in enumerate(zip(self.candidates, self.seconds, self.update_s))]
         known = [r["prediction_error"] for r in rows if r["prediction_error"] is not None]
         return {"candidates": rows,
@@ -163,6 +166,7 @@ class Proposals:
         self.contention = contention
         self.cfg, self.device, self.bus = cfg, device, bus
         self.cuda = device.type == "cuda"
+        self.base: int | None = None  # under a cap: GPU bytes beside a placement's parts
 
     @property
     def more_to_try(self) -> bool:
@@ -186,11 +190,18 @@ class Proposals:
                          placed.split.gpu + placed.split.resident, groups.size, rr)
 
     def more(self, best: Candidate) -> list[Candidate]:
-        """After the first candidates: their best at each other size, and, at its size, each
+        """After the first candidates: their best at each other size, under a cap the stride
+        with the most GPU subgroups that fits (``fits``), and, at the best's size, each
         GPU-resident share that fits (the model's stride for the rest), published as
         ``fo_gpu_budget``."""
         down = None if best.cpu_downcast is None else bool(best.cpu_downcast)
         out = [self.candidate(best.stride, down, n) for n in self.sizes[1:]]
+        if self.capped and self.base is not None:
+            model = self.candidate("auto", down, best.size)
+            strides = leaner_strides(model.stride, Subgroups(self.numel, best.size).count)
+            fit = next((c for c in (self.candidate(k, down, best.size) for k in strides)
+                        if self.fits(c)), None)
+            out += [fit] if fit is not None else []
         spare = self.gpu_spare() if self._residents else None
         if spare is not None:
             per = auto.resident_bytes(placement.STATE_BYTES[self.cfg.adam_state_dtype],
@@ -201,6 +212,38 @@ class Proposals:
                                                          "shares": list(shares)}))
             out += [self.candidate("auto", down, best.size, r) for r in shares]
         return out
+
+    @property
+    def capped(self) -> bool:
+        """A GPU run under gpu_mem_limit_gb: candidates are tried only where they fit it."""
+        return self.cuda and self.cfg.gpu_mem_limit_gb > 0
+
+    def first(self, tries: list[Candidate]) -> list[Candidate]:
+        """The order to try ``tries`` in: under a cap, the fewest GPU-side parameters first
+        (the least memory: its step's peak then tells what every other one adds, ``fits``)."""
+        return sorted(tries, key=lambda c: c.gpu_share) if self.capped else list(tries)
+
+    def parts(self, c: Candidate) -> int:
+        """GPU bytes of ``c``'s placement (``plan/fo_memory.py``: weights, kept and queued
+        gradients, residents, slots, staging)."""
+        split = placement.Split(1 - c.gpu_share, c.gpu_share - c.resident, c.resident)
+        return sum(device_parts(self.numel, self.word,
+                                placement.STATE_BYTES[self.cfg.adam_state_dtype], split, c.size,
+                                c.cpu_downcast is False).values())
+
+    def measured(self, c: Candidate) -> None:
+        """After the first timed step (``c``'s) under a cap: what all placements share beside
+        their parts (activations, the allocator's slack), from the peak allocated so far."""
+        if self.capped and self.base is None:
+            self.base = torch.cuda.max_memory_allocated(self.device) - self.parts(c)
+
+    def fits(self, c: Candidate) -> bool:
+        """Whether ``c`` fits under the cap by the first step's measure (True without a cap
+        or before it): the shared base + its parts + ``auto.MARGIN`` within the budget."""
+        if not self.capped or self.base is None:
+            return True
+        budget = int(self.cfg.gpu_mem_limit_gb * 1e9) - CONTEXT_BYTES
+        return self.base + self.parts(c) + auto.MARGIN <= budget
 
     def gpu_spare(self) -> int | None:
         """GPU bytes left for a resident share after the steps so far (None on a CPU):
