@@ -168,3 +168,36 @@ def test_an_auto_run_records_each_schedules_measured_update(amp):
             (row["update_s_predicted"] - row["update_s_measured"]) / row["update_s_measured"])
     assert infos["fo_trial"]["within"][1] == len(rows)
     engine.close()
+
+
+def test_skipping_the_last_candidates_still_adds_the_later_ones():
+    """``then``'s candidates come after the first ones however the last of those ended: timed,
+    or skipped (out of memory, over the cap); the trial then ends on the winner."""
+    trial = ScheduleTrial([A, B], warmup=0, then=lambda best: [C])
+    assert trial.record(0.30) == B
+    assert trial.skip(over_cap=True) == C and not trial.done  # then's C after the skipped B
+    assert trial.record(0.20) == C and trial.done
+    rows = trial.summary()["candidates"]
+    assert [r["over_cap"] for r in rows] == [False, True, False]
+    assert [r["out_of_memory"] for r in rows] == [False, False, False]
+
+
+def test_under_a_cap_an_auto_run_skips_what_does_not_fit_and_stays_exact(monkeypatch):
+    """A (fake) cap on the CPU that only all-CPU placements fit: the trial starts with the
+    leanest, lists the others as over the cap, ends, and the run stays AdamW-exact."""
+    monkeypatch.setattr(fo_trial.Proposals, "capped", property(lambda self: True))
+    monkeypatch.setattr(fo_trial.Proposals, "measured", lambda self, c: None)
+    monkeypatch.setattr(fo_trial.Proposals, "fits", lambda self, c: c.gpu_share == 0)
+    cfg = RunConfig(model="tiny-opt", method="fo-offload", amp="bf16", update_stride="auto",
+                    subgroup_size=5000, lr=1e-2, weight_decay=0.1)
+    _check_against_adamw(cfg, steps=6)
+    engine, data, infos = _engine_with_infos(cfg)
+    assert engine.placement.split.gpu == 0  # the leanest first
+    for t in range(8):
+        engine.step(data.batch_for_step(t, 4, 0), t, 1e-3, 0.0)
+    assert not engine.trying and engine.placement.split.gpu == 0
+    rows = infos["fo_trial"]["candidates"]
+    assert all(r["over_cap"] == (r["gpu_share"] > 0) for r in rows)
+    assert any(r["over_cap"] for r in rows) and all(r["step_s"] is None for r in rows
+                                                    if r["over_cap"])
+    engine.close()

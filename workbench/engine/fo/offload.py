@@ -264,6 +264,8 @@ class FOOffloadEngine(FirstOrderContract):
                     raise
                 self.bus.publish(InfoEvent("fo_trial_skipped", nxt.key))
                 nxt = self._trial.skip()
+        if self._trial is not None and self._trial.done:  # the last candidates were skipped:
+            self._end_trial()  # the winner is placed (above), and no more steps are trials
         if self._trial is None:
             return self._train_step(batch, step, lr, wd)
         self.sync()  # a trial step is timed whole: nothing of the one before still running ...
@@ -274,9 +276,13 @@ class FOOffloadEngine(FirstOrderContract):
         self.proposals.measured(self._trial.current)  # under a cap: what the others add to
         self._next = self._trial.record(time.perf_counter() - t0, update)
         if self._trial.done:
-            self.bus.publish(InfoEvent("fo_trial", self._trial.summary()))
-            self._trial = None
+            self._end_trial()
         return out
+
+    def _end_trial(self) -> None:
+        """The trial is over: what it tried and kept goes into the run record."""
+        self.bus.publish(InfoEvent("fo_trial", self._trial.summary()))
+        self._trial = None
 
     @property
     def trying(self) -> bool:

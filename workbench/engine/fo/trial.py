@@ -86,6 +86,20 @@ class ScheduleTrial:
             self._warm_left -= 1
             return self.current
         self.seconds[self._at], self.update_s[self._at] = seconds, update_s
+        return self._advance()
+
+    def skip(self, over_cap: bool = False) -> Candidate:
+        """``current`` could not be placed (out of GPU memory) or, ``over_cap``, would not fit
+        gpu_mem_limit_gb: it stays untimed, and is listed as such; the candidate to place
+        instead (the next, or the winner so far)."""
+        (self.over_cap if over_cap else self.failed).add(self._at)
+        if self._at + 1 >= len(self.candidates) and not any(x is not None for x in self.seconds):
+            raise RuntimeError("no candidate placement fits in GPU memory")
+        return self._advance()
+
+    def _advance(self) -> Candidate:
+        """Past ``current``; at the end of the candidates, ``then``'s are added once (however
+        the last one ended: timed or skipped). The candidate to run next."""
         self._at += 1
         if self.done and self._then is not None:
             then, self._then = self._then, None
@@ -94,16 +108,6 @@ class ScheduleTrial:
             self.candidates += more
             self.seconds += [None] * len(more)
             self.update_s += [None] * len(more)
-        return self.winner if self.done else self.current
-
-    def skip(self, over_cap: bool = False) -> Candidate:
-        """``current`` could not be placed (out of GPU memory) or, ``over_cap``, would not fit
-        gpu_mem_limit_gb: it stays untimed, and is listed as such; the candidate to place
-        instead (the next, or the winner so far)."""
-        (self.over_cap if over_cap else self.failed).add(self._at)
-        self._at += 1
-        if self.done and not any(x is not None for x in self.seconds):
-            raise RuntimeError("no candidate placement fits in GPU memory")
         return self.winner if self.done else self.current
 
     @property
