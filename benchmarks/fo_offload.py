@@ -253,7 +253,9 @@ def trial_text(trial: dict) -> str:
 
     tried = [f"{'all-cpu' if c['stride'] == placement.NO_GPU else 'stride ' + str(c['stride'])}"
              f"/{c['downcast']}/{c.get('subgroup_size', 0) / 1e6:g}M"
-             f"/res {c.get('gpu_resident_ratio', 0):g}: {c['step_s']:.3f} s"
+             f"/res {c.get('gpu_resident_ratio', 0):g}: " + (
+                 f"{c['step_s']:.3f} s" if c["step_s"] is not None else
+                 "over the cap" if c.get("over_cap") else "out of memory")
              for c in trial["candidates"]]
     kept = tried[trial["chosen"]].split(":")[0]
     return f"auto tried {', '.join(tried)}; kept {kept}"
