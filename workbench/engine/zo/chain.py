@@ -126,7 +126,9 @@ class Tables:
                 torch.tensor(gi, dtype=torch.int32)]
         # a pinned copy goes up without blocking the host; the tables stay referenced (and so
         # allocated) until the next list replaces them, after every launch that reads them
-        tables = tuple(t.pin_memory().to(self.device, non_blocking=True) for t in host)
+        # (on a CPU device, the Triton interpreter's tests, the tables are used as they are)
+        tables = tuple(t.pin_memory().to(self.device, non_blocking=True)
+                       if self.device.type == "cuda" else t for t in host)
         return torch.cat(gs), tables, len(seeds)
 
 
