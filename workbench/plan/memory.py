@@ -26,6 +26,13 @@ SPARE_SLOTS = {"plain": 2, "mirror": 2, "sr": 1, "frozen": 1, "compute": 2}
 EVAL_ROWS = 16
 
 
+def block_slot_count(cfg, kind: str) -> int:
+    """GPU block slots of a streamed run: ``block_slots``, or auto's prefetch_depth + the
+    transfer's ``SPARE_SLOTS``."""
+    return cfg.prefetch_depth + SPARE_SLOTS[kind] if cfg.block_slots == "auto" \
+        else int(cfg.block_slots)
+
+
 def embed_rows(cfg) -> int:
     """Rows of the token table a streamed embedding's compute-dtype form holds at most
     (``engine/stream/embed_rows.py``): one per token of the largest forward a run makes, an
