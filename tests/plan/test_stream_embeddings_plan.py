@@ -123,3 +123,20 @@ def test_deepseek_v3_does_not_fit_its_block_alone_is_too_large():
               gpu="h100")
     assert not pl.fits_gpu
     assert pl.gpu_breakdown["work buffer"] > 21 * GiB  # one MoE block's bf16 form
+
+
+def test_the_advice_names_both_knobs_where_only_both_fit():
+    """No single knob fits the 405b run: the refusal says what each gives and that the two
+    together fit."""
+    from workbench.plan.fit import PlanError, check_fits
+
+    with pytest.raises(PlanError) as err:
+        check_fits(RunConfig(model="llama-3.1-405b", **BIG), gpu="h100",
+                   calibration={"host_mem_available_bytes": 2048 * GiB})
+    text = str(err.value)
+    assert "stream_embeddings=true streams the embedding and head (25.1 GiB)" in text
+    assert "stream_embeddings=true block_slots=2 (19.2 GiB, fits)" in text
+    with pytest.raises(PlanError) as err:  # a tied head: the knob is not offered
+        check_fits(RunConfig(model="opt-175b", **{**BIG, "gpu_mem_limit_gb": 10}), gpu="h100",
+                   calibration={"host_mem_available_bytes": 2048 * GiB})
+    assert "stream_embeddings" not in str(err.value)

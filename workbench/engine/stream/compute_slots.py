@@ -29,6 +29,7 @@ import torch
 
 from workbench.engine.codecs.frozen_form import FrozenForm
 from workbench.engine.codecs.wire import HALF, Codec
+from workbench.engine.events import HEAD
 from workbench.engine.groups import GroupLayout
 from workbench.engine.stream.embed_rows import EmbedRows
 from workbench.engine.stream.transfers import SRTransfer
@@ -115,6 +116,8 @@ class ComputeSlotTransfer(SRTransfer):
         """On the compute stream, right before a forward pass of ``block``: the work buffer
         <- the block as the operations recorded so far leave it (once per change)."""
         visit = self._visits.get(block)
+        if visit is None and block == HEAD:  # its views would read another unit's form
+            raise RuntimeError("stream_embeddings: the LM head ran outside its visit")
         if visit is None:  # block 0 called outside a visit: the embedding's capture of its
             return  # inputs (``models/adapter.py``), which stops before the block computes
         ops = visit.chain.ops_list if visit.chain is not None else []

@@ -2,18 +2,18 @@
 
 Layout: the embedding, the head and ``resident_blocks`` blocks live on the GPU; every other
 block's master lives in host memory behind a transfer (``transfers.py``: fp32, a compressed
-mirror, or compressed-sr). With ``stream_embeddings`` the embedding and the head are streamed
-units too, visited first and last of each pass. ``block_slots`` GPU slots (auto:
-``prefetch_depth`` + the transfer's ``spare_slots``), allocated once and sized for the largest
-streamed unit, hold the units in flight: unit i+d uploads while unit i computes and unit i-1
-offloads, on three CUDA streams ordered by events only (the host never waits inside a step).
-With fewer slots an upload waits (on its stream) for the offload of its slot's last unit. A compressed codec's wire buffers are two in all (one per direction), not one per slot;
-under compressed-sr a slot is free once its block is encoded, so one slot fewer serves. An
-adapter run's frozen base (``frozen_transfer.py``) only comes up: compressed, each slot is a
-wire of its own, decoded on the compute stream just before its block into one shared buffer.
-What a pass does to a block is the caller's ``compute``; the arithmetic lives in ``zo/step.py``.
-Used by the zo-offload and forward-grad engines (``zo/offload.py``, ``zo/forward_grad.py``)
-through its public methods.
+mirror, or compressed-sr). With ``stream_embeddings`` the embedding and head stream too, first
+and last in each pass. ``block_slots`` GPU slots (auto: ``prefetch_depth`` + the transfer's
+``spare_slots``), allocated once and sized for the largest streamed unit, hold the units in
+flight: unit i+d uploads while unit i computes and unit i-1 offloads, on three CUDA streams
+ordered by events only (the host never waits inside a step); with fewer slots an upload waits
+on its stream for the offload of its slot's last unit. A compressed codec's wire buffers are
+two in all (one per direction), not one per slot; under compressed-sr a slot is free once its
+block is encoded, so one slot fewer serves. An adapter run's frozen base
+(``frozen_transfer.py``) only comes up: compressed, each slot is a wire of its own, decoded on
+the compute stream just before its block into one shared buffer. What a pass does to a unit is
+the caller's ``compute``; the arithmetic lives in ``zo/step.py``. Used by the zo-offload and
+forward-grad engines (``zo/offload.py``, ``zo/forward_grad.py``) through its public methods.
 
 This module only schedules. What the blocks are (trained, or a frozen base) is ``blocks.py``;
 the hand-off of the node's one host copy under data parallel, ``shared_host.py`` (a rank with a
@@ -199,11 +199,11 @@ class BlockStreamer:
                     flat, extra = tr.slot_view(self.slots[slot][0], numel), self.slots[slot][1]
                 else:  # reuse_buffers off: fresh buffers from the caching allocator each time
                     flat, extra = tr.slot_buffers(numel)
-                node.before_upload(k - first, write_back)  # readers: the writer's last
-                # write-back landed
+                node.before_upload(k - first, write_back)  # readers: the last write-back landed
                 self.bytes_h2d += tr.upload(group.flat, flat, extra, step, j, s.upload,
-                                            # the slot's last unit is done with it (its
-                                            # offload, or a frozen block's decode, read it)
+                                            # the slot's last unit (the one before the unit
+                                            # computing, at prefetch_depth + 1 slots) is done
+                                            # with it: its offload or a frozen decode read it
                                             lambda: s.wait(s.upload, self._slot_free.get(slot)))
                 if moved is not None:  # after the weights: the stream has waited for the slot
                     self.bytes_h2d += moved.upload(k, slot, step, s.upload)
