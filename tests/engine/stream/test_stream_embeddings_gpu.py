@@ -93,3 +93,33 @@ def test_span_kernel_equals_the_fp32_path_row_by_row():
         want = replay_fp32(ops, master, lay, chain[:k])
         assert torch.equal(rows.view(-1, D), want[:V * D].view(V, D)[ids.reshape(-1)]), k
         assert torch.equal(tail, want[V * D:]), k
+
+
+@pytest.mark.parametrize("variant", [dict(), dict(slot_dtype="fp32"), dict(
+    codec="fp32", master="fp32", amp="off", slot_dtype="auto")])
+def test_steady_steps_never_sync_and_compile_nothing(variant):
+    """Under sync debug mode "error" (``test_host_sync.py``): the row fill's ids, compact
+    indices and span starts stay on the device; ``warm_kernels`` compiled the span kernel."""
+    from test_host_sync import _batch, _compiled, _steps_without_sync
+
+    from workbench.engine import build_engine
+    from workbench.engine.codecs import sr_kernel
+    from workbench.engine.zo import chain_kernel, kernels
+    from workbench.engine.events import EventBus
+    from workbench.engine.warmup import warm_kernels
+    from workbench.models.build import build_skeleton
+
+    cfg = RunConfig(**{**ROWS, "slot_dtype": "compute", **variant})
+    skeleton, source = build_skeleton(cfg.model)
+    engine = build_engine(skeleton, source, cfg, torch.device("cuda"), EventBus())
+    try:
+        assert warm_kernels(engine) > 0
+        every = (kernels.zo_kernel, kernels.normals_kernel, sr_kernel.sr_kernel,
+                 chain_kernel.chain_kernel, chain_kernel.span_kernel)
+        compiled = _compiled(kernels=every)
+        for t in range(2):
+            engine.step(_batch(260, t, padded=t == 1, device="cuda"), t, 1e-3, 0.0)
+        assert compiled is None or _compiled(kernels=every) == compiled
+        _steps_without_sync(engine, 260)
+    finally:
+        engine.close()

@@ -95,5 +95,6 @@ class EmbedRows:
     def _starts(self, offset: int, device: torch.device) -> torch.Tensor:
         key = ("start", device, offset)
         if key not in self._const:
-            self._const[key] = torch.tensor([offset], dtype=torch.int64, device=device)
+            self._const[key] = torch.full((1,), offset, dtype=torch.int64, device=device)  # a
+            # fill on the device: no host copy inside a step
         return self._const[key]

@@ -153,3 +153,10 @@ def warm(n: int, n_mat: int, n_decay: int, half: torch.dtype, compute: torch.dty
         load_compiled(chain_kernel.warmup(half, compute, f32, f32, i64, i64, f32, f32, i32,
                                           n, q, n_mat, n_decay, 0, 0, 0, 0, MODE=mode,
                                           DROP=drop, BLOCK=BLOCK, grid=(1,)))
+
+
+def warm_spans(n: int, n_decay: int, half: torch.dtype) -> None:
+    """Compile and load ``span_kernel`` for a streamed embedding of n elements (``warm``)."""
+    i64, f32, i32 = torch.int64, torch.float32, torch.int32
+    load_compiled(span_kernel.warmup(half, f32, i64, f32, i64, i64, f32, f32, i32, (n + 3) // 4,
+                                     0, 0, n_decay, 0, 0, BLOCK=BLOCK, grid=(1,)))
