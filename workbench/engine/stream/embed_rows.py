@@ -34,8 +34,12 @@ class EmbedRows:
 
     def __init__(self, layout: GroupLayout, module: nn.Module, capacity: int):
         self.layout = layout
-        self.entry: Entry = next(e for e in layout.entries
-                                 if any(m is module and slot == "weight" for m, slot in e.owners))
+        found = [e for e in layout.entries
+                 if any(m is module and slot == "weight" for m, slot in e.owners)]
+        if len(found) != 1 or len(found[0].shape) != 2:
+            raise ValueError("stream_embeddings: the model's input embedding is not one (V, D) "
+                             "weight of its embedding group; use stream_embeddings=false")
+        self.entry: Entry = found[0]
         self.vocab, self.dim = self.entry.shape
         self.capacity = min(capacity, self.vocab)
         self.whole = self.capacity == self.vocab  # the table itself, looked up as it is
