@@ -72,3 +72,18 @@ def test_lora_frozen_base_one_host_copy_per_node(tmp_path):
     streamed = hosts[0]["streamed_bytes"]
     assert streamed > 0 and [h["created_bytes"] for h in hosts] == [streamed, 0]
     assert [h["mapped_bytes"] for h in hosts] == [0, streamed]
+
+
+def test_streamed_embeddings_one_host_copy_per_node(tmp_path):
+    """stream_embeddings under 2 ranks: the embedding and head masters are in the node's one
+    copy too (the hand-off counts every streamed unit), the same weights as a copy per rank."""
+    ends = ["model=tiny-llama", "stream_embeddings=true", "block_slots=2"]
+    shared = _torchrun(tmp_path / "shared", 2, *ends)
+    own = _torchrun(tmp_path / "own", 2, *ends, "host_share=false")
+    assert len({r["param_digest"] for r in shared["ranks"] + own["ranks"]}) == 1
+    hosts = [r["host"] for r in shared["ranks"]]
+    streamed = hosts[0]["streamed_bytes"]
+    assert [h["created_bytes"] for h in hosts] == [streamed, 0]
+    assert [h["mapped_bytes"] for h in hosts] == [0, streamed]
+    plain = _torchrun(tmp_path / "resident", 2, "model=tiny-llama")["ranks"][0]["host"]
+    assert streamed - plain["streamed_bytes"] == 2 * 2 * 260 * 64 + 2 * 64  # bf16 ends

@@ -59,7 +59,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 #: ignored without a word, so it is refused instead.
 METHOD_KNOBS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("overlap", "reuse_buffers", "fused_update", "resident_blocks",
-                     "prefetch_depth", "host_share"), STREAMING_METHODS),
+                     "prefetch_depth", "block_slots", "host_share"), STREAMING_METHODS),
     **dict.fromkeys(("codec", "master"), (*STREAMING_METHODS, "mezo")),  # mezo: half weights
     "rng": ZO_METHODS,
     **dict.fromkeys(("eps", "queries", "estimator", "zo_optimizer"), ("mezo", "zo-offload")),
@@ -68,13 +68,13 @@ METHOD_KNOBS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("adam_beta1", "adam_beta2", "adam_eps"),
                     ("fo", "fo-offload", "mezo", "zo-offload")),  # ZO: zo_optimizer=adam
     "momentum": ("mezo", "zo-offload"),
-    "slot_dtype": ("zo-offload",),
+    **dict.fromkeys(("slot_dtype", "stream_embeddings"), ("zo-offload",)),
 }
 #: Knobs a resumed run may change; every other one is fixed by the run's first start (it
 #: shapes the trajectory or where the checkpoints are). The scheduler knobs are bit-identical.
 RESUMABLE = ("steps", "lr", "weight_decay", "eval_every", "eval_samples", "device", "data_dir",
              "overlap", "reuse_buffers", "fused_update", "resident_blocks", "prefetch_depth",
-             "slot_dtype",
+             "slot_dtype", "block_slots",
              "telemetry", "sample_hz", "keep_steps", "checkpoint_every", "keep_last",
              "digest_check_every", "host_share", "gpu_mem_limit_gb", "max_new_tokens",
              "checkpoint_dir", "data_changed_ok", "stop_on", "save_final",
@@ -179,6 +179,14 @@ class RunConfig:
                                  group="offload")
     prefetch_depth: int = _knob(1, "blocks uploaded ahead of the one computing", lo=1, hi=8,
                                 group="offload")
+    block_slots: Size = _knob("auto", "GPU block slots: auto (prefetch_depth + what the "
+                              "transfer keeps beside them) or a number >= prefetch_depth + 1 "
+                              "(fewer slots: an upload waits for the offload of its slot's last "
+                              "block)", lo=2, hi=64, group="offload")
+    stream_embeddings: bool = _knob(False, "zo-offload: the embedding and the LM head live in "
+                                    "host memory and stream through the block slots (first and "
+                                    "last in each pass) instead of staying on the GPU in fp32; "
+                                    "needs an untied head and peft=none", group="offload")
     rng: Rng = _knob("philox", "perturbation RNG: counter-based philox (fused kernel on CUDA) or "
                      "torch's generator as MeZO uses it", group="offload")
     # transfers (issue: AMP and codecs)
@@ -261,6 +269,7 @@ class RunConfig:
         # here, once; everything downstream sees "auto" or an int.
         object.__setattr__(self, "update_stride", _stride(self.update_stride))
         object.__setattr__(self, "subgroup_size", _stride(self.subgroup_size))
+        object.__setattr__(self, "block_slots", _stride(self.block_slots))
         problems = _check_types(self) or _check_values(self)
         if problems:
             raise ConfigError(problems)
@@ -394,6 +403,7 @@ def _check_values(cfg: RunConfig) -> list[str]:
         problems.append(f"master: {cfg.master} {what}; with an fp8 codec use master=fp32")
     problems += _check_half_weights(cfg)
     problems += _check_slot_dtype(cfg)
+    problems += _check_streaming(cfg)
     problems += _check_peft(cfg)
     problems += [f"report_to: {name!r} is not one of {', '.join(TRACKERS)} (comma-separated)"
                  for name in trackers(cfg) if name not in TRACKERS]
@@ -466,6 +476,36 @@ def _check_slot_dtype(cfg: RunConfig) -> list[str]:
         return []
     return [f"slot_dtype: compute needs {' and '.join(_compute_slot_needs(cfg))}; use "
             "slot_dtype=fp32 or auto"] if _compute_slot_needs(cfg) else []
+
+
+def min_block_slots(cfg: RunConfig) -> int:
+    """The fewest GPU block slots a correct schedule needs: the ``prefetch_depth`` blocks
+    uploaded ahead and the one computing (an upload into the slot of the block still computing
+    would overwrite it; every transfer waits for its slot's last offload before writing)."""
+    return cfg.prefetch_depth + 1
+
+
+def _check_streaming(cfg: RunConfig) -> list[str]:
+    """block_slots against the schedule's minimum; stream_embeddings' refusals (a tied head
+    is refused where the model is known: presets here, every model when the engine builds)."""
+    from workbench.presets import PRESETS  # plain data: no heavy imports
+
+    problems = []
+    if isinstance(cfg.block_slots, int) and 2 <= cfg.block_slots \
+            and cfg.block_slots < min_block_slots(cfg):
+        problems.append(f"block_slots: {cfg.block_slots} is below the {min_block_slots(cfg)} a "
+                        f"correct schedule needs (prefetch_depth={cfg.prefetch_depth} blocks "
+                        "ahead + the one computing); use auto or more")
+    if not cfg.stream_embeddings or cfg.method != "zo-offload":
+        return problems
+    if cfg.peft != "none":
+        problems.append("stream_embeddings: streams trained embedding and head weights; with "
+                        f"peft={cfg.peft} they are a frozen base: use stream_embeddings=false")
+    preset = PRESETS.get(cfg.model)
+    if preset is not None and preset.hf.get("tie_word_embeddings", True):
+        problems.append(f"stream_embeddings: {cfg.model} ties its LM head to the embedding "
+                        "(one weight in two groups); use stream_embeddings=false")
+    return problems
 
 
 #: zo_optimizer -> per-weight state tensors the rule keeps (momentum: m; adam: m and v).

@@ -267,3 +267,16 @@ def test_the_zo_optimizers_knobs_are_shown_for_the_zo_methods():
             assert knob_info(name)["group"] in groups_for(method), (method, name)
     for name in ("zo_optimizer", "momentum"):
         assert knob_info(name)["group"] in groups_for("zo-offload")
+
+
+def test_the_streaming_knobs_are_offload_controls():
+    """block_slots ("auto" or a number) and stream_embeddings reach the config from the panel."""
+    p = KnobPanel(method="zo-offload", model="tiny-llama")
+    c = p.controls
+    assert isinstance(c["block_slots"], widgets.Text) and c["block_slots"].value == "auto"
+    assert isinstance(c["stream_embeddings"], widgets.Checkbox)
+    assert {c["block_slots"], c["stream_embeddings"]} <= set(
+        p.sections.children[p.groups.index("offload")].children)
+    c["block_slots"].value, c["stream_embeddings"].value = "2", True
+    cfg = p.config()
+    assert (cfg.block_slots, cfg.stream_embeddings) == (2, True)

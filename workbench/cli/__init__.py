@@ -210,7 +210,9 @@ def format_plan(cfg: RunConfig, pl) -> str:
              f"device={pl.device}" + (f", gpu={pl.gpu}" if pl.gpu else ""),
              f"  batch {cfg.batch_size} x {cfg.seq_len} tokens, amp={cfg.amp}, codec={cfg.codec}, "
              f"master={cfg.master}, resident_blocks={cfg.resident_blocks}, "
-             f"prefetch_depth={cfg.prefetch_depth}"]
+             f"prefetch_depth={cfg.prefetch_depth}"
+             + (f", block_slots={cfg.block_slots}" if cfg.block_slots != "auto" else "")
+             + (", stream_embeddings=true" if cfg.stream_embeddings else "")]
     if pl.device == "cuda":
         ok = "fits" if pl.fits_gpu else "DOES NOT FIT"
         lines.append(f"GPU memory, torch peak   {gib(pl.peak_gpu_mem_bytes):>14}")

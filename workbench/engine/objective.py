@@ -20,6 +20,7 @@ from workbench.data.task import make_objective
 from workbench.engine.precision import autocast
 from workbench.models.adapter import BlockAdapter
 from workbench.models.generate import Forward, adapter_forward
+from workbench.models.head_loss import Head
 
 __all__ = ["Objective", "Total", "evaluate", "head_loss", "label_loss", "objective_for"]
 
@@ -46,10 +47,11 @@ def head_loss(objective: Objective, adapter: BlockAdapter, hidden: torch.Tensor,
 @torch.no_grad()
 def evaluate(objective: Objective, adapter: BlockAdapter, dev, device: torch.device, amp: str,
              batch_size: int, forward: Forward | None = None,
-             total: Total | None = None) -> dict[str, float]:
+             total: Total | None = None, head: Head | None = None) -> dict[str, float]:
     """The objective's metrics over every example of ``dev`` with the current weights;
     ``forward``: how the engine runs the blocks (default: all resident on ``device``);
-    ``total``: data parallel's sum over ranks (``dev`` is then this rank's share)."""
+    ``total``: data parallel's sum over ranks (``dev`` is then this rank's share); ``head``:
+    how it runs the head (default ``adapter.head``: resident)."""
     with autocast(device, amp):
-        return objective.evaluate(dev, forward or adapter_forward(adapter), adapter.head, device,
-                                  batch_size, total)
+        return objective.evaluate(dev, forward or adapter_forward(adapter), head or adapter.head,
+                                  device, batch_size, total)

@@ -36,9 +36,14 @@ def warm_kernels(engine) -> int:
         if sr is not None:
             sr.warm(numel, HALF[codec])
     if transfer is not None and transfer.lazy and transfer.runner.kernel is not None:
-        # compute-dtype slots: each block shape's fills and its last write (``zo/chain.py``)
-        k = transfer.runner.kernel
-        for lay in {b.layout.signature(): b.layout for b in engine.streamer.blocks}.values():
-            k.warm(lay.numel, transfer.form(lay).n_mat, lay.n_decay, transfer.half,
-                   transfer.compute, (k.FORM, k.SR if transfer.sr else k.NEAREST))
+        # compute-dtype slots: each streamed unit shape's fills and its last write
+        # (``zo/chain.py``); a streamed embedding's rows: the span kernel
+        k, s = transfer.runner.kernel, engine.streamer
+        groups, write = s.groups(), k.SR if transfer.sr else k.NEAREST
+        for lay in {groups[i].layout.signature(): groups[i].layout for i in s.streamed}.values():
+            rows = transfer.rows is not None and lay is transfer.rows.layout
+            k.warm(lay.numel, 0 if rows else transfer.form(lay).n_mat, lay.n_decay,
+                   transfer.half, transfer.compute, (write,) if rows else (k.FORM, write))
+            if rows:
+                k.warm_spans(lay.numel, lay.n_decay, transfer.half)
     return len(sizes)

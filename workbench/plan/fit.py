@@ -90,6 +90,18 @@ def _problems(cfg: RunConfig, pl: Plan, replan) -> list[str]:
             spare = SPARE_SLOTS[transfer_kind(cfg)]
             cands.append((f"prefetch_depth=1 ({1 + spare} slots, not "
                           f"{cfg.prefetch_depth + spare})", {"prefetch_depth": 1}))
+        fewest = cfg.prefetch_depth + 1  # the fewest slots a schedule may have
+        slots_ = (f"block_slots={fewest} (an upload waits for its slot's last offload)",
+                  {"block_slots": fewest})
+        if cfg.method in ("zo-offload", "forward-grad") and cfg.block_slots == "auto" \
+                and SPARE_SLOTS[transfer_kind(cfg)] > 1:
+            cands.append(slots_)
+        if cfg.method == "zo-offload" and not cfg.stream_embeddings and cfg.peft == "none":
+            ends = {"stream_embeddings": True}  # alt() drops it where the head is tied
+            cands.append(("stream_embeddings=true streams the embedding and head", ends))
+            if slots_ in cands:
+                cands.append((f"stream_embeddings=true block_slots={fewest}",
+                              {**ends, "block_slots": fewest}))
         if cfg.codec != "fp32" and cfg.method != "mezo":  # mezo: its half weights
             cands.append(("codec=fp32 drops the wire buffers beside the slots",
                           {"codec": "fp32", "master": "fp32"}))

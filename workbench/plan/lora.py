@@ -34,7 +34,7 @@ from __future__ import annotations
 from typing import Any
 
 from workbench.config import ZO_STATE_SLOTS, RunConfig, zo_passes
-from workbench.plan.memory import SPARE_SLOTS, pinned_bytes
+from workbench.plan.memory import block_slot_count, pinned_bytes
 from workbench.presets import Preset
 
 DEFAULT_TARGETS = ("q_proj", "v_proj")  # as ``models/lora.py`` for both families
@@ -154,7 +154,7 @@ def frozen_stream(cfg: RunConfig, p: Preset, prof: dict, e: dict[str, Any],
     e["pinned"] = s * pinned_bytes(up, cuda)
     e["host"] = {f"block base ({cfg.base_codec})": e["pinned"], **e["host"]}
     notes.append("frozen stream: H2D only (the base never goes back down)")
-    slots = cfg.prefetch_depth + SPARE_SLOTS["frozen"] if s else 0  # ``plan_zo``: a plain one's
+    slots = block_slot_count(cfg, "frozen") if s else 0  # ``plan_zo``: a plain one's
     compressed = cfg.base_codec != "fp32"
     if "block slots" in dev:  # reuse_buffers: allocated once
         e["gpu_param_bytes"] -= cuda * dev["block slots"]

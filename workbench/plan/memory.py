@@ -30,6 +30,23 @@ PIN_EXACT = 64 * MiB
 SPARE_SLOTS = {"plain": 2, "mirror": 2, "sr": 1, "frozen": 1, "compute": 2}
 #: The recipe evaluates in batches of max(batch_size, EVAL_ROWS) rows
 EVAL_ROWS = 16
+
+
+def block_slot_count(cfg, kind: str) -> int:
+    """GPU block slots of a streamed run: ``block_slots``, or auto's prefetch_depth + the
+    transfer's ``SPARE_SLOTS``."""
+    return cfg.prefetch_depth + SPARE_SLOTS[kind] if cfg.block_slots == "auto" \
+        else int(cfg.block_slots)
+
+
+def embed_rows(cfg) -> int:
+    """Rows of the token table a streamed embedding's compute-dtype form holds at most
+    (``engine/stream/embed_rows.py``): one per token of the largest forward a run makes, an
+    evaluation batch of max(batch_size, EVAL_ROWS) rows of a seq_len prompt and the
+    max_new_tokens it generates (the table's own rows where it has fewer)."""
+    return max(cfg.batch_size, EVAL_ROWS) * (cfg.seq_len + cfg.max_new_tokens)
+
+
 #: Threads that hash and square pieces of a group at most (``engine/groups.py::fingerprint``).
 FINGERPRINT_THREADS = 32
 #: Host bytes a fingerprint thread holds beside the group while it squares a piece: numpy's

@@ -168,9 +168,11 @@ def plan(cfg: RunConfig, gpu: str | None = None, calibration: dict | None = None
         nb, ne, nh, n = p.block_params(), p.embed_params(), p.head_params(), p.num_layers
         r = min(cfg.resident_blocks, n) if cfg.method in ("zo-offload", "forward-grad") else n
         pin = lambda nbytes: pinned_bytes(nbytes, cuda)  # noqa: E731
-        on_gpu = pin(4 * ne) + pin(4 * nh) + r * pin(4 * nb)  # pinned
+        ends = cfg.method == "zo-offload" and cfg.stream_embeddings  # with the blocks' masters
+        on_gpu = (0 if ends else pin(4 * ne) + pin(4 * nh)) + r * pin(4 * nb)  # pinned
         streamed = 2 if cfg.master != "fp32" and cfg.method == "zo-offload" else 4
-        host["checkpoint snapshot (master copy)"] = on_gpu + streamed * (n - r) * nb
+        host["checkpoint snapshot (master copy)"] = on_gpu + streamed * (
+            (n - r) * nb + (ne + nh) * ends)
     # End of run (digest + norm) and resume: one group at a time as fp32 on the host, plus the
     # threads' fp64 buffers (``engine.groups.fingerprint``; a streamed engine decodes a block only
     # when it is reached). It was the whole model once: opt-30b was OOM-killed in its save.

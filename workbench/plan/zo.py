@@ -15,6 +15,12 @@ Memory (n = elements of one block, B rows, T = seq_len, D hidden).
     slot. reuse_buffers=false: fresh buffers, freed across streams only once their events
     complete, while the host enqueues a whole step: up to every streamed block at once (the
     allocator syncs rather than failing, so the fit check counts only the slots' number of them).
+    stream_embeddings (zo-offload): no resident embedding + head; they stream as units of the
+    same pass, so each slot holds the largest of a block, the embedding and the head in the
+    transfer's bytes (``block_slots`` slots: prefetch_depth + the spare ones by default); under
+    compute-dtype slots the work buffer holds the largest form: a block's, the head's (a block's
+    form: its matrix in the compute dtype) or the embedding's looked-up rows in fp32
+    (``memory.embed_rows`` rows at most), and the head reads its matrix with no autocast copy.
     forward-grad: zo-offload + an fp32 tangent for every group (``ForwardGradEngine`` leaves
     each group's weights bound as duals until the step's dual level ends, so the tangents of all
     blocks accumulate within a step; measured on CPU).
@@ -37,7 +43,8 @@ Time. A step is max(device time, host launch time, the mirror codec's host pass)
   embedding and head add compute. Perturbation: 4 regenerations per element per step and
   query (one-sided 3; forward-grad 2), 2 forward passes per query (one-sided: 1, and 1 clean).
   fused_update=false: a second round trip and an update pass. reuse_buffers=false: transfers
-  x ``reuse_off_factor``. Pipeline fill is hidden by the loop running ahead.
+  x ``reuse_off_factor``. Pipeline fill is hidden by the loop running ahead. Streamed embedding
+  and head: their bytes cross PCIe each pass as a block's do, overlapped with their own compute.
 """
 from __future__ import annotations
 
@@ -46,7 +53,8 @@ from typing import Callable
 
 from workbench.config import ZO_STATE_SLOTS, RunConfig, compute_slots, zo_passes
 from workbench.plan.lora import block_matrices, codec_bytes
-from workbench.plan.memory import EVAL_ROWS, SPARE_SLOTS, moments, pinned_bytes
+from workbench.plan.memory import (EVAL_ROWS, block_slot_count, embed_rows, moments,
+                                   pinned_bytes)
 from workbench.plan.rates import host_key
 from workbench.presets import Preset
 
@@ -79,6 +87,22 @@ def work_bytes(p: Preset, item: int = 2) -> int:
     return (item * n_mat + 15) // 16 * 16 + 4 * (nb - n_mat)
 
 
+def form_bytes(n: int, n_mat: int, item: int = 2) -> int:
+    """``FrozenForm.nbytes``: n_mat matrix elements in ``item`` B, padded to 16 B, the rest fp32."""
+    return (item * n_mat + 15) // 16 * 16 + 4 * (n - n_mat)
+
+
+def ends_work_bytes(cfg: RunConfig, p: Preset) -> tuple[int, int]:
+    """(the head's form, the embedding's row form) in bytes, under compute-dtype slots with
+    stream_embeddings: the head's matrix (V x proj) in the compute dtype, the rest fp32; the
+    token table's rows a forward looks up (``memory.embed_rows``, at most V) in fp32, and the
+    embedding's other entries whole."""
+    proj = p.hf.get("word_embed_proj_dim", p.hidden)
+    ne, nh, table = p.embed_params(), p.head_params(), p.vocab * proj
+    return (form_bytes(nh, min(table, nh)),
+            4 * (min(p.vocab, embed_rows(cfg)) * proj + max(ne - table, 0)))
+
+
 def chain_regens(cfg: RunConfig, pending: bool = True) -> int:
     """z regenerations per element of a streamed block per step with compute-dtype slots
     (``zo/chain.py``): each forward pass's fill and the final write start again from the master
@@ -95,6 +119,8 @@ class Stream:
     nh), r resident and s streamed blocks through ``slots`` slots, the transfer ``kind`` with
     its bytes per block ``up`` and ``down``, the perturbation rate ``pr`` (elements/s) and
     ``z(k)``: the bytes a materialised z of k elements takes (0 with the fused kernel).
+    ``ends``: the embedding and head stream too (``stream_embeddings``), ``unit`` the largest
+    streamed unit's elements (a slot's), ``eup`` / ``edown`` their bytes each way per pass.
     ``sizes``: each streamed block's elements (a counted preset's blocks differ: a hybrid's
     state-space, attention and MLP blocks), ``resident``: the resident blocks' elements; slots
     are sized for the largest block, and what scales with the blocks (host memory, PCIe, time)
@@ -117,6 +143,15 @@ class Stream:
     z: Callable[[int], int]
     sizes: tuple[int, ...] = ()
     resident: int = 0
+    ends: bool = False
+    unit: int = 0
+    eup: int = 0
+    edown: int = 0
+
+    @property
+    def ends_e(self) -> float:
+        """The streamed embedding and head in largest-block equivalents (0: resident)."""
+        return (self.ne + self.nh) / self.nb if self.ends and self.nb else 0.0
 
     @property
     def se(self) -> float:
@@ -147,12 +182,17 @@ def _stream(cfg: RunConfig, p: Preset, prof: dict) -> Stream:
         lambda k: 4 * k + (0 if cfg.rng == "torch" else 80 * min((k + 3) // 4, 1 << 22)))
     r = min(cfg.resident_blocks, N) if streaming else N
     kind = transfer_kind(cfg) if streaming else "plain"  # mezo: nothing travels
-    slots = cfg.prefetch_depth + SPARE_SLOTS[kind] if streaming and r < N else 0
-    up = codec_bytes(cfg.codec, nb)
-    down = {"plain": 4 * nb, "sr": up, "mirror": 2 * nb, "compute": up}[kind]
+    ends = cfg.method == "zo-offload" and cfg.stream_embeddings
+    slots = block_slot_count(cfg, kind) if streaming and (r < N or ends) else 0
+    up_of = lambda n: codec_bytes(cfg.codec, n)  # noqa: E731
+    down_of = lambda n: {"plain": 4 * n, "sr": up_of(n), "mirror": 2 * n,  # noqa: E731
+                         "compute": up_of(n)}[kind]
     blocks = p.counts[1] if p.counts is not None else (nb,) * N
-    return Stream(cuda, streaming, N, nb, p.embed_params(), p.head_params(), r, N - r, slots,
-                  kind, up, down, pr, z, tuple(blocks[r:]), sum(blocks[:r]))
+    ne, nh = p.embed_params(), p.head_params()
+    return Stream(cuda, streaming, N, nb, ne, nh, r, N - r, slots, kind, up_of(nb),
+                  down_of(nb), pr, z, tuple(blocks[r:]), sum(blocks[:r]), ends,
+                  max((*blocks[r:], ne, nh)) if ends else nb,
+                  (up_of(ne) + up_of(nh)) * ends, (down_of(ne) + down_of(nh)) * ends)
 
 
 def plan_zo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) -> None:
@@ -167,33 +207,37 @@ def _parameters(cfg: RunConfig, p: Preset, st: Stream, e: dict, notes: list[str]
     """Device and host bytes of the weights, slots and wires; returns the tied head copy's."""
     cuda, dev, nb, s, slots, kind, up = st.cuda, e["dev"], st.nb, st.s, st.slots, st.kind, st.up
     wb = weight_bytes(cfg)
-    dev["embedding + head"] = wb * (st.ne + st.nh)
+    ends = 0 if st.ends else st.ne + st.nh  # elements of the embedding and head on the device
+    dev["embedding + head"] = wb * ends
     dev["resident blocks" if st.streaming else "blocks"] = wb * st.resident
     tied_copy = 0
     if cfg.method == "zo-offload" and p.hf.get("tie_word_embeddings", True):  # the head's copies
         tied_copy = (2 if e["amp"] else 4) * p.vocab * p.hf.get("word_embed_proj_dim", p.hidden) \
             * (zo_passes(cfg.queries, cfg.estimator) - 1)
         dev["tied head weight copy"] = tied_copy
-    slot_b = up if kind == "compute" else 4 * nb  # one block in its slot
+    unit_up = codec_bytes(cfg.codec, st.unit)  # the largest streamed unit on the wire
+    slot_b = unit_up if kind == "compute" else 4 * st.unit  # in its slot
     if slots:
         ahead = s if cuda and cfg.overlap and not cfg.reuse_buffers else slots
         dev["block slots" if cfg.reuse_buffers else "blocks in flight"] = slot_b * ahead
         e["elastic"] = slot_b * (ahead - slots)
-        if kind == "compute":  # the forward's form of one block, shared by every slot
-            dev["work buffer"] = work_bytes(p, 2)
+        if kind == "compute":  # the forward's form of one unit, shared by every slot
+            dev["work buffer"] = max([work_bytes(p, 2), *(ends_work_bytes(cfg, p) if st.ends
+                                                          else ())])
         elif kind != "plain":  # shared wires (one per direction) with reuse, else per block
-            wires = {"sr": 2 * up, "mirror": up} if cfg.reuse_buffers else {
-                "sr": slots * up, "mirror": slots * up}
+            wires = {"sr": 2 * unit_up, "mirror": unit_up} if cfg.reuse_buffers else {
+                "sr": slots * unit_up, "mirror": slots * unit_up}
             dev["codec wire buffers"] = wires[kind]
             if kind == "mirror":
-                dev["mirror deltas"] = slots * 2 * nb
+                dev["mirror deltas"] = slots * 2 * st.unit
         pin = lambda nbytes: pinned_bytes(nbytes, cuda)  # noqa: E731
-        e["pinned"] = st.per_block(lambda n: {
+        held = lambda n: {  # noqa: E731
             "plain": pin(4 * n), "sr": pin(codec_bytes(cfg.codec, n)),
             "compute": pin(codec_bytes(cfg.codec, n)),
-            "mirror": pin(codec_bytes(cfg.codec, n)) + pin(2 * n)}[kind])
+            "mirror": pin(codec_bytes(cfg.codec, n)) + pin(2 * n)}[kind]
+        e["pinned"] = st.per_block(held) + (held(st.ne) + held(st.nh)) * st.ends
         if kind == "mirror":  # a pageable fp32 master, a pinned mirror and delta
-            e["host"]["block masters (fp32)"] = 4 * sum(st.sizes)
+            e["host"]["block masters (fp32)"] = 4 * (sum(st.sizes) + (st.ne + st.nh) * st.ends)
             e["host"][f"{cfg.codec} mirrors + bf16 deltas"] = e["pinned"]
         else:
             e["host"][f"block masters ({cfg.codec})"] = e["pinned"]
@@ -202,19 +246,20 @@ def _parameters(cfg: RunConfig, p: Preset, st: Stream, e: dict, notes: list[str]
                          "up to a power of two: pinned host memory is counted as rounded")
     extras = (dev.get("codec wire buffers", 0) + dev.get("mirror deltas", 0)
               if cfg.reuse_buffers else 0) + dev.get("work buffer", 0)
-    e["gpu_param_bytes"] = cuda * (wb * (st.ne + st.nh + st.resident) + tied_copy
+    e["gpu_param_bytes"] = cuda * (wb * (ends + st.resident) + tied_copy
                                    + slot_b * slots * cfg.reuse_buffers + extras)
     k = ZO_STATE_SLOTS[cfg.zo_optimizer]
     if k:  # momentum / adam (``engine/stream/opt_state.py``): fp32 beside the device groups,
         # fp32 state slots beside the block slots (+ their wires), the master's form on the host
         sb = _state_wire(cfg, st, k)
-        state = 4 * k * (st.ne + st.nh + st.resident) + (4 * k * slots * nb + (
+        state = 4 * k * (ends + st.resident) + (4 * k * slots * st.unit + (
             2 * sb if kind == "sr" else 0)) * cfg.reuse_buffers
         dev["optimizer state"] = state
         e["gpu_param_bytes"] += cuda * state
         if s:
-            held = st.per_block(lambda n: pinned_bytes(k * (
-                4 * n if kind == "plain" else codec_bytes(cfg.codec, n)), cuda))
+            kept = lambda n: pinned_bytes(k * (  # noqa: E731
+                4 * n if kind == "plain" else codec_bytes(cfg.codec, n)), cuda)
+            held = st.per_block(kept) + (kept(st.ne) + kept(st.nh)) * st.ends
             e["pinned"] += held
             e["host"][f"optimizer state ({'fp32' if kind == 'plain' else cfg.codec})"] = held
     return tied_copy
@@ -239,8 +284,9 @@ def _activations(cfg: RunConfig, p: Preset, prof: dict, st: Stream, e: dict, not
     blockm = m["block"] + (0 if fused else 23 * nb) * (st.kind == "sr")
     if st.kind == "compute":  # the matrices are read in the compute dtype: no cast copy; the
         # torch path replays the chain on an fp32 copy (+ z), then the SR encode's 23 B
+        u = st.unit  # the torch path replays the largest streamed unit
         blockm = moments(p, rows, t, e["amp"], masked, cast=False)["block"] + (0 if fused else (
-            4 * nb + z(nb) + 23 * nb * (cfg.master == "compressed-sr")))
+            4 * u + z(u) + 23 * u * (cfg.master == "compressed-sr")))
     if cfg.method == "forward-grad":  # dual tensors, math-backend attention (scores + probs)
         blockm = 2 * m["block"] + 4 * rows * p.heads * t * t * (2 if e["amp"] else 4)
         # embedding and head tangents live all step; a block's only while it computes
@@ -252,19 +298,23 @@ def _activations(cfg: RunConfig, p: Preset, prof: dict, st: Stream, e: dict, not
         notes.append("forward-grad: the embedding's and head's tangents live all step, a block's "
                      "only while it computes (4 B/param); jvp taken as 3x forward FLOPs")
     # the head reads the tied copy in its compute dtype: no autocast cast of that weight
-    head_m = m["head"] - (2 * p.vocab * p.hf.get("word_embed_proj_dim", p.hidden)
-                          if tied_copy and e["amp"] else 0)
+    # and so does a streamed head from its form in the work buffer (compute-dtype slots)
+    formed = st.ends and st.kind == "compute"
+    head_cast = 2 * p.vocab * p.hf.get("word_embed_proj_dim", p.hidden) if e["amp"] else 0
+    head_m = m["head"] - (head_cast if tied_copy or formed else 0)
     peaks = [m["embed"] + (live - 1) * (hb + held // live), live * hb + held + blockm,
              live * hb + held + head_m]
     peaks += [held + _resident_z(cfg, prof, st, max(ne, nb, nh))] if not st.streaming else [
-        live * hb + held + max(z(nb) + 4 * nb * (st.kind == "mirror"), z(ne))]  # held: not yet collected
+        live * hb + held + max(z(st.unit) + 4 * st.unit * (st.kind == "mirror"), z(ne))]
     if cfg.zo_optimizer != "sgd":  # sign, momentum, adam: the update materialises z and the
         peaks[-1] += 8 * max(ne, nb, nh)  # estimate (4 B each; adam's denominator reuses it)
     act = max(peaks) + rows * t * t * masked  # + the padding mask, alive all step
     if masked:  # evaluation: one pass over max(B, 16) rows
         er = max(rows, EVAL_ROWS)
         ehb = 4 * er * t * p.hidden
-        em = max(moments(p, er, t, e["amp"], True, e["cast"]).values())
+        # compute-dtype slots: blocks (and a streamed head) read their form, never cast
+        em = moments(p, er, t, e["amp"], True, e["cast"] and st.kind != "compute")
+        em = max(em["embed"], em["block"], em["head"] - (head_cast if formed else 0))
         act = max(act, ehb + held // live * er // rows + em + er * t * t)
     dev["activations"] = act
 
@@ -330,17 +380,22 @@ def _time(cfg: RunConfig, prof: dict, st: Stream, e: dict, notes: list[str]) -> 
         e["compute"] += (ne + nh + N * nb) / pr
         eh_t += (ne + nh + st.resident) / pr
     per = sum(max(c, u, w) if overlap else c + u + w for c, u, w in rounds)
-    se = st.se  # each streamed block at its own size (the largest's bytes, scaled)
-    e["step"] = eh_t + st.re * c_blk + se * per
-    e["h2d"] = round(se * (st.up * len(rounds) + sb))
-    e["d2h"] = round(se * (st.down * (1 if kind == "mirror" else len(rounds)) + sb))
-    e["transfer"] = se * max(sum(u for _, u, _ in rounds), sum(w for _, _, w in rounds))
+    se, ee = st.se, st.ends_e  # each streamed unit at its own size (the largest's bytes, scaled)
+    ups, downs = sum(u for _, u, _ in rounds), sum(w for _, _, w in rounds)
+    # a streamed embedding and head: their transfers beside their own compute
+    ends_t = (max(eh_t, ee * ups, ee * downs) if overlap else eh_t + ee * (ups + downs))
+    e["step"] = ends_t + st.re * c_blk + se * per
+    down_rounds = 1 if kind == "mirror" else len(rounds)
+    e["h2d"] = round(se * (st.up * len(rounds) + sb) + st.eup * len(rounds) + ee * sb)
+    e["d2h"] = round(se * (st.down * down_rounds + sb) + st.edown * down_rounds + ee * sb)
+    e["transfer"] = (se + ee) * max(ups, downs)
     if measured is None:  # the measured per-block cost holds the transfers'
-        e["host_t"] += s * len(rounds) * 3 * OP_LAUNCH_S
+        e["host_t"] += (s + 2 * st.ends) * len(rounds) * 3 * OP_LAUNCH_S
     elif len(rounds) > 1:  # fused_update off: a second streamed pass
         e["host_t"] += s * 3 * OP_LAUNCH_S
     if kind == "mirror":  # one host thread: master += delta, re-encode the mirror
-        e["host_t"] = max(e["host_t"], sum(st.sizes) / prof["host_update_per_s"])
+        e["host_t"] = max(e["host_t"], (sum(st.sizes) + (st.ne + st.nh) * st.ends)
+                          / prof["host_update_per_s"])
     if not cfg.reuse_buffers and cuda:
         notes.append(f"reuse_buffers=false: transfers {factor:.2f}x slower (the paper's 0.37x "
                      f"ablation; our caching allocator may do better); fits with {st.slots} in "

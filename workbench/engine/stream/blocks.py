@@ -15,12 +15,14 @@ from workbench.engine.groups import GroupLayout
 from workbench.engine.peft import frozen_block
 from workbench.engine.storage import Group, materialise
 from workbench.engine.stream.compute_slots import ComputeSlotTransfer
+from workbench.engine.stream.embed_rows import EmbedRows
 from workbench.engine.stream.frozen_transfer import FrozenTransfer
 from workbench.engine.stream.shared_host import NodeShare
 from workbench.engine.stream.transfers import make_transfer
 from workbench.engine.timing import OpTimer
 from workbench.engine.zo.perturb import ZOOps
 from workbench.models.build import RandomInit
+from workbench.plan.memory import embed_rows
 
 
 class TrainedBlocks:
@@ -31,12 +33,13 @@ class TrainedBlocks:
     trained = True
 
     def __init__(self, cfg: RunConfig, device: torch.device, timer: OpTimer, ops: ZOOps,
-                 streamed: list[GroupLayout], share: NodeShare | None):
+                 streamed: list[GroupLayout], share: NodeShare | None, embed=None):
         self.cfg, self.device = cfg, device
         if compute_slots(cfg):  # the slots keep the master's 2 B (``compute_slots.py``)
+            rows = None if embed is None else EmbedRows(*embed, embed_rows(cfg))
             self.transfer = ComputeSlotTransfer(device, timer, ops, get_codec(cfg.codec),
                                                 HALF[cfg.amp], streamed, share,
-                                                sr=cfg.master == "compressed-sr")
+                                                sr=cfg.master == "compressed-sr", rows=rows)
         else:
             self.transfer = make_transfer(cfg.master, cfg.codec, device, timer, ops, share)
 
@@ -69,12 +72,13 @@ class FrozenBase:
 
 
 def streamed_blocks(cfg: RunConfig, device: torch.device, timer: OpTimer, ops: ZOOps,
-                    streamed: list[GroupLayout],
-                    share: NodeShare | None) -> TrainedBlocks | FrozenBase:
-    """The kind of ``cfg``'s streamed blocks (``streamed``: their layouts, in order)."""
+                    streamed: list[GroupLayout], share: NodeShare | None,
+                    embed: tuple | None = None) -> TrainedBlocks | FrozenBase:
+    """The kind of ``cfg``'s streamed units (``streamed``: their layouts, in order; ``embed``:
+    (the embedding's layout, its token embedding module) when it streams too)."""
     if cfg.peft == "lora":
         return FrozenBase(cfg, device, timer, streamed, share)
-    return TrainedBlocks(cfg, device, timer, ops, streamed, share)
+    return TrainedBlocks(cfg, device, timer, ops, streamed, share, embed)
 
 
 def host_storage(transfer, lay: GroupLayout, source, seed: int, device: torch.device):

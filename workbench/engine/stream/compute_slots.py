@@ -15,6 +15,10 @@ as it is. Every value equals the fp32-slot run's.
 
 Per block in flight: 2 B per parameter instead of 4 (+ two 2 B wires shared by all slots), and
 one work buffer in all; no decode or encode pass, no autocast cast of a weight.
+
+A streamed head (``stream_embeddings``) is a block to this transfer: its matrix in the compute
+dtype, its norm fp32. A streamed embedding's form is the fp32 rows the batch looks up
+(``embed_rows.py``), filled by the token embedding's own pre-hook (``ready_rows``).
 """
 from __future__ import annotations
 
@@ -25,7 +29,9 @@ import torch
 
 from workbench.engine.codecs.frozen_form import FrozenForm
 from workbench.engine.codecs.wire import HALF, Codec
+from workbench.engine.events import HEAD
 from workbench.engine.groups import GroupLayout
+from workbench.engine.stream.embed_rows import EmbedRows
 from workbench.engine.stream.transfers import SRTransfer
 from workbench.engine.zo.chain import Chain, ChainRunner
 from workbench.engine.zo.perturb import ZOOps
@@ -45,7 +51,8 @@ class Visit:
 
 class ComputeSlotTransfer(SRTransfer):
     """Args: as ``SRTransfer``, and ``compute``: the autocast dtype the matrices are held in;
-    ``layouts``: the streamed blocks' layouts (the work buffer fits the largest form)."""
+    ``layouts``: the streamed units' layouts (the work buffer fits the largest form);
+    ``rows``: a streamed embedding's row form (None: the embedding stays on the device)."""
 
     #: the block computing and the one whose offload still reads its slot (it goes down as is)
     spare_slots = SPARE_SLOTS["compute"]
@@ -53,14 +60,19 @@ class ComputeSlotTransfer(SRTransfer):
     lazy = True
 
     def __init__(self, device: torch.device, timer, ops: ZOOps, codec: Codec,
-                 compute: torch.dtype, layouts: list[GroupLayout], share=None, sr: bool = True):
+                 compute: torch.dtype, layouts: list[GroupLayout], share=None, sr: bool = True,
+                 rows: EmbedRows | None = None):
         super().__init__(device, timer, ops, codec, share, sr)
-        self.compute, self.half = compute, HALF[codec.name]
+        self.compute, self.half, self.rows = compute, HALF[codec.name], rows
         self.runner = ChainRunner(ops, codec.name, sr, compute)
         self._forms: dict[tuple, FrozenForm] = {}
-        size = max((self.form(lay).nbytes for lay in layouts), default=0)
+        size = max([self.form(lay).nbytes for lay in layouts if not self._is_rows(lay)]
+                   + [rows.nbytes if rows is not None else 0])
         self.work = torch.empty(size, dtype=torch.uint8, device=device)
         self._visits: dict[int, Visit] = {}
+
+    def _is_rows(self, layout: GroupLayout) -> bool:
+        return self.rows is not None and layout is self.rows.layout
 
     def form(self, layout: GroupLayout) -> FrozenForm:
         """The forward's form of a block of ``layout`` (one per block shape)."""
@@ -76,7 +88,9 @@ class ComputeSlotTransfer(SRTransfer):
         return slot[:self.codec.nbytes(numel)]
 
     def make_params(self, layout: GroupLayout, slot: torch.Tensor) -> list:
-        """Views of the work buffer: every block computes from it, whatever its slot."""
+        """Views of the work buffer: every unit computes from it, whatever its slot."""
+        if self._is_rows(layout):
+            return self.rows.make_params(self.work)
         return self.form(layout).make_params(self.work)
 
     def upload(self, host, slot, extra, step, block, stream, slot_ready=None) -> int:
@@ -102,6 +116,8 @@ class ComputeSlotTransfer(SRTransfer):
         """On the compute stream, right before a forward pass of ``block``: the work buffer
         <- the block as the operations recorded so far leave it (once per change)."""
         visit = self._visits.get(block)
+        if visit is None and block == HEAD:  # its views would read another unit's form
+            raise RuntimeError("stream_embeddings: the LM head ran outside its visit")
         if visit is None:  # block 0 called outside a visit: the embedding's capture of its
             return  # inputs (``models/adapter.py``), which stops before the block computes
         ops = visit.chain.ops_list if visit.chain is not None else []
@@ -110,6 +126,22 @@ class ComputeSlotTransfer(SRTransfer):
         self.runner.fill_form(visit.master, visit.layout, ops, self.form(visit.layout),
                               self.work)
         visit.filled = len(ops)
+
+    def ready_rows(self, block: int, args: tuple) -> tuple | None:
+        """The token embedding's forward pre-hook, on the compute stream: the rows the pass
+        looks up (``args[0]``: the ids) filled from the master as the operations recorded so
+        far leave them; returns the args with the ids mapped to those rows (None: the whole
+        table is filled and the ids stay)."""
+        visit, rows = self._visits.get(block), self.rows
+        if visit is None:
+            raise RuntimeError("stream_embeddings: the token embedding ran outside its visit")
+        ops = visit.chain.ops_list if visit.chain is not None else []
+        ids = args[0]
+        rows.check(ids)
+        if not (rows.whole and visit.filled == len(ops)):  # rows: the ids may be new
+            self.runner.fill_spans(visit.master, visit.layout, ops, rows.spans(ids, self.work))
+            visit.filled = len(ops)
+        return None if rows.whole else (rows.compact(ids), *args[1:])
 
     def settle(self, step: int, block: int, layout: GroupLayout) -> None:
         """On the compute stream, right after the block's last pass: the chain run to its end

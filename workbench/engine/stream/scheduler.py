@@ -2,16 +2,18 @@
 
 Layout: the embedding, the head and ``resident_blocks`` blocks live on the GPU; every other
 block's master lives in host memory behind a transfer (``transfers.py``: fp32, a compressed
-mirror, or compressed-sr). ``prefetch_depth`` + the transfer's ``spare_slots`` GPU slots,
-allocated once, hold the blocks in flight: block i+d uploads while block i computes and block
-i-1 offloads, on three CUDA streams ordered by events only (the host never waits inside a
-step). A compressed codec's wire buffers are two in all (one per direction), not one per slot;
-under compressed-sr a slot is free once its block is encoded, so one slot fewer serves. An
-adapter run's frozen base (``frozen_transfer.py``) only comes up: compressed, each slot is a
-wire of its own, decoded on the compute stream just before its block into one shared buffer.
-What a pass does to a block is the caller's ``compute``; the arithmetic lives in ``zo/step.py``.
-Used by the zo-offload and forward-grad engines (``zo/offload.py``, ``zo/forward_grad.py``)
-through its public methods.
+mirror, or compressed-sr). With ``stream_embeddings`` the embedding and head stream too, first
+and last in each pass. ``block_slots`` GPU slots (auto: ``prefetch_depth`` + the transfer's
+``spare_slots``), allocated once and sized for the largest streamed unit, hold the units in
+flight: unit i+d uploads while unit i computes and unit i-1 offloads, on three CUDA streams
+ordered by events only (the host never waits inside a step); with fewer slots an upload waits
+on its stream for the offload of its slot's last unit. A compressed codec's wire buffers are
+two in all (one per direction), not one per slot; under compressed-sr a slot is free once its
+block is encoded, so one slot fewer serves. An adapter run's frozen base
+(``frozen_transfer.py``) only comes up: compressed, each slot is a wire of its own, decoded on
+the compute stream just before its block into one shared buffer. What a pass does to a unit is
+the caller's ``compute``; the arithmetic lives in ``zo/step.py``. Used by the zo-offload and
+forward-grad engines (``zo/offload.py``, ``zo/forward_grad.py``) through its public methods.
 
 This module only schedules. What the blocks are (trained, or a frozen base) is ``blocks.py``;
 the hand-off of the node's one host copy under data parallel, ``shared_host.py`` (a rank with a
@@ -25,7 +27,9 @@ from typing import Callable, Sequence
 import torch
 
 from workbench.config import RunConfig
-from workbench.engine.groups import GroupLayout, LazyFlats, build_layouts, move_buffers, release
+from workbench.engine.events import EMBED, HEAD
+from workbench.engine.groups import (GroupLayout, LazyFlats, build_layouts, move_buffers, release,
+                                    tied_with_embed)
 from workbench.engine.snapshots import DeviceSnapshots
 from workbench.engine.storage import Group, materialise
 from workbench.engine.stream.blocks import streamed_blocks
@@ -39,8 +43,9 @@ from workbench.engine.zo.perturb import PendingUpdate, ZOOps
 from workbench.engine.zo.step import ApplyUpdate
 from workbench.models.adapter import BlockAdapter
 
-#: ``compute(i, weights, apply)``: block i's pass over its (n,) fp32 weights on the device;
-#: ``apply`` is how a pending update reaches them (None: the fused update of ``zo/step.py``).
+#: ``compute(i, weights, apply)``: unit i's pass over its (n,) fp32 weights on the device (i: a
+#: block index, or EMBED / HEAD for a streamed embedding / head); ``apply`` is how a pending
+#: update reaches them (None: the fused update of ``zo/step.py``).
 BlockCompute = Callable[[int, torch.Tensor, ApplyUpdate | None], None]
 
 
@@ -55,10 +60,14 @@ class BlockStreamer:
         ops: the engine's ZO operations (the transfers use them for their own updates).
         share: the node's one host copy under data parallel (``shared_host.NodeShare``).
 
-    Attributes: ``embed``, ``head``, ``blocks`` (Groups; a streamed block's ``flat`` is its
-    host storage), ``resident`` (block indices on the GPU), ``streams``, ``transfer``,
-    ``slot_numel``, ``bytes_h2d`` / ``bytes_d2h`` (running totals), ``node`` (the host copy's
-    hand-off), ``snapshots`` / ``copies`` (the two halves of a snapshot).
+    Attributes: ``embed``, ``head``, ``blocks`` (Groups; a streamed unit's ``flat`` is its
+    host storage), ``resident`` (block indices on the GPU), ``ends`` (the embedding and head
+    stream), ``order`` (canonical group indices a full pass visits), ``streamed`` (those whose
+    master is on the host), ``streams``, ``transfer``, ``slot_numel``, ``n_slots``,
+    ``bytes_h2d`` / ``bytes_d2h`` (running totals), ``node`` (the host copy's hand-off),
+    ``snapshots`` / ``copies`` (the two halves of a snapshot). Units are named by canonical
+    index k (embedding 0, block i at i + 1, head N + 1) inside, and to transfers, events and
+    ``compute`` by their id (``uid``: the block index, EMBED or HEAD).
     """
 
     def __init__(self, adapter: BlockAdapter, source, cfg: RunConfig, device: torch.device,
@@ -68,52 +77,59 @@ class BlockStreamer:
         self.cuda = device.type == "cuda"
         embed, blocks, head = build_layouts(adapter)
         n = len(blocks)
+        self.n_blocks = n
         self.resident = set(range(min(cfg.resident_blocks, n)))
-        self.embed = Group(embed, materialise(embed, source, cfg.seed, device))
-        self.head = Group(head, materialise(head, source, cfg.seed, device))
+        self.ends = bool(getattr(cfg, "stream_embeddings", False))
+        if self.ends and tied_with_embed(embed, adapter.head_modules):
+            raise ValueError("stream_embeddings: this model ties its LM head to the embedding "
+                             "(one weight in two groups); use stream_embeddings=false")
+        layouts = [embed, *blocks, head]
+        self.order = list(range(n + 2)) if self.ends else list(range(1, n + 1))
+        self.streamed = [k for k in self.order if k - 1 not in self.resident]
         self.streams = Streams(device, cfg.overlap)
-        streamed = [i for i in range(n) if i not in self.resident]
-        kind = streamed_blocks(cfg, device, timer, ops, [blocks[i] for i in streamed], share)
+        kind = streamed_blocks(cfg, device, timer, ops, [layouts[k] for k in self.streamed],
+                               share, (embed, adapter.model.get_input_embeddings())
+                               if self.ends else None)
         self.transfer = kind.transfer
-        self.slot_numel = max((blocks[i].numel for i in streamed), default=0)
-        self.n_slots = cfg.prefetch_depth + self.transfer.spare_slots
-        self.blocks: list[Group] = []
-        self.node.start(n)
-        for i, lay in enumerate(blocks):
-            if i in self.resident:  # a resident base holds what a streamed one decodes to
-                self.blocks.append(kind.resident(lay, source))
+        self.slot_numel = max((layouts[k].numel for k in self.streamed), default=0)
+        self.n_slots = (cfg.prefetch_depth + self.transfer.spare_slots
+                        if cfg.block_slots == "auto" else int(cfg.block_slots))
+        groups: list[Group] = []
+        self.node.start(len(self.order))
+        for k, lay in enumerate(layouts):
+            if k not in self.streamed:  # on the device: fp32 ends, resident blocks (a
+                groups.append(Group(lay, materialise(lay, source, cfg.seed, device))  # base's
+                              if k in (0, n + 1) else kind.resident(lay, source))  # form)
             else:  # under a NodeShare only its writer fills the host copy; the rest map it
-                self.blocks.append(Group(lay, kind.host_storage(lay, source)
-                                         if self.node.writer else None))
+                groups.append(Group(lay, kind.host_storage(lay, source)
+                                    if self.node.writer else None))
         self.node.filled()
-        for group in self.blocks:
+        for group in groups:
             if group.flat is None:
                 group.flat = self.transfer.host_storage(group.layout)
         self.node.mapped()
+        self.embed, self.blocks, self.head = groups[0], groups[1:n + 1], groups[n + 1]
         self.slots: list[tuple[torch.Tensor, dict]] = []  # after the blocks: their staging
         if cfg.reuse_buffers and self.slot_numel:  # has gone back to the allocator
             self.slots = [self.transfer.slot_buffers(self.slot_numel, shared=True)
                           for _ in range(self.n_slots)]
         # compute-dtype slots: each forward pass of a streamed block first has the transfer
         # write the block as that pass sees it (``compute_slots.py``)
-        self._hooks = [adapter.blocks[i].register_forward_pre_hook(
-            lambda module, args, i=i: self.transfer.ready(i)) for i in streamed
-            if self.transfer.lazy]
-        self.embed.bind()
-        self.head.bind()
-        for i in self.resident:
-            self.blocks[i].bind()
+        self._hooks = self._lazy_hooks(adapter) if self.transfer.lazy else []
+        for k, group in enumerate(groups):
+            if k not in self.streamed:
+                group.bind()
         move_buffers([adapter.model], device)
         self.bytes_h2d = self.bytes_d2h = 0
-        self._offloaded: dict[int, torch.cuda.Event | None] = {}  # block -> its last offload
+        self._offloaded: dict[int, torch.cuda.Event | None] = {}  # unit k -> its last offload
         self._slot_free: dict[int, torch.cuda.Event | None] = {}  # slot -> last use finished
         self._slot_params: dict[tuple, list] = {}
         self.snapshots = DeviceSnapshots(device, cfg.to_dict())
-        self.copies = BlockCopies(self.blocks, streamed, self.transfer, timer,
-                                  self.snapshots.buffers, self._offloaded.get)
+        self.copies = BlockCopies(groups, {k: self.uid(k) for k in self.streamed}, self.transfer,
+                                  timer, self.snapshots.buffers, self._offloaded.get)
         # momentum / adam: each trained group's optimizer state, where the group is
         self.opt_state = (StreamedState(cfg.zo_optimizer, cfg.master, cfg.codec,
-                                        self.group_layouts(), [i + 1 for i in streamed], device,
+                                        self.group_layouts(), self.streamed, device,
                                         timer, ops, self.n_slots, cfg.reuse_buffers)
                           if kind.trained and cfg.zo_optimizer in STATEFUL else None)
         if cfg.checkpoint_every and kind.trained:  # an adapter run snapshots its adapters
@@ -125,53 +141,87 @@ class BlockStreamer:
         """Every group in canonical order: embedding, blocks, head."""
         return [self.embed, *self.blocks, self.head]
 
+    def uid(self, k: int) -> int:
+        """The id of canonical group k for transfers, events and ``compute``: its block
+        index, or EMBED / HEAD."""
+        return EMBED if k == 0 else HEAD if k == self.n_blocks + 1 else k - 1
+
+    def canonical(self, i: int) -> int:
+        """The canonical index of the unit with id i (``uid``'s inverse)."""
+        return 0 if i == EMBED else self.n_blocks + 1 if i == HEAD else i + 1
+
+    def group(self, i: int) -> Group:
+        """The group of the unit with id i (a block index, EMBED or HEAD)."""
+        return self.groups()[self.canonical(i)]
+
+    def _lazy_hooks(self, adapter: BlockAdapter) -> list:
+        """Compute-dtype slots: each forward of a streamed unit first has the transfer write the
+        unit as that pass sees it (``compute_slots.py``): a pre-hook on each streamed block, on
+        each head module (the first to run fills; the rest find it filled) and on the token
+        embedding (which also maps the batch's ids to the rows it filled)."""
+        tr, n = self.transfer, self.n_blocks
+        hooks = [adapter.blocks[k - 1].register_forward_pre_hook(
+            lambda module, args, i=k - 1: tr.ready(i)) for k in self.streamed if 0 < k <= n]
+        if self.ends:
+            hooks += [m.register_forward_pre_hook(lambda module, args: tr.ready(HEAD))
+                      for m in adapter.head_modules]
+            hooks.append(adapter.model.get_input_embeddings().register_forward_pre_hook(
+                lambda module, args: tr.ready_rows(EMBED, args)))
+        return hooks
+
     # --- the block pipeline ----------------------------------------------------------------
     def stream_blocks(self, step: int, compute: BlockCompute, write_back: bool,
-                      op: str = "compute", state: bool = False) -> None:
-        """Run ``compute`` for every block in order on the compute stream, streamed blocks
-        uploaded ``prefetch_depth`` ahead and (with ``write_back``) offloaded after; each
-        compute runs inside an ``op`` span of the timer. ``state``: the pass applies an update
-        whose rule keeps optimizer state, so each block's state travels with it
-        (``state_for``)."""
-        s, n, depth, tr = self.streams, len(self.blocks), self.cfg.prefetch_depth, self.transfer
-        node = self.node
+                      op: str = "compute", state: bool = False,
+                      units: Sequence[int] | None = None) -> None:
+        """Run ``compute`` for every unit of ``units`` (canonical indices, in order; default
+        ``order``: the blocks, and the embedding first and head last when they stream) on the
+        compute stream, streamed units uploaded ``prefetch_depth`` ahead and (with
+        ``write_back``) offloaded after; each compute runs inside an ``op`` span of the timer.
+        ``state``: the pass applies an update whose rule keeps optimizer state, so each unit's
+        state travels with it (``state_for``)."""
+        s, depth, tr, node = self.streams, self.cfg.prefetch_depth, self.transfer, self.node
+        order = self.order if units is None else list(units)
+        n, streamed, first = len(order), set(self.streamed), self.order[0]
         moved = self.opt_state if state and write_back else None
         inflight: dict[int, tuple] = {}
         node.begin_pass(write_back)
 
-        def upload(j: int) -> None:
-            if j >= n or j in self.resident:
+        def upload(p: int) -> None:  # the p-th unit of ``order``
+            if p >= n or order[p] not in streamed:
                 return
-            group, slot = self.blocks[j], j % self.n_slots
+            k = order[p]
+            j, group, slot = self.uid(k), self.groups()[k], p % self.n_slots
             numel = group.layout.numel
-            tr.wait_host(j)  # host-side work on this block's storage has finished
+            tr.wait_host(j)  # host-side work on this unit's storage has finished
             with s.on(s.upload):
-                s.wait(s.upload, self._offloaded.get(j))  # last step's offload wrote the host copy
+                s.wait(s.upload, self._offloaded.get(k))  # last step's offload wrote the host copy
                 if self.slots:
                     flat, extra = tr.slot_view(self.slots[slot][0], numel), self.slots[slot][1]
                 else:  # reuse_buffers off: fresh buffers from the caching allocator each time
                     flat, extra = tr.slot_buffers(numel)
-                node.before_upload(j, write_back)  # readers: the writer's last write-back landed
+                node.before_upload(k - first, write_back)  # readers: the last write-back landed
                 self.bytes_h2d += tr.upload(group.flat, flat, extra, step, j, s.upload,
-                                            # the slot's last block is done with it (its
-                                            # offload, or a frozen block's decode, read it)
+                                            # the slot's last unit (the one before the unit
+                                            # computing, at prefetch_depth + 1 slots) is done
+                                            # with it: its offload or a frozen decode read it
                                             lambda: s.wait(s.upload, self._slot_free.get(slot)))
                 if moved is not None:  # after the weights: the stream has waited for the slot
-                    self.bytes_h2d += moved.upload(j + 1, slot, step, s.upload)
-                inflight[j] = (flat, extra, s.record(s.upload), slot)
+                    self.bytes_h2d += moved.upload(k, slot, step, s.upload)
+                inflight[p] = (flat, extra, s.record(s.upload), slot)
                 if write_back:
-                    node.after_upload(j, inflight[j][2])
+                    node.after_upload(k - first, inflight[p][2])
 
-        for j in range(min(depth, n)):
-            upload(j)
-        for i in range(n):
-            upload(i + depth)
-            group = self.blocks[i]
-            if i in self.resident:
+        for p in range(min(depth, n)):
+            upload(p)
+        for p in range(n):
+            upload(p + depth)
+            k = order[p]
+            i, group = self.uid(k), self.groups()[k]
+            if k not in streamed:
                 with self.timer.span(op, "compute", s.compute, step, i):
                     compute(i, group.flat, None)
                 continue
-            flat, extra, uploaded, slot = inflight.pop(i)
+            flat, extra, uploaded, slot = inflight.pop(p)
             s.wait(s.compute, uploaded)  # compute reads the weights only once they have landed
             fresh = [flat, *extra.values()] if not self.slots and self.cuda else []
             for t in fresh:
@@ -179,7 +229,7 @@ class BlockStreamer:
             decoded: list = []  # a frozen block decoded on the compute stream frees its wire
             tr.before_compute(group.flat, flat, extra, step, i, s.compute,
                               lambda: decoded.append(s.record(s.compute)), group.layout)
-            self._bind_slot(i, flat, slot)
+            self._bind_slot(group.layout, flat, slot)
             with self.timer.span(op, "compute", s.compute, step, i):
                 compute(i, flat, tr.updater(extra, i))
             if write_back and node.writer:  # on the compute stream: a compute-dtype slot's
@@ -188,16 +238,16 @@ class BlockStreamer:
             if not write_back:
                 self._slot_free[slot] = decoded[0] if decoded else computed
                 continue
-            self.copies.before_offload(i)  # a snapshot's copy of its master is done
+            self.copies.before_offload(k)  # a snapshot's copy of its master is done
             if moved is not None:  # every rank keeps its own state: no node copy to defer to
                 with s.on(s.offload):
-                    s.wait(s.offload, computed)  # the update has written the block's state
-                    self.bytes_d2h += moved.offload(i + 1, step, s.offload)
+                    s.wait(s.offload, computed)  # the update has written the unit's state
+                    self.bytes_d2h += moved.offload(k, step, s.offload)
                 computed = s.record(s.offload)  # the slot pair is free once both are down
             if not node.writer:  # the writer writes the node's copy
-                self._offloaded[i] = self._slot_free[slot] = computed
+                self._offloaded[k] = self._slot_free[slot] = computed
                 continue
-            node.before_write(i)  # every reader has uploaded this pass's old values
+            node.before_write(k - first)  # every reader has uploaded this pass's old values
             released: list = []
             with s.on(s.offload):
                 s.wait(s.offload, computed)  # offload only after compute has finished the block
@@ -207,17 +257,18 @@ class BlockStreamer:
                 done = s.record(s.offload)
                 for t in fresh:
                     t.record_stream(s.offload)  # and until the offload has read them
-            self._offloaded[i] = done
+            self._offloaded[k] = done
             self._slot_free[slot] = released[0] if released else done
-            node.after_write(i, done)
+            node.after_write(k - first, done)
 
-    def _bind_slot(self, i: int, flat: torch.Tensor, slot: int) -> None:
-        """Point block i's modules at its weights in the slot (views cached per slot)."""
-        lay, tr = self.blocks[i].layout, self.transfer
+    def _bind_slot(self, lay: GroupLayout, flat: torch.Tensor, slot: int) -> None:
+        """Point a unit's modules (of layout ``lay``) at its weights in the slot (views cached
+        per slot and shape)."""
+        tr = self.transfer
         if not self.slots:
             lay.bind(tr.make_params(lay, flat))
             return
-        key = (slot, lay.signature())  # views of one slot serve every block of that shape
+        key = (slot, lay.signature())  # views of one slot serve every unit of that shape
         params = self._slot_params.get(key)
         if params is None:
             params = self._slot_params[key] = tr.make_params(lay, flat)
@@ -228,39 +279,34 @@ class BlockStreamer:
         """Wait for every transfer and host pass (outside steps: before reading host copies)."""
         if self.cuda:
             torch.cuda.synchronize(self.device)  # all streams: transfers have landed
-        for i in range(len(self.blocks)):
-            self.transfer.wait_host(i)
-        self.node.settled(len(self.blocks))  # readers: the writer's copies have landed
+        for k in self.streamed:
+            self.transfer.wait_host(self.uid(k))
+        self.node.settled(len(self.order))  # readers: the writer's copies have landed
 
-    def _weights(self, i: int) -> torch.Tensor:
-        group = self.blocks[i]
-        return group.values() if i in self.resident else self.transfer.to_fp32(group.flat)
+    def _weights(self, k: int) -> torch.Tensor:
+        group = self.groups()[k]
+        return self.transfer.to_fp32(group.flat) if k in self.streamed else group.values()
 
     def state_flats(self) -> LazyFlats:
-        """Every group's fp32 weights in canonical order; a streamed block is decoded from the
-        host when it is reached, so iterating holds one decoded block at a time."""
+        """Every group's fp32 weights in canonical order; a streamed unit is decoded from the
+        host when it is reached, so iterating holds one decoded unit at a time."""
         self.sync()
-        n = len(self.blocks)
+        groups = self.groups()
 
-        def reader(k: int):  # a streamed block the transfer reads piece by piece, or None
-            i = k - 1
-            return (self.transfer.reader(self.blocks[i].flat)
-                    if 0 <= i < n and i not in self.resident else None)
+        def reader(k: int):  # a streamed unit the transfer reads piece by piece, or None
+            return self.transfer.reader(groups[k].flat) if k in self.streamed else None
 
-        return LazyFlats(n + 2, lambda k: self.embed.flat if k == 0 else self.head.flat
-                         if k == n + 1 else self._weights(k - 1), reader)
+        return LazyFlats(len(groups), self._weights, reader)
 
     def load_state_flats(self, flats: Sequence[torch.Tensor]) -> None:
         """Set every group from ``flats`` (fp32, canonical order), read one group at a time
         (a checkpoint's ``LazyFlats`` loads each from disk only here)."""
         self.sync()
-        self.embed.flat.copy_(flats[0])
-        self.head.flat.copy_(flats[len(flats) - 1])
-        for i in range(len(self.blocks)):
-            if i in self.resident:
-                self.blocks[i].load(flats[i + 1])
+        for k, group in enumerate(self.groups()):
+            if k not in self.streamed:
+                group.load(flats[k])
             elif self.node.writer:  # one copy per node: one writer
-                self.transfer.store_fp32(self.blocks[i].flat, flats[i + 1])
+                self.transfer.store_fp32(group.flat, flats[k])
         self.node.barrier()  # readers upload only once the writer has stored every block
 
     def group_layouts(self) -> list[GroupLayout]:
@@ -293,14 +339,12 @@ class BlockStreamer:
 
     def _on_gpu(self) -> dict[int, torch.Tensor]:
         """The groups that live on the GPU (embedding, head, residents) by canonical index."""
-        groups, last = self.groups(), len(self.blocks) + 1
-        return {k: groups[k].flat for k in range(last + 1) if k in (0, last)
-                or (k - 1) in self.resident}
+        return {k: g.flat for k, g in enumerate(self.groups()) if k not in self.streamed}
 
     def state_for(self, i: int) -> torch.Tensor | None:
-        """Block i's optimizer state on the device during a pass that moves it (None: the
-        run's rule keeps none)."""
-        return None if self.opt_state is None else self.opt_state.for_group(i + 1)
+        """Unit i's (a block index, EMBED or HEAD) optimizer state on the device (a streamed
+        unit's during a pass that moves it; None: the run's rule keeps none)."""
+        return None if self.opt_state is None else self.opt_state.for_group(self.canonical(i))
 
     def _state_on_gpu(self) -> dict[int, torch.Tensor]:
         return {} if self.opt_state is None else dict(self.opt_state.gpu)
@@ -319,7 +363,9 @@ class BlockStreamer:
             for key, t in extra.items():
                 extras.setdefault("mirror deltas" if key == "delta" else "codec wire buffers",
                                   {})[t.data_ptr()] = nbytes(t)
-        out = {"embedding + head": nbytes(self.embed.flat) + nbytes(self.head.flat),
+        last = self.n_blocks + 1
+        out = {"embedding + head": sum(nbytes(self.groups()[k].flat) for k in (0, last)
+                                       if k not in self.streamed),
                "resident blocks": sum(nbytes(self.blocks[i].flat) for i in self.resident),
                "block slots": sum({flat.data_ptr(): nbytes(flat)  # a shared one once
                                    for flat, _ in self.slots}.values())}
@@ -332,9 +378,9 @@ class BlockStreamer:
         return out
 
     def host_param_bytes(self) -> int:
-        """Host bytes holding the streamed blocks: the master plus any mirror / delta."""
-        return sum(self.transfer.host_bytes(block.flat) for i, block in enumerate(self.blocks)
-                   if i not in self.resident)
+        """Host bytes holding the streamed units: the master plus any mirror / delta."""
+        groups = self.groups()
+        return sum(self.transfer.host_bytes(groups[k].flat) for k in self.streamed)
 
     def close(self) -> None:
         """Drain transfers and snapshot copies, free GPU and pinned host memory (the model

@@ -23,66 +23,68 @@ from workbench.engine.timing import OpTimer
 
 class BlockCopies:
     """Args:
-        blocks: every block's group (streamed ones hold their host storage in ``flat``).
-        streamed: the indices of the streamed blocks.
+        groups: every group in canonical order (streamed ones hold their host storage in
+            ``flat``).
+        streamed: the streamed groups' canonical indices -> their ids for the transfer and
+            events (a block index, EMBED or HEAD).
         transfer: their transfer (``read_master``, ``wait_host``, ``master_dtype``).
         timer: publishes a ``self-copy`` span per block.
         buffers: the kept snapshot buffers (shared with the device half).
-        landed: block -> the event of its last offload (None: nothing pending).
+        landed: canonical index -> the event of its last offload (None: nothing pending).
     """
 
-    def __init__(self, blocks: list[Group], streamed: list[int], transfer, timer: OpTimer,
+    def __init__(self, groups: list[Group], streamed: dict[int, int], transfer, timer: OpTimer,
                  buffers: SnapshotBuffers, landed: Callable[[int], object]):
-        self.blocks, self.streamed, self.transfer, self.timer = blocks, streamed, transfer, timer
+        self.groups, self.streamed, self.transfer, self.timer = groups, streamed, transfer, timer
         self.buffers, self.landed = buffers, landed
         self._copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="self-copy")
-        self._gates: dict[int, Future] = {}  # block -> its copy, awaited before its offload
+        self._gates: dict[int, Future] = {}  # group -> its copy, awaited before its offload
 
-    def _buffer(self, b: int) -> torch.Tensor:
-        return self.buffers.get(("host", b), self.blocks[b].layout.numel,
+    def _buffer(self, k: int) -> torch.Tensor:
+        return self.buffers.get(("host", k), self.groups[k].layout.numel,
                                 self.transfer.master_dtype, pinned=False)
 
     def prepare(self) -> None:
         """Allocate every buffer now and fault its pages in (setup, for a run that will
         checkpoint)."""
-        for b in self.streamed:
-            self._buffer(b).zero_()
+        for k in self.streamed:
+            self._buffer(k).zero_()
 
     def start(self, next_step: int) -> Callable[[list], None]:
         """Start copying every streamed block (the copies overlap ``next_step``); returns the
-        writer's half: ``fill(out)`` puts block b's copy at ``out[b + 1]`` once it is done."""
+        writer's half: ``fill(out)`` puts group k's copy at ``out[k]`` once it is done."""
         out: dict[int, torch.Tensor] = {}
         futures = []
-        for b in self.streamed:
-            self._gates[b] = self._copier.submit(self._copy, b, out, next_step)
-            futures.append(self._gates[b])
+        for k in self.streamed:
+            self._gates[k] = self._copier.submit(self._copy, k, out, next_step)
+            futures.append(self._gates[k])
 
         def fill(flats: list) -> None:
             for future in futures:
                 future.result()
-            for b, copy in out.items():
-                flats[b + 1] = copy
+            for k, copy in out.items():
+                flats[k] = copy
 
         return fill
 
-    def before_offload(self, b: int) -> None:
-        """The training thread: block b's copy (if one is running) is done before its offload
+    def before_offload(self, k: int) -> None:
+        """The training thread: group k's copy (if one is running) is done before its offload
         overwrites the master."""
-        gate = self._gates.pop(b, None)
+        gate = self._gates.pop(k, None)
         if gate is not None:
             gate.result()  # the checkpoint's self-copy of this block's half is done
 
-    def _copy(self, b: int, out: dict, next_step: int) -> None:
-        """Copy thread: block b's master into its buffer once its last offload has landed; the
+    def _copy(self, k: int, out: dict, next_step: int) -> None:
+        """Copy thread: group k's master into its buffer once its last offload has landed; the
         copy is published as a ``self-copy`` event of ``next_step``, the step it overlaps."""
-        landed = self.landed(b)
+        landed = self.landed(k)
         if landed is not None:
             landed.synchronize()  # copy thread only: the step's offload wrote the master
-        self.transfer.wait_host(b)
+        self.transfer.wait_host(self.streamed[k])
         start = self.timer.now()
-        buf = self._buffer(b)
-        out[b] = self.transfer.read_master(self.blocks[b].flat, buf)
-        self.timer.bus.publish(OpEvent("self-copy", "cpu", next_step, b,
+        buf = self._buffer(k)
+        out[k] = self.transfer.read_master(self.groups[k].flat, buf)
+        self.timer.bus.publish(OpEvent("self-copy", "cpu", next_step, self.streamed[k],
                                        buf.numel() * buf.element_size(), start, self.timer.now()))
 
     def close(self) -> None:

@@ -126,7 +126,9 @@ class Tables:
                 torch.tensor(gi, dtype=torch.int32)]
         # a pinned copy goes up without blocking the host; the tables stay referenced (and so
         # allocated) until the next list replaces them, after every launch that reads them
-        tables = tuple(t.pin_memory().to(self.device, non_blocking=True) for t in host)
+        # (on a CPU device, the Triton interpreter's tests, the tables are used as they are)
+        tables = tuple(t.pin_memory().to(self.device, non_blocking=True)
+                       if self.device.type == "cuda" else t for t in host)
         return torch.cat(gs), tables, len(seeds)
 
 
@@ -151,6 +153,26 @@ class ChainRunner:
         g, tables, n_groups = self.tables.get(ops, self.base.one)
         self.kernel.launch(master, mats, tail, g, tables, n_groups, form.n_mat, layout.n_decay,
                            layout.gid, self.kernel.FORM)
+
+    def fill_spans(self, master: torch.Tensor, layout: GroupLayout, ops: list[Op],
+                   spans: list[tuple[torch.Tensor, int, torch.Tensor]]) -> None:
+        """Each span's fp32 values after ``ops`` (a streamed embedding's rows:
+        ``stream/embed_rows.py``): for (starts (S,) int64, length, out (S x length,) fp32), out
+        <- elements [start, start + length) of each start, as the fp32 slot would hold them."""
+        if self.kernel is None:
+            x = replay_fp32(self.base, master, layout, ops)
+            for starts, length, out in spans:
+                if starts.numel() == 1:  # one whole entry (as fill_form's: no index tensor)
+                    lo = int(starts[0])
+                    out.copy_(x[lo:lo + length])
+                    continue
+                idx = starts[:, None] + torch.arange(length, device=starts.device)
+                out.copy_(x[idx.reshape(-1)])
+            return
+        g, tables, n_groups = self.tables.get(ops, self.base.one)
+        for starts, length, out in spans:
+            self.kernel.launch_spans(master, out, starts, length, g, tables, n_groups,
+                                     layout.n_decay, layout.gid)
 
     def write_master(self, master: torch.Tensor, layout: GroupLayout, ops: list[Op],
                      sr_seed: int) -> None:

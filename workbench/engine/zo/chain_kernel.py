@@ -88,6 +88,44 @@ def chain_kernel(w_ptr, mats_ptr, tail_ptr, g_ptr, g_seed, g_start, op_a, op_wd,
     _store(x3, e3, m3, w_ptr, mats_ptr, tail_ptr, n_mat, w3, MODE, DROP)
 
 
+@triton.jit(do_not_specialize=["gid", "n_groups", "length", "per_span"])
+def span_kernel(w_ptr, out_ptr, starts_ptr, g_ptr, g_seed, g_start, op_a, op_wd, op_g,
+                q, length, per_span, n_decay, gid, n_groups, BLOCK: tl.constexpr):
+    """The FORM mode's fp32 values for elements [start, start + length) of each span (a
+    streamed embedding's rows), to ``out[s * length + j]``: element e is lane e // q of chunk
+    e % q, so it takes the very z ``chain_kernel`` gives it."""
+    pid = tl.program_id(0)
+    s = pid // per_span
+    j = (pid % per_span) * BLOCK + tl.arange(0, BLOCK)
+    m = j < length
+    e = tl.load(starts_ptr + s) + j
+    c = e % q
+    lane = e // q
+    x = tl.load(w_ptr + e, mask=m, other=0.0).to(tl.float32)
+    for k in range(n_groups):
+        z0, z1, z2, z3 = _normals(tl.load(g_seed + k), gid, c)
+        z = tl.where(lane == 0, z0, tl.where(lane == 1, z1, tl.where(lane == 2, z2, z3)))
+        for jj in range(tl.load(g_start + k), tl.load(g_start + k + 1)):
+            a = tl.load(op_a + jj)
+            wd = tl.load(op_wd + jj)
+            gi = tl.load(op_g + jj)
+            g = tl.load(g_ptr + tl.maximum(gi, 0))
+            x = _apply(x, e, z, a, wd, g, gi >= 0, n_decay)
+    tl.store(out_ptr + s.to(tl.int64) * length + j, x, mask=m)
+
+
+def launch_spans(w: torch.Tensor, out: torch.Tensor, starts: torch.Tensor, length: int,
+                 g: torch.Tensor, tables: tuple[torch.Tensor, ...], n_groups: int, n_decay: int,
+                 gid: int) -> None:
+    """Enqueue ``span_kernel`` on the current stream: ``out`` (S x length,) fp32 <- the spans
+    of the master ``w`` (n,) bf16 / fp16 at ``starts`` (S,) int64 after the ops in
+    ``tables`` (as ``launch``)."""
+    q = (w.numel() + 3) // 4
+    per_span = triton.cdiv(length, BLOCK)
+    span_kernel[(starts.numel() * per_span,)](w, out, starts, g, *tables, q, length, per_span,
+                                              n_decay, gid, n_groups, BLOCK=BLOCK)
+
+
 def launch(w: torch.Tensor, mats: torch.Tensor, tail: torch.Tensor, g: torch.Tensor,
            tables: tuple[torch.Tensor, ...], n_groups: int, n_mat: int, n_decay: int, gid: int,
            mode: int, sr_seed: int = 0, sr_key: int = 0) -> None:
@@ -115,3 +153,10 @@ def warm(n: int, n_mat: int, n_decay: int, half: torch.dtype, compute: torch.dty
         load_compiled(chain_kernel.warmup(half, compute, f32, f32, i64, i64, f32, f32, i32,
                                           n, q, n_mat, n_decay, 0, 0, 0, 0, MODE=mode,
                                           DROP=drop, BLOCK=BLOCK, grid=(1,)))
+
+
+def warm_spans(n: int, n_decay: int, half: torch.dtype) -> None:
+    """Compile and load ``span_kernel`` for a streamed embedding of n elements (``warm``)."""
+    i64, f32, i32 = torch.int64, torch.float32, torch.int32
+    load_compiled(span_kernel.warmup(half, f32, i64, f32, i64, i64, f32, f32, i32, (n + 3) // 4,
+                                     0, 0, n_decay, 0, 0, BLOCK=BLOCK, grid=(1,)))

@@ -12,7 +12,8 @@ with ``queries=q`` the 2q (or q + 1, one-sided) passes all run during the block'
 2q hidden states travelling together: q perturbations for one PCIe round trip.
 A weight tied between the embedding and the LM head keeps its +eps copy, in the head's compute
 dtype, from the embedding's + pass to the head's (``tied.py``), so every value equals MeZO's
-bit for bit.
+bit for bit. With ``stream_embeddings`` (an untied head) the embedding and the head are the
+first and last units of the same streamed pass, each visit the step of a block.
 """
 from __future__ import annotations
 
@@ -92,11 +93,12 @@ class StreamedEngine:
         if upd is None:
             return
         s, ops = self.streamer, self.ops
-        with self.timer.span("update", "compute", s.streams.compute, step, EMBED):
-            for k, group in ((0, s.embed), (len(s.blocks) + 1, s.head)):
-                apply_update(ops, group.flat, group.layout, upd, state=self.group_state(k))
+        if not s.ends:
+            with self.timer.span("update", "compute", s.streams.compute, step, EMBED):
+                for k, group in ((0, s.embed), (len(s.blocks) + 1, s.head)):
+                    apply_update(ops, group.flat, group.layout, upd, state=self.group_state(k))
         s.stream_blocks(step, lambda i, flat, apply: apply_update(
-            ops, flat, s.blocks[i].layout, upd, apply, s.state_for(i)),
+            ops, flat, s.group(i).layout, upd, apply, s.state_for(i)),
                         write_back=True, op="update", state=True)
 
     def group_state(self, k: int) -> torch.Tensor | None:
@@ -110,21 +112,39 @@ class StreamedEngine:
         (one per eval batch, one per generated token) streams the blocks read-only."""
         self.flush()
         return evaluate(self.objective, self.adapter, dev, self.device, self.cfg.amp, batch_size,
-                        self.streamed_forward, total)
+                        self.streamed_forward, total,
+                        self.streamed_head if self.streamer.ends else None)
 
     def streamed_forward(self, input_ids: torch.Tensor,
                          attention_mask: torch.Tensor) -> torch.Tensor:
         """Final hidden states (B, T, D) with the current weights (the update flushed first),
-        the blocks streamed through the GPU once, read-only (``models/generate.py::Forward``)."""
-        adapter = self.adapter
-        hidden, ctx = adapter.embed(Inputs(input_ids, attention_mask))
-        state = [hidden]
+        the blocks (and a streamed embedding) through the GPU once, read-only
+        (``models/generate.py::Forward``)."""
+        adapter, s, inputs = self.adapter, self.streamer, Inputs(input_ids, attention_mask)
+        state: list = [None, None]  # hidden states, block context
+        if not s.ends:
+            state[:] = adapter.embed(inputs)
 
         def forward(i: int, flat: torch.Tensor, apply) -> None:
-            state[0] = adapter.run_block(adapter.blocks[i], state[0], ctx)
+            if i == EMBED:
+                state[:] = adapter.embed(inputs)
+            else:
+                state[0] = adapter.run_block(adapter.blocks[i], state[0], state[1])
 
-        self.streamer.stream_blocks(-1, forward, write_back=False, op="eval")
+        s.stream_blocks(-1, forward, write_back=False, op="eval", units=s.order[:len(s.order)
+                                                                              - s.ends])
         return state[0]
+
+    def streamed_head(self, hidden: torch.Tensor, ctx=None) -> torch.Tensor:
+        """``BlockAdapter.head`` with a streamed head: its one unit uploaded, read-only."""
+        out: list = [None]
+
+        def head(i: int, flat: torch.Tensor, apply) -> None:
+            out[0] = self.adapter.head(hidden, ctx)
+
+        self.streamer.stream_blocks(-1, head, write_back=False, op="eval",
+                                    units=self.streamer.order[-1:])
+        return out[0]
 
     # --- state ------------------------------------------------------------------------------
     def state_flats(self) -> Sequence[torch.Tensor]:
@@ -193,6 +213,8 @@ class ZOOffloadEngine(StreamedEngine):
         ops, adapter, s = self.ops, self.adapter, self.streamer
         st = ZOStep.of(self.cfg, step, self.pending)
         emb, tied, compute, n = s.embed, self.tied, s.streams.compute, st.passes
+        if s.ends:
+            return self._step_streamed_ends(batch, step, st, lr, wd)
         with autocast(self.device, self.cfg.amp):
             with self.timer.span("compute", "compute", compute, step, EMBED):
                 embed_passes = zo_passes(ops, emb.flat, emb.layout, st,
@@ -224,4 +246,28 @@ class ZOOffloadEngine(StreamedEngine):
                 if tied is not None:
                     tied.unbind()
                 next(embed_passes, None)  # a tied embedding's restore
+        return self.finish_zo(step, st, losses, lr, wd)
+
+    def _step_streamed_ends(self, batch: Batch, step: int, st: ZOStep, lr: float,
+                            wd: float) -> StepOutput:
+        """``step`` with ``stream_embeddings``: one streamed pass visits the embedding, the
+        blocks and the head in order, each visit running every ZO pass of its unit."""
+        ops, adapter, s, n = self.ops, self.adapter, self.streamer, st.passes
+        hidden: list = [None] * n
+        losses: list = [None] * n
+        ctx: list = [None]
+
+        def visit(i: int, flat: torch.Tensor, apply) -> None:
+            passes = zo_passes(ops, flat, s.group(i).layout, st, apply=apply,
+                               state=s.state_for(i))
+            for k in passes:
+                if i == EMBED:
+                    hidden[k], ctx[0] = adapter.embed(batch)
+                elif i == HEAD:
+                    losses[k] = head_loss(self.objective, adapter, hidden[k], batch)
+                else:
+                    hidden[k] = adapter.run_block(adapter.blocks[i], hidden[k], ctx[0])
+
+        with autocast(self.device, self.cfg.amp):
+            s.stream_blocks(step, visit, write_back=True, state=st.pending is not None)
         return self.finish_zo(step, st, losses, lr, wd)

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from workbench.engine.events import EventBus
+from workbench.engine.events import EMBED, HEAD, EventBus
 from workbench.engine.groups import GroupLayout
 from workbench.engine.stream.transfers import make_transfer
 from workbench.engine.timing import OpTimer
@@ -51,6 +51,9 @@ def replay(flats: list[torch.Tensor], names: list[str], n_decay: list[int],
     # an adapter run's groups (its adapters) are resident in every engine: nothing streams
     streamed = (set() if method == "mezo" or config.get("peft", "none") == "lora"
                 else set(range(1 + resident, 1 + n_blocks)))
+    if config.get("stream_embeddings", False):  # through the
+        streamed |= {0, n_blocks + 1}  # blocks' transfer, first and last
+    uid = lambda k: EMBED if k == 0 else HEAD if k == n_blocks + 1 else k - 1  # noqa: E731
     dtype = weight_dtype(config)  # MeZO's half weights: bf16 / fp16, else fp32
     resident_apply = half.updater(ops, config.get("master") == "compressed-sr"
                                   and dtype != torch.float32, step_seed)
@@ -83,7 +86,7 @@ def replay(flats: list[torch.Tensor], names: list[str], n_decay: list[int],
             if k not in streamed:
                 fn(weights[k], lay, resident_apply, states and states.for_group(k))
                 continue
-            b = k - 1  # the block index, as the engine's transfer counts offloads
+            b = uid(k)  # the unit's id, as the engine's transfer counts offloads
             transfer.wait_host(b)  # the mirror's host pass of the last offload has finished
             slot, extra = transfer.slot_buffers(lay.numel)
             transfer.upload(weights[k], slot, extra, t, b, None)
@@ -113,7 +116,7 @@ def replay(flats: list[torch.Tensor], names: list[str], n_decay: list[int],
     if transfer is None:
         return [w.cpu().float() for w in weights]
     for k in streamed:
-        transfer.wait_host(k - 1)  # every host pass has written its master
+        transfer.wait_host(uid(k))  # every host pass has written its master
     out = [w.cpu() if k not in streamed else transfer.to_fp32(w).clone()
            for k, w in enumerate(weights)]
     transfer.close()
