@@ -45,15 +45,27 @@ def planned(cfg_dict: dict) -> dict:
     return {"planned_peak_gib": pl.peak_gpu_mem_bytes / GiB, "planned_step_s": pl.step_seconds}
 
 
+def settings(pairs: list[str]) -> dict:
+    """``--set KEY=VALUE`` pairs as config values (the CLI's own parsing)."""
+    from workbench.config import parse_value
+
+    out = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        out[key] = parse_value(key, value)
+    return out
+
+
 def specs(args) -> list[dict]:
     b, t = (int(x) for x in args.shape.split("x"))
     out = []
     for model in args.models.split(","):
         for q in (int(x) for x in args.queries.split(",")):
-            for slots in ("fp32", "compute"):
+            for slots in args.slots.split(","):
                 cfg = {"model": model, **SR, "slot_dtype": slots, "queries": q, "data": "synthetic",
                        "device": args.device, "batch_size": b, "seq_len": t, "steps": args.steps,
-                       "lr": 1e-6, "sample_hz": 0.0, "gpu_mem_limit_gb": args.cap}
+                       "lr": 1e-6, "sample_hz": 0.0, "gpu_mem_limit_gb": args.cap,
+                       **settings(args.set)}
                 out.append({"name": f"{model} {b}x{t} q={q} {slots} slots", "model": model,
                             "queries": q, "slots": slots, "config": cfg, "digest": args.digest})
     return out
@@ -73,6 +85,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=5, help="steps per run (warm-up left out)")
     p.add_argument("--cap", type=float, default=0.0, help="gpu_mem_limit_gb (0: the whole GPU)")
     p.add_argument("--digest", action="store_true", help="digest the final weights too")
+    p.add_argument("--slots", default="fp32,compute", help="slot_dtype values, in order")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting for every row (repeatable), e.g. stream_embeddings=true")
     from common import add_fresh_args, finish, in_fresh_process, save
 
     add_fresh_args(p, "compute_slots", 900.0)
