@@ -165,3 +165,28 @@ def test_the_parts_of_a_candidate_are_its_placements():
     assert props.parts(c) == sum(device_parts(1_000_000, 2, 12, Split(0.75, 0.25, 0.0),
                                               100_000, True).values())
     assert fo_memory.QUEUE_BYTES == 1 << 30
+
+
+def test_plan_through_the_cli_takes_the_placement_a_cap_leaves_room_for(tmp_path):
+    """What a user sees: ``plan`` for fo-offload under a cap names the share that fits and
+    the GPU memory fits; far below, it is refused with the leanest placement's estimate."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    def cli(gb: float):
+        env = {**os.environ, "WORKBENCH_CACHE": str(tmp_path)}
+        return subprocess.run(
+            [sys.executable, "-m", "workbench", "plan", "--gpu", "h100", "--json", "--set",
+             "model=opt-6.7b", "--set", "method=fo-offload", "--set", "amp=bf16", "--set",
+             "device=cuda", "--set", f"gpu_mem_limit_gb={gb}"],
+            capture_output=True, text=True, env=env)
+
+    r = cli(22)
+    d = json.loads(r.stdout)
+    assert d["fits_gpu"] and d["nvml_gpu_mem_bytes"] <= 22e9
+    assert any("gpu_mem_limit_gb=22 leaves room for" in n for n in d["notes"])
+    assert 0 < d["gpu_breakdown"]["gradients kept for the GPU"] < 5 * GiB  # uncapped: 10+
+    low = json.loads(cli(18).stdout)
+    assert not low["fits_gpu"] and low["gpu_breakdown"]["gradients kept for the GPU"] == 0
