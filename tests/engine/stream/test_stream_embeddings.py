@@ -139,20 +139,22 @@ def test_replay_and_resume_are_exact(variant, tmp_path):
     assert resumed.param_digest == straight.param_digest
 
 
-@pytest.mark.parametrize("transfer", [
-    pytest.param(dict(), id="plain"), pytest.param(dict(codec="bf16"), id="mirror"),
-    pytest.param(dict(codec="bf16", master="compressed-sr"), id="sr"),
+@pytest.mark.parametrize("transfer, default", [
+    pytest.param(dict(), 3, id="plain"), pytest.param(dict(codec="bf16"), 3, id="mirror"),
+    pytest.param(dict(codec="bf16", master="compressed-sr"), 2, id="sr"),
     pytest.param(dict(codec="bf16", master="compressed-sr", amp="bf16", slot_dtype="compute"),
-                 id="compute")])
-def test_two_block_slots_train_as_the_default_count(transfer):
+                 3, id="compute"),
+    pytest.param(dict(method="forward-grad", codec="bf16", master="compressed-sr"), 2,
+                 id="forward-grad-sr"),
+    pytest.param(dict(peft="lora", base_codec="int8"), 2, id="frozen-base")])
+def test_two_block_slots_train_as_the_default_count(transfer, default):
     """block_slots=2 (an upload waits for its slot's last offload) ends as the default number
-    of slots does, for each transfer, with 2 slots' bytes on the device."""
+    of slots does, for each transfer."""
     cfg = RunConfig(**{**PLAIN, "method": "zo-offload", **transfer})
     ref_engine, d, out = train(cfg, steps=4)
     engine, d2, out2 = train(cfg.replace(block_slots=2), steps=4)
     assert (d2, out2) == (d, out)
-    sr = transfer.get("master") == "compressed-sr" and "slot_dtype" not in transfer
-    assert engine.streamer.n_slots == 2 == ref_engine.streamer.n_slots - (not sr)  # sr: 1 + 1
+    assert (ref_engine.streamer.n_slots, engine.streamer.n_slots) == (default, 2)
 
 
 def test_refusals_name_the_setting_in_one_line():
