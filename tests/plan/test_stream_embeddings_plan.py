@@ -11,7 +11,7 @@ from workbench.engine import build_engine
 from workbench.engine.events import EventBus
 from workbench.models.build import build_skeleton
 from workbench.plan.planner import GiB, plan
-from workbench.plan.zo import ends_work_bytes
+from workbench.plan.memory import ends_work_bytes
 from workbench.presets import PRESETS
 
 SR = dict(codec="bf16", master="compressed-sr", amp="bf16")

@@ -47,6 +47,22 @@ def embed_rows(cfg) -> int:
     return max(cfg.batch_size, EVAL_ROWS) * (cfg.seq_len + cfg.max_new_tokens)
 
 
+def form_bytes(n: int, n_mat: int, item: int = 2) -> int:
+    """``FrozenForm.nbytes``: n_mat matrix elements in ``item`` B, padded to 16 B, the rest fp32."""
+    return (item * n_mat + 15) // 16 * 16 + 4 * (n - n_mat)
+
+
+def ends_work_bytes(cfg, p: Preset) -> tuple[int, int]:
+    """(the head's form, the embedding's row form) in bytes, under compute-dtype slots with
+    stream_embeddings: the head's matrix (V x proj) in the compute dtype, the rest fp32; the
+    token table's rows a forward looks up (``embed_rows``, at most V) in fp32, and the
+    embedding's other entries whole."""
+    proj = p.hf.get("word_embed_proj_dim", p.hidden)
+    ne, nh, table = p.embed_params(), p.head_params(), p.vocab * proj
+    return (form_bytes(nh, min(table, nh)),
+            4 * (min(p.vocab, embed_rows(cfg)) * proj + max(ne - table, 0)))
+
+
 #: Threads that hash and square pieces of a group at most (``engine/groups.py::fingerprint``).
 FINGERPRINT_THREADS = 32
 #: Host bytes a fingerprint thread holds beside the group while it squares a piece: numpy's

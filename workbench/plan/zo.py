@@ -53,8 +53,8 @@ from typing import Callable
 
 from workbench.config import ZO_STATE_SLOTS, RunConfig, compute_slots, zo_passes
 from workbench.plan.lora import block_matrices, codec_bytes
-from workbench.plan.memory import (EVAL_ROWS, block_slot_count, embed_rows, moments,
-                                   pinned_bytes)
+from workbench.plan.memory import (EVAL_ROWS, block_slot_count, ends_work_bytes, form_bytes,
+                                   moments, pinned_bytes)
 from workbench.plan.rates import host_key
 from workbench.presets import Preset
 
@@ -84,23 +84,7 @@ def work_bytes(p: Preset, item: int = 2) -> int:
     norms and biases, is a fraction of a percent)."""
     nb = p.block_params()
     n_mat = nb if p.counts is not None else sum(o * i for o, i in block_matrices(p).values())
-    return (item * n_mat + 15) // 16 * 16 + 4 * (nb - n_mat)
-
-
-def form_bytes(n: int, n_mat: int, item: int = 2) -> int:
-    """``FrozenForm.nbytes``: n_mat matrix elements in ``item`` B, padded to 16 B, the rest fp32."""
-    return (item * n_mat + 15) // 16 * 16 + 4 * (n - n_mat)
-
-
-def ends_work_bytes(cfg: RunConfig, p: Preset) -> tuple[int, int]:
-    """(the head's form, the embedding's row form) in bytes, under compute-dtype slots with
-    stream_embeddings: the head's matrix (V x proj) in the compute dtype, the rest fp32; the
-    token table's rows a forward looks up (``memory.embed_rows``, at most V) in fp32, and the
-    embedding's other entries whole."""
-    proj = p.hf.get("word_embed_proj_dim", p.hidden)
-    ne, nh, table = p.embed_params(), p.head_params(), p.vocab * proj
-    return (form_bytes(nh, min(table, nh)),
-            4 * (min(p.vocab, embed_rows(cfg)) * proj + max(ne - table, 0)))
+    return form_bytes(nb, n_mat, item)
 
 
 def chain_regens(cfg: RunConfig, pending: bool = True) -> int:

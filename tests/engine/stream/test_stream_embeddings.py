@@ -139,20 +139,22 @@ def test_replay_and_resume_are_exact(variant, tmp_path):
     assert resumed.param_digest == straight.param_digest
 
 
-@pytest.mark.parametrize("transfer", [
-    pytest.param(dict(), id="plain"), pytest.param(dict(codec="bf16"), id="mirror"),
-    pytest.param(dict(codec="bf16", master="compressed-sr"), id="sr"),
+@pytest.mark.parametrize("transfer, default", [
+    pytest.param(dict(), 3, id="plain"), pytest.param(dict(codec="bf16"), 3, id="mirror"),
+    pytest.param(dict(codec="bf16", master="compressed-sr"), 2, id="sr"),
     pytest.param(dict(codec="bf16", master="compressed-sr", amp="bf16", slot_dtype="compute"),
-                 id="compute")])
-def test_two_block_slots_train_as_the_default_count(transfer):
+                 3, id="compute"),
+    pytest.param(dict(method="forward-grad", codec="bf16", master="compressed-sr"), 2,
+                 id="forward-grad-sr"),
+    pytest.param(dict(peft="lora", base_codec="int8"), 2, id="frozen-base")])
+def test_two_block_slots_train_as_the_default_count(transfer, default):
     """block_slots=2 (an upload waits for its slot's last offload) ends as the default number
-    of slots does, for each transfer, with 2 slots' bytes on the device."""
+    of slots does, for each transfer."""
     cfg = RunConfig(**{**PLAIN, "method": "zo-offload", **transfer})
     ref_engine, d, out = train(cfg, steps=4)
     engine, d2, out2 = train(cfg.replace(block_slots=2), steps=4)
     assert (d2, out2) == (d, out)
-    sr = transfer.get("master") == "compressed-sr" and "slot_dtype" not in transfer
-    assert engine.streamer.n_slots == 2 == ref_engine.streamer.n_slots - (not sr)  # sr: 1 + 1
+    assert (ref_engine.streamer.n_slots, engine.streamer.n_slots) == (default, 2)
 
 
 def test_refusals_name_the_setting_in_one_line():
@@ -176,3 +178,29 @@ def test_refusals_name_the_setting_in_one_line():
     model, source = build_skeleton(cfg.model)  # not a preset: the engine finds the tie
     with pytest.raises(ValueError, match="^stream_embeddings: this model ties its LM head"):
         build_engine(model, source, cfg, torch.device("cpu"), EventBus())
+
+
+def test_generation_streams_the_head_for_every_token(tmp_path):
+    """A completion eval (greedy generation: a streamed forward, then the streamed head, per
+    token): MeZO's metrics with codec=fp32, the fp32-slot run's under compute-dtype slots."""
+    import json
+
+    from workbench.recipes.train import run
+
+    data = tmp_path / "qa.jsonl"
+    data.write_text("\n".join(json.dumps({"prompt": f"Count {i} and", "completion": f" {i + 1}"})
+                              for i in range(40)))
+    common = dict(PLAIN, objective="completion", data=str(data), steps=1, batch_size=2,
+                  seq_len=8, max_new_tokens=2, eval_samples=4, sample_hz=0.0, save_final=False)
+    metrics = lambda rec: [{k: v for k, v in e.items() if not k.endswith("_s")}  # noqa: E731
+                           for e in rec.evals]
+    runs = {name: run(RunConfig(**{**common, **knobs}), tmp_path / name, progress=False)
+            for name, knobs in {
+                "mezo": dict(method="mezo"),
+                "streamed": dict(method="zo-offload", stream_embeddings=True),
+                "fp32-slots": dict(ROWS, slot_dtype="fp32", max_new_tokens=2),
+                "compute-slots": dict(ROWS, slot_dtype="compute", max_new_tokens=2)}.items()}
+    assert metrics(runs["streamed"]) == metrics(runs["mezo"])
+    assert metrics(runs["compute-slots"]) == metrics(runs["fp32-slots"])
+    assert "exact_match" in runs["mezo"].evals[-1]["metrics"]
+    assert runs["compute-slots"].config["max_new_tokens"] == 2  # 16 x 10 rows < 260: row form

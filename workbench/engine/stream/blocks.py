@@ -28,7 +28,9 @@ from workbench.plan.memory import embed_rows
 class TrainedBlocks:
     """Blocks that train: their master (fp32, or the codec's under compressed-sr) in host
     memory, a transfer per ``cfg.master`` / ``cfg.codec`` (and ``cfg.slot_dtype``); resident
-    blocks in fp32. Their snapshots copy the host masters (``self_copy.py``)."""
+    blocks in fp32. Their snapshots copy the host masters (``self_copy.py``). ``embed``: (the
+    embedding's layout, its token embedding module) when it streams too (compute-dtype slots
+    then fill its looked-up rows: ``embed_rows.py``)."""
 
     trained = True
 

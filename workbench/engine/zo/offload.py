@@ -131,8 +131,8 @@ class StreamedEngine:
             else:
                 state[0] = adapter.run_block(adapter.blocks[i], state[0], state[1])
 
-        s.stream_blocks(-1, forward, write_back=False, op="eval", units=s.order[:len(s.order)
-                                                                              - s.ends])
+        s.stream_blocks(-1, forward, write_back=False, op="eval",  # a streamed head: apart
+                        units=s.order[:-1] if s.ends else None)  # (``streamed_head``)
         return state[0]
 
     def streamed_head(self, hidden: torch.Tensor, ctx=None) -> torch.Tensor:

@@ -51,7 +51,7 @@ def replay(flats: list[torch.Tensor], names: list[str], n_decay: list[int],
     # an adapter run's groups (its adapters) are resident in every engine: nothing streams
     streamed = (set() if method == "mezo" or config.get("peft", "none") == "lora"
                 else set(range(1 + resident, 1 + n_blocks)))
-    if config.get("stream_embeddings", False):  # through the
+    if config.get("stream_embeddings", False):  # the embedding and head: through the
         streamed |= {0, n_blocks + 1}  # blocks' transfer, first and last
     uid = lambda k: EMBED if k == 0 else HEAD if k == n_blocks + 1 else k - 1  # noqa: E731
     dtype = weight_dtype(config)  # MeZO's half weights: bf16 / fp16, else fp32
