@@ -140,3 +140,18 @@ def test_the_advice_names_both_knobs_where_only_both_fit():
         check_fits(RunConfig(model="opt-175b", **{**BIG, "gpu_mem_limit_gb": 10}), gpu="h100",
                    calibration={"host_mem_available_bytes": 2048 * GiB})
     assert "stream_embeddings" not in str(err.value)
+
+
+def test_fewer_slots_than_the_transfer_keeps_take_turns_on_the_link():
+    """block_slots below prefetch_depth + the transfer's spare slots: each slot computes, goes
+    down and comes up in turn, so a unit takes at least (compute + up alone + down alone) /
+    slots. llama-3.1-8b, compute slots, streamed ends, 8 x 128 on the H100 table: 0.41 s with
+    the default 3 slots, 0.50 s with 2 (measured on an H100: 0.402 and 0.458 s,
+    benchmarks/results/compute_slots-llama8b-streamed*-2026-11-27.json)."""
+    knobs = dict(model="llama-3.1-8b", stream_embeddings=True, slot_dtype="compute",
+                 batch_size=8, **SR)
+    three, two = (plan(cfg_(**knobs, block_slots=n), gpu="h100") for n in ("auto", 2))
+    assert two.step_seconds > 1.15 * three.step_seconds
+    assert two.step_seconds == pytest.approx(0.495, abs=0.01)
+    assert three.step_seconds == pytest.approx(0.407, abs=0.01)
+    assert two.gpu_breakdown["block slots"] * 3 == three.gpu_breakdown["block slots"] * 2

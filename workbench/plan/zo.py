@@ -53,9 +53,10 @@ from typing import Callable
 
 from workbench.config import ZO_STATE_SLOTS, RunConfig, compute_slots, zo_passes
 from workbench.plan.lora import block_matrices, codec_bytes
-from workbench.plan.memory import (EVAL_ROWS, block_slot_count, ends_work_bytes, form_bytes,
-                                   moments, pinned_bytes)
+from workbench.plan.memory import (EVAL_ROWS, SPARE_SLOTS, block_slot_count, ends_work_bytes,
+                                   form_bytes, moments, pinned_bytes)
 from workbench.plan.rates import host_key
+from workbench.models.castable import model_uncast
 from workbench.presets import Preset
 
 OP_LAUNCH_S = 5e-5  # host time of one perturbation kernel or one transfer launch
@@ -71,8 +72,9 @@ def weight_bytes(cfg: RunConfig) -> int:
 def transfer_kind(cfg: RunConfig) -> str:
     """How trained blocks travel: plain (fp32), sr (compressed master), mirror (fp32 master,
     a compressed mirror up, a bf16 delta down) or compute (the compressed master kept as it is
-    in its slot: ``slot_dtype``)."""
-    if compute_slots(cfg):
+    in its slot: ``slot_dtype``; under ``auto`` only where every block matrix is a weight
+    autocast casts, as the engine decides: ``models/castable.py``)."""
+    if compute_slots(cfg) and (cfg.slot_dtype == "compute" or not model_uncast(cfg.model)):
         return "compute"
     return "plain" if cfg.codec == "fp32" else ("sr" if cfg.master != "fp32" else "mirror")
 
@@ -348,6 +350,11 @@ def _time(cfg: RunConfig, prof: dict, st: Stream, e: dict, notes: list[str]) -> 
         bu = bd = prof["host_memcpy_bps"] / 2
     else:  # with overlap both directions run at once and share the link
         bu, bd = ((prof["duplex_bps"] / 2,) * 2 if overlap else (prof["h2d_bps"], prof["d2h_bps"]))
+    # fewer slots than the transfer keeps by default (block_slots): a unit's upload waits for
+    # the offload of its slot's last unit, so each slot in turn computes, goes down and comes
+    # up again (each copy alone on its direction): a unit every (c + up + down) / slots at best
+    turns = cuda and overlap and st.slots < cfg.prefetch_depth + SPARE_SLOTS[kind]
+    alone = (st.up / prof["h2d_bps"] + st.down / prof["d2h_bps"]) if turns else 0.0
     factor = 1.0 if cfg.reuse_buffers or not cuda else prof["reuse_off_factor"]
     decoded = kind not in ("plain", "compute")  # a decode on the GPU after the copy
     x_up = factor * st.up / bu + (st.up + 4 * nb) / bw * decoded
@@ -363,16 +370,18 @@ def _time(cfg: RunConfig, prof: dict, st: Stream, e: dict, notes: list[str]) -> 
                   (nb / pr, x_up + s_up, x_dn + s_dn)]
         e["compute"] += (ne + nh + N * nb) / pr
         eh_t += (ne + nh + st.resident) / pr
-    per = sum(max(c, u, w) if overlap else c + u + w for c, u, w in rounds)
+    per = sum(max(c, u, w, (c + alone) / st.slots) if overlap else c + u + w
+              for c, u, w in rounds)
     se, ee = st.se, st.ends_e  # each streamed unit at its own size (the largest's bytes, scaled)
     ups, downs = sum(u for _, u, _ in rounds), sum(w for _, _, w in rounds)
     # a streamed embedding and head: their transfers beside their own compute
-    ends_t = (max(eh_t, ee * ups, ee * downs) if overlap else eh_t + ee * (ups + downs))
+    ends_t = (max(eh_t, ee * ups, ee * downs, (eh_t + ee * alone) / max(st.slots, 1))
+              if overlap else eh_t + ee * (ups + downs))
     e["step"] = ends_t + st.re * c_blk + se * per
     down_rounds = 1 if kind == "mirror" else len(rounds)
     e["h2d"] = round(se * (st.up * len(rounds) + sb) + st.eup * len(rounds) + ee * sb)
     e["d2h"] = round(se * (st.down * down_rounds + sb) + st.edown * down_rounds + ee * sb)
-    e["transfer"] = (se + ee) * max(ups, downs)
+    e["transfer"] = (se + ee) * max(ups, downs, alone / max(st.slots, 1))
     if measured is None:  # the measured per-block cost holds the transfers'
         e["host_t"] += (s + 2 * st.ends) * len(rounds) * 3 * OP_LAUNCH_S
     elif len(rounds) > 1:  # fused_update off: a second streamed pass

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from workbench.config import RunConfig, compute_slots
+from workbench.config import ConfigError, RunConfig, compute_slots
 from workbench.engine.codecs.frozen_form import matrix_dtype
 from workbench.engine.codecs.wire import HALF, get_codec
 from workbench.engine.groups import GroupLayout
@@ -22,6 +22,7 @@ from workbench.engine.stream.transfers import make_transfer
 from workbench.engine.timing import OpTimer
 from workbench.engine.zo.perturb import ZOOps
 from workbench.models.build import RandomInit
+from workbench.models.castable import uncast_entries
 from workbench.plan.memory import embed_rows
 
 
@@ -37,7 +38,8 @@ class TrainedBlocks:
     def __init__(self, cfg: RunConfig, device: torch.device, timer: OpTimer, ops: ZOOps,
                  streamed: list[GroupLayout], share: NodeShare | None, embed=None):
         self.cfg, self.device = cfg, device
-        if compute_slots(cfg):  # the slots keep the master's 2 B (``compute_slots.py``)
+        if compute_slots(cfg) and exact_in_compute(cfg, streamed, embed):  # the slots keep
+            # the master's 2 B (``compute_slots.py``)
             rows = None if embed is None else EmbedRows(*embed, embed_rows(cfg))
             self.transfer = ComputeSlotTransfer(device, timer, ops, get_codec(cfg.codec),
                                                 HALF[cfg.amp], streamed, share,
@@ -71,6 +73,19 @@ class FrozenBase:
 
     def host_storage(self, lay: GroupLayout, source):
         return host_storage(self.transfer, lay, source, self.cfg.seed, self.device)
+
+
+def exact_in_compute(cfg: RunConfig, streamed: list[GroupLayout], embed=None) -> bool:
+    """Whether compute-dtype slots give the fp32 slots' bits for these units: every matrix a
+    weight autocast casts (``models/castable.py``; the embedding's rows are filled in fp32). Not
+    so, ``auto`` keeps fp32 slots and ``slot_dtype=compute`` is refused in one line."""
+    uncast = uncast_entries([lay for lay in streamed if embed is None or lay is not embed[0]])
+    if uncast and cfg.slot_dtype == "compute":
+        raise ConfigError([f"slot_dtype: compute holds every block matrix pre-cast, and "
+                           f"{uncast[0]} is not a Linear weight autocast casts (this model "
+                           f"would train other bits than with fp32 slots); use "
+                           f"slot_dtype=fp32 or auto"])
+    return not uncast
 
 
 def streamed_blocks(cfg: RunConfig, device: torch.device, timer: OpTimer, ops: ZOOps,
