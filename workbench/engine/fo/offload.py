@@ -6,9 +6,8 @@ m and v and the fp32 gradients of all parameters (16 bytes per parameter; 12 wit
 cut into subgroups of ``subgroup_size`` parameters. The GPU holds the compute weights w (bf16
 under amp=bf16, else fp32) the forward and backward passes read, and, for the placement
 (``plan/placement.py``: which subgroups are updated on which side), the gradients of
-GPU-updated subgroups, ``N_SLOTS`` slots
-of up to ``SLOT_PIECE`` elements, and the (p, m, v) of the static resident share
-(``gpu_resident_ratio``, the last subgroups, TwinFlow-style).
+GPU-updated subgroups, ``N_SLOTS`` slots of up to ``SLOT_PIECE`` elements, and the (p, m, v) of
+the static resident share (``gpu_resident_ratio``, the last subgroups, TwinFlow-style).
 
 A step. Forward and backward on w; the first interleaved subgroups' (p, m, v) are prefetched
 into their slots meanwhile (``gpu.py``). As each group's gradients complete, the gradient flush
@@ -93,11 +92,10 @@ Measure = Callable[[FOParts], dict[str, Rate]]
 class FOOffloadEngine(FirstOrderContract):
     """Args:
         model, source, device, bus: as ``FOEngine``.
-        cfg: the run config; besides the FO knobs (amp, adam_*), ``subgroup_size`` ("auto":
-            the sizes of ``plan/auto.py``, tried with the stride),
-            ``update_stride`` ("auto": the performance model's candidates, one timed step
-            each, the fastest kept: ``trial.py``), ``gpu_resident_ratio`` and
-            ``update_threads``.
+        cfg: the run config; besides the FO knobs (amp, adam_*), ``subgroup_size`` ("auto": the
+            sizes of ``plan/auto.py``, tried with the stride), ``update_stride`` ("auto": the
+            model's candidates, one timed step each, the fastest kept: ``trial.py``),
+            ``gpu_resident_ratio`` and ``update_threads``.
         measure: measures the rates the placement is made from (``calibrate/fo.py``).
         objective: what the loss is (default: ``cfg``'s, built without a tokenizer).
 
@@ -180,8 +178,7 @@ class FOOffloadEngine(FirstOrderContract):
     # --- placement --------------------------------------------------------------------------
     def plan(self, update_stride: Stride, resident_ratio: float,
              cpu_downcast: bool | None = None) -> Placement:
-        """The placement ``reschedule`` would make, without making it (``plan/placement.py``;
-        predicted under the step's DMA: ``plan/dma.py``)."""
+        """The placement ``reschedule`` would make, without making it (``plan/dma.py``)."""
         return dma.place(self.perf, self.flat.groups, update_stride, resident_ratio,
                          cpu_downcast, self.contention)
 
@@ -245,25 +242,22 @@ class FOOffloadEngine(FirstOrderContract):
     def step(self, batch: Batch, step: int, lr: float, wd: float) -> StepOutput:
         """One AdamW step on the batch's prompt loss; returns the loss (0-d device tensor).
         While "auto" tries its candidates (``trial.py``) the step is timed whole, and the next
-        candidate (or the winner) is placed when the next step begins: between steps the
-        gradients and state still read as this step's placement left them."""
+        one (or the winner) is placed as the next step begins (gradients and state read as
+        this step's placement left them until then)."""
         nxt, self._next = self._next, None
         now = self.placement
         while nxt is not None and nxt.key != (now.schedule.stride, now.cpu_downcast,
                                               self.flat.sub, self.resident_ratio):
-            if self._trial is not None and not self.proposals.fits(nxt):  # over the cap by
-                # the first step's peak: skipped and listed
-                self.bus.publish(InfoEvent("fo_trial_skipped", nxt.key))
-                nxt = self._trial.skip(over_cap=True)
-                continue
-            try:
-                self.reschedule(nxt.stride, nxt.resident, nxt.cpu_downcast, nxt.size)
-                break
-            except torch.OutOfMemoryError:  # a trial candidate that does not fit after all:
-                if self._trial is None:  # skipped, and said so in the trial's record
+            over = self._trial is not None and not self.proposals.fits(nxt)  # by the first
+            try:  # step's peak, over the cap: skipped and listed, as one that runs out of memory
+                if not over:
+                    self.reschedule(nxt.stride, nxt.resident, nxt.cpu_downcast, nxt.size)
+                    break
+            except torch.OutOfMemoryError:
+                if self._trial is None:
                     raise
-                self.bus.publish(InfoEvent("fo_trial_skipped", nxt.key))
-                nxt = self._trial.skip()
+            self.bus.publish(InfoEvent("fo_trial_skipped", nxt.key))
+            nxt = self._trial.skip(over_cap=over)
         if self._trial is not None and self._trial.done:  # the last candidates were skipped:
             self._end_trial()  # the winner is placed (above), and no more steps are trials
         if self._trial is None:
@@ -279,15 +273,13 @@ class FOOffloadEngine(FirstOrderContract):
             self._end_trial()
         return out
 
-    def _end_trial(self) -> None:
-        """The trial is over: what it tried and kept goes into the run record."""
+    def _end_trial(self) -> None:  # what the trial tried and kept goes into the run record
         self.bus.publish(InfoEvent("fo_trial", self._trial.summary()))
         self._trial = None
 
     @property
     def trying(self) -> bool:
-        """True while "auto" is still timing its candidate placements (the winner is placed
-        at the start of the first step after)."""
+        """True while "auto" still times its candidates (the winner is placed a step after)."""
         return self._trial is not None
 
     def _train_step(self, batch: Batch, step: int, lr: float, wd: float) -> StepOutput:
