@@ -84,14 +84,14 @@ def test_leaner_strides_go_down_to_all_on_the_cpu():
 
 
 def test_a_cap_plans_the_fastest_placement_that_fits():
-    """opt-6.7b, bf16, 8 x 128 on the H100 table: uncapped the model's pick keeps 88% of the
-    gradients on the GPU (30+ GiB); under a 22 GB cap the plan takes a leaner stride whose
+    """opt-6.7b, bf16, 8 x 128 on the H100 table: uncapped the model's pick keeps 80% of the
+    gradients on the GPU (8+ GiB); under a 22 GB cap the plan takes a leaner stride whose
     parts fit, and says so; the leanest (all on the CPU) fits where nothing else does; a cap
     below even that is refused with the leanest estimate."""
     base = dict(model="opt-6.7b", method="fo-offload", amp="bf16", batch_size=8, seq_len=128,
                 device="cuda")
     free = plan(RunConfig(**base), gpu="h100", calibration=HOST)
-    assert free.gpu_breakdown["gradients kept for the GPU"] > 10 * GiB
+    assert free.gpu_breakdown["gradients kept for the GPU"] > 8 * GiB
 
     def kept(gb: float):
         pl = plan(RunConfig(**base, gpu_mem_limit_gb=gb), gpu="h100", calibration=HOST)

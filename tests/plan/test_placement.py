@@ -9,7 +9,7 @@ import pytest
 
 from workbench.config import RunConfig
 from workbench.plan import placement
-from workbench.plan.fo import fo_placement, perf_inputs, subgroup_size
+from workbench.plan.fo import backward, fo_placement, perf_inputs, subgroup_size
 from workbench.plan.placement import PerfInputs, Subgroups, make_schedule
 from workbench.plan.planner import plan
 from workbench.plan.rates import gpu_profile
@@ -113,6 +113,8 @@ def test_the_planner_takes_the_engines_placement(amp, stride):
                             stride, 0.1)
     assert placed == again
     pl = plan(cfg, gpu="h200")
+    # The plan's placement follows its backward pass (2/3 of forward + backward's compute).
+    placed = fo_placement(cfg, n, prof, word, backward(prof, pl.compute_seconds * 2 / 3))
     s = placed.split
     assert pl.h2d_bytes_per_step == int(n * (12 * s.gpu + placed.inputs.word_bytes * s.cpu))
     assert pl.d2h_bytes_per_step == int(n * (12 * s.gpu + 4 * s.cpu))

@@ -31,7 +31,7 @@ import torch
 from workbench.engine.fo.adamw import AdamW, OptState, adamw
 from workbench.engine.fo.gpu import gpu_update
 from workbench.engine.fo.moments import HalfMoments, adamw_half
-from workbench.engine.fo.offload import FOParts
+from workbench.engine.fo.parts import FOParts
 from workbench.plan.placement import Rate
 
 #: Timed repetitions of each probe (after ``WARMUP`` untimed ones); the rate is their median.

@@ -18,7 +18,7 @@ from workbench.engine.objective import Objective
 from workbench.engine.protocol import Engine, StepOutput
 
 if TYPE_CHECKING:
-    from workbench.engine.fo.offload import Measure
+    from workbench.engine.fo.parts import Measure
 
 __all__ = ["Engine", "StepOutput", "build_engine"]
 

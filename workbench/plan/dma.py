@@ -25,6 +25,10 @@ T = A (1 + s u), A = n_cpu a: with u = D / (T R), T^2 - A T - A s D / R = 0, so
 T = (A + sqrt(A^2 + 4 A s D / R)) / 2 while u <= 1, else A (1 + s). The GPU side is the model's
 own (``placement.sides``); the update phase the slower of the two. Without Ucd (an old profile,
 a CPU-only machine) s = 0: the model of ``placement.py``, and ``NOTE`` says so.
+Given the backward pass the phase follows (``overlap.Backward``), the phase is ``overlap.phase``:
+the CPU side's head start during backward and the link both ways; "auto" then weighs every
+stride of ``strides``. ``refit`` fits Uc and s to steps that ran (update_stride=auto's trial:
+each candidate predicted from the steps before it, ``engine/fo/trial.py``).
 Pure arithmetic (no torch), like the rest of ``plan/``.
 """
 from __future__ import annotations
@@ -33,8 +37,9 @@ import math
 from dataclasses import dataclass, replace
 
 from workbench.config import Stride
-from workbench.plan import placement
-from workbench.plan.placement import Candidate, PerfInputs, Placement, Subgroups
+from workbench.plan import overlap, placement
+from workbench.plan.overlap import Backward
+from workbench.plan.placement import NO_GPU, Candidate, PerfInputs, Placement, Subgroups
 
 #: Said wherever a prediction is made without a CPU rate under DMA load.
 NOTE = ("the predicted update time ignores DMA contention (no CPU AdamW rate under DMA load "
@@ -95,30 +100,106 @@ def sides(placed: Placement, n_params: int, c: Contention | None) -> tuple[float
                        c), gpu
 
 
-def contended(placed: Placement, n_params: int, c: Contention | None) -> Placement:
-    """``placed`` with ``predicted_s`` the slower of its ``sides`` under DMA load."""
-    if c is None:
+def contended(placed: Placement, n_params: int, c: Contention | None,
+              bwd: Backward | None = None) -> Placement:
+    """``placed`` with ``predicted_s`` the slower of its ``sides`` under DMA load, or, given
+    the backward pass it follows (``bwd``), its update phase after that pass
+    (``overlap.phase``: the CPU side's head start, the link both ways)."""
+    if c is None and bwd is None:
         return placed
-    return replace(placed, predicted_s=max(sides(placed, n_params, c)))
+    cpu, gpu = sides(placed, n_params, c)
+    t = max(cpu, gpu) if bwd is None else overlap.phase(placed, n_params, cpu, bwd)
+    return replace(placed, predicted_s=t)
+
+
+def strides(count: int) -> list[int]:
+    """The strides "auto" weighs when the backward pass is known: 4 of every 5 down to 1 in
+    ``SCAN`` on the GPU, and none (only those with at least one GPU subgroup of ``count``)."""
+    return [k for k in (-4, -3, -2, *range(2, SCAN + 1)) if count >= (k if k > 0 else 1)] + [NO_GPU]
+
+
+#: The largest positive stride "auto" weighs (1 in 16 subgroups on the GPU).
+SCAN = 16
 
 
 def place(perf: PerfInputs, groups: Subgroups, update_stride: Stride, resident_ratio: float,
-          cpu_downcast: bool | None, c: Contention | None) -> Placement:
+          cpu_downcast: bool | None, c: Contention | None,
+          bwd: Backward | None = None) -> Placement:
     """``placement.place`` with predictions under DMA load: the downcast site (None: the one
-    predicted faster, GPU on a tie) chosen by them too. The stride of "auto" is still the
-    balance of ``placement.stride`` (rates alone); the trial times its neighbours."""
+    predicted faster, GPU on a tie) chosen by them too. The stride of "auto" is the balance of
+    ``placement.stride`` (rates alone), or, given the backward pass (``bwd``), the fastest
+    predicted of ``strides``; the trial times its neighbours."""
     sixteen = perf.word_bytes < 4
     sites = (False, True) if sixteen and cpu_downcast is None else (bool(cpu_downcast),)
-    return min((contended(placement.place_at(perf, groups, update_stride, resident_ratio, d),
-                          groups.numel, c) for d in sites), key=lambda p: p.predicted_s)
+    ks = strides(groups.count) if update_stride == "auto" and bwd is not None else [update_stride]
+    return min((contended(placement.place_at(perf, groups, k, resident_ratio, d),
+                          groups.numel, c, bwd) for d in sites for k in ks),
+               key=lambda p: p.predicted_s)
 
 
 def candidates(perf: PerfInputs, groups: Subgroups, resident_ratio: float,
-               c: Contention | None) -> list[Candidate]:
-    """``placement.candidates`` (the same placements) with predictions under DMA load, fastest
-    predicted first."""
-    out = []
-    for cand in placement.candidates(perf, groups, resident_ratio):
-        placed = place(perf, groups, cand.stride, resident_ratio, bool(cand.cpu_downcast), c)
-        out.append(replace(cand, predicted_s=placed.predicted_s))
-    return sorted(out, key=lambda cand: cand.predicted_s)
+               c: Contention | None, bwd: Backward | None = None) -> list[Candidate]:
+    """``placement.candidates`` with predictions under DMA load, fastest predicted first;
+    given the backward pass (``bwd``), at each downcast site the model's stride (``place``),
+    the next with fewer GPU subgroups and all on the CPU, none with more GPU-side parameters
+    than the model's own pick."""
+    if bwd is None:
+        out = []
+        for cand in placement.candidates(perf, groups, resident_ratio):
+            placed = place(perf, groups, cand.stride, resident_ratio, bool(cand.cpu_downcast), c)
+            out.append(replace(cand, predicted_s=placed.predicted_s))
+        return sorted(out, key=lambda cand: cand.predicted_s)
+    sixteen = perf.word_bytes < 4
+    picks = [place(perf, groups, "auto", resident_ratio, d, c, bwd)
+             for d in ((False, True) if sixteen else (False,))]
+    pick = min(picks, key=lambda p: p.predicted_s).split
+    placed = []
+    for model in picks:
+        k = model.schedule.stride
+        for stride in dict.fromkeys((k, placement.fewer(k) if k != NO_GPU else k, NO_GPU)):
+            placed.append(place(perf, groups, stride, resident_ratio, model.cpu_downcast, c, bwd))
+    out: list[Candidate] = []
+    for p in sorted(placed, key=lambda p: p.predicted_s):
+        cand = Candidate(p.schedule.stride, p.cpu_downcast if sixteen else None, p.predicted_s,
+                         p.split.gpu + p.split.resident, groups.size, resident_ratio)
+        if (cand.gpu_share <= pick.gpu + pick.resident + 1e-12
+                and all(o.key != cand.key for o in out)):
+            out.append(cand)
+    return out
+
+
+def load_share(placed: Placement, n_params: int, busy_s: float, c: Contention) -> float:
+    """u of the module docstring for a step that ran ``placed`` and kept the CPU busy
+    ``busy_s`` seconds: its DMA bytes over what the probe's load moves in that time (<= 1)."""
+    inp = placed.inputs
+    d = dma_bytes(n_params, placed.split, inp.word_bytes, inp.state_words)
+    return min(1.0, d / (busy_s * c.load_bps)) if busy_s > 0 and c.load_bps > 0 else 0.0
+
+
+def refit(c: Contention | None, uc: float,
+          seen: list[tuple[float, float]]) -> tuple[float, Contention | None]:
+    """The CPU rate alone and the contention, refitted to steps that ran: ``seen`` holds, per
+    step, (u, seconds per CPU-updated parameter its AdamW took). The model says
+    y = (1 + s u) / Uc, a line in u: with steps at two loads or more (u apart by ``SPREAD``)
+    both Uc and s are fitted (least squares; a fit with s < 0 or Uc <= 0 is not taken); with
+    one, Uc alone (s kept). Without ``c`` (no load was measured) Uc is the steps' mean rate.
+    Returns (Uc, contention); ``uc`` and ``c`` as they were without steps."""
+    if not seen:
+        return uc, c
+    us, ys = [u for u, _ in seen], [y for _, y in seen]
+    if c is None:
+        return len(ys) / sum(ys), None
+    s = c.slowdown
+    if max(us) - min(us) >= SPREAD:
+        mu, my = sum(us) / len(us), sum(ys) / len(ys)
+        beta = (sum((u - mu) * (y - my) for u, y in seen)
+                / sum((u - mu) ** 2 for u in us))
+        alpha = my - beta * mu
+        if alpha > 0 and beta >= 0:
+            return 1 / alpha, Contention(1 / alpha, 1 / (alpha + beta), c.load_bps)
+    rate = sum((1 + s * u) / y for u, y in seen) / len(seen)
+    return rate, Contention(rate, rate / (1 + s), c.load_bps)
+
+
+#: Steps' loads (u) must differ by this much for ``refit`` to fit the slowdown too.
+SPREAD = 0.15

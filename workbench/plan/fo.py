@@ -25,10 +25,11 @@ from __future__ import annotations
 import math
 
 from workbench.config import RunConfig
-from workbench.plan import dma
+from workbench.plan import dma, overlap
 from workbench.plan.auto import subgroup_sizes
 from workbench.plan.lora import adapter_params
 from workbench.plan.fo_memory import device_parts, fitting, leaner_strides
+from workbench.plan.overlap import Backward
 from workbench.plan.memory import CONTEXT_BYTES, WORKSPACE_BYTES, saved_activations
 from workbench.plan.placement import (NO_GPU, SITE, STATE_BYTES, PerfInputs, Placement,
                                       Subgroups, state_words)
@@ -69,12 +70,19 @@ def subgroup_size(cfg: RunConfig, n_params: int) -> int:
     return cfg.subgroup_size
 
 
-def fo_placement(cfg: RunConfig, n_params: int, prof: dict, word_bytes: int) -> Placement:
+def backward(prof: dict, seconds: float) -> Backward:
+    """The backward pass (``seconds`` of compute) with the profile's link rates."""
+    return Backward(seconds, prof["d2h_bps"], prof.get("duplex_bps"))
+
+
+def fo_placement(cfg: RunConfig, n_params: int, prof: dict, word_bytes: int,
+                 bwd: Backward | None = None) -> Placement:
     """Where fo-offload would update each subgroup of ``n_params`` with the profile's rates
-    (predicted under the step's DMA where the profile says how: ``contention``)."""
+    (predicted under the step's DMA where the profile says how: ``contention``; after the
+    backward pass ``bwd``, given: ``plan/overlap.py``)."""
     groups = Subgroups(n_params, max(1, min(subgroup_size(cfg, n_params), n_params)))
     return dma.place(perf_inputs(prof, word_bytes, cfg.adam_state_dtype), groups,
-                     cfg.update_stride, cfg.gpu_resident_ratio, None, contention(prof))
+                     cfg.update_stride, cfg.gpu_resident_ratio, None, contention(prof), bwd)
 
 
 def offload_parts(cfg: RunConfig, n_params: int, word: int, placed: Placement) -> dict[str, int]:
@@ -84,7 +92,7 @@ def offload_parts(cfg: RunConfig, n_params: int, word: int, placed: Placement) -
 
 
 def capped_placement(cfg: RunConfig, n_params: int, prof: dict, word: int, other: int,
-                     model: Placement, notes: list[str]) -> Placement:
+                     model: Placement, notes: list[str], bwd: Backward | None = None) -> Placement:
     """Under ``gpu_mem_limit_gb`` (update_stride=auto): the fastest predicted of the model's
     stride and every leaner one, at each downcast site, whose parts fit the cap beside
     ``other`` bytes (activations, workspaces) and the CUDA context; the leanest if none does
@@ -92,7 +100,7 @@ def capped_placement(cfg: RunConfig, n_params: int, prof: dict, word: int, other
     groups = Subgroups(n_params, max(1, min(subgroup_size(cfg, n_params), n_params)))
     perf, c = perf_inputs(prof, word, cfg.adam_state_dtype), contention(prof)
     sites = (False, True) if word == 2 else (False,)
-    options = sorted((dma.place(perf, groups, k, cfg.gpu_resident_ratio, down, c)
+    options = sorted((dma.place(perf, groups, k, cfg.gpu_resident_ratio, down, c, bwd)
                       for down in sites
                       for k in leaner_strides(model.schedule.stride, groups.count)),
                      key=lambda placed: placed.predicted_s)
@@ -126,9 +134,12 @@ def plan_fo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) ->
         e["dev"]["autocast weight copies"] = 2 * P * amp
         e["gpu_param_bytes"] = 4 * P * cuda
     else:
-        placed = fo_placement(cfg, P, prof, cw)
+        fwd = p.num_layers * e["blk"] + e["eh"]
+        bwd_pass = backward(prof, bwd * fwd)
+        placed = fo_placement(cfg, P, prof, cw, bwd_pass)
         if cfg.gpu_mem_limit_gb > 0 and cfg.update_stride == "auto":
-            placed = capped_placement(cfg, P, prof, cw, act + WORKSPACE_BYTES, placed, notes)
+            placed = capped_placement(cfg, P, prof, cw, act + WORKSPACE_BYTES, placed, notes,
+                                      bwd_pass)
         e["dev"].update(offload_parts(cfg, P, cw, placed))
         key = ("fp32 master, m, v, grads" if sb == 12 else
                f"fp32 master, {cfg.adam_state_dtype} m, v, fp32 grads")
@@ -142,8 +153,8 @@ def plan_fo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) ->
         # interleaved: p, m, v up and down; CPU-updated: fp32 grads down, weights up
         e["h2d"], e["d2h"] = P * (sb * s.gpu + up * s.cpu), P * (sb * s.gpu + 4 * s.cpu)
         e["transfer"] = max(e["h2d"], e["d2h"]) / (prof["duplex_bps"] / 2)
-        e["step"] = (fwd + max(bwd * fwd, s.cpu * P * 4 / prof["d2h_bps"])
-                     + placed.predicted_s)
+        # the update phase follows backward's end (it waits for the gradient flush)
+        e["step"] = fwd + overlap.backward_end(placed, P, bwd_pass) + placed.predicted_s
         k = placed.schedule.stride
         where = (f"16-bit weights downcast on the {SITE[placed.cpu_downcast]}" if cw < 4
                  else "fp32 weights")

@@ -63,7 +63,9 @@ class HostUpdates:
             subgroup_size=auto tries; default the current one).
 
     Attributes: ``threads`` (as the worker sees them), ``bytes_h2d`` (uploaded so far, counted
-    at each ``finish``), ``half`` (bf16 moments' scratch and noise; None for fp32 moments).
+    at each ``finish``), ``half`` (bf16 moments' scratch and noise; None for fp32 moments),
+    ``busy`` (this step's [parameters, seconds] of CPU AdamW: its rate under the step's load,
+    which update_stride=auto refits its model to, ``trial.py``).
     """
 
     def __init__(self, flat: FlatParams, streams: Streams, timer: PhaseTimer, bus: EventBus,
@@ -89,6 +91,7 @@ class HostUpdates:
         self._spans: list = []
         self.bytes_h2d = self._uploaded = 0
         self.step, self.opt, self.step_t = -1, None, None
+        self.busy = [0, 0.0]
 
     def place(self, cpu_downcast: bool) -> None:
         """Where 16-bit compute weights are downcast: on the CPU (pinned staging buffers,
@@ -116,6 +119,7 @@ class HostUpdates:
         """This step's AdamW settings, (CPU) step count and Adam step (the rounding of bf16
         moments; before its first ``submit``)."""
         self.step, self.opt, self.step_t = step, opt, step_t
+        self.busy = [0, 0.0]  # read after ``finish`` (the worker is idle then)
         if self.half is not None:
             self.half.t = adam_step
 
@@ -171,6 +175,7 @@ class HostUpdates:
             self._host("cpu-wait", "wait", j, t0)
         t0 = timer.now()
         self.adamw(j)
+        self.busy[0], self.busy[1] = self.busy[0] + b - a, self.busy[1] + timer.now() - t0
         self._host("cpu-update", "cpu", j, t0, threads_text(self.threads))
         src, stage = f.p32[a:b], None
         if self.cpu_downcast:

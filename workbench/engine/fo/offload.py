@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from typing import Callable, NamedTuple
+from functools import partial
 
 import torch
 
@@ -54,6 +54,7 @@ from workbench.engine.fo.flat import FlatParams
 from workbench.engine.fo.gpu import GpuUpdates
 from workbench.engine.fo.grads import GradFlush, LossScale
 from workbench.engine.fo.host import HostUpdates, default_threads
+from workbench.engine.fo.parts import FOParts, Measure
 from workbench.engine.fo.moments import DTYPES
 from workbench.engine.fo.resident import (FirstOrderContract, prompt_loss, refuse_unsupported,
                                           trainable_params)
@@ -69,24 +70,7 @@ from workbench.engine.stream.streams import Streams
 from workbench.engine.timing import OpTimer
 from workbench.models.lora import LoRAInit
 from workbench.plan import auto, dma, placement
-from workbench.plan.placement import Candidate, Placement, Rate
-
-
-class FOParts(NamedTuple):
-    """The parts of an fo-offload engine that a measurement of its rates runs, between steps
-    (``calibrate/fo.py``): the flat parameters, the gradient flush, the host side, the streams
-    and the run's config."""
-
-    flat: FlatParams
-    grads: GradFlush
-    host: HostUpdates
-    streams: Streams
-    cfg: RunConfig
-
-
-#: How an engine gets its placement model's inputs: measured rates by name (B, Bd, Ug, Uc, and
-#: Dc for 16-bit compute weights) from its own parts.
-Measure = Callable[[FOParts], dict[str, Rate]]
+from workbench.plan.placement import Candidate, Placement
 
 
 class FOOffloadEngine(FirstOrderContract):
@@ -100,10 +84,10 @@ class FOOffloadEngine(FirstOrderContract):
         objective: what the loss is (default: ``cfg``'s, built without a tokenizer).
 
     Attributes beyond the engine protocol: ``flat``, ``placement`` (the current one: schedule,
-    split, downcast site, prediction), ``calibration`` (measured rates by name), ``perf`` (the
-    model's inputs from them), ``clock`` (its ``seconds``: the update phase of each step since
-    the last placement, from the end of the backward pass on the GPU to the end of the last
-    update work on either side).
+    split, downcast site, prediction), ``calibration`` (measured rates by name), ``proposals``
+    (the model's inputs, refitted to the trial's steps: ``perf``, ``contention``), ``clock``
+    (its ``seconds``: each step's update phase since the last placement, from backward's end
+    on the GPU to the last update work on either side).
     """
 
     def __init__(self, model, source, cfg: RunConfig, device: torch.device, bus: EventBus,
@@ -154,19 +138,23 @@ class FOOffloadEngine(FirstOrderContract):
         self.calibration = measure(self.parts)
         self.bus.publish(InfoEvent("fo_calibration",
                                    {k: r.as_dict() for k, r in self.calibration.items()}))
-        self.perf = placement.inputs(self.calibration, self.word,
-                                     placement.state_words(cfg.adam_state_dtype))
+        perf = placement.inputs(self.calibration, self.word,
+                                placement.state_words(cfg.adam_state_dtype))
         # the CPU update under the step's DMA (``plan/dma.py``; None: predictions ignore it)
-        self.contention = dma.of_rates(self.calibration)
-        bus.publish(InfoEvent("fo_contention", self.contention.as_dict() if self.contention
+        contention = dma.of_rates(self.calibration)
+        bus.publish(InfoEvent("fo_contention", contention.as_dict() if contention
                               else {"note": dma.NOTE}))
-        rr = cfg.gpu_resident_ratio
-        self.proposals = trial.Proposals(self.perf, self.flat.numel, self.word, self.sizes, cfg,
-                                         device, bus, self.contention)
+        rr, cal = cfg.gpu_resident_ratio, self.calibration
+        # The model's inputs, refitted to the trial's steps (``trial.Proposals.observe``).
+        self.proposals = trial.Proposals(perf, self.flat.numel, self.word, self.sizes, cfg,
+                                         device, bus, contention, 4 * cal["Bd"].per_s,
+                                         cal["Xd"].per_s if "Xd" in cal else None)
+        self._marks = None  # timing marks around a trial step's forward and backward
         tries = (self.proposals.first(self.candidates(rr)) if cfg.update_stride == "auto"
                  else [self.proposals.candidate(cfg.update_stride, None, self.flat.sub)])
         more = self.proposals.more_to_try
-        self._trial = (trial.ScheduleTrial(tries, then=self.proposals.more if more else None)
+        self._trial = (trial.ScheduleTrial(tries, trial.WARMUP,
+                                           then=self.proposals.more if more else None)
                        if len(tries) > 1 or more else None)
         self._next: Candidate | None = None  # the placement the next step begins with
         if self._trial is not None:
@@ -179,12 +167,15 @@ class FOOffloadEngine(FirstOrderContract):
     def plan(self, update_stride: Stride, resident_ratio: float,
              cpu_downcast: bool | None = None) -> Placement:
         """The placement ``reschedule`` would make, without making it (``plan/dma.py``)."""
-        return dma.place(self.perf, self.flat.groups, update_stride, resident_ratio,
-                         cpu_downcast, self.contention)
+        return self.proposals.place(update_stride, resident_ratio, cpu_downcast, self.flat.sub)
+
+    perf = property(lambda self: self.proposals.perf)  # the model's inputs, as refitted
+    contention = property(lambda self: self.proposals.contention)  # the same
 
     def candidates(self, resident_ratio: float) -> list[Candidate]:
         """What "auto" tries (``trial.py``; ``placement.candidates``)."""
-        return dma.candidates(self.perf, self.flat.groups, resident_ratio, self.contention)
+        m = self.proposals
+        return dma.candidates(m.perf, self.flat.groups, resident_ratio, m.contention, m.bwd)
 
     def reschedule(self, update_stride: Stride, resident_ratio: float,
                    cpu_downcast: bool | None = None, size: int | None = None) -> Placement:
@@ -212,10 +203,10 @@ class FOOffloadEngine(FirstOrderContract):
         self.host.place(placed.cpu_downcast)
         self.grads.route(s, self.gpu.kept)
         k = placed.balance
-        t_cpu, t_gpu = dma.sides(placed, self.flat.numel, self.contention)
+        t_cpu, t_gpu = dma.sides(placed, self.flat.numel, self.proposals.contention)
         self.bus.publish(InfoEvent("fo_stride", s.stride))
         self.bus.publish(InfoEvent("fo_perf_inputs", {
-            **self.perf.as_dict(), "k": k if math.isfinite(k) else None,
+            **self.proposals.perf.as_dict(), "k": k if math.isfinite(k) else None,
             "subgroups": self.flat.groups.count, "subgroup_size": self.flat.sub,
             "gpu_subgroups": len(s.gpu), "resident_subgroups": len(s.resident),
             "cpu_subgroups": len(s.cpu),
@@ -268,13 +259,19 @@ class FOOffloadEngine(FirstOrderContract):
         self.sync()  # ... up to its last copy, its update phase resolved (none: skipped, fp16)
         update = self.clock.seconds[-1] if len(self.clock.seconds) > timed else None
         self.proposals.measured(self._trial.current)  # under a cap: what the others add to
-        self._next = self._trial.record(time.perf_counter() - t0, update)
+        if self.adam_step > 1:  # the model refitted to this step (not the first: it warms up)
+            f0, b0, b1 = (self.timer.at(m) for m in self._marks)
+            self.proposals.observe(self.placement, self.host.busy, b0 - f0, b1 - b0)
+        fresh = partial(self.candidates, self.resident_ratio)  # the model's, after the warm-up
+        self._next = trial.after_step(self._trial, self.proposals, time.perf_counter() - t0,
+                                      update, fresh if self.cfg.update_stride == "auto" else None)
         if self._trial.done:
             self._end_trial()
         return out
 
     def _end_trial(self) -> None:  # what the trial tried and kept goes into the run record
-        self.bus.publish(InfoEvent("fo_trial", self._trial.summary()))
+        self.bus.publish(InfoEvent("fo_trial", {**self._trial.summary(),
+                                                "model": self.proposals.fitted()}))
         self._trial = None
 
     @property
@@ -294,10 +291,13 @@ class FOOffloadEngine(FirstOrderContract):
         else:
             scale.reset()
         self.gpu.begin(step)
+        f0 = self.timer.mark(compute)  # read after a trial step's sync (``step``)
         with autocast(self.device, self.cfg.amp):
             loss = prompt_loss(self.adapter, self.objective, batch, self.timer, step, compute)
+        b0 = self.timer.mark(compute)
         with self.timer.span("backward", "compute", compute, step, EMBED):
             (loss * scale.scale if scale.active else loss).backward()
+        self._marks = (f0, b0, self.timer.mark(compute))
         self.grads.end()
         self._update(step, lr, wd, early)
         self.timer.poll()

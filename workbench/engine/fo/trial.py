@@ -11,7 +11,10 @@ with the fewest GPU-side parameters (the least GPU memory) wins. Every schedule 
 same weights (all are exact AdamW), so trying them costs only the steps' speed, never their
 result.
 
-The first candidate's first step is a warm-up (kernels, the allocator) and is not compared.
+The first candidate's first two steps are warm-ups (kernels, the allocator) and are not
+compared. The model is refitted to every step but the first (``Proposals.observe``: the CPU
+AdamW's rate at each step's DMA load, backward's compute time; ``plan/overlap.py``): after the
+second, the candidates are the refitted model's, and each is predicted from the steps before it.
 Only candidates with no more GPU-side parameters than the model's own pick are tried, so the
 trial needs no more GPU memory than running that pick would; the one exception is a
 GPU-resident share, tried only where it fits the GPU memory the run has (``plan/auto.py``).
@@ -32,15 +35,21 @@ shows whether the prediction holds for every schedule tried (issue 41: within 15
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
 from workbench.config import RunConfig, Stride
 from workbench.engine.events import EventBus, InfoEvent
-from workbench.plan import auto, dma, placement
-from workbench.plan.placement import SITE, Candidate, PerfInputs, Subgroups
+from workbench.plan import auto, dma, overlap, placement
+from workbench.plan.placement import SITE, Candidate, PerfInputs, Placement, Subgroups
 from workbench.plan.fo_memory import device_parts, leaner_strides
 from workbench.plan.memory import CONTEXT_BYTES
+
+#: Warm-up steps of the engine's trial: the first (kernels, the allocator, a slow first
+#: backward) is not measured; the second fits the model (``Proposals.observe``) to the first
+#: candidate before any is timed.
+WARMUP = 2
 
 #: Step times within 3% of the fastest count as a tie (steps of one placement vary by about
 #: that much on an H100 host), settled by GPU memory.
@@ -51,8 +60,8 @@ class ScheduleTrial:
     """One timed step per candidate, in order, after ``warmup`` steps on the first.
 
     ``current`` is the candidate the next step runs with; ``record(seconds, update_s)`` takes
-    that step's time (and its measured update phase, when known) and returns the candidate for the step after it (the winner once all are timed, when
-    ``done`` turns true). ``then``: called once with the winner of the candidates so far, its
+    that step's time (and its measured update phase, when known) and returns the candidate for
+    the step after it (the winner once all are timed, when ``done`` turns true). ``then``: called once with the winner of the candidates so far, its
     answer (those not tried yet) is tried after them (subgroup_size=auto's other sizes).
     """
 
@@ -87,6 +96,24 @@ class ScheduleTrial:
             return self.current
         self.seconds[self._at], self.update_s[self._at] = seconds, update_s
         return self._advance()
+
+    @property
+    def warming(self) -> bool:
+        """The next step is a warm-up (not compared)."""
+        return self._warm_left > 0
+
+    def revise(self, predict: Callable[[Candidate], Candidate],
+               rest: list[Candidate] | None = None) -> None:
+        """After a step: the untried candidates predicted anew (``predict``); given ``rest``,
+        those after ``current`` (placed already, it stays) are replaced by it."""
+        if rest is not None:
+            keep = self.candidates[:self._at + 1]
+            more = [c for c in rest if all(c.key != k.key for k in keep)]
+            self.candidates = keep + more
+            self.seconds = self.seconds[:self._at + 1] + [None] * len(more)
+            self.update_s = self.update_s[:self._at + 1] + [None] * len(more)
+        for i in range(self._at, len(self.candidates)):
+            self.candidates[i] = predict(self.candidates[i])
 
     def skip(self, over_cap: bool = False) -> Candidate:
         """``current`` could not be placed (out of GPU memory) or, ``over_cap``, would not fit
@@ -139,6 +166,20 @@ class ScheduleTrial:
                 "within": [sum(abs(e) <= WITHIN for e in known), len(known)]}
 
 
+def after_step(t: ScheduleTrial, m: "Proposals", seconds: float, update_s: float | None,
+               fresh: Callable[[], list[Candidate]] | None) -> Candidate:
+    """``t.record`` a step the model has been refitted to (``m.observe``); then the untried
+    candidates predicted anew and, after the last warm-up step, replaced by ``fresh()`` (under
+    update_stride=auto: the model's candidates as it now stands, in ``m.first``'s order). The
+    candidate for the next step."""
+    warmup = t.warming
+    nxt = t.record(seconds, update_s)
+    if not t.done:
+        last = warmup and not t.warming and fresh is not None  # the model's fitted first here
+        t.revise(m.predict, m.first(fresh()) if last else None)
+    return nxt
+
+
 #: The prediction target of issue 41: the predicted update phase within 15% of the measured.
 WITHIN = 0.15
 
@@ -159,15 +200,26 @@ class Proposals:
         cfg: the run config (update_stride, gpu_resident_ratio, adam_state_dtype,
             gpu_mem_limit_gb).
         device: the engine's device (GPU memory is read there).
-        bus: where ``fo_gpu_budget`` goes.
+        bus: where ``fo_gpu_budget`` and ``fo_model`` go.
         contention: the CPU update under DMA load (``plan/dma.py``; None: predictions ignore it).
+        d2h_bps, duplex_bps: the gradient flush's bytes/s and the link's both ways (calibrated;
+            with the backward pass a step measures, ``observe``: ``plan/overlap.py``).
+
+    Attributes: ``perf``, ``contention`` and ``bwd``: the model's inputs as the trial's steps
+    refitted them (``observe``); ``bwd`` None until a step measured backward.
     """
 
     def __init__(self, perf: PerfInputs, numel: int, word: int, sizes: tuple[int, ...],
                  cfg: RunConfig, device: torch.device, bus: EventBus,
-                 contention: dma.Contention | None = None):
+                 contention: dma.Contention | None = None, d2h_bps: float | None = None,
+                 duplex_bps: float | None = None):
         self.perf, self.numel, self.word, self.sizes = perf, numel, word, sizes
-        self.contention = contention
+        self.contention = self._calibrated = contention
+        self._uc = perf.Uc
+        self._link = (d2h_bps, duplex_bps)
+        self.bwd: overlap.Backward | None = None
+        self._seen: list[tuple[float, float]] = []  # (load u, CPU AdamW s / parameter) a step
+        self._backward: list[float] = []
         self.cfg, self.device, self.bus = cfg, device, bus
         self.cuda = device.type == "cuda"
         self.base: int | None = None  # under a cap: GPU bytes beside a placement's parts
@@ -187,11 +239,53 @@ class Proposals:
         """The placement of a stride at a subgroup size and resident share (None: the
         config's), as a trial candidate."""
         rr = self.cfg.gpu_resident_ratio if resident is None else resident
-        groups = Subgroups(self.numel, max(1, min(size, self.numel)))
-        placed = dma.place(self.perf, groups, update_stride, rr, cpu_downcast, self.contention)
+        placed = self.place(update_stride, rr, cpu_downcast, size)
         return Candidate(placed.schedule.stride,
                          placed.cpu_downcast if self.word == 2 else None, placed.predicted_s,
-                         placed.split.gpu + placed.split.resident, groups.size, rr)
+                         placed.split.gpu + placed.split.resident,
+                         max(1, min(size, self.numel)), rr)
+
+    def place(self, update_stride: Stride, resident: float, cpu_downcast: bool | None,
+              size: int) -> Placement:
+        """``dma.place`` at a subgroup size with the model's inputs as they stand."""
+        groups = Subgroups(self.numel, max(1, min(size, self.numel)))
+        return dma.place(self.perf, groups, update_stride, resident, cpu_downcast,
+                         self.contention, self.bwd)
+
+    def predict(self, c: Candidate) -> Candidate:
+        """``c`` with the model's prediction as it stands (``observe``)."""
+        down = None if c.cpu_downcast is None else bool(c.cpu_downcast)
+        return replace(c, predicted_s=self.candidate(c.stride, down, c.size,
+                                                     c.resident).predicted_s)
+
+    def observe(self, placed: Placement, busy: tuple[int, float], forward_s: float,
+                backward_s: float) -> None:
+        """A step ran ``placed``: its CPU AdamW updated ``busy`` [parameters, seconds], its
+        forward and backward passes took ``forward_s`` and ``backward_s`` on the GPU. The
+        model is refitted to every step so far: the CPU rate and its slowdown under DMA
+        (``dma.refit``), and backward's compute as the least of twice a forward and a
+        backward measured (a backward waits for the gradient flush: at opt-6.7b every one
+        measured did), so each later candidate is predicted from the steps before it;
+        published as ``fo_model``."""
+        n, seconds = busy
+        if n > 0 and seconds > 0:
+            u = (dma.load_share(placed, self.numel, seconds, self._calibrated)
+                 if self._calibrated is not None else 0.0)
+            self._seen.append((u, seconds / n))
+            uc, self.contention = dma.refit(self._calibrated, self._uc, self._seen)
+            self.perf = replace(self.perf, Uc=uc)
+        d2h, duplex = self._link
+        if backward_s > 0 and d2h:
+            self._backward.append(min(backward_s, 2 * forward_s) if forward_s > 0
+                                  else backward_s)
+            self.bwd = overlap.Backward(min(self._backward), d2h, duplex)
+        self.bus.publish(InfoEvent("fo_model", self.fitted()))
+
+    def fitted(self) -> dict:
+        """The model's inputs as refitted (the trial record's ``model``)."""
+        return {"Uc": self.perf.Uc, "steps": [list(x) for x in self._seen],
+                "contention": self.contention.as_dict() if self.contention else None,
+                "backward": self.bwd.as_dict() if self.bwd else None}
 
     def more(self, best: Candidate) -> list[Candidate]:
         """After the first candidates: their best at each other size, under a cap the stride
