@@ -132,6 +132,6 @@ def test_candidates_are_the_models_placements_predicted_under_load(amp):
     by = {x.key: x for x in plain}
     for x in under:
         placed = placement.place_at(perf, groups, x.stride, 0.0, bool(x.cpu_downcast))
-        assert x.predicted_s == pytest.approx(dma.contended(placed, N, c).predicted_s)
+        assert x.predicted_s == pytest.approx(dma.contended(placed, groups, c).predicted_s)
         assert x.predicted_s >= by[x.key].predicted_s - 1e-12
     assert dma.candidates(perf, groups, 0.0, None) == plain

@@ -100,15 +100,15 @@ def sides(placed: Placement, n_params: int, c: Contention | None) -> tuple[float
                        c), gpu
 
 
-def contended(placed: Placement, n_params: int, c: Contention | None,
+def contended(placed: Placement, groups: Subgroups, c: Contention | None,
               bwd: Backward | None = None) -> Placement:
-    """``placed`` with ``predicted_s`` the slower of its ``sides`` under DMA load, or, given
-    the backward pass it follows (``bwd``), its update phase after that pass
+    """``placed`` (over ``groups``) with ``predicted_s`` the slower of its ``sides`` under DMA
+    load, or, given the backward pass it follows (``bwd``), its update phase after that pass
     (``overlap.phase``: the CPU side's head start, the link both ways)."""
     if c is None and bwd is None:
         return placed
-    cpu, gpu = sides(placed, n_params, c)
-    t = max(cpu, gpu) if bwd is None else overlap.phase(placed, n_params, cpu, bwd)
+    cpu, gpu = sides(placed, groups.numel, c)
+    t = max(cpu, gpu) if bwd is None else overlap.phase(placed, groups, cpu, bwd)
     return replace(placed, predicted_s=t)
 
 
@@ -132,8 +132,8 @@ def place(perf: PerfInputs, groups: Subgroups, update_stride: Stride, resident_r
     sixteen = perf.word_bytes < 4
     sites = (False, True) if sixteen and cpu_downcast is None else (bool(cpu_downcast),)
     ks = strides(groups.count) if update_stride == "auto" and bwd is not None else [update_stride]
-    return min((contended(placement.place_at(perf, groups, k, resident_ratio, d),
-                          groups.numel, c, bwd) for d in sites for k in ks),
+    return min((contended(placement.place_at(perf, groups, k, resident_ratio, d), groups, c,
+                          bwd) for d in sites for k in ks),
                key=lambda p: p.predicted_s)
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workbench.plan.fo_memory import QUEUE_BYTES
-from workbench.plan.placement import Placement
+from workbench.plan.placement import Placement, Subgroups
 
 #: Bytes of a flushed gradient (the flush upcasts 16-bit gradients to fp32 on the way).
 GRAD_BYTES = 4
@@ -50,30 +50,22 @@ class Backward:
         return {"seconds": self.seconds, "d2h_bps": self.d2h_bps, "duplex_bps": self.duplex_bps}
 
 
-def cpu_finishes(placed: Placement, n_params: int, cpu_s: float, bwd: Backward) -> list[float]:
-    """Seconds from backward's start at which each CPU subgroup's update ends (processing
-    order), each ``cpu_s`` in proportion to its size and never begun before it lands."""
-    groups = placed.schedule.cpu
-    if not groups:
+def cpu_finishes(placed: Placement, groups: Subgroups, cpu_s: float,
+                 bwd: Backward) -> list[float]:
+    """Seconds from backward's start at which each CPU subgroup of ``groups`` ends its update
+    (processing order), each ``cpu_s`` in proportion to its size and never begun before it
+    lands."""
+    size = [groups.numel_of(j) for j in placed.schedule.cpu]
+    if not size:
         return []
-    size = [min(n_params, (j + 1) * _size(placed, n_params)) - j * _size(placed, n_params)
-            for j in groups]
     total = sum(size)
-    land_end = max(bwd.seconds, placed.split.cpu * n_params * GRAD_BYTES / bwd.d2h_bps)
+    land_end = max(bwd.seconds, placed.split.cpu * groups.numel * GRAD_BYTES / bwd.d2h_bps)
     out, f, landed = [], 0.0, 0
     for n in size:
         landed += n
         f = max(f, land_end * landed / total) + cpu_s * n / total
         out.append(f)
     return out
-
-
-def _size(placed: Placement, n_params: int) -> int:
-    """The subgroup size of ``placed`` (its schedule covers ``n_params`` in equal subgroups,
-    the last maybe shorter)."""
-    s = placed.schedule
-    count = len(s.cpu) + len(s.gpu) + len(s.resident)
-    return -(-n_params // max(1, count))
 
 
 def backward_end(placed: Placement, n_params: int, bwd: Backward) -> float:
@@ -83,24 +75,26 @@ def backward_end(placed: Placement, n_params: int, bwd: Backward) -> float:
     return max(bwd.seconds, flush - QUEUE_BYTES / bwd.d2h_bps)
 
 
-def sides(placed: Placement, n_params: int, cpu_s: float, bwd: Backward) -> tuple[float, float]:
-    """(CPU side, GPU side) seconds after backward's end (module docstring)."""
-    inp = placed.inputs
+def sides(placed: Placement, groups: Subgroups, cpu_s: float,
+          bwd: Backward) -> tuple[float, float]:
+    """(CPU side, GPU side) seconds after backward's end (module docstring), ``placed`` over
+    ``groups``."""
+    inp, n_params, cpu = placed.inputs, groups.numel, placed.schedule.cpu
     one_way = inp.B * 4  # bytes/s
     both = min(one_way, bwd.duplex_bps / 2) if bwd.duplex_bps else one_way
     end = backward_end(placed, n_params, bwd)
-    finishes = cpu_finishes(placed, n_params, cpu_s, bwd)
-    size = _size(placed, n_params)
-    late = sum(1 for f in finishes if f > end)  # CPU subgroups whose upload follows E
-    upload_one = size * inp.word_bytes / one_way
-    cpu = max(0.0, finishes[-1] - end) + upload_one if finishes else 0.0
+    finishes = cpu_finishes(placed, groups, cpu_s, bwd)
+    # CPU subgroups whose weights go up after E
+    late = sum(groups.numel_of(j) for j, f in zip(cpu, finishes) if f > end)
+    cpu_side = (max(0.0, finishes[-1] - end) + groups.numel_of(cpu[-1]) * inp.word_bytes
+                / one_way if finishes else 0.0)  # ... the last one's upload after its update
     swap = placed.split.gpu * n_params * 4 * inp.state_words  # bytes each way
-    up = swap + min(late * size, placed.split.cpu * n_params) * inp.word_bytes
+    up = swap + late * inp.word_bytes
     link = min(up, swap) / both + abs(up - swap) / one_way
     gpu = link + (placed.split.gpu + placed.split.resident) * n_params / inp.Ug
-    return cpu, gpu
+    return cpu_side, gpu
 
 
-def phase(placed: Placement, n_params: int, cpu_s: float, bwd: Backward) -> float:
+def phase(placed: Placement, groups: Subgroups, cpu_s: float, bwd: Backward) -> float:
     """The update phase's seconds after backward's end: the slower of ``sides``."""
-    return max(sides(placed, n_params, cpu_s, bwd))
+    return max(sides(placed, groups, cpu_s, bwd))

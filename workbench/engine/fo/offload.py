@@ -259,7 +259,7 @@ class FOOffloadEngine(FirstOrderContract):
         self.sync()  # ... up to its last copy, its update phase resolved (none: skipped, fp16)
         update = self.clock.seconds[-1] if len(self.clock.seconds) > timed else None
         self.proposals.measured(self._trial.current)  # under a cap: what the others add to
-        if self.adam_step > 1:  # the model refitted to this step (not the first: it warms up)
+        if self._trial.steps:  # the model refitted to this step (not the first: it warms up)
             f0, b0, b1 = (self.timer.at(m) for m in self._marks)
             self.proposals.observe(self.placement, self.host.busy, b0 - f0, b1 - b0)
         fresh = partial(self.candidates, self.resident_ratio)  # the model's, after the warm-up

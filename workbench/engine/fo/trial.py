@@ -73,6 +73,7 @@ class ScheduleTrial:
         self.seconds: list[float | None] = [None] * len(candidates)
         self.update_s: list[float | None] = [None] * len(candidates)
         self._warm_left = warmup
+        self.steps = 0  # recorded so far, warm-ups included
         self._at = 0
         self._then = then
         self.failed: set[int] = set()  # candidates that could not be placed
@@ -91,6 +92,7 @@ class ScheduleTrial:
         the candidate to run next."""
         if self.done:
             raise RuntimeError("the schedule trial is over")
+        self.steps += 1
         if self._warm_left > 0:
             self._warm_left -= 1
             return self.current
