@@ -152,20 +152,13 @@ def candidates(perf: PerfInputs, groups: Subgroups, resident_ratio: float,
     sixteen = perf.word_bytes < 4
     picks = [place(perf, groups, "auto", resident_ratio, d, c, bwd)
              for d in ((False, True) if sixteen else (False,))]
-    pick = min(picks, key=lambda p: p.predicted_s).split
     placed = []
     for model in picks:
         k = model.schedule.stride
         for stride in dict.fromkeys((k, placement.fewer(k) if k != NO_GPU else k, NO_GPU)):
             placed.append(place(perf, groups, stride, resident_ratio, model.cpu_downcast, c, bwd))
-    out: list[Candidate] = []
-    for p in sorted(placed, key=lambda p: p.predicted_s):
-        cand = Candidate(p.schedule.stride, p.cpu_downcast if sixteen else None, p.predicted_s,
-                         p.split.gpu + p.split.resident, groups.size, resident_ratio)
-        if (cand.gpu_share <= pick.gpu + pick.resident + 1e-12
-                and all(o.key != cand.key for o in out)):
-            out.append(cand)
-    return out
+    return placement.ranked(placed, min(picks, key=lambda p: p.predicted_s), groups.size,
+                            resident_ratio, sixteen)
 
 
 def load_share(placed: Placement, n_params: int, busy_s: float, c: Contention) -> float:

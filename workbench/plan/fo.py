@@ -129,12 +129,12 @@ def plan_fo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) ->
     sb = STATE_BYTES[cfg.adam_state_dtype]  # p, m, v of one parameter
     act = (p.num_layers * saved_activations(p, cfg.batch_size, cfg.seq_len, amp) + e["hb"]
            + 8 * cfg.batch_size * p.vocab + 2 * e["m"]["block"])
+    fwd = p.num_layers * e["blk"] + e["eh"]
     if cfg.method == "fo" or not cuda:
         e["dev"].update({"params + grads (fp32)": 8 * P, "AdamW m, v": 8 * P})
         e["dev"]["autocast weight copies"] = 2 * P * amp
         e["gpu_param_bytes"] = 4 * P * cuda
     else:
-        fwd = p.num_layers * e["blk"] + e["eh"]
         bwd_pass = backward(prof, bwd * fwd)
         placed = fo_placement(cfg, P, prof, cw, bwd_pass)
         if cfg.gpu_mem_limit_gb > 0 and cfg.update_stride == "auto":
@@ -145,7 +145,6 @@ def plan_fo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) ->
                f"fp32 master, {cfg.adam_state_dtype} m, v, fp32 grads")
         e["host"][key] = e["pinned"] = int((sb + 4) * (1 - rr) * P)
     e["dev"]["activations (saved + transient)"] = act
-    fwd = p.num_layers * e["blk"] + e["eh"]
     e["compute"] = (1 + bwd) * fwd
     e["step"] = (1 + bwd) * fwd + P / prof["adamw_gpu_per_s" if cuda else "adamw_cpu_per_s"]
     if cfg.method == "fo-offload" and cuda:

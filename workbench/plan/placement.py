@@ -352,6 +352,13 @@ class Candidate:
     size: int = 0
     resident: float = 0.0
 
+    @classmethod
+    def of(cls, placed: Placement, size: int, resident: float, sixteen: bool) -> "Candidate":
+        """``placed`` (at subgroup ``size`` and resident share ``resident``) as a candidate;
+        ``cpu_downcast`` None unless the compute weights are 16-bit (``sixteen``)."""
+        return cls(placed.schedule.stride, placed.cpu_downcast if sixteen else None,
+                   placed.predicted_s, placed.split.gpu + placed.split.resident, size, resident)
+
     @property
     def key(self) -> tuple[int, bool, int, float]:
         """What makes two candidates the same placement: stride, downcast site, size and
@@ -373,13 +380,19 @@ def candidates(perf: PerfInputs, groups: Subgroups, resident_ratio: float) -> li
         if model.schedule.stride != NO_GPU:
             placed.append(place_at(perf, groups, fewer(model.schedule.stride), resident_ratio,
                                    down))
-    pick = min(models, key=lambda m: m.predicted_s).split  # what place(perf, "auto") picks
-    most = pick.gpu + pick.resident
+    pick = min(models, key=lambda m: m.predicted_s)  # what place(perf, "auto") picks
+    return ranked(placed, pick, groups.size, resident_ratio, sixteen)
+
+
+def ranked(placed: list[Placement], pick: Placement, size: int, resident: float,
+           sixteen: bool) -> list[Candidate]:
+    """``placed`` as candidates, fastest predicted first, each placement once, none with more
+    GPU-side parameters than the model's own ``pick`` (so no candidate needs more GPU memory
+    than it)."""
+    most = pick.split.gpu + pick.split.resident
     out: list[Candidate] = []
     for p in sorted(placed, key=lambda p: p.predicted_s):
-        c = Candidate(p.schedule.stride, p.cpu_downcast if sixteen else None, p.predicted_s,
-                      p.split.gpu + p.split.resident, groups.size, resident_ratio)
-        if c.gpu_share <= most and all((o.stride, o.cpu_downcast) != (c.stride, c.cpu_downcast)
-                                       for o in out):
+        c = Candidate.of(p, size, resident, sixteen)
+        if c.gpu_share <= most and all(o.key != c.key for o in out):
             out.append(c)
     return out

@@ -242,10 +242,7 @@ class Proposals:
         config's), as a trial candidate."""
         rr = self.cfg.gpu_resident_ratio if resident is None else resident
         placed = self.place(update_stride, rr, cpu_downcast, size)
-        return Candidate(placed.schedule.stride,
-                         placed.cpu_downcast if self.word == 2 else None, placed.predicted_s,
-                         placed.split.gpu + placed.split.resident,
-                         max(1, min(size, self.numel)), rr)
+        return Candidate.of(placed, max(1, min(size, self.numel)), rr, self.word == 2)
 
     def place(self, update_stride: Stride, resident: float, cpu_downcast: bool | None,
               size: int) -> Placement:
