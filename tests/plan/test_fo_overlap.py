@@ -127,3 +127,17 @@ def test_refit_recovers_the_cpu_rate_and_its_slowdown_from_steps():
     # No load measured (a CPU machine): the steps' mean rate.
     assert dma.refit(None, 9e9, [(0.0, 2e-10), (0.0, 4e-10)]) == (pytest.approx(1 / 3e-10), None)
     assert dma.refit(c, 9e9, []) == (9e9, c)
+
+
+def test_a_flush_bound_backward_shows_the_flush_rate():
+    """A backward that waited on the flush took at least (flushed - queue) / rate: from its
+    length the rate is at least (flushed - queue) / seconds; a short flush says nothing."""
+    placed = _placed(placement.NO_GPU)
+    rate = 45e9
+    bwd = Backward(0.05, rate)
+    ended = overlap.backward_end(placed, N, bwd)
+    assert overlap.flush_rate_shown(placed, N, ended) == pytest.approx(rate)
+    assert overlap.flush_rate_shown(placed, N, 2 * ended) == pytest.approx(rate / 2)
+    lean = placement.place_at(PERF, GROUPS, 2, 0.99, False)  # almost all resident
+    assert overlap.flush_rate_shown(lean, N, 0.1) == 0.0
+    assert overlap.flush_rate_shown(placed, N, 0.0) == 0.0

@@ -75,6 +75,14 @@ def backward_end(placed: Placement, n_params: int, bwd: Backward) -> float:
     return max(bwd.seconds, flush - QUEUE_BYTES / bwd.d2h_bps)
 
 
+def flush_rate_shown(placed: Placement, n_params: int, backward_s: float) -> float:
+    """The least gradient-flush rate (bytes/s) a backward pass of ``backward_s`` seconds that
+    flushed ``placed``'s CPU share shows: it ended no earlier than the flush, less what may
+    still wait in the queue (``backward_end``); 0 where that says nothing."""
+    flushed = placed.split.cpu * n_params * GRAD_BYTES - QUEUE_BYTES
+    return flushed / backward_s if flushed > 0 and backward_s > 0 else 0.0
+
+
 def sides(placed: Placement, groups: Subgroups, cpu_s: float,
           bwd: Backward) -> tuple[float, float]:
     """(CPU side, GPU side) seconds after backward's end (module docstring), ``placed`` over

@@ -218,7 +218,7 @@ class Proposals:
         self.perf, self.numel, self.word, self.sizes = perf, numel, word, sizes
         self.contention = self._calibrated = contention
         self._uc = perf.Uc
-        self._link = (d2h_bps, duplex_bps)
+        self._link = [d2h_bps, duplex_bps]  # the flush's rate rises to what steps show
         self.bwd: overlap.Backward | None = None
         self._seen: list[tuple[float, float]] = []  # (load u, CPU AdamW s / parameter) a step
         self._backward: list[float] = []
@@ -262,9 +262,11 @@ class Proposals:
         """A step ran ``placed``: its CPU AdamW updated ``busy`` [parameters, seconds], its
         forward and backward passes took ``forward_s`` and ``backward_s`` on the GPU. The
         model is refitted to every step so far: the CPU rate and its slowdown under DMA
-        (``dma.refit``), and backward's compute as the least of twice a forward and a
-        backward measured (a backward waits for the gradient flush: at opt-6.7b every one
-        measured did), so each later candidate is predicted from the steps before it;
+        (``dma.refit``), backward's compute as the least of twice a forward and a backward
+        measured (a backward waits for the gradient flush: at opt-6.7b every one measured
+        did), and the flush's rate as at least what a step showed
+        (``overlap.flush_rate_shown``: the calibrated one was 33 GB/s on an H100 whose steps
+        flushed at 45), so each later candidate is predicted from the steps before it;
         published as ``fo_model``."""
         n, seconds = busy
         if n > 0 and seconds > 0:
@@ -274,6 +276,9 @@ class Proposals:
             uc, self.contention = dma.refit(self._calibrated, self._uc, self._seen)
             self.perf = replace(self.perf, Uc=uc)
         d2h, duplex = self._link
+        if d2h:
+            d2h = self._link[0] = max(d2h, overlap.flush_rate_shown(placed, self.numel,
+                                                                    backward_s))
         if backward_s > 0 and d2h:
             self._backward.append(min(backward_s, 2 * forward_s) if forward_s > 0
                                   else backward_s)
