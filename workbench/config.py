@@ -388,6 +388,8 @@ def _check_values(cfg: RunConfig) -> list[str]:
         if cfg.method not in methods and value != _default(name):
             problems.append(f"{name}: {value!r} does not apply to method={cfg.method} (only to "
                             f"{', '.join(methods)}); leave it at its default")
+    if cfg.checkpoint_every and cfg.method not in ZO_METHODS:
+        problems.append(checkpoint_problem(cfg.method))
     if cfg.eps == 0 and cfg.method in ("mezo", "zo-offload"):
         problems.append("eps: must be > 0 for ZO methods (it divides the loss difference)")
     if cfg.estimator == "one-sided" and cfg.queries < 2:
@@ -414,6 +416,14 @@ def _check_values(cfg: RunConfig) -> list[str]:
         problems.append(f"resident_blocks: {cfg.resident_blocks} exceeds the {preset.num_layers} "
                         f"blocks of {cfg.model}")
     return problems
+
+
+def checkpoint_problem(method: str) -> str:
+    """Why a first-order run takes no checkpoints (refused with the config, before a run
+    directory is claimed; the engines refuse a snapshot the same way)."""
+    return (f"checkpoint_every: method {method} keeps AdamW moments that checkpoints do not "
+            f"hold; checkpoints and resume are for {', '.join(ZO_METHODS)} (use "
+            "checkpoint_every=0)")
 
 
 PEFT_METHODS = get_args(Method)  # every method trains adapters

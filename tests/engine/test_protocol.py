@@ -111,7 +111,15 @@ def test_built_engine_keeps_the_contract(method, peft):
 
 @pytest.mark.parametrize("method", ["fo", "fo-offload"])
 def test_first_order_refuses_checkpoints_before_any_work(method):
-    cfg = RunConfig(model="tiny-opt", method=method, checkpoint_every=2)
-    model, source = build_skeleton(cfg.model)
+    # with the config, so no run directory is claimed (``tests/cli``: through the CLI) ...
     with pytest.raises(ConfigError, match="checkpoint_every: method fo.* AdamW"):
-        build_engine(model, source, cfg, torch.device("cpu"), EventBus(), measure=measure)
+        RunConfig(model="tiny-opt", method=method, checkpoint_every=2)
+    # ... and by the engine, were a snapshot asked of it all the same
+    cfg = RunConfig(model="tiny-opt", method=method)
+    model, source = build_skeleton(cfg.model)
+    engine = build_engine(model, source, cfg, torch.device("cpu"), EventBus(), measure=measure)
+    try:
+        with pytest.raises(ConfigError, match="checkpoint_every: method fo.* AdamW"):
+            engine.snapshot(1)
+    finally:
+        engine.close()

@@ -129,3 +129,31 @@ def test_a_checkpoint_dir_outside_the_run_is_locked_while_it_runs(tmp_path):
     first.release()
     assert not (tmp_path / "ck" / "checkpoint.lock").exists()
     RunDir(tmp_path / "b", tmp_path / "ck").check_new(overwrite=False)
+
+
+def _cli_run(out, *sets: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "workbench", "run", "--out", str(out),
+                           *(a for s in sets for a in ("--set", s))],
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("refused, line", [
+    # refused with the config, before the claim
+    (("model=tiny-opt", "method=fo-offload", "checkpoint_every=2"), "error: checkpoint_every:"),
+    # refused by the engine once it sees the model's blocks (after the claim)
+    (("model=tiny:mixtral", "method=zo-offload", "slot_dtype=compute", "codec=bf16",
+      "master=compressed-sr", "amp=bf16"), "error: slot_dtype: compute holds every block")])
+def test_a_refused_run_leaves_its_folder_as_it_was(tmp_path, refused, line):
+    """Through the CLI: one line, no run.json, a folder the run made is gone and one that was
+    there stays (empty); the next run there needs no --overwrite (a "failed, 0 steps" run.json
+    blocked it before)."""
+    new, kept = tmp_path / "new", tmp_path / "kept"
+    kept.mkdir()
+    for out in (new, kept):
+        r = _cli_run(out, *refused, "steps=2")
+        assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith(line), r.stderr
+    assert not new.exists()
+    assert kept.is_dir() and not any(kept.iterdir())
+    r = _cli_run(kept, "model=tiny-opt", "method=mezo", "steps=1", "eval_every=0")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((kept / "run.json").read_text())["status"] == "done"

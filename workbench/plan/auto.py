@@ -12,7 +12,14 @@ import math
 
 #: subgroup_size=auto's sizes (parameters): the fo_offload benchmark's tuned 50 M first (1.66 s
 #: vs 3.4 s per step at 2 M on opt-6.7b, issue 41), then the others, tried with its best stride.
-SIZES = (50_000_000, 25_000_000, 100_000_000, 8_000_000)
+#: 8 M is no longer tried beside them: in the 24 trials of benchmarks/results (opt-1.3b to 13b,
+#: seven H100 hosts) it was never kept and its step was the slowest size's in 20 (1.1-1.4x the
+#: others' at the same stride: ~0.2-0.3 ms of fixed cost per CPU subgroup, which the model does
+#: not count, so its predictions also fell 20-39% short).
+SIZES = (50_000_000, 25_000_000, 100_000_000)
+#: The size of a model too small for any of ``SIZES`` (below 8 x 25 M parameters) where it
+#: still leaves ``MIN_SUBGROUPS``.
+SMALL = 8_000_000
 #: Subgroups a size must leave at least (fewer: backward hands the CPU side too few pieces to
 #: overlap, and a stride has too few subgroups to interleave).
 MIN_SUBGROUPS = 8
@@ -23,8 +30,9 @@ def subgroup_sizes(numel: int, cuda: bool) -> tuple[int, ...]:
     """What subgroup_size=auto tries, the first one first (``engine/fo/trial.py``).
 
     On a GPU: the ``SIZES`` that leave at least ``MIN_SUBGROUPS`` subgroups of ``numel``
-    parameters, in ``SIZES`` order; none of them for a model below 8 x 8 M parameters: one size,
-    numel / ``MIN_SUBGROUPS`` (rounded up, at least ``MIN_SIZE``), and no size trial. On a CPU
+    parameters, in ``SIZES`` order; none of them for a model below 8 x 25 M parameters: one
+    size, ``SMALL`` where it leaves as many, else numel / ``MIN_SUBGROUPS`` (rounded up, at
+    least ``MIN_SIZE``), and no size trial. On a CPU
     both sides of the update run on the CPU and the size changes little: one size, the first
     of ``SIZES`` or the whole range if smaller, and no size trial. The per-size buffers (the
     CPU-downcast staging and the GPU upload slot) are at most 100 M x 8 B + 100 M x 4 B = 1.2 GB
@@ -32,7 +40,10 @@ def subgroup_sizes(numel: int, cuda: bool) -> tuple[int, ...]:
     if not cuda:
         return (max(1, min(SIZES[0], numel)),)
     fit = tuple(n for n in SIZES if numel >= MIN_SUBGROUPS * n)
-    return fit or (max(MIN_SIZE, -(-numel // MIN_SUBGROUPS)),)
+    if fit:
+        return fit
+    return (SMALL if numel >= MIN_SUBGROUPS * SMALL
+            else max(MIN_SIZE, -(-numel // MIN_SUBGROUPS)),)
 
 
 # --- GPU-resident shares ------------------------------------------------------------------------

@@ -72,6 +72,7 @@ class RunDir:
         self._fd: int | None = None
         self._ck_fd: int | None = None  # checkpoint.lock of a checkpoint_dir outside ``path``
         self.was_claimed = False  # stays True after the release: this run wrote here
+        self.created = False  # the claim made the folder
         self._journal = None
         self._last_write = 0.0
 
@@ -168,6 +169,7 @@ class RunDir:
         check again under the lock that no run finished here meanwhile; with ``overwrite``,
         remove the old run's files; clear temp files a killed run left behind."""
         try:
+            self.created = not self.path.exists()  # ``withdraw`` removes a folder it made
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise RunDirError(f"--out: cannot create {self.path} ({e.strerror or e}); nothing "
@@ -224,6 +226,22 @@ class RunDir:
         if self._fd is not None:
             lockfile.release(self.path / LOCK, self._fd)
             self._fd = None
+
+    def withdraw(self) -> None:
+        """Undo a fresh start that was refused before its first step (a setting the engine
+        refuses once it sees the model): run.json and history.jsonl go, the lock is given back,
+        and the folder goes too when the claim made it and nothing else is in it; the next run
+        there needs no --overwrite."""
+        self._close_journal()
+        for name in ("run.json", "history.jsonl"):
+            _remove(self.path / name)
+        self.release()
+        self.was_claimed = False  # nothing of this run is left here
+        if self.created:
+            try:
+                self.path.rmdir()
+            except OSError:
+                pass  # something else is in it (a tracker's folder): it stays
 
     def start(self, record: RunRecord, fresh: bool) -> None:
         """run.json saying ``running`` (and, for a ``fresh`` run, an empty history.jsonl), just

@@ -200,8 +200,13 @@ class TrainRecipe:
         self.train_data, self.dev_data = self._data(model.config.vocab_size)
         t = time.perf_counter()
         share = self.dist.node_share(cfg) if self.dist is not None else None
-        self.engine = build_engine(model, source, cfg, self.device, self.bus, share,
-                                   objective=self.task.objective, measure=measure)
+        try:
+            self.engine = build_engine(model, source, cfg, self.device, self.bus, share,
+                                       objective=self.task.objective, measure=measure)
+        except ConfigError:  # refused before any step: a fresh run leaves nothing behind
+            if self.rundir is not None and self.rundir.claimed and not resume:
+                self.rundir.withdraw()
+            raise
         if self.dist is not None:
             self.vote = distributed.StopVote(self.dist, self.device)
             self.engine.reduce = self.vote.reduce

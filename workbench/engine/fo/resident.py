@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from workbench.config import ConfigError, RunConfig
+from workbench.config import ConfigError, RunConfig, checkpoint_problem
 from workbench.data.batches import Batch
 from workbench.engine.checkpoint import Snapshot
 from workbench.engine.events import EMBED, HEAD, EventBus
@@ -55,16 +55,12 @@ def prompt_loss(adapter: BlockAdapter, objective: Objective, batch: Batch, timer
 
 
 def checkpoint_refusal(cfg: RunConfig) -> ConfigError:
-    return ConfigError([f"checkpoint_every: method {cfg.method} keeps AdamW moments that "
-                        "checkpoints do not hold; checkpoints and resume are for mezo, "
-                        "zo-offload and forward-grad (use checkpoint_every=0)"])
+    return ConfigError([checkpoint_problem(cfg.method)])
 
 
 def refuse_unsupported(cfg: RunConfig, device: torch.device) -> None:
-    """What a first-order engine refuses before any work: checkpoints (``FirstOrderContract``)
-    and fp16 on a CPU (its loss scaler needs CUDA)."""
-    if cfg.checkpoint_every:
-        raise checkpoint_refusal(cfg)
+    """What a first-order engine refuses before any work: fp16 on a CPU (its loss scaler needs
+    CUDA). Checkpoints are refused with the config (``config.checkpoint_problem``)."""
     if cfg.amp == "fp16" and device.type != "cuda":
         raise ValueError("amp: fp16 first-order training needs a GPU loss scaler; use amp=bf16 "
                          "or off on the CPU")
