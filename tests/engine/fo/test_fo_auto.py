@@ -29,7 +29,7 @@ def test_the_sizes_auto_proposes():
     assert subgroup_sizes(6_700 * M, True) == SIZES == (50 * M, 25 * M, 100 * M)
     assert subgroup_sizes(400 * M, True) == (50 * M, 25 * M)  # 8 subgroups at least
     assert subgroup_sizes(135 * M, True) == (8 * M,)  # one size: no size trial
-    assert subgroup_sizes(70 * M, True) == (8_750_000,)  # below 8 x 8 M: 8 subgroups
+    assert subgroup_sizes(60 * M, True) == (7_500_000,)  # below 8 x 8 M: 8 subgroups
     assert subgroup_sizes(10 * M, True) == (1_250_000,)  # a small model: 8 subgroups
     assert subgroup_sizes(3000, True) == (1024,)
     assert subgroup_sizes(6_700 * M, False) == (50 * M,)  # a CPU run: one size, no trial
