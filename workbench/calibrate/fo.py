@@ -11,8 +11,9 @@
         link's own rate, for all of the timed update); none without a load (a CPU-only machine)
     Xd  that load: bytes it moved per repetition, and in how long (``per_s``: its bytes/s)
 with bf16 moments (adam_state_dtype=bf16) the updates as the engine runs them then (upcast,
-AdamW, stochastic rounding: ``engine/fo/moments.py``), each ``reps`` times after a warm-up (``time_probes``: the median, the spread kept), on zero
-gradients; subgroup 0's state is put back afterwards, bit for bit. The engine calls it once, when
+AdamW, stochastic rounding: ``engine/fo/moments.py``), each ``reps`` times after a warm-up
+(``time_probes``: the median, the spread kept), on zero gradients; subgroup 0's state is put
+back afterwards, bit for bit. The engine calls it once, when
 it is built (``FOOffloadEngine``'s ``measure``), and places its subgroups with the result
 (``plan/placement.py``; Ucd and Xd: ``plan/dma.py``, the CPU update under DMA load).
 """

@@ -129,11 +129,10 @@ def place(perf: PerfInputs, groups: Subgroups, update_stride: Stride, resident_r
     predicted faster, GPU on a tie) chosen by them too. The stride of "auto" is the balance of
     ``placement.stride`` (rates alone), or, given the backward pass (``bwd``), the fastest
     predicted of ``strides``; the trial times its neighbours."""
-    sixteen = perf.word_bytes < 4
-    sites = (False, True) if sixteen and cpu_downcast is None else (bool(cpu_downcast),)
     ks = strides(groups.count) if update_stride == "auto" and bwd is not None else [update_stride]
     return min((contended(placement.place_at(perf, groups, k, resident_ratio, d), groups, c,
-                          bwd) for d in sites for k in ks),
+                          bwd) for d in placement.sites(perf.word_bytes < 4, cpu_downcast)
+                for k in ks),
                key=lambda p: p.predicted_s)
 
 
@@ -151,7 +150,7 @@ def candidates(perf: PerfInputs, groups: Subgroups, resident_ratio: float,
         return sorted(out, key=lambda cand: cand.predicted_s)
     sixteen = perf.word_bytes < 4
     picks = [place(perf, groups, "auto", resident_ratio, d, c, bwd)
-             for d in ((False, True) if sixteen else (False,))]
+             for d in placement.sites(sixteen)]
     placed = []
     for model in picks:
         k = model.schedule.stride

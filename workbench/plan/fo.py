@@ -7,7 +7,8 @@ dtype (2 B under amp, else 4), up to ``N_SLOTS`` slots of min(subgroup_size, ``S
 elements (fp32 p, m, v, and g under amp), the gpu_resident_ratio share of p, m, v; the fp32
 masters, m, v and gradients of the rest on the host, pinned. adam_state_dtype=bf16 stores m and v
 in 2 B each (``STATE_BYTES``: 8 B of p, m, v a parameter instead of 12), on both sides.
-Activations: what each block saves for backward (``memory.saved_activations``) and the largest moment of a pass.
+Activations: what each block saves for backward (``memory.saved_activations``) and the largest
+moment of a pass.
 Time. fo: forward, backward (2x; 1x for adapters, whose backward is the input gradients alone),
 AdamW. fo-offload: + the fp32 gradient flush (during backward) and the update phase as the
 engine places it: ``placement.place`` from the profile's rates (B the pinned H2D rate, Ug / Uc
@@ -32,7 +33,7 @@ from workbench.plan.fo_memory import device_parts, fitting, leaner_strides
 from workbench.plan.overlap import Backward
 from workbench.plan.memory import CONTEXT_BYTES, WORKSPACE_BYTES, saved_activations
 from workbench.plan.placement import (NO_GPU, SITE, STATE_BYTES, PerfInputs, Placement,
-                                      Subgroups, state_words)
+                                      Subgroups, sites, state_words)
 from workbench.presets import Preset
 
 
@@ -80,7 +81,7 @@ def fo_placement(cfg: RunConfig, n_params: int, prof: dict, word_bytes: int,
     """Where fo-offload would update each subgroup of ``n_params`` with the profile's rates
     (predicted under the step's DMA where the profile says how: ``contention``; after the
     backward pass ``bwd``, given: ``plan/overlap.py``)."""
-    groups = Subgroups(n_params, max(1, min(subgroup_size(cfg, n_params), n_params)))
+    groups = Subgroups.of(n_params, subgroup_size(cfg, n_params))
     return dma.place(perf_inputs(prof, word_bytes, cfg.adam_state_dtype), groups,
                      cfg.update_stride, cfg.gpu_resident_ratio, None, contention(prof), bwd)
 
@@ -97,11 +98,10 @@ def capped_placement(cfg: RunConfig, n_params: int, prof: dict, word: int, other
     stride and every leaner one, at each downcast site, whose parts fit the cap beside
     ``other`` bytes (activations, workspaces) and the CUDA context; the leanest if none does
     (the fit check then refuses it with that estimate)."""
-    groups = Subgroups(n_params, max(1, min(subgroup_size(cfg, n_params), n_params)))
+    groups = Subgroups.of(n_params, subgroup_size(cfg, n_params))
     perf, c = perf_inputs(prof, word, cfg.adam_state_dtype), contention(prof)
-    sites = (False, True) if word == 2 else (False,)
     options = sorted((dma.place(perf, groups, k, cfg.gpu_resident_ratio, down, c, bwd)
-                      for down in sites
+                      for down in sites(word == 2)
                       for k in leaner_strides(model.schedule.stride, groups.count)),
                      key=lambda placed: placed.predicted_s)
     budget = int(cfg.gpu_mem_limit_gb * 1e9) - CONTEXT_BYTES - other

@@ -59,7 +59,7 @@ def cpu_finishes(placed: Placement, groups: Subgroups, cpu_s: float,
     if not size:
         return []
     total = sum(size)
-    land_end = max(bwd.seconds, placed.split.cpu * groups.numel * GRAD_BYTES / bwd.d2h_bps)
+    land_end = max(bwd.seconds, flush_bytes(placed, groups.numel) / bwd.d2h_bps)
     out, f, landed = [], 0.0, 0
     for n in size:
         landed += n
@@ -71,15 +71,20 @@ def cpu_finishes(placed: Placement, groups: Subgroups, cpu_s: float,
 def backward_end(placed: Placement, n_params: int, bwd: Backward) -> float:
     """Seconds from backward's start to its end on the GPU (it waits for the link past
     ``QUEUE_BYTES`` of queued gradients)."""
-    flush = placed.split.cpu * n_params * GRAD_BYTES / bwd.d2h_bps
+    flush = flush_bytes(placed, n_params) / bwd.d2h_bps
     return max(bwd.seconds, flush - QUEUE_BYTES / bwd.d2h_bps)
+
+
+def flush_bytes(placed: Placement, n_params: int) -> float:
+    """Bytes of gradients the flush sends down in a step: the CPU-updated share's."""
+    return placed.split.cpu * n_params * GRAD_BYTES
 
 
 def flush_rate_shown(placed: Placement, n_params: int, backward_s: float) -> float:
     """The least gradient-flush rate (bytes/s) a backward pass of ``backward_s`` seconds that
     flushed ``placed``'s CPU share shows: it ended no earlier than the flush, less what may
     still wait in the queue (``backward_end``); 0 where that says nothing."""
-    flushed = placed.split.cpu * n_params * GRAD_BYTES - QUEUE_BYTES
+    flushed = flush_bytes(placed, n_params) - QUEUE_BYTES
     return flushed / backward_s if flushed > 0 and backward_s > 0 else 0.0
 
 

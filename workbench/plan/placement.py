@@ -240,6 +240,11 @@ class Subgroups:
     numel: int
     size: int
 
+    @classmethod
+    def of(cls, numel: int, size: int) -> "Subgroups":
+        """``numel`` parameters in subgroups of ``size``, at least 1 and at most all of them."""
+        return cls(numel, max(1, min(size, numel)))
+
     @property
     def count(self) -> int:
         return -(-self.numel // self.size)
@@ -324,13 +329,18 @@ def place_at(perf: PerfInputs, groups: Subgroups, update_stride: Stride, residen
     return Placement(schedule, split, cpu_downcast and perf.word_bytes < 4, at, t)
 
 
+def sites(sixteen: bool, cpu_downcast: bool | None = None) -> tuple[bool, ...]:
+    """Where 16-bit weights may be downcast, to weigh: ``cpu_downcast``'s site (True: the CPU),
+    or, None, both for 16-bit compute weights (``sixteen``) and the GPU (none) for fp32."""
+    return (False, True) if sixteen and cpu_downcast is None else (bool(cpu_downcast),)
+
+
 def place(perf: PerfInputs, groups: Subgroups, update_stride: Stride, resident_ratio: float,
           cpu_downcast: bool | None = None) -> Placement:
     """The placement of ``update_stride`` ("auto": the model's stride), with 16-bit weights
     downcast where ``cpu_downcast`` says (None: at the site predicted faster; GPU on a tie)."""
-    sixteen = perf.word_bytes < 4
-    sites = (False, True) if sixteen and cpu_downcast is None else (bool(cpu_downcast),)
-    return min((place_at(perf, groups, update_stride, resident_ratio, down) for down in sites),
+    return min((place_at(perf, groups, update_stride, resident_ratio, down)
+                for down in sites(perf.word_bytes < 4, cpu_downcast)),
                key=lambda placed: placed.predicted_s)
 
 
@@ -373,7 +383,7 @@ def candidates(perf: PerfInputs, groups: Subgroups, resident_ratio: float) -> li
     so none needs more GPU memory than it."""
     sixteen = perf.word_bytes < 4
     placed, models = [], []
-    for down in (False, True) if sixteen else (False,):
+    for down in sites(sixteen):
         model = place_at(perf, groups, "auto", resident_ratio, down)
         models.append(model)
         placed += [model, place_at(perf, groups, NO_GPU, resident_ratio, down)]

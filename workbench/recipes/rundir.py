@@ -232,9 +232,8 @@ class RunDir:
         refuses once it sees the model): run.json and history.jsonl go, the lock is given back,
         and the folder goes too when the claim made it and nothing else is in it; the next run
         there needs no --overwrite."""
-        self._close_journal()
-        for name in ("run.json", "history.jsonl"):
-            _remove(self.path / name)
+        self.finish()  # the journal closed and removed
+        _remove(self.path / "run.json")
         self.release()
         self.was_claimed = False  # nothing of this run is left here
         if self.created:

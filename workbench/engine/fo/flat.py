@@ -58,7 +58,7 @@ class FlatParams:
         """Cut the range into subgroups of ``subgroup_size`` (at most the whole range): the
         buffers stay as they are, only ``groups`` and ``segments`` change (between steps,
         before a placement is made: subgroup_size=auto tries sizes)."""
-        self.groups = Subgroups(self.numel, max(1, min(subgroup_size, self.numel)))
+        self.groups = Subgroups.of(self.numel, subgroup_size)
         self.segments = [self._decay_segments(j) for j in range(self.groups.count)]
 
     @property

@@ -61,8 +61,9 @@ class ScheduleTrial:
 
     ``current`` is the candidate the next step runs with; ``record(seconds, update_s)`` takes
     that step's time (and its measured update phase, when known) and returns the candidate for
-    the step after it (the winner once all are timed, when ``done`` turns true). ``then``: called once with the winner of the candidates so far, its
-    answer (those not tried yet) is tried after them (subgroup_size=auto's other sizes).
+    the step after it (the winner once all are timed, when ``done`` turns true). ``then``:
+    called once with the winner of the candidates so far, its answer (those not tried yet) is
+    tried after them (subgroup_size=auto's other sizes).
     """
 
     def __init__(self, candidates: list[Candidate], warmup: int = 1,
@@ -242,13 +243,13 @@ class Proposals:
         config's), as a trial candidate."""
         rr = self.cfg.gpu_resident_ratio if resident is None else resident
         placed = self.place(update_stride, rr, cpu_downcast, size)
-        return Candidate.of(placed, max(1, min(size, self.numel)), rr, self.word == 2)
+        return Candidate.of(placed, Subgroups.of(self.numel, size).size, rr, self.word == 2)
 
     def place(self, update_stride: Stride, resident: float, cpu_downcast: bool | None,
               size: int) -> Placement:
         """``dma.place`` at a subgroup size with the model's inputs as they stand."""
-        groups = Subgroups(self.numel, max(1, min(size, self.numel)))
-        return dma.place(self.perf, groups, update_stride, resident, cpu_downcast,
+        return dma.place(self.perf, Subgroups.of(self.numel, size), update_stride, resident,
+                         cpu_downcast,
                          self.contention, self.bwd)
 
     def predict(self, c: Candidate) -> Candidate:
