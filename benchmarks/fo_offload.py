@@ -75,6 +75,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--subgroup", type=int, default=50_000_000,
                     help="parameters per optimizer subgroup (default 50M)")
     ap.add_argument("--threads", type=int, default=0, help="update_threads (0: the default)")
+    ap.add_argument("--cpu-adamw", default="auto", choices=("auto", "torch", "one-pass"),
+                    help="cpu_adamw of every fo-offload row, defaults rows too (default auto, "
+                         "the CLI's)")
     ap.add_argument("--host-gb", type=float, default=0.0,
                     help="host memory a row may use, GB (0: what psutil sees available; where "
                          "memory grows as it is used, say what the machine really has)")
@@ -168,7 +171,8 @@ def workbench_row(spec: dict) -> dict:
     defaults = kind == "defaults"  # "defaults:G": the CLI's defaults under gpu_mem_limit_gb=G
     cap = _cap(spec) if cuda and not defaults else math.inf
     shape = dict(model=spec["model"], method="fo-offload", device=spec["device"], amp="bf16",
-                 lr=1e-5, data="synthetic", batch_size=spec["batch"], seq_len=spec["seq"])
+                 lr=1e-5, data="synthetic", batch_size=spec["batch"], seq_len=spec["seq"],
+                 cpu_adamw=spec.get("cpu_adamw", "auto"))
     if defaults and value:
         shape["gpu_mem_limit_gb"] = float(value)
     if defaults and value and cuda:  # the cap a CLI run sets at run time (recipes/limits.py)
@@ -230,7 +234,7 @@ def workbench_row(spec: dict) -> dict:
         "gpu_resident_ratio": engine.resident_ratio, "split": {"cpu": split.cpu, "gpu": split.gpu,
                                                 "resident": split.resident},
         "downcast": plan["downcast"],
-        "update_threads": engine.host.threads,
+        "update_threads": engine.host.threads, "cpu_adamw": engine.cpu_adamw,
         "calibration": info.get("fo_calibration"), "perf_inputs": engine.perf.as_dict(),
         "contention": info.get("fo_contention"),
         "update_s_predicted": engine.placement.predicted_s,
@@ -536,6 +540,7 @@ def run_row(args, row: str, n: int) -> dict:
     spec = {"row": row, "model": args.model, "device": args.device, "steps": args.steps,
             "batch": args.batch, "seq": args.seq, "subgroup": args.subgroup,
             "cap_gb": args.cap_gb, "threads": args.threads, "name": row,
+            "cpu_adamw": args.cpu_adamw,
             "torchao_path": args.torchao_path if row in TORCHAO_ROWS else ""}
     out = in_fresh_process(Path(__file__), spec, args.timeout)
     out["row"] = row

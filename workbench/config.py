@@ -42,6 +42,10 @@ ZOOptimizer = Literal["sgd", "sign", "momentum", "adam"]
 Stride = Literal["auto"] | int
 #: fo-offload's Adam moments on the host: fp32, or bf16 with stochastic rounding
 AdamStateDtype = Literal["fp32", "bf16"]
+#: fo-offload's CPU AdamW kernel: torch's fused one, or the one-pass kernel that reads bf16
+#: gradients and writes the bf16 weights in the same pass (``engine/fo/adamw16.py``); auto:
+#: one-pass where it applies (amp=bf16, fp32 moments) and builds
+CpuAdamw = Literal["auto", "torch", "one-pass"]
 #: fo-offload's subgroup size: "auto" (``plan/placement.py::subgroup_sizes``), or parameters
 #: (the same type as ``Stride``: one check, one parser)
 Size = Literal["auto"] | int
@@ -64,7 +68,7 @@ METHOD_KNOBS: dict[str, tuple[str, ...]] = {
     "rng": ZO_METHODS,
     **dict.fromkeys(("eps", "queries", "estimator", "zo_optimizer"), ("mezo", "zo-offload")),
     **dict.fromkeys(("subgroup_size", "update_stride", "gpu_resident_ratio", "update_threads",
-                     "adam_state_dtype"), ("fo-offload",)),
+                     "adam_state_dtype", "cpu_adamw"), ("fo-offload",)),
     **dict.fromkeys(("adam_beta1", "adam_beta2", "adam_eps"),
                     ("fo", "fo-offload", "mezo", "zo-offload")),  # ZO: zo_optimizer=adam
     "momentum": ("mezo", "zo-offload"),
@@ -76,7 +80,8 @@ RESUMABLE = ("steps", "lr", "weight_decay", "eval_every", "eval_samples", "devic
              "overlap", "reuse_buffers", "fused_update", "resident_blocks", "prefetch_depth",
              "slot_dtype", "block_slots",
              "telemetry", "sample_hz", "keep_steps", "checkpoint_every", "keep_last",
-             "digest_check_every", "host_share", "gpu_mem_limit_gb", "max_new_tokens",
+             "digest_check_every", "host_share", "cpu_adamw", "gpu_mem_limit_gb",
+             "max_new_tokens",
              "checkpoint_dir", "data_changed_ok", "stop_on", "save_final",
              "report_to")
 #: Knobs that answer one question of one start (is changed data all right?): a resumed run
@@ -255,6 +260,10 @@ class RunConfig:
     adam_state_dtype: AdamStateDtype = _knob("fp32", "fo-offload's Adam m and v: fp32, or bf16 "
                                              "(2 B each, stochastically rounded; the fp32 "
                                              "master kept)", group="fo")
+    cpu_adamw: CpuAdamw = _knob("auto", "fo-offload's CPU AdamW: torch (fused, fp32 gradients), "
+                                "one-pass (bf16 gradients in, bf16 weights out; amp=bf16 with "
+                                "fp32 moments; needs a C compiler), or auto (one-pass where it "
+                                "applies); bit-equal either way", group="fo")
     # scale-out
     host_share: bool = _knob(True, "ranks on one host share the streamed blocks' host copy "
                              "(torchrun; zo-offload, forward-grad)", group="distributed")
@@ -304,6 +313,7 @@ def knob_info(name: str) -> dict[str, Any]:
 _TYPES = {"Method": Method, "Device": Device, "Amp": Amp, "Rng": Rng, "Codec": Codec,
           "Master": Master, "Objective": Objective, "Peft": Peft, "BaseCodec": BaseCodec,
           "StopOn": StopOn, "Stride": Stride, "AdamStateDtype": AdamStateDtype, "Size": Size,
+          "CpuAdamw": CpuAdamw,
           "int": int, "float": float, "str": str, "bool": bool}
 
 
@@ -390,6 +400,10 @@ def _check_values(cfg: RunConfig) -> list[str]:
                             f"{', '.join(methods)}); leave it at its default")
     if cfg.checkpoint_every and cfg.method not in ZO_METHODS:
         problems.append(checkpoint_problem(cfg.method))
+    if cfg.cpu_adamw == "one-pass" and (cfg.amp != "bf16" or cfg.adam_state_dtype != "fp32"):
+        problems.append(f"cpu_adamw: one-pass needs amp=bf16 and adam_state_dtype=fp32 (here "
+                        f"amp={cfg.amp}, adam_state_dtype={cfg.adam_state_dtype}); use auto or "
+                        f"torch")
     if cfg.eps == 0 and cfg.method in ("mezo", "zo-offload"):
         problems.append("eps: must be > 0 for ZO methods (it divides the loss difference)")
     if cfg.estimator == "one-sided" and cfg.queries < 2:

@@ -111,9 +111,9 @@ def test_engine_calibration_leaves_the_state_bit_for_bit(amp):
         engine.step(data.batch_for_step(t, 4, 0), t, 1e-2, 0.1)
     engine.sync()
     f = engine.flat
-    before = [t.clone() for t in (f.p32, f.m, f.v, f.g32, f.w)]
+    before = [t.clone() for t in (f.p32, f.m, f.v, f.g, f.w)]
     measure(engine.parts)
-    after = (f.p32, f.m, f.v, f.g32, f.w)
+    after = (f.p32, f.m, f.v, f.g, f.w)
     # bits, not values: g32 is never written where the GPU updates (its gradients stay there),
     # so it holds whatever the allocator gave, nan patterns included, and nan != nan
     for a, b in zip(before, after):

@@ -74,7 +74,8 @@ def test_the_planners_prediction_moves_with_the_rate_under_dma(stride):
     p = got[-1]  # the prediction is the slower side, the CPU side under its DMA
     cpu, gpu = p.sides(N)
     c = contention(_calib(2e9))
-    load = dma.dma_bytes(N, p.split, p.inputs.word_bytes, p.inputs.state_words)
+    load = dma.dma_bytes(N, p.split, p.inputs.word_bytes, p.inputs.state_words,
+                         p.inputs.grad_bytes)
     assert p.predicted_s == pytest.approx(max(dma.cpu_seconds(cpu, load, c), gpu))
     # the plan's step time carries it too
     pl = [plan(cfg, calibration=_calib(ucd)) for ucd in (None, 2e9)]

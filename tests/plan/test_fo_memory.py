@@ -15,7 +15,7 @@ from workbench.engine.fo.grads import GradFlush
 from workbench.models.build import build_skeleton
 from workbench.plan import fo_memory
 from workbench.plan.fo_memory import QUEUE_BYTES, device_parts, leaner_strides
-from workbench.plan.placement import NO_GPU, STATE_BYTES, Candidate, Split
+from workbench.plan.placement import NO_GPU, STATE_BYTES, Candidate, PerfInputs, Split
 from workbench.plan.planner import CONTEXT_BYTES, plan
 
 GiB = 2 ** 30
@@ -45,7 +45,8 @@ def test_the_engine_allocates_the_parts_the_plan_counts(amp, stride, resident):
                "gradient upcast staging": _nbytes(*(engine.grads.upcast or ())),
                "weight upload slot": _nbytes(engine.host.slot)}
         parts = device_parts(engine.flat.numel, word, STATE_BYTES["fp32"], placed.split,
-                             engine.flat.sub, word == 2 and not placed.cpu_downcast)
+                             engine.flat.sub, word == 2 and not placed.cpu_downcast,
+                             engine.flat.g.element_size())
         queued = parts.pop("gradients queued for the link")
         assert got == parts
         assert queued == min(QUEUE_BYTES, round(word * engine.flat.numel * placed.split.cpu))
@@ -89,7 +90,7 @@ def test_a_cap_plans_the_fastest_placement_that_fits():
     parts fit, and says so; the leanest (all on the CPU) fits where nothing else does; a cap
     below even that is refused with the leanest estimate."""
     base = dict(model="opt-6.7b", method="fo-offload", amp="bf16", batch_size=8, seq_len=128,
-                device="cuda")
+                device="cuda", cpu_adamw="torch")  # fp32 gradients: the thresholds below
     free = plan(RunConfig(**base), gpu="h100", calibration=HOST)
     assert free.gpu_breakdown["gradients kept for the GPU"] > 8 * GiB
 
@@ -162,8 +163,10 @@ def test_the_parts_of_a_candidate_are_its_placements():
     props.numel, props.word = 1_000_000, 2
     props.cfg = RunConfig(method="fo-offload", amp="bf16")
     c = Candidate(4, False, 1.0, 0.25, 100_000)
-    assert props.parts(c) == sum(device_parts(1_000_000, 2, 12, Split(0.75, 0.25, 0.0),
-                                              100_000, True).values())
+    for grad in (4, 2):  # fp32 gradients (upcast on the GPU), bf16 (the one-pass CPU AdamW)
+        props.perf = PerfInputs(1.0, 1.0, 1.0, 1.0, grad_bytes=grad)
+        assert props.parts(c) == sum(device_parts(1_000_000, 2, 12, Split(0.75, 0.25, 0.0),
+                                                  100_000, True, grad).values())
     assert fo_memory.QUEUE_BYTES == 1 << 30
 
 
@@ -180,7 +183,7 @@ def test_plan_through_the_cli_takes_the_placement_a_cap_leaves_room_for(tmp_path
         return subprocess.run(
             [sys.executable, "-m", "workbench", "plan", "--gpu", "h100", "--json", "--set",
              "model=opt-6.7b", "--set", "method=fo-offload", "--set", "amp=bf16", "--set",
-             "device=cuda", "--set", f"gpu_mem_limit_gb={gb}"],
+             "device=cuda", "--set", "cpu_adamw=torch", "--set", f"gpu_mem_limit_gb={gb}"],
             capture_output=True, text=True, env=env)
 
     r = cli(22)

@@ -9,7 +9,7 @@ import pytest
 
 from workbench.config import RunConfig
 from workbench.plan import placement
-from workbench.plan.fo import backward, fo_placement, perf_inputs, subgroup_size
+from workbench.plan.fo import backward, fo_placement, grad_bytes, perf_inputs, subgroup_size
 from workbench.plan.placement import PerfInputs, Subgroups, make_schedule
 from workbench.plan.planner import plan
 from workbench.plan.rates import gpu_profile
@@ -109,7 +109,8 @@ def test_the_planner_takes_the_engines_placement(amp, stride):
     prof, n = gpu_profile("h200"), PRESETS["opt-1.3b"].total_params()
     word = 2 if amp == "bf16" else 4
     placed = fo_placement(cfg, n, prof, word)
-    again = placement.place(perf_inputs(prof, word), Subgroups(n, subgroup_size(cfg, n)),
+    again = placement.place(perf_inputs(prof, word, "fp32", grad_bytes(cfg)),
+                            Subgroups(n, subgroup_size(cfg, n)),
                             stride, 0.1)
     assert placed == again
     pl = plan(cfg, gpu="h200")
@@ -117,5 +118,5 @@ def test_the_planner_takes_the_engines_placement(amp, stride):
     placed = fo_placement(cfg, n, prof, word, backward(prof, pl.compute_seconds * 2 / 3))
     s = placed.split
     assert pl.h2d_bytes_per_step == int(n * (12 * s.gpu + placed.inputs.word_bytes * s.cpu))
-    assert pl.d2h_bytes_per_step == int(n * (12 * s.gpu + 4 * s.cpu))
+    assert pl.d2h_bytes_per_step == int(n * (12 * s.gpu + grad_bytes(cfg) * s.cpu))
     assert any(f"stride {placed.schedule.stride}" in note for note in pl.notes)

@@ -431,7 +431,7 @@ def test_adapter_plans_of_the_other_methods_by_hand():
     # compute weights + grads; the base's block matrices in bf16 (biases, norms: 832 fp32 per
     # block), embedding and head fp32 (and their autocast casts saved for backward)
     off = plan(cfg_(method="fo-offload", amp="bf16", base_codec="bf16", subgroup_size=2_000_000,
-                    **lora), gpu="h100", calibration=HOST)
+                    cpu_adamw="torch", **lora), gpu="h100", calibration=HOST)
     g = off.gpu_breakdown
     assert off.host_breakdown["fp32 master, m, v, grads"] == 16 * nl
     assert g["compute weights"] == g["gradients kept for the GPU"] == 2 * nl  # all on the GPU

@@ -5,7 +5,11 @@
     Bd  its gradients down the link (the gradient flush's chunked upcast and D2H)
     Ug  its GPU update (kept-gradient upcast, fused AdamW, compute-weight downcast)
     Uc  its CPU update on the host side's worker (the step's thread count)
-    Dc  its 16-bit downcast into a pinned staging buffer (16-bit compute weights only)
+    Dc  its 16-bit downcast into a pinned staging buffer (16-bit compute weights only). The
+        one-pass CPU AdamW writes them in its own pass, and alone that costs it little
+        (``benchmarks/host_adamw.py``); but in steps, CPU-downcast placements measured as much
+        slower than GPU-downcast ones as a separate pass predicts (opt-6.7b, one H100: +24% all
+        on the CPU, +36% at stride 3), so Dc stays that pass's time for either kernel
     Ucd Uc again, under DMA load: while ``load`` keeps host memory busy as a step's copies do
         (on CUDA ``PinnedTraffic``: pinned copies up and down the link on side streams, the
         link's own rate, for all of the timed update); none without a load (a CPU-only machine)
@@ -29,9 +33,9 @@ from typing import Callable, ContextManager, Protocol
 
 import torch
 
-from workbench.engine.fo.adamw import AdamW, OptState, adamw
+from workbench.engine.fo.adamw import AdamW, OptState
 from workbench.engine.fo.gpu import gpu_update
-from workbench.engine.fo.moments import HalfMoments, adamw_half
+from workbench.engine.fo.moments import HalfMoments
 from workbench.engine.fo.parts import FOParts
 from workbench.plan.placement import Rate
 
@@ -103,7 +107,7 @@ def measure(parts: FOParts, stopwatch: Callable[[Probe], float] | None = None,
     if cuda:
         torch.cuda.synchronize(dev)  # subgroup 0's host buffers are read next
     n = f.bounds(0)[1]
-    state, g = f.state(0, n), f.g32[:n]
+    state, g = f.state(0, n), f.g[:n]
     saved = [t.clone() for t in (*state, g)]
     g.zero_()
     opt = AdamW(1e-3, 0.0, cfg.adam_beta1, cfg.adam_beta2, cfg.adam_eps)
@@ -130,8 +134,7 @@ def measure(parts: FOParts, stopwatch: Callable[[Probe], float] | None = None,
                                           scratch if sixteen else None, out, segs, opt, one_dev,
                                           half),
                     s.compute),
-        "Uc": Probe(n, partial(host.run, adamw, state, g, segs, opt, one_cpu) if half is None
-                    else partial(host.run, adamw_half, state, g, segs, opt, one_cpu, host.half, 0)),
+        "Uc": Probe(n, partial(host.run, host.update, state, g, segs, opt, one_cpu)),
     }
     if sixteen:
         stage = host.stage(0)[:n]

@@ -75,11 +75,12 @@ def of_rates(rates: dict) -> Contention | None:
 
 
 def dma_bytes(n_params: int, split: placement.Split, word_bytes: int,
-              state_words: float) -> float:
+              state_words: float, grad_bytes: int = 4) -> float:
     """Host-memory bytes the update phase's DMA moves: an interleaved parameter's (p, m, v) up
-    and down (4 ``state_words`` bytes each way); a CPU-updated one's fp32 gradient down and its
-    compute weight up (``word_bytes``: 4 as fp32, 2 when downcast on the CPU)."""
-    return n_params * (split.gpu * 8 * state_words + split.cpu * (4 + word_bytes))
+    and down (4 ``state_words`` bytes each way); a CPU-updated one's gradient down
+    (``grad_bytes``: 4 as fp32, 2 as bf16) and its compute weight up (``word_bytes``: 4 as
+    fp32, 2 when downcast on the CPU)."""
+    return n_params * (split.gpu * 8 * state_words + split.cpu * (grad_bytes + word_bytes))
 
 
 def cpu_seconds(alone_s: float, dma: float, c: Contention | None) -> float:
@@ -96,8 +97,8 @@ def sides(placed: Placement, n_params: int, c: Contention | None) -> tuple[float
     """(CPU side, GPU side) seconds of ``placed``'s update phase, the CPU side under its DMA."""
     cpu, gpu = placed.sides(n_params)
     inp = placed.inputs
-    return cpu_seconds(cpu, dma_bytes(n_params, placed.split, inp.word_bytes, inp.state_words),
-                       c), gpu
+    return cpu_seconds(cpu, dma_bytes(n_params, placed.split, inp.word_bytes, inp.state_words,
+                                      inp.grad_bytes), c), gpu
 
 
 def contended(placed: Placement, groups: Subgroups, c: Contention | None,
@@ -164,7 +165,7 @@ def load_share(placed: Placement, n_params: int, busy_s: float, c: Contention) -
     """u of the module docstring for a step that ran ``placed`` and kept the CPU busy
     ``busy_s`` seconds: its DMA bytes over what the probe's load moves in that time (<= 1)."""
     inp = placed.inputs
-    d = dma_bytes(n_params, placed.split, inp.word_bytes, inp.state_words)
+    d = dma_bytes(n_params, placed.split, inp.word_bytes, inp.state_words, inp.grad_bytes)
     return min(1.0, d / (busy_s * c.load_bps)) if busy_s > 0 and c.load_bps > 0 else 0.0
 
 

@@ -10,7 +10,8 @@ in 2 B each (``STATE_BYTES``: 8 B of p, m, v a parameter instead of 12), on both
 Activations: what each block saves for backward (``memory.saved_activations``) and the largest
 moment of a pass.
 Time. fo: forward, backward (2x; 1x for adapters, whose backward is the input gradients alone),
-AdamW. fo-offload: + the fp32 gradient flush (during backward) and the update phase as the
+AdamW. fo-offload: + the gradient flush (during backward; bf16 for the one-pass CPU AdamW, else
+fp32: ``grad_bytes``) and the update phase as the
 engine places it: ``placement.place`` from the profile's rates (B the pinned H2D rate, Ug / Uc
 GPU / CPU AdamW, Dc the CPU downcast), the model's own pick for update_stride=auto (the engine
 then times its candidates for a step each), the CPU side slowed by the step's DMA
@@ -24,6 +25,8 @@ by it on the machines measured (issue 41), so the planner says it in a note.
 from __future__ import annotations
 
 import math
+import os
+import shutil
 
 from workbench.config import RunConfig
 from workbench.plan import dma, overlap
@@ -37,12 +40,28 @@ from workbench.plan.placement import (NO_GPU, SITE, STATE_BYTES, PerfInputs, Pla
 from workbench.presets import Preset
 
 
-def perf_inputs(prof: dict, word_bytes: int, adam_state_dtype: str = "fp32") -> PerfInputs:
+def c_compiler() -> str | None:
+    """The C compiler the one-pass CPU AdamW is built with (``$CC``, else ``cc``), or None."""
+    return shutil.which(os.environ.get("CC", "cc"))
+
+
+def grad_bytes(cfg: RunConfig) -> int:
+    """Bytes of a CPU-updated parameter's gradient on the link and in host memory: 2 where
+    fo-offload's CPU AdamW is the one-pass kernel (``engine/fo/adamw16.py``: cpu_adamw=one-pass,
+    or auto with amp=bf16, fp32 moments and a C compiler), else 4 (fp32)."""
+    if cfg.cpu_adamw == "torch" or cfg.amp != "bf16" or cfg.adam_state_dtype != "fp32":
+        return 4
+    return 2 if cfg.cpu_adamw == "one-pass" or c_compiler() is not None else 4
+
+
+def perf_inputs(prof: dict, word_bytes: int, adam_state_dtype: str = "fp32",
+                grad: int = 4) -> PerfInputs:
     """The placement model's inputs from a machine profile (params/s): B is the pinned H2D
-    rate of fp32, as the engine measures it; no downcast for fp32 compute weights."""
+    rate of fp32, as the engine measures it; no downcast for fp32 compute weights; ``grad``:
+    a flushed gradient's bytes."""
     return PerfInputs(prof["h2d_bps"] / 4, prof["adamw_gpu_per_s"], prof["adamw_cpu_per_s"],
                       prof["cpu_downcast_per_s"] if word_bytes < 4 else math.inf, word_bytes,
-                      state_words(adam_state_dtype))
+                      state_words(adam_state_dtype), grad)
 
 
 def contention(prof: dict) -> dma.Contention | None:
@@ -55,13 +74,17 @@ def contention(prof: dict) -> dma.Contention | None:
                           prof.get("adamw_cpu_dma_bps") or prof["duplex_bps"])
 
 
-def host_traffic_per_param(adam_state_dtype: str, cpu_downcast: bool) -> int:
-    """Bytes of host memory one CPU-updated parameter moves in a step: its fp32 gradient
-    written by the D2H (4), AdamW reading p, g, m, v and writing p, m, v (12 + 4 x a moment's
-    bytes), and the new weight read for the upload (4 as fp32; 8 when downcast on the CPU:
-    read fp32, write and DMA-read 16-bit). 36 B with fp32 moments, 28 B with bf16."""
+def host_traffic_per_param(adam_state_dtype: str, cpu_downcast: bool, grad: int = 4) -> int:
+    """Bytes of host memory one CPU-updated parameter moves in a step: its gradient written
+    by the D2H and read by AdamW (``grad`` each: 4 as fp32, 2 as bf16 for the one-pass
+    kernel), AdamW reading p, m, v and writing them (8 + 4 x a moment's bytes), and the new
+    weight read for the upload (4 as fp32; 16-bit when downcast on the CPU: written, then
+    read by the DMA, 4, plus the fp32 re-read of a separate downcast pass, 4, which the
+    one-pass kernel does not make). 36 B with fp32 moments (32 with the one-pass kernel
+    uploading 16-bit weights), 28 B with bf16."""
     moment = STATE_BYTES[adam_state_dtype] // 2 - 2
-    return 4 + 12 + 4 * moment + (8 if cpu_downcast else 4)
+    upload = (4 if grad == 2 else 8) if cpu_downcast else 4
+    return 2 * grad + 8 + 4 * moment + upload
 
 
 def subgroup_size(cfg: RunConfig, n_params: int) -> int:
@@ -82,14 +105,15 @@ def fo_placement(cfg: RunConfig, n_params: int, prof: dict, word_bytes: int,
     (predicted under the step's DMA where the profile says how: ``contention``; after the
     backward pass ``bwd``, given: ``plan/overlap.py``)."""
     groups = Subgroups.of(n_params, subgroup_size(cfg, n_params))
-    return dma.place(perf_inputs(prof, word_bytes, cfg.adam_state_dtype), groups,
+    return dma.place(perf_inputs(prof, word_bytes, cfg.adam_state_dtype, grad_bytes(cfg)), groups,
                      cfg.update_stride, cfg.gpu_resident_ratio, None, contention(prof), bwd)
 
 
 def offload_parts(cfg: RunConfig, n_params: int, word: int, placed: Placement) -> dict[str, int]:
     """fo-offload's GPU bytes by part for ``placed`` (``fo_memory.device_parts``)."""
     return device_parts(n_params, word, STATE_BYTES[cfg.adam_state_dtype], placed.split,
-                        subgroup_size(cfg, n_params), word == 2 and not placed.cpu_downcast)
+                        subgroup_size(cfg, n_params), word == 2 and not placed.cpu_downcast,
+                        grad_bytes(cfg))
 
 
 def capped_placement(cfg: RunConfig, n_params: int, prof: dict, word: int, other: int,
@@ -99,7 +123,7 @@ def capped_placement(cfg: RunConfig, n_params: int, prof: dict, word: int, other
     ``other`` bytes (activations, workspaces) and the CUDA context; the leanest if none does
     (the fit check then refuses it with that estimate)."""
     groups = Subgroups.of(n_params, subgroup_size(cfg, n_params))
-    perf, c = perf_inputs(prof, word, cfg.adam_state_dtype), contention(prof)
+    perf, c = perf_inputs(prof, word, cfg.adam_state_dtype, grad_bytes(cfg)), contention(prof)
     options = sorted((dma.place(perf, groups, k, cfg.gpu_resident_ratio, down, c, bwd)
                       for down in sites(word == 2)
                       for k in leaner_strides(model.schedule.stride, groups.count)),
@@ -143,14 +167,16 @@ def plan_fo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) ->
         e["dev"].update(offload_parts(cfg, P, cw, placed))
         key = ("fp32 master, m, v, grads" if sb == 12 else
                f"fp32 master, {cfg.adam_state_dtype} m, v, fp32 grads")
-        e["host"][key] = e["pinned"] = int((sb + 4) * (1 - rr) * P)
+        gb = grad_bytes(cfg)
+        key = key.replace("grads", "bf16 grads") if gb == 2 else key
+        e["host"][key] = e["pinned"] = int((sb + gb) * (1 - rr) * P)
     e["dev"]["activations (saved + transient)"] = act
     e["compute"] = (1 + bwd) * fwd
     e["step"] = (1 + bwd) * fwd + P / prof["adamw_gpu_per_s" if cuda else "adamw_cpu_per_s"]
     if cfg.method == "fo-offload" and cuda:
         s, up = placed.split, placed.inputs.word_bytes  # bytes of a weight going up
-        # interleaved: p, m, v up and down; CPU-updated: fp32 grads down, weights up
-        e["h2d"], e["d2h"] = P * (sb * s.gpu + up * s.cpu), P * (sb * s.gpu + 4 * s.cpu)
+        # interleaved: p, m, v up and down; CPU-updated: grads down, weights up
+        e["h2d"], e["d2h"] = P * (sb * s.gpu + up * s.cpu), P * (sb * s.gpu + gb * s.cpu)
         e["transfer"] = max(e["h2d"], e["d2h"]) / (prof["duplex_bps"] / 2)
         # the update phase follows backward's end (it waits for the gradient flush)
         e["step"] = fwd + overlap.backward_end(placed, P, bwd_pass) + placed.predicted_s
@@ -160,8 +186,9 @@ def plan_fo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) ->
         notes.append(f"fo-offload: {s.gpu + s.resident:.0%} of the parameters updated on the "
                      f"GPU ({'all others on the CPU' if k == NO_GPU else f'stride {k}'}; "
                      f"{where}); host memory traffic "
-                     f"{host_traffic_per_param(cfg.adam_state_dtype, placed.cpu_downcast)} B per "
-                     f"CPU-updated parameter ({cfg.adam_state_dtype} moments)")
+                     f"{host_traffic_per_param(cfg.adam_state_dtype, placed.cpu_downcast, gb)} "
+                     f"B per CPU-updated parameter ({cfg.adam_state_dtype} moments"
+                     f"{', one-pass CPU AdamW' if gb == 2 else ''})")
         c = contention(prof)
         notes.append(f"fo-offload: {dma.NOTE}; the profile has no adamw_cpu_dma_per_s (rerun "
                      f"python -m workbench calibrate on a GPU)" if c is None else

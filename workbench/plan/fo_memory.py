@@ -13,7 +13,8 @@ Parts (bytes; P trained parameters, w the bytes of a compute weight: 2 under amp
                                   fp32 gradient upcast for them.
   subgroups in flight             ``N_SLOTS`` slots of min(subgroup, ``SLOT_PIECE``) (p, m, v),
                                   + an fp32 gradient under amp.
-  gradient upcast staging         two ``CHUNK`` fp32 buffers under amp.
+  gradient upcast staging         two ``CHUNK`` fp32 buffers under amp (none where bf16
+                                  gradients go down as they are: the one-pass CPU AdamW).
   weight upload slot              one subgroup of fp32 when 16-bit weights are downcast on the
                                   GPU (``engine/fo/host.py``).
 The activations (``plan/fo.py``) come on top. They peak as backward starts, when nothing is
@@ -32,11 +33,12 @@ QUEUE_BYTES = 1 << 30
 
 
 def device_parts(n_params: int, word: int, state_bytes: int, split: Split, sub: int,
-                 gpu_downcast: bool) -> dict[str, int]:
+                 gpu_downcast: bool, grad_bytes: int = 4) -> dict[str, int]:
     """The GPU bytes of a placement by part (module docstring). ``word``: bytes of a compute
     weight; ``state_bytes``: (p, m, v) of one parameter (``placement.STATE_BYTES``); ``split``:
     the parameter shares of each side; ``sub``: the subgroup size (parameters);
-    ``gpu_downcast``: 16-bit weights go up as fp32 and are downcast on the GPU."""
+    ``gpu_downcast``: 16-bit weights go up as fp32 and are downcast on the GPU;
+    ``grad_bytes``: a flushed gradient's (2: bf16 for the one-pass CPU AdamW, not upcast)."""
     P, amp = n_params, word == 2
     piece = min(sub, SLOT_PIECE, P)
     slots = min(N_SLOTS, -(-round(split.gpu * P) // piece)) if split.gpu > 0 else 0
@@ -46,7 +48,7 @@ def device_parts(n_params: int, word: int, state_bytes: int, split: Split, sub: 
             "resident optimizer share": round(state_bytes * split.resident * P)
             + (4 * min(sub, P) if amp and split.resident > 0 else 0),
             "subgroups in flight": slots * (state_bytes + 4 * amp) * piece,
-            "gradient upcast staging": 2 * 4 * min(CHUNK, P) * amp,
+            "gradient upcast staging": 2 * 4 * min(CHUNK, P) * (amp and grad_bytes == 4),
             "weight upload slot": 4 * min(sub, P) * (amp and gpu_downcast)}
 
 

@@ -12,7 +12,8 @@ and the model's own stride leaned to the GPU side. The GPU side's prefetches (up
 
 The model (seconds; P parameters; ``Backward`` says how long backward computes, the gradient
 flush's rate and the link's both-way rate):
-    flush    the CPU-updated share's fp32 gradients down: cpu P 4 / d2h_bps.
+    flush    the CPU-updated share's gradients down: cpu P g / d2h_bps (g: ``grad_bytes``, 4 as
+             fp32, 2 as bf16 for the one-pass CPU AdamW).
     landing  CPU subgroup i of n (processing order) is on the host at L_i = max(bwd, flush) (i+1)/n:
              the flush keeps pace with backward, or backward with it (it waits past
              ``QUEUE_BYTES`` queued: ``grads.py``).
@@ -31,10 +32,6 @@ from dataclasses import dataclass
 
 from workbench.plan.fo_memory import QUEUE_BYTES
 from workbench.plan.placement import Placement, Subgroups
-
-#: Bytes of a flushed gradient (the flush upcasts 16-bit gradients to fp32 on the way).
-GRAD_BYTES = 4
-
 
 @dataclass(frozen=True)
 class Backward:
@@ -77,7 +74,7 @@ def backward_end(placed: Placement, n_params: int, bwd: Backward) -> float:
 
 def flush_bytes(placed: Placement, n_params: int) -> float:
     """Bytes of gradients the flush sends down in a step: the CPU-updated share's."""
-    return placed.split.cpu * n_params * GRAD_BYTES
+    return placed.split.cpu * n_params * placed.inputs.grad_bytes
 
 
 def flush_rate_shown(placed: Placement, n_params: int, backward_s: float) -> float:

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from workbench.config import Stride
 
 #: A stride larger than any subgroup count: no subgroup is updated on the GPU.
@@ -81,7 +81,8 @@ def state_words(adam_state_dtype: str) -> float:
 @dataclass(frozen=True)
 class PerfInputs:
     """Measured (or given) model inputs, params/s; ``word_bytes`` of a compute weight;
-    ``state_words``: (p, m, v) of a parameter in fp32 words (3, or 2 with bf16 moments)."""
+    ``state_words``: (p, m, v) of a parameter in fp32 words (3, or 2 with bf16 moments);
+    ``grad_bytes`` of a flushed gradient (4 as fp32; 2 for the one-pass CPU AdamW)."""
 
     B: float
     Ug: float
@@ -89,6 +90,7 @@ class PerfInputs:
     Dc: float
     word_bytes: int = 2
     state_words: float = 3.0
+    grad_bytes: int = 4
 
     def as_dict(self) -> dict:
         return {k: (v if math.isfinite(v) else None) if isinstance(v, float) else v
@@ -104,7 +106,7 @@ class PerfInputs:
         words go up), or on the GPU after it (fp32 goes up, Dc = inf)."""
         if cpu_downcast:
             return self
-        return PerfInputs(self.B, self.Ug, self.Uc, math.inf, 4, self.state_words)
+        return replace(self, Dc=math.inf, word_bytes=4)
 
     @property
     def shape(self) -> dict:
@@ -223,12 +225,13 @@ class Rate:
                 "n": self.n, "seconds": list(self.seconds)}
 
 
-def inputs(rates: dict[str, Rate], word_bytes: int, state_words: float = 3.0) -> PerfInputs:
+def inputs(rates: dict[str, Rate], word_bytes: int, state_words: float = 3.0,
+           grad_bytes: int = 4) -> PerfInputs:
     """The model's inputs from measured rates ("B" is fp32 parameters per second up the link;
     no "Dc" probe means nothing is downcast: Dc = inf)."""
     dc = rates["Dc"].per_s if "Dc" in rates else math.inf
     return PerfInputs(rates["B"].per_s, rates["Ug"].per_s, rates["Uc"].per_s, dc, word_bytes,
-                      state_words)
+                      state_words, grad_bytes)
 
 
 # --- placement ---------------------------------------------------------------------------------

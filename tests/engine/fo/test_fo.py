@@ -137,13 +137,16 @@ def test_offload_equals_adamw_on_the_same_gradients(model, stride, ratio, size):
                                    subgroup_size=size))
 
 
+@pytest.mark.parametrize("kernel", ["torch", "one-pass"])
 @pytest.mark.parametrize("cpu_downcast", [True, False])
 @pytest.mark.parametrize("stride, ratio", [("1000000", 0.0), ("-2", 0.2)])
-def test_bf16_offload_equals_adamw_for_both_downcast_sites(stride, ratio, cpu_downcast):
-    # bf16 compute weights, downcast on the CPU before the upload or on the "GPU" after it.
+def test_bf16_offload_equals_adamw_for_both_downcast_sites(stride, ratio, cpu_downcast, kernel):
+    # bf16 compute weights, downcast on the CPU before the upload or on the "GPU" after it,
+    # with either CPU AdamW kernel.
     _check_against_adamw(RunConfig(model="tiny-opt", method="fo-offload", lr=LR, weight_decay=WD,
                                    amp="bf16", update_stride=stride, gpu_resident_ratio=ratio,
-                                   subgroup_size=6000), steps=3, cpu_downcast=cpu_downcast)
+                                   subgroup_size=6000, cpu_adamw=kernel), steps=3,
+                         cpu_downcast=cpu_downcast)
 
 
 @pytest.mark.parametrize("amp, stride, ratio, size", [
@@ -162,16 +165,19 @@ def test_subgroups_through_slots_in_pieces_equal_adamw(monkeypatch, amp, stride,
     _check_against_adamw(cfg, steps=3)
 
 
-@pytest.mark.parametrize("amp", ["off", "bf16"])
-def test_gradients_go_down_in_chunks_through_two_staging_buffers(monkeypatch, amp):
-    """Host pieces of a group longer than a chunk: 16-bit ones are upcast through the two
-    fp32 staging buffers in turn (of at most CHUNK elements), fp32 ones go down as they are;
-    the host gets every gradient exactly (the AdamW equality)."""
+@pytest.mark.parametrize("amp,kernel", [("off", "auto"), ("bf16", "torch"),
+                                         ("bf16", "one-pass")])
+def test_gradients_go_down_in_chunks_through_two_staging_buffers(monkeypatch, amp, kernel):
+    """Host pieces of a group longer than a chunk: 16-bit ones for torch's CPU AdamW are upcast
+    through the two fp32 staging buffers in turn (of at most CHUNK elements); fp32 ones, and
+    16-bit ones for the one-pass kernel (into a bf16 host buffer), go down as they are; the
+    host gets every gradient exactly (the AdamW equality)."""
     monkeypatch.setattr(placement, "CHUNK", 777)
     cfg = RunConfig(model="tiny-opt", method="fo-offload", lr=LR, weight_decay=WD, amp=amp,
-                    update_stride=str(placement.NO_GPU), subgroup_size=20000)
+                    update_stride=str(placement.NO_GPU), subgroup_size=20000, cpu_adamw=kernel)
     engine, _ = _engine(cfg)
-    if amp == "bf16":
+    assert engine.flat.g.dtype == (torch.bfloat16 if kernel == "one-pass" else torch.float32)
+    if kernel == "torch":
         assert [t.numel() for t in engine.grads.upcast] == [777, 777]
     else:
         assert engine.grads.upcast is None
@@ -228,15 +234,18 @@ def _recorded(cfg: RunConfig, steps: int, cpu_downcast: bool | None = None):
     return engine, events, infos
 
 
-@pytest.mark.parametrize("amp, cpu_downcast, piece", [("off", None, None), ("bf16", True, None),
-                                                    ("bf16", False, None), ("off", None, 6000)])
+@pytest.mark.parametrize("amp, cpu_downcast, piece, kernel", [
+    ("off", None, None, "auto"), ("bf16", True, None, "one-pass"), ("bf16", True, None, "torch"),
+    ("bf16", False, None, "one-pass"), ("off", None, 6000, "auto")])
 def test_timeline_has_every_subgroups_update_once_per_step(monkeypatch, amp, cpu_downcast,
-                                                           piece):
-    """Also when a subgroup goes through the slots in pieces: one span per subgroup each."""
+                                                           piece, kernel):
+    """Also when a subgroup goes through the slots in pieces: one span per subgroup each. A
+    CPU downcast is a span of its own with torch's kernel; the one-pass kernel makes it in its
+    update (whose span says so)."""
     if piece:
         monkeypatch.setattr(placement, "SLOT_PIECE", piece)
     cfg = RunConfig(model="tiny-opt", method="fo-offload", update_stride="3", amp=amp,
-                    gpu_resident_ratio=0.25, subgroup_size=20000, lr=LR)
+                    gpu_resident_ratio=0.25, subgroup_size=20000, lr=LR, cpu_adamw=kernel)
     engine, events, infos = _recorded(cfg, 3, cpu_downcast)
     n_sub = engine.flat.groups.count
     r = int(0.25 * n_sub)
@@ -254,11 +263,12 @@ def test_timeline_has_every_subgroups_update_once_per_step(monkeypatch, amp, cpu
             assert {e.block: e.nbytes for e in events if e.op == op and e.step == t} == {
                 j: 12 * engine.flat.groups.numel_of(j) for j in gpu}
         assert of("upload-weights") == sorted(cpu)
-        assert of("downcast") == (sorted(cpu) if cpu_downcast else [])
+        assert of("downcast") == (sorted(cpu) if cpu_downcast and kernel == "torch" else [])
         assert set(of("grad-d2h")) == cpu  # one piece per (group, subgroup) overlap
         assert len(of("gpu-wait")) == 1
         details = {e.detail for e in events if e.op == "cpu-update" and e.step == t}
-        assert details == {threads_text(engine.host.threads)}
+        one_pass = "one-pass, " if kernel == "one-pass" else ""
+        assert details == {one_pass + threads_text(engine.host.threads)}
     assert {e.stream for e in events if e.op == "cpu-update"} == {"cpu"}
     assert infos["fo_stride"] == 3
     assert infos["fo_perf_inputs"]["subgroups"] == n_sub

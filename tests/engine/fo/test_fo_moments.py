@@ -180,8 +180,13 @@ def test_planner_counts_bf16_moments():
         *perf.rates, **perf.shape)
     from workbench.plan.planner import plan
     kw = dict(model="opt-1.3b", method="fo-offload", device="cuda", amp="bf16")
-    full, small = (plan(RunConfig(**kw, adam_state_dtype=d), gpu="h100") for d in ("fp32", "bf16"))
+    full, small = (plan(RunConfig(**kw, adam_state_dtype=d, cpu_adamw="torch"), gpu="h100")
+                   for d in ("fp32", "bf16"))
     n = full.params
     assert full.host_breakdown["fp32 master, m, v, grads"] == 16 * n
     assert small.host_breakdown["fp32 master, bf16 m, v, fp32 grads"] == 12 * n
+    # the one-pass CPU AdamW keeps the gradients in bf16 (2 B), as backward wrote them
+    one = plan(RunConfig(**kw, cpu_adamw="one-pass"), gpu="h100")
+    assert one.host_breakdown["fp32 master, m, v, bf16 grads"] == 14 * n
+    assert one.d2h_bytes_per_step < full.d2h_bytes_per_step
     assert any("28 B per CPU-updated parameter" in s or "32 B per" in s for s in small.notes)

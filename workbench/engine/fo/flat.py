@@ -3,7 +3,7 @@
 The trained groups (embedding, blocks, head; or the adapter groups under peft=lora) are
 concatenated in canonical order and cut into subgroups (``plan/placement.py::Subgroups``). The
 host holds, page-locked, the fp32 master weights ``p32``, Adam's ``m`` and ``v`` (fp32, or bf16
-under adam_state_dtype=bf16: ``moments.py``) and the fp32 gradients ``g32`` of the whole range
+under adam_state_dtype=bf16: ``moments.py``) and the fp32 gradients ``g`` of the whole range
 (16 bytes per parameter, 12 with bf16 moments); the device holds the compute
 weights ``w`` (bf16 under amp=bf16, else fp32) that the forward and backward passes read.
 """
@@ -28,23 +28,27 @@ class FlatParams:
         wdtype: their dtype (bf16 under amp=bf16, else fp32).
         memory: the page-locked host memory the host buffers come from.
         mdtype: the dtype of Adam's m and v (fp32, or bf16).
+        gdtype: the dtype of the host gradients (fp32, or bf16 for the one-pass CPU AdamW).
 
     Attributes: ``layouts``, ``offsets`` (each group's start), ``groups`` (the subgroups),
-    ``p32``, ``g32`` (host, fp32, (numel,)), ``m``, ``v`` (host, ``mdtype``, (numel,)), ``w``
+    ``p32`` (host, fp32, (numel,)), ``g`` (host, ``gdtype``, (numel,)), ``m``, ``v`` (host,
+    ``mdtype``, (numel,)), ``w``
     (device, (numel,)) and ``w_out`` (an alias of ``w`` the updates write through),
     ``segments`` (per subgroup, its decayed and undecayed runs).
     """
 
     def __init__(self, layouts: list[GroupLayout], subgroup_size: int, device: torch.device,
-                 wdtype: torch.dtype, memory: HostMemory, mdtype: torch.dtype = torch.float32):
+                 wdtype: torch.dtype, memory: HostMemory, mdtype: torch.dtype = torch.float32,
+                 gdtype: torch.dtype = torch.float32):
         self.layouts, self.device, self.wdtype, self.mdtype = layouts, device, wdtype, mdtype
+        self.gdtype = gdtype
         self.offsets, n = [], 0
         for lay in layouts:
             self.offsets.append(n)
             n += lay.numel
         self.numel = n
         self.recut(subgroup_size)
-        self.p32, self.g32 = memory.empty(n), memory.empty(n)
+        self.p32, self.g = memory.empty(n), memory.empty(n, gdtype)
         self.m, self.v = memory.empty(n, mdtype), memory.empty(n, mdtype)
         self.m.zero_()
         self.v.zero_()

@@ -3,8 +3,9 @@ backward pass goes on.
 
 As a group's gradients complete (post-accumulate-grad hooks, on the autograd thread), the parts
 of GPU-updated subgroups are copied aside into the kept buffer (``Kept``) on the compute stream,
-and the parts of CPU-updated subgroups go down to the host's ``g32`` on the offload stream,
-upcast to fp32 a ``CHUNK`` at a time through two staging buffers. A CPU subgroup whose pieces
+and the parts of CPU-updated subgroups go down to the host's ``g`` on the offload stream: as
+they are (fp32, or bf16 for the one-pass CPU AdamW), or upcast to fp32 a ``CHUNK`` at a time
+through two staging buffers. A CPU subgroup whose pieces
 are all down is ``ready``: with no loss scaling it is handed to the host side at once (``submit``),
 so its update overlaps the rest of the backward pass. Backward writes gradients faster than the
 link carries them: at most ``QUEUE_BYTES`` of them wait for it, then backward waits too. fp16
@@ -76,15 +77,15 @@ class LossScale:
 
 class GradFlush:
     """Args:
-        flat: the parameters (their host gradients ``g32``, layouts and subgroups).
+        flat: the parameters (their host gradients ``g``, layouts and subgroups).
         params: each group's leaf parameters, in ``flat.layouts`` order (hooks go on them).
         streams, timer: the engine's (``grad-d2h`` spans on the offload stream).
         loss: the loss scale.
         submit: hands a ready CPU subgroup and its D2H event to the host side.
 
     Attributes: ``ready`` (CPU subgroup -> its gradients' D2H event, this step, in landing
-    order), ``bytes_d2h`` (sent down so far), ``upcast`` (the fp32 staging buffers; None for
-    fp32 gradients).
+    order), ``bytes_d2h`` (sent down so far), ``upcast`` (the fp32 staging buffers; None where
+    gradients go down as they are).
     """
 
     def __init__(self, flat: FlatParams, params: list[list[torch.nn.Parameter]],
@@ -93,7 +94,7 @@ class GradFlush:
         self.flat, self.params, self.streams, self.timer = flat, params, streams, timer
         self.loss, self.submit = loss, submit
         self.device, self.cuda = flat.device, flat.device.type == "cuda"
-        self.upcast = (None if flat.wdtype == torch.float32 else
+        self.upcast = (None if flat.gdtype == flat.wdtype else
                        [torch.empty(min(placement.CHUNK, flat.numel), device=flat.device)
                         for _ in range(2)])
         self._turn = 0
@@ -186,11 +187,11 @@ class GradFlush:
                 torch._amp_foreach_non_finite_check_and_unscale_(grads, loss.found_inf[0],
                                                                  loss.inv_scale)
             for lo, hi, j in host:
-                with self.timer.span("grad-d2h", "offload", s.offload, self._step, j,
-                                     4 * (hi - lo)):
+                nbytes = (hi - lo) * self.flat.g.element_size()
+                with self.timer.span("grad-d2h", "offload", s.offload, self._step, j, nbytes):
                     self.grads_down(grads, lo, hi, o + lo)
                 done = s.record(s.offload)  # j's piece is on the host after this
-                self.bytes_d2h += 4 * (hi - lo)
+                self.bytes_d2h += nbytes
                 self._waiting[j] -= 1
                 if self._waiting[j] == 0:
                     self.ready[j] = done
@@ -216,21 +217,22 @@ class GradFlush:
 
     def grads_down(self, parts: list[torch.Tensor], lo: int, hi: int, at: int) -> None:
         """Elements [lo, hi) of the concatenated gradients ``parts`` (compute dtype, on the
-        device; no concatenated copy is made) into ``g32[at:]`` as fp32, on the offload stream.
-        fp32 goes down as it is. 16-bit is upcast a ``CHUNK`` at a time into the two staging
+        device; no concatenated copy is made) into ``g[at:]`` on the offload stream. fp32, and
+        16-bit into a 16-bit ``g`` (the one-pass CPU AdamW widens it), go down as they are. 16-bit
+        into an fp32 ``g`` is upcast a ``CHUNK`` at a time into the two staging
         buffers in turn: the stream's order makes each upcast wait for the copy that last read
         its buffer, so the GPU memory this takes does not grow with the gradients queued
         behind the link (an fp32 temporary per chunk did: 4 B per queued parameter)."""
-        g32 = self.flat.g32
+        g = self.flat.g
         if self.upcast is None:
-            gather(parts, lo, hi, g32[at:at + hi - lo], non_blocking=self.cuda)
+            gather(parts, lo, hi, g[at:at + hi - lo], non_blocking=self.cuda)
             return
         for c in range(lo, hi, placement.CHUNK):
             e = min(c + placement.CHUNK, hi)
             buf = self.upcast[self._turn][:e - c]
             self._turn ^= 1
             gather(parts, c, e, buf)
-            g32[at + c - lo:at + e - lo].copy_(buf, non_blocking=self.cuda)
+            g[at + c - lo:at + e - lo].copy_(buf, non_blocking=self.cuda)
 
 
 def gather(parts: list[torch.Tensor], lo: int, hi: int, out: torch.Tensor,

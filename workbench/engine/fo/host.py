@@ -11,10 +11,14 @@ Threads. torch's fused CPU AdamW runs on the worker's own OpenMP team, of ``thre
 (the caller's thread count is left as it was). The worker reads it back (``threads``) and every
 ``cpu-update`` span says it.
 
+Kernels. torch's fused AdamW on fp32 gradients, or (``one_pass``) the one-pass kernel of
+``adamw16.py`` on the bf16 gradients as backward wrote them; bit-equal results.
+
 Uploads. A 16-bit compute weight is either downcast on the CPU into a pinned staging buffer and
-sent up (half the PCIe bytes, one more CPU pass), or sent up as the fp32 master into a GPU slot
-and downcast there (no CPU pass); the placement (``plan/placement.py``) picks. fp32 compute
-weights go straight up.
+sent up (half the PCIe bytes; one more CPU pass with torch's kernel, none with the one-pass
+kernel, which writes it in the same pass), or sent up as the fp32 master into a GPU slot and
+downcast there; the placement (``plan/placement.py``) picks. fp32 compute weights go straight
+up.
 
 Timing. The worker never publishes: it keeps its spans (host clock, or CUDA events for the
 uploads) and ``finish`` hands them over on the training thread.
@@ -30,7 +34,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 
 from workbench.engine.events import EventBus, OpEvent
-from workbench.engine.fo.adamw import AdamW, adamw
+from workbench.engine.fo.adamw import AdamW, OptState, Segment, adamw
+from workbench.engine.fo.adamw16 import adamw16
 from workbench.engine.fo.flat import FlatParams
 from workbench.engine.fo.moments import CPU_CHUNK, HalfMoments, adamw_half
 from workbench.engine.stream.pinned import HostMemory
@@ -61,6 +66,7 @@ class HostUpdates:
         seed: the run's seed (the stochastic rounding of bf16 moments, ``moments.py``).
         stage_size: elements of each staging buffer (the largest subgroup size a trial of
             subgroup_size=auto tries; default the current one).
+        one_pass: update with the one-pass kernel (``flat.g`` holds bf16 gradients).
 
     Attributes: ``threads`` (as the worker sees them), ``bytes_h2d`` (uploaded so far, counted
     at each ``finish``), ``half`` (bf16 moments' scratch and noise; None for fp32 moments),
@@ -70,10 +76,10 @@ class HostUpdates:
 
     def __init__(self, flat: FlatParams, streams: Streams, timer: PhaseTimer, bus: EventBus,
                  memory: HostMemory, threads: int, seed: int = 0,
-                 stage_size: int | None = None):
+                 stage_size: int | None = None, one_pass: bool = False):
         self.flat, self.streams, self.timer, self.bus, self.memory = (flat, streams, timer, bus,
                                                                       memory)
-        self.cuda = flat.device.type == "cuda"
+        self.cuda, self.one_pass = flat.device.type == "cuda", one_pass
         self.half = (HalfMoments(seed, torch.device("cpu"), min(CPU_CHUNK, flat.sub))
                      if flat.mdtype == torch.bfloat16 else None)
         caller = torch.get_num_threads()
@@ -144,15 +150,24 @@ class HostUpdates:
             self.bytes_h2d += self._uploaded
             self._uploaded = 0
 
-    def adamw(self, j: int) -> None:
-        """AdamW on subgroup j's host state, in this thread (fp32 or bf16 moments)."""
+    def adamw(self, j: int, out: torch.Tensor | None = None) -> None:
+        """AdamW on subgroup j's host state, in this thread; ``out``: as ``update``'s."""
         f = self.flat
         a, b = f.bounds(j)
-        if self.half is None:
-            adamw(f.state(a, b), f.g32[a:b], f.segments[j], self.opt, self.step_t)
+        self.update(f.state(a, b), f.g[a:b], f.segments[j], self.opt, self.step_t, out, j)
+
+    def update(self, state: OptState, g: torch.Tensor, segments: list[Segment], opt: AdamW,
+               step_t: torch.Tensor, out: torch.Tensor | None = None, j: int = 0) -> None:
+        """AdamW on host state (n,) from host gradients ``g`` (n,), in this thread, with this
+        side's kernel: the one-pass one (``out``, if given, gets the new weights in bf16),
+        torch's fused one, or bf16 moments' (``moments.py``; ``j``: the subgroup, for its
+        rounding noise)."""
+        if self.one_pass:
+            adamw16(state, g, out, segments, opt, float(step_t), self.threads)
+        elif self.half is None:
+            adamw(state, g, segments, opt, step_t)
         else:
-            adamw_half(f.state(a, b), f.g32[a:b], f.segments[j], self.opt, self.step_t,
-                       self.half, j)
+            adamw_half(state, g, segments, opt, step_t, self.half, j)
 
     def run(self, fn, *args):
         """``fn(*args)`` on the worker thread (its thread count), waited for."""
@@ -173,19 +188,25 @@ class HostUpdates:
             t0 = timer.now()
             ready.synchronize()  # the CPU reads host gradients the offload stream is writing
             self._host("cpu-wait", "wait", j, t0)
-        t0 = timer.now()
-        self.adamw(j)
-        self.busy[0], self.busy[1] = self.busy[0] + b - a, self.busy[1] + timer.now() - t0
-        self._host("cpu-update", "cpu", j, t0, threads_text(self.threads))
         src, stage = f.p32[a:b], None
         if self.cpu_downcast:
             stage, self._next = self._next, (self._next + 1) % N_STAGES
             if self._stage_free[stage] is not None:
+                t0 = timer.now()
                 self._stage_free[stage].synchronize()  # its last upload must have read it
-            t0 = timer.now()
+                self._host("cpu-wait", "wait", j, t0, "staging buffer")
+        t0 = timer.now()
+        fused = stage is not None and self.one_pass  # the kernel writes the 16-bit weights
+        self.adamw(j, self.stages[stage][:b - a] if fused else None)
+        self.busy[0], self.busy[1] = self.busy[0] + b - a, self.busy[1] + timer.now() - t0
+        self._host("cpu-update", "cpu", j, t0, ("one-pass, " if self.one_pass else "")
+                   + threads_text(self.threads))
+        if stage is not None:
             src = self.stages[stage][:b - a]
-            src.copy_(f.p32[a:b])  # fp32 -> 16-bit on the CPU: half the PCIe bytes
-            self._host("downcast", "cpu", j, t0)
+            if not fused:
+                t0 = timer.now()
+                src.copy_(f.p32[a:b])  # fp32 -> 16-bit on the CPU: half the PCIe bytes
+                self._host("downcast", "cpu", j, t0)
         nbytes = (b - a) * src.element_size()
         with s.on(s.upload):
             s.wait(s.upload, ready)  # backward is done reading w[a:b]: ready follows its grads

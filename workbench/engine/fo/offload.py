@@ -1,24 +1,24 @@
 """First-order training with interleaved offloaded optimizer states (Deep Optimizer States).
 
-Where things live (``flat.py``). The host holds, page-locked, the fp32 master weights p, Adam's
-m and v and the fp32 gradients of all parameters (16 bytes per parameter; 12 with bf16 moments,
-``moments.py``), as one buffer each over the canonically ordered, concatenated parameter groups,
-cut into subgroups of ``subgroup_size`` parameters. The GPU holds the compute weights w (bf16
-under amp=bf16, else fp32) the forward and backward passes read, and, for the placement
-(``plan/placement.py``: which subgroups are updated on which side), the gradients of
-GPU-updated subgroups, ``N_SLOTS`` slots of up to ``SLOT_PIECE`` elements, and the (p, m, v) of
-the static resident share (``gpu_resident_ratio``, the last subgroups, TwinFlow-style).
+Where things live (``flat.py``). The host holds, page-locked, the fp32 master weights p, Adam's m
+and v and the gradients of all parameters (fp32, or bf16 for the one-pass CPU AdamW,
+``adamw16.py``; 16, 14 or with bf16 moments 12 bytes per parameter), one buffer each over the
+canonically ordered, concatenated parameter groups, cut into ``subgroup_size`` subgroups. The GPU
+holds the compute weights w (bf16 under amp=bf16, else fp32) the forward and backward passes read,
+and, for the placement (``plan/placement.py``: which subgroups are updated on which side), the
+gradients of GPU-updated subgroups, ``N_SLOTS`` slots of up to ``SLOT_PIECE`` elements, and the (p,
+m, v) of the static resident share (``gpu_resident_ratio``, the last subgroups, TwinFlow-style).
 
-A step. Forward and backward on w; the first interleaved subgroups' (p, m, v) are prefetched
-into their slots meanwhile (``gpu.py``). As each group's gradients complete, the gradient flush
+A step. Forward and backward on w; the first interleaved subgroups' (p, m, v) are prefetched into
+their slots meanwhile (``gpu.py``). As each group's gradients complete, the gradient flush
 (``grads.py``) keeps the GPU-updated parts and sends the CPU-updated parts to the host; a CPU
-subgroup whose gradients are all on their way goes to the host worker (``host.py``), which
-updates it with torch's fused CPU AdamW as soon as they land, while backward goes on, and sends
-the result up into w. After backward the GPU side updates its subgroups (``gpu.py``). The next
-forward waits for the last upload. Every GPU-side dependency is an event; the host blocks only
-where it must read or reuse host memory that a copy is still writing or reading, and at the end
-of the step for the worker. On a CPU-only machine both sides run on the CPU and the streams are
-no-ops, so the schedule is tested in CI. ``timeline.py`` times each step's update phase.
+subgroup whose gradients are all on their way goes to the host worker (``host.py``), which updates
+it (``cpu_adamw``: torch's fused AdamW or the one-pass kernel) as soon as they land, while backward
+goes on, and sends the result up into w. After backward the GPU side updates its subgroups
+(``gpu.py``). The next forward waits for the last upload. Every GPU-side dependency is an event;
+the host blocks only where it must read or reuse host memory a copy still writes or reads, and at
+the end of the step for the worker. On a CPU-only machine both sides run on the CPU and the streams
+are no-ops, so the schedule is tested in CI. ``timeline.py`` times each step's update phase.
 
 The timeline. Per subgroup and step: ``grad-d2h`` (offload), ``cpu-wait`` / ``cpu-update`` /
 ``downcast`` / ``upload-weights`` (the CPU side), ``prefetch`` / ``gpu-update`` / ``flush-out``
@@ -48,7 +48,7 @@ import torch
 from workbench.config import RunConfig, Stride
 from workbench.data.batches import Batch
 from workbench.engine.events import EMBED, EventBus, InfoEvent
-from workbench.engine.fo import trial
+from workbench.engine.fo import adamw16, trial
 from workbench.engine.fo.adamw import AdamW
 from workbench.engine.fo.flat import FlatParams
 from workbench.engine.fo.gpu import GpuUpdates
@@ -109,8 +109,9 @@ class FOOffloadEngine(FirstOrderContract):
         numel = sum(lay.numel for lay in layouts)
         self.sizes = (auto.subgroup_sizes(numel, self.cuda) if cfg.subgroup_size == "auto"
                       else (cfg.subgroup_size,))
+        one_pass, self.cpu_adamw = adamw16.choose(cfg.cpu_adamw, cfg.amp, cfg.adam_state_dtype)
         self.flat = FlatParams(layouts, self.sizes[0], device, wdtype, self.memory,
-                               DTYPES[cfg.adam_state_dtype])
+                               DTYPES[cfg.adam_state_dtype], wdtype if one_pass else torch.float32)
         self.flat.materialise(source, cfg.seed)
         params = [trainable_params(lay, view) for lay, view in
                   zip(layouts, self.flat.per_group(self.flat.w))]
@@ -125,7 +126,7 @@ class FOOffloadEngine(FirstOrderContract):
         self.loss_scale = LossScale(cfg.amp, device)
         self.host = HostUpdates(self.flat, self.streams, self.spans, bus, self.memory,
                                 cfg.update_threads or default_threads(self.cuda), cfg.seed,
-                                min(max(self.sizes), numel))
+                                min(max(self.sizes), numel), one_pass)
         self.grads = GradFlush(self.flat, params, self.streams, self.spans, self.loss_scale,
                                self.host.submit)
         # The GPU side's own streams: prefetches, and flush-outs (not queued behind the
@@ -138,8 +139,8 @@ class FOOffloadEngine(FirstOrderContract):
         self.calibration = measure(self.parts)
         self.bus.publish(InfoEvent("fo_calibration",
                                    {k: r.as_dict() for k, r in self.calibration.items()}))
-        perf = placement.inputs(self.calibration, self.word,
-                                placement.state_words(cfg.adam_state_dtype))
+        perf = placement.inputs(self.calibration, self.word,  # with a flushed gradient's bytes
+                                placement.state_words(cfg.adam_state_dtype), self.flat.g.itemsize)
         # the CPU update under the step's DMA (``plan/dma.py``; None: predictions ignore it)
         contention = dma.of_rates(self.calibration)
         bus.publish(InfoEvent("fo_contention", contention.as_dict() if contention
@@ -147,7 +148,7 @@ class FOOffloadEngine(FirstOrderContract):
         rr, cal = cfg.gpu_resident_ratio, self.calibration
         # The model's inputs, refitted to the trial's steps (``trial.Proposals.observe``).
         self.proposals = trial.Proposals(perf, self.flat.numel, self.word, self.sizes, cfg,
-                                         device, bus, contention, 4 * cal["Bd"].per_s,
+                                         device, bus, contention, perf.grad_bytes * cal["Bd"].per_s,
                                          cal["Xd"].per_s if "Xd" in cal else None)
         self._marks = None  # timing marks around a trial step's forward and backward
         tries = (self.proposals.first(self.candidates(rr)) if cfg.update_stride == "auto"
@@ -210,10 +211,9 @@ class FOOffloadEngine(FirstOrderContract):
             "subgroups": self.flat.groups.count, "subgroup_size": self.flat.sub,
             "gpu_subgroups": len(s.gpu), "resident_subgroups": len(s.resident),
             "cpu_subgroups": len(s.cpu),
-            "downcast": ("cpu" if placed.cpu_downcast else "gpu" if self.word == 2
-                         else "none"),
-            "update_threads": self.host.threads, "predicted_cpu_s": t_cpu,
-            "predicted_gpu_s": t_gpu,
+            "downcast": "cpu" if placed.cpu_downcast else "gpu" if self.word == 2 else "none",
+            "update_threads": self.host.threads, "cpu_adamw": self.cpu_adamw,
+            "predicted_cpu_s": t_cpu, "predicted_gpu_s": t_gpu,
             "spread": {name: r.spread for name, r in self.calibration.items()}}))
         self.bus.publish(InfoEvent("fo_update_predicted_s", placed.predicted_s))
         self.clock.reset()
@@ -375,7 +375,7 @@ class FOOffloadEngine(FirstOrderContract):
         for j in range(f.groups.count):
             a, b = f.bounds(j)
             full[a:b] = (self.gpu.kept_of(j).float().cpu() if j in self.gpu.kept.at
-                         else f.g32[a:b])
+                         else f.g[a:b])
         return f.per_group(full)
 
     def gpu_param_bytes(self) -> int:

@@ -332,7 +332,7 @@ class Proposals:
         split = placement.Split(1 - c.gpu_share, c.gpu_share - c.resident, c.resident)
         return sum(device_parts(self.numel, self.word,
                                 placement.STATE_BYTES[self.cfg.adam_state_dtype], split, c.size,
-                                c.cpu_downcast is False).values())
+                                c.cpu_downcast is False, self.perf.grad_bytes).values())
 
     def measured(self, c: Candidate) -> None:
         """After the first timed step (``c``'s) under a cap: what all placements share beside
