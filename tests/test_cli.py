@@ -124,3 +124,24 @@ def test_fo_offload_auto_tries_its_candidate_schedules_and_records_the_choice(tm
                      rf"{kept['downcast']}, subgroups of 5,000, best of {len(cands)} tried$",
                      r.stdout, re.M), r.stdout
     assert {c["subgroup_size"] for c in cands} == {5000}  # a given size: only strides tried
+
+
+def test_fo_offload_one_pass_cpu_adamw_trains_torchs_bits(tmp_path):
+    """cpu_adamw from the command line: at its default (auto) a bf16 run takes the one-pass
+    kernel and says so in run.json; its weights are bit for bit those of cpu_adamw=torch."""
+    runs = {}
+    for kernel in ("torch", "auto"):
+        out = tmp_path / kernel
+        r = subprocess.run([sys.executable, "-m", "workbench", "run", "--out", str(out),
+                            "--quiet", *(a for kv in (
+                                "method=fo-offload", "amp=bf16", "steps=4", "update_stride=3",
+                                "subgroup_size=5000", "batch_size=4", "seq_len=32",
+                                "eval_samples=8", "lr=1e-3", f"cpu_adamw={kernel}")
+                                for a in ("--set", kv))],
+                           cwd=REPO, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr
+        runs[kernel] = json.loads((out / "run.json").read_text())
+    assert runs["torch"]["info"]["fo_perf_inputs"]["cpu_adamw"] == "torch"
+    assert runs["auto"]["info"]["fo_perf_inputs"]["cpu_adamw"] == "one-pass"
+    digests = {k: run["param_digest"] for k, run in runs.items()}
+    assert digests["torch"] == digests["auto"] and digests["torch"]

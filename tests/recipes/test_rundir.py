@@ -142,7 +142,11 @@ def _cli_run(out, *sets: str) -> subprocess.CompletedProcess:
     (("model=tiny-opt", "method=fo-offload", "checkpoint_every=2"), "error: checkpoint_every:"),
     # refused by the engine once it sees the model's blocks (after the claim)
     (("model=tiny:mixtral", "method=zo-offload", "slot_dtype=compute", "codec=bf16",
-      "master=compressed-sr", "amp=bf16"), "error: slot_dtype: compute holds every block")])
+      "master=compressed-sr", "amp=bf16"), "error: slot_dtype: compute holds every block"),
+    # the same, logging to a tracker: its folder goes with the run
+    (("model=tiny:mixtral", "method=zo-offload", "slot_dtype=compute", "codec=bf16",
+      "master=compressed-sr", "amp=bf16", "report_to=tensorboard"),
+     "error: slot_dtype: compute holds every block")])
 def test_a_refused_run_leaves_its_folder_as_it_was(tmp_path, refused, line):
     """Through the CLI: one line, no run.json, a folder the run made is gone and one that was
     there stays (empty); the next run there needs no --overwrite (a "failed, 0 steps" run.json

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import math
+import shutil
 import sys
 import threading
 import time
@@ -190,7 +191,9 @@ class TrainRecipe:
         self.prepare(resume)
         cfg = self.cfg
         if trackers(cfg) and self.out_dir is not None:  # report_to, subscribed as the collector
+            before = set(self.out_dir.iterdir()) if self.out_dir.is_dir() else set()
             self.trackers = start_trackers(cfg, self.out_dir, self.record.name)
+            self._tracker_paths = set(self.out_dir.iterdir()) - before  # what they made here
             self._unsubscribe_trackers = self.bus.subscribe(self.trackers)
         torch.manual_seed(cfg.seed)
         self.device = self.dist.device(cfg) if self.dist else torch.device(cfg.device)
@@ -205,6 +208,7 @@ class TrainRecipe:
                                        objective=self.task.objective, measure=measure)
         except ConfigError:  # refused before any step: a fresh run leaves nothing behind
             if self.rundir is not None and self.rundir.claimed and not resume:
+                self._drop_trackers()
                 self.rundir.withdraw()
             raise
         if self.dist is not None:
@@ -501,6 +505,20 @@ class TrainRecipe:
             if self.rundir is not None:
                 self.rundir.finish()
         return rec
+
+    def _drop_trackers(self) -> None:
+        """A fresh run refused before its first step: its trackers closed and what they made in
+        the run directory removed (a remote MLflow server keeps its run, marked failed)."""
+        if self.trackers is None:
+            return
+        self._unsubscribe_trackers()
+        self.trackers.close("failed", {})
+        self.trackers = None
+        for path in self._tracker_paths:
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
 
     def fail(self, error: BaseException) -> None:
         """Record how the run ended by ``error``: stopped (a signal), failed otherwise, with one
