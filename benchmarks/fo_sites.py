@@ -4,8 +4,11 @@ the CPU and on the GPU, with one CPU AdamW kernel (``--cpu-adamw``), in this pro
 
 For each placement: 4 steps (the first a warm-up), the median step, the model's predicted and
 the measured update phase (after backward), and the phases of the last two steps as
-``fo_offload.py`` reports them (above 64 subgroups the timeline merges the spans of a phase, so
-busy times then span the whole phase). Results went to ``benchmarks/results/sites/``.
+``fo_offload.py`` reports them, with the CPU worker's waits for a free staging buffer apart
+(``stage_wait_s``). The timeline keeps one span per subgroup here whatever their count
+(``--merged-spans``: as a run does, one per phase above 64 subgroups, so that busy times span
+the whole phase; the results in ``benchmarks/results/sites/`` were taken so, without the
+staging waits).
 
     python benchmarks/fo_sites.py --cpu-adamw one-pass            # opt-6.7b, 50 M subgroups
     python benchmarks/fo_sites.py --device cpu --model tiny-opt --subgroup 20000  # plumbing
@@ -29,6 +32,7 @@ from workbench.calibrate.fo import measure  # noqa: E402
 from workbench.config import RunConfig  # noqa: E402
 from workbench.data.batches import SyntheticData  # noqa: E402
 from workbench.engine import build_engine  # noqa: E402
+from workbench.engine.fo import spans  # noqa: E402
 from workbench.models.build import build_skeleton  # noqa: E402
 from workbench.plan import placement  # noqa: E402
 
@@ -44,7 +48,11 @@ def main() -> None:
     ap.add_argument("--subgroup", type=int, default=50_000_000)
     ap.add_argument("--cpu-adamw", default="one-pass", choices=("torch", "one-pass"))
     ap.add_argument("--name", default="fo_sites")
+    ap.add_argument("--merged-spans", action="store_true",
+                    help="merge the timeline's spans per phase above 64 subgroups, as runs do")
     args = ap.parse_args()
+    if not args.merged_spans:  # one span per subgroup: the waits and updates apart
+        spans.SPAN_LIMIT = 1 << 30
     dev = torch.device(args.device)
     cfg = RunConfig(model=args.model, method="fo-offload", device=dev.type, amp="bf16", lr=1e-5,
                     data="synthetic", batch_size=8, seq_len=128, cpu_adamw=args.cpu_adamw,
@@ -67,17 +75,21 @@ def main() -> None:
             t += 1
         engine.sync()
         ph = fb.phases(events, [t - 2, t - 1], engine)
+        waits = [e for e in events if e.step in (t - 2, t - 1) and e.op == "cpu-wait"
+                 and e.detail == "staging buffer"]
         rows.append({"kernel": engine.cpu_adamw, "stride": stride if stride != placement.NO_GPU
                      else "all-cpu", "cpu_downcast": cpu_downcast,
                      "step_s": statistics.median(seconds[1:]),
                      "update_s_predicted": engine.placement.predicted_s,
                      "update_s_measured": statistics.median(engine.clock.seconds[-2:]),
+                     "stage_wait_s": sum(e.end - e.start for e in waits) / 2,
                      **{k: ph[k] for k in PHASES}})
     engine.close()
     cols = [("kernel", "kernel", ""), ("stride", "stride", ""),
             ("CPU downcast", "cpu_downcast", ""),
             ("step s", "step_s", "{:.3f}"), ("upd pred s", "update_s_predicted", "{:.3f}"),
             ("upd meas s", "update_s_measured", "{:.3f}"),
+            ("stage wait s", "stage_wait_s", "{:.3f}"),
             ("cpu upd G/s", "cpu_update_params_per_s", "{:.3g}")]
     print(table(rows, cols))
     if dev.type == "cuda":

@@ -6,8 +6,9 @@ step once most of the model is updated on the CPU. torch's fused AdamW reads fp3
 (so the gradient crosses the link and lands in host memory as 4 bytes) and leaves the 16-bit
 copy for the upload to a second pass over the fp32 masters. This kernel reads the bf16
 gradient as backward wrote it (2 bytes down the link, exactly widened), updates fp32 (p, m, v)
-and writes the bf16 weights for the upload in the same pass: 28 bytes of host traffic per
-parameter against 34, and half the gradient's PCIe bytes.
+and writes the bf16 weights for the upload in the same pass: 28 bytes of the CPU's host memory
+traffic per parameter against 34 (32 against 40 with the DMA's:
+``plan/fo.py::host_traffic_per_param``), and half the gradient's PCIe bytes.
 
 Exactness. The kernel makes torch's vector-path operations in torch's order (``adamw16.c``);
 the last ``numel % 16`` elements of each run, which torch takes on its scalar path, are given
@@ -15,7 +16,8 @@ to torch itself, so every element is bit for bit what ``adamw.adamw`` computes.
 
 Building. ``$CC`` (default ``cc``) with ``-O3 -march=native``, into the user's cache folder
 (``$XDG_CACHE_HOME`` or ``~/.cache``, ``zo-workbench/``), named by a hash of the source, the
-flags and the compiler's version; a failed build is an error that names the compiler's output.
+flags, the compiler's version and the CPU's model and flags; a failed build is an error that
+names the compiler's output.
 """
 from __future__ import annotations
 
