@@ -191,19 +191,18 @@ class HostUpdates:
         src, stage = f.p32[a:b], None
         if self.cpu_downcast:
             stage, self._next = self._next, (self._next + 1) % N_STAGES
-            if self._stage_free[stage] is not None:
-                t0 = timer.now()
-                self._stage_free[stage].synchronize()  # its last upload must have read it
-                self._host("cpu-wait", "wait", j, t0, "staging buffer")
-        t0 = timer.now()
         fused = stage is not None and self.one_pass  # the kernel writes the 16-bit weights
+        if fused:
+            self._stage_wait(stage, j)
+        t0 = timer.now()
         self.adamw(j, self.stages[stage][:b - a] if fused else None)
         self.busy[0], self.busy[1] = self.busy[0] + b - a, self.busy[1] + timer.now() - t0
         self._host("cpu-update", "cpu", j, t0, ("one-pass, " if self.one_pass else "")
                    + threads_text(self.threads))
         if stage is not None:
             src = self.stages[stage][:b - a]
-            if not fused:
+            if not fused:  # a pass of its own, after the update: the last upload had that long
+                self._stage_wait(stage, j)
                 t0 = timer.now()
                 src.copy_(f.p32[a:b])  # fp32 -> 16-bit on the CPU: half the PCIe bytes
                 self._host("downcast", "cpu", j, t0)
@@ -224,6 +223,14 @@ class HostUpdates:
                 self._spans.append(("upload-weights", "upload", self.step, j, nbytes, begin,
                                     self._mark(s.upload)))
         self._uploaded += nbytes
+
+    def _stage_wait(self, k: int, j: int) -> None:
+        """Wait until staging buffer k's last upload has read it (before subgroup j's weights
+        are written into it); the wait is a ``cpu-wait`` span saying so."""
+        if self._stage_free[k] is not None:
+            t0 = self.timer.now()
+            self._stage_free[k].synchronize()  # its last upload must have read it
+            self._host("cpu-wait", "wait", j, t0, "staging buffer")
 
     def _host(self, op: str, stream: str, j: int, t0: float, detail: str = "",
               nbytes: int = 0) -> None:
