@@ -45,11 +45,16 @@ def c_compiler() -> str | None:
     return shutil.which(os.environ.get("CC", "cc"))
 
 
+def one_pass_applies(amp: str, adam_state_dtype: str) -> bool:
+    """Whether the one-pass CPU AdamW can serve a run: bf16 compute weights, fp32 moments."""
+    return amp == "bf16" and adam_state_dtype == "fp32"
+
+
 def grad_bytes(cfg: RunConfig) -> int:
     """Bytes of a CPU-updated parameter's gradient on the link and in host memory: 2 where
     fo-offload's CPU AdamW is the one-pass kernel (``engine/fo/adamw16.py``: cpu_adamw=one-pass,
     or auto with amp=bf16, fp32 moments and a C compiler), else 4 (fp32)."""
-    if cfg.cpu_adamw == "torch" or cfg.amp != "bf16" or cfg.adam_state_dtype != "fp32":
+    if cfg.cpu_adamw == "torch" or not one_pass_applies(cfg.amp, cfg.adam_state_dtype):
         return 4
     return 2 if cfg.cpu_adamw == "one-pass" or c_compiler() is not None else 4
 
@@ -165,10 +170,10 @@ def plan_fo(cfg: RunConfig, p: Preset, prof: dict, e: dict, notes: list[str]) ->
             placed = capped_placement(cfg, P, prof, cw, act + WORKSPACE_BYTES, placed, notes,
                                       bwd_pass)
         e["dev"].update(offload_parts(cfg, P, cw, placed))
-        key = ("fp32 master, m, v, grads" if sb == 12 else
-               f"fp32 master, {cfg.adam_state_dtype} m, v, fp32 grads")
         gb = grad_bytes(cfg)
-        key = key.replace("grads", "bf16 grads") if gb == 2 else key
+        grads = "bf16 grads" if gb == 2 else "grads" if sb == 12 else "fp32 grads"
+        key = (f"fp32 master, m, v, {grads}" if sb == 12 else
+               f"fp32 master, {cfg.adam_state_dtype} m, v, {grads}")
         e["host"][key] = e["pinned"] = int((sb + gb) * (1 - rr) * P)
     e["dev"]["activations (saved + transient)"] = act
     e["compute"] = (1 + bwd) * fwd

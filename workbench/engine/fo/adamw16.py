@@ -33,7 +33,7 @@ import torch
 
 from workbench.config import ConfigError
 from workbench.engine.fo.adamw import AdamW, OptState, Segment
-from workbench.plan.fo import c_compiler
+from workbench.plan.fo import c_compiler, one_pass_applies
 
 SOURCE = Path(__file__).with_name("adamw16.c")
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fPIC", "-shared",
@@ -177,8 +177,8 @@ def choose(setting: str, amp: str, adam_state_dtype: str) -> tuple[bool, str]:
     otherwise says why it did not; one-pass that cannot build is refused (ConfigError)."""
     if setting == "torch":
         return False, "torch"
-    applies = amp == "bf16" and adam_state_dtype == "fp32"
-    why = problem() if applies else "it needs amp=bf16 with fp32 moments"
+    why = (problem() if one_pass_applies(amp, adam_state_dtype)
+           else "it needs amp=bf16 with fp32 moments")
     if setting == "one-pass" and why is not None:
         raise ConfigError([f"cpu_adamw: one-pass cannot run here ({why}); use cpu_adamw=torch"])
     return (True, "one-pass") if why is None else (False, f"torch (not one-pass: {why})")
