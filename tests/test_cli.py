@@ -105,7 +105,7 @@ def test_fo_offload_auto_tries_its_candidate_schedules_and_records_the_choice(tm
     schedule's trial step and the one kept, and the schedule published last is the kept one."""
     out = tmp_path / "fo"
     r = subprocess.run([sys.executable, "-m", "workbench", "run", "--out", str(out), "--quiet",
-                        *(a for kv in ("method=fo-offload", "amp=bf16", "steps=8",
+                        *(a for kv in ("method=fo-offload", "amp=bf16", "steps=12",
                                        "subgroup_size=5000", "batch_size=4", "seq_len=32",
                                        "eval_samples=8", "lr=1e-3")
                           for a in ("--set", kv))],

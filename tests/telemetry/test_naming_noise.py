@@ -158,3 +158,23 @@ def test_the_cli_and_the_report_show_one_table():
     assert "1,280 (2.00x)" in page
     assert text.splitlines()[0].split() == ["run", "a:", "mezo", "lr=1e-4", "b:", "mezo",
                                             "lr=1e-3"]
+
+
+def test_the_update_schedule_row_is_the_trials_choice_even_if_it_never_ran():
+    """A run that ends with its trial last ran (and published) the last candidate tried; its
+    summary row names the schedule the trial kept (CI, 2026-11-28: it read "downcast on cpu"
+    beside a kept "downcast on gpu")."""
+    from workbench.plan.placement import NO_GPU
+    from workbench.telemetry.summary import schedule_text
+
+    tried = [{"stride": NO_GPU, "downcast": "gpu", "subgroup_size": 5000},
+             {"stride": 3, "downcast": "cpu", "subgroup_size": 8000}]
+    last = {"fo_stride": 3, "fo_perf_inputs": {"downcast": "cpu", "subgroup_size": 8000}}
+    assert schedule_text(last) == "stride 3, downcast on cpu, subgroups of 8,000"
+    done = {**last, "fo_trial": {"candidates": tried, "chosen": 0}}
+    assert schedule_text(done) == ("all on the CPU, downcast on gpu, subgroups of 5,000, "
+                                   "best of 2 tried")
+    cut = {**last, "fo_trial": {"candidates": tried, "chosen": None}}  # stopped mid-trial
+    assert schedule_text(cut) == "stride 3, downcast on cpu, subgroups of 8,000, best of 2 tried"
+    assert schedule_text({"fo_stride": 2, "fo_perf_inputs": {"downcast": "none"}}) == "stride 2"
+    assert schedule_text({}) is None

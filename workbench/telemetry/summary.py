@@ -147,18 +147,23 @@ def text_table(recs: Sequence[RunRecord], labels: Sequence[str]) -> str:
 def schedule_text(info: dict) -> str | None:
     """"stride 3, downcast on gpu, subgroups of 50,000,000, best of 5 tried" from a run's
     fo-offload records (None for other methods): the stride kept, where 16-bit weights are
-    downcast, the subgroup size, and under "auto" how many placements were tried."""
+    downcast, the subgroup size, and under "auto" how many placements were tried. Under "auto"
+    the schedule is the trial's choice (``fo_trial``), also when the run ended with the trial,
+    before the choice ran (the placement published last is then the last one tried)."""
     if "fo_stride" not in info:
         return None
     from workbench.plan.placement import NO_GPU  # fo-offload runs only
 
-    stride = info["fo_stride"]
-    text = "all on the CPU" if stride == NO_GPU else f"stride {stride}"
-    downcast = info.get("fo_perf_inputs", {}).get("downcast", "none")
-    text += f", downcast on {downcast}" if downcast != "none" else ""
-    size = info.get("fo_perf_inputs", {}).get("subgroup_size")
-    text += f", subgroups of {size:,}" if isinstance(size, int) else ""
+    placed = info.get("fo_perf_inputs", {})
+    stride, downcast, size = info["fo_stride"], placed.get("downcast"), placed.get("subgroup_size")
     tried = info.get("fo_trial", {}).get("candidates", [])
+    chosen = info.get("fo_trial", {}).get("chosen")
+    if isinstance(chosen, int) and 0 <= chosen < len(tried):
+        kept = tried[chosen]
+        stride, downcast, size = kept["stride"], kept["downcast"], kept["subgroup_size"]
+    text = "all on the CPU" if stride == NO_GPU else f"stride {stride}"
+    text += f", downcast on {downcast}" if downcast not in (None, "none") else ""
+    text += f", subgroups of {size:,}" if isinstance(size, int) else ""
     return text + (f", best of {len(tried)} tried" if tried else "")
 
 
