@@ -19,6 +19,9 @@ def test_defaults_are_valid():
     ({"amp": "fp64"}, "amp"),
     ({"batch_size": 2.5}, "batch_size"),
     ({"data": "nowhere"}, "data"),
+    ({"estimator": "forward"}, "estimator"),  # these three went unchecked (2026-11-28)
+    ({"zo_optimizer": "adamw"}, "zo_optimizer"),
+    ({"slot_dtype": "fp8", "method": "zo-offload"}, "slot_dtype"),
 ])
 def test_bad_values_name_the_field(changes, field):
     with pytest.raises(ConfigError) as err:
@@ -49,6 +52,25 @@ def test_knob_info_has_choices_and_ranges():
     assert knob_info("steps")["lo"] == 1
 
 
+def test_every_knob_of_a_fixed_set_of_values_offers_its_choices():
+    """Each field's annotation resolves to a type (an unknown one is an error, not a knob
+    without checks), and every Literal knob lists its choices: the panel's dropdown, the sweep
+    widget and the checks read them (estimator, zo_optimizer and slot_dtype had none)."""
+    from dataclasses import fields
+    from typing import Literal, get_origin
+
+    from workbench.config.kinds import resolve_type
+
+    for f in fields(RunConfig):
+        t = resolve_type(f.type)
+        assert not isinstance(t, str), f.name
+        if get_origin(t) is Literal:
+            assert knob_info(f.name)["choices"] == t.__args__, f.name
+    assert knob_info("zo_optimizer")["choices"] == ("sgd", "sign", "momentum", "adam")
+    with pytest.raises(TypeError, match="Nope"):
+        resolve_type("Nope")
+
+
 def _cli(*args):
     return subprocess.run([sys.executable, "-m", "workbench", *args], capture_output=True,
                           text=True, timeout=120)
@@ -56,6 +78,7 @@ def _cli(*args):
 
 @pytest.mark.parametrize("setting, field", [
     ("lr=-1", "lr"), ("method=sgd", "method"), ("model=gpt-17", "model"), ("steps=0", "steps"),
+    ("zo_optimizer=adamw", "zo_optimizer"),  # was a KeyError traceback
 ])
 def test_cli_bad_value_exits_nonzero_with_one_line(setting, field, tmp_path):
     r = _cli("run", "--set", setting, "--out", str(tmp_path / "r"), "--quiet")

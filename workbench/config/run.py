@@ -1,0 +1,30 @@
+"""``RunConfig``: the knobs of ``knobs.py``, checked when made (``checks.py``: every problem at
+once, as ``ConfigError``), frozen. The one config class the CLI, the recipes and the UI make."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from workbench.config.checks import check_types, check_values
+from workbench.config.kinds import ConfigError, read_stride
+from workbench.config.knobs import Knobs
+
+
+@dataclass(frozen=True)
+class RunConfig(Knobs):
+    """A training run (fields and units: ``Knobs``); made only when every check passes."""
+
+    def __post_init__(self) -> None:
+        # A stride spelled as text ("3": a text box, a run.json of an older version) is read
+        # here, once; everything downstream sees "auto" or an int.
+        object.__setattr__(self, "update_stride", read_stride(self.update_stride))
+        object.__setattr__(self, "subgroup_size", read_stride(self.subgroup_size))
+        object.__setattr__(self, "block_slots", read_stride(self.block_slots))
+        problems = check_types(self) or check_values(self)
+        if problems:
+            raise ConfigError(problems)
+
+    def replace(self, **changes: Any) -> RunConfig:
+        """A copy with ``changes`` applied (checked)."""
+        return dataclasses.replace(self, **changes)
