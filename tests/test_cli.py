@@ -119,6 +119,7 @@ def test_fo_offload_auto_tries_its_candidate_schedules_and_records_the_choice(tm
     assert {c["downcast"] for c in cands} <= {"cpu", "gpu"}
     assert cands[trial["chosen"]]["stride"] == run["info"]["fo_stride"]
     kept = cands[trial["chosen"]]
+    assert run["info"]["fo_perf_inputs"]["gpu_resident_ratio"] == kept["gpu_resident_ratio"]
     where = ("all on the CPU" if kept["stride"] == NO_GPU else f"stride {kept['stride']}")
     assert re.search(rf"^fo-offload update schedule +{re.escape(where)}, downcast on "
                      rf"{kept['downcast']}, subgroups of 5,000, best of {len(cands)} tried$",

@@ -173,8 +173,13 @@ def test_the_update_schedule_row_is_the_trials_choice_even_if_it_never_ran():
     assert schedule_text(last) == "stride 3, downcast on cpu, subgroups of 8,000"
     done = {**last, "fo_trial": {"candidates": tried, "chosen": 0}}
     assert schedule_text(done) == ("all on the CPU, downcast on gpu, subgroups of 5,000, "
-                                   "best of 2 tried")
-    cut = {**last, "fo_trial": {"candidates": tried, "chosen": None}}  # stopped mid-trial
-    assert schedule_text(cut) == "stride 3, downcast on cpu, subgroups of 8,000, best of 2 tried"
+                                   "best of 2 tried (the run ended before it ran)")
+    ran = {**done, "fo_stride": NO_GPU,
+           "fo_perf_inputs": {"downcast": "gpu", "subgroup_size": 5000}}  # the winner placed
+    assert schedule_text(ran) == ("all on the CPU, downcast on gpu, subgroups of 5,000, "
+                                  "best of 2 tried")
+    tried[0]["gpu_resident_ratio"] = 0.2  # the winner keeps a resident share; the last ran none
+    ran["fo_perf_inputs"]["gpu_resident_ratio"] = 0.0
+    assert schedule_text(ran).endswith("best of 2 tried (the run ended before it ran)")
     assert schedule_text({"fo_stride": 2, "fo_perf_inputs": {"downcast": "none"}}) == "stride 2"
     assert schedule_text({}) is None

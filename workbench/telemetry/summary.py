@@ -149,7 +149,8 @@ def schedule_text(info: dict) -> str | None:
     fo-offload records (None for other methods): the stride kept, where 16-bit weights are
     downcast, the subgroup size, and under "auto" how many placements were tried. Under "auto"
     the schedule is the trial's choice (``fo_trial``), also when the run ended with the trial,
-    before the choice ran (the placement published last is then the last one tried)."""
+    before the choice ran (the placement published last is then the last one tried): the text
+    says so."""
     if "fo_stride" not in info:
         return None
     from workbench.plan.placement import NO_GPU  # fo-offload runs only
@@ -158,13 +159,20 @@ def schedule_text(info: dict) -> str | None:
     stride, downcast, size = info["fo_stride"], placed.get("downcast"), placed.get("subgroup_size")
     tried = info.get("fo_trial", {}).get("candidates", [])
     chosen = info.get("fo_trial", {}).get("chosen")
+    ran = True
     if isinstance(chosen, int) and 0 <= chosen < len(tried):
         kept = tried[chosen]
+        last = (stride, downcast, size, placed.get("gpu_resident_ratio"))
+        ran = all(a == b for a, b in zip(last, (kept["stride"], kept["downcast"],
+                                               kept["subgroup_size"],
+                                               kept.get("gpu_resident_ratio")))
+                  if a is not None)  # (older records did not publish the resident share)
         stride, downcast, size = kept["stride"], kept["downcast"], kept["subgroup_size"]
     text = "all on the CPU" if stride == NO_GPU else f"stride {stride}"
     text += f", downcast on {downcast}" if downcast not in (None, "none") else ""
     text += f", subgroups of {size:,}" if isinstance(size, int) else ""
-    return text + (f", best of {len(tried)} tried" if tried else "")
+    text += f", best of {len(tried)} tried" if tried else ""
+    return text + ("" if ran else " (the run ended before it ran)")
 
 
 def fmt_value(v: Any, fmt: str | None = None) -> str:

@@ -210,7 +210,7 @@ class FOOffloadEngine(FirstOrderContract):
             **self.proposals.perf.as_dict(), "k": k if math.isfinite(k) else None,
             "subgroups": self.flat.groups.count, "subgroup_size": self.flat.sub,
             "gpu_subgroups": len(s.gpu), "resident_subgroups": len(s.resident),
-            "cpu_subgroups": len(s.cpu),
+            "cpu_subgroups": len(s.cpu), "gpu_resident_ratio": self.resident_ratio,
             "downcast": "cpu" if placed.cpu_downcast else "gpu" if self.word == 2 else "none",
             "update_threads": self.host.threads, "cpu_adamw": self.cpu_adamw,
             "predicted_cpu_s": t_cpu, "predicted_gpu_s": t_gpu,
