@@ -269,6 +269,19 @@ def test_the_zo_optimizers_knobs_are_shown_for_the_zo_methods():
         assert knob_info(name)["group"] in groups_for("zo-offload")
 
 
+def test_every_knob_of_a_fixed_set_of_values_is_a_dropdown_of_them():
+    """estimator, zo_optimizer and slot_dtype were free text boxes (their choices were unknown
+    to the config until 2026-11-28): a typo reached the run; now each offers its values."""
+    p = KnobPanel(method="zo-offload", model="tiny-llama")
+    for name, values in (("estimator", ("central", "one-sided")),
+                         ("zo_optimizer", ("sgd", "sign", "momentum", "adam")),
+                         ("slot_dtype", ("auto", "fp32", "compute"))):
+        c = p.controls[name]
+        assert isinstance(c, widgets.Dropdown) and tuple(c.options) == values, name
+    p.controls["zo_optimizer"].value = "momentum"
+    assert p.config().zo_optimizer == "momentum"
+
+
 def test_the_streaming_knobs_are_offload_controls():
     """block_slots ("auto" or a number) and stream_embeddings reach the config from the panel."""
     p = KnobPanel(method="zo-offload", model="tiny-llama")
