@@ -126,10 +126,10 @@ def checkpoint_problem(method: str) -> str:
             "checkpoint_every=0)")
 
 
-
 def trackers(cfg: Knobs) -> list[str]:
     """The trackers ``report_to`` names, in order (empty: none)."""
     return [t.strip() for t in cfg.report_to.split(",") if t.strip()]
+
 
 def _check_half_weights(cfg: Knobs) -> list[str]:
     """mezo's codec and master: its weights in bf16 / fp16 on the device (``zo/half.py``)."""
