@@ -144,6 +144,11 @@ def text_table(recs: Sequence[RunRecord], labels: Sequence[str]) -> str:
     return "\n".join(lines + [f"note: {NOTE}"])
 
 
+#: The keys that tell one fo-offload placement from another, in ``fo_trial``'s candidates and
+#: in ``fo_stride`` + ``fo_perf_inputs``.
+PLACEMENT = ("stride", "downcast", "subgroup_size", "gpu_resident_ratio")
+
+
 def schedule_text(info: dict) -> str | None:
     """"stride 3, downcast on gpu, subgroups of 50,000,000, best of 5 tried" from a run's
     fo-offload records (None for other methods): the stride kept, where 16-bit weights are
@@ -155,19 +160,16 @@ def schedule_text(info: dict) -> str | None:
         return None
     from workbench.plan.placement import NO_GPU  # fo-offload runs only
 
-    placed = info.get("fo_perf_inputs", {})
-    stride, downcast, size = info["fo_stride"], placed.get("downcast"), placed.get("subgroup_size")
+    shown = {**info.get("fo_perf_inputs", {}), "stride": info["fo_stride"]}  # placed last
     tried = info.get("fo_trial", {}).get("candidates", [])
     chosen = info.get("fo_trial", {}).get("chosen")
     ran = True
-    if isinstance(chosen, int) and 0 <= chosen < len(tried):
+    if chosen is not None:
         kept = tried[chosen]
-        last = (stride, downcast, size, placed.get("gpu_resident_ratio"))
-        ran = all(a == b for a, b in zip(last, (kept["stride"], kept["downcast"],
-                                               kept["subgroup_size"],
-                                               kept.get("gpu_resident_ratio")))
-                  if a is not None)  # (older records did not publish the resident share)
-        stride, downcast, size = kept["stride"], kept["downcast"], kept["subgroup_size"]
+        # it ran if it is the placement published last (older records lack the resident share)
+        ran = all(shown.get(k) in (None, kept.get(k)) for k in PLACEMENT)
+        shown = {**shown, **kept}
+    stride, downcast, size = shown["stride"], shown.get("downcast"), shown.get("subgroup_size")
     text = "all on the CPU" if stride == NO_GPU else f"stride {stride}"
     text += f", downcast on {downcast}" if downcast not in (None, "none") else ""
     text += f", subgroups of {size:,}" if isinstance(size, int) else ""
