@@ -175,8 +175,8 @@ def workbench_row(spec: dict) -> dict:
                  cpu_adamw=spec.get("cpu_adamw", "auto"))
     if defaults and value:
         shape["gpu_mem_limit_gb"] = float(value)
-    if defaults and value and cuda:  # the cap a CLI run sets at run time (recipes/limits.py)
-        from workbench.recipes.limits import cap_gpu_memory
+    if defaults and value and cuda:  # the cap a CLI run sets at run time (runs/limits.py)
+        from workbench.runs.limits import cap_gpu_memory
 
         cap_gpu_memory(RunConfig(**shape), device)
     cfg = (RunConfig(**shape) if defaults else
@@ -383,7 +383,7 @@ def torchao_row(spec: dict) -> dict:
     from workbench.config import RunConfig
     from workbench.data.batches import SyntheticData
     from workbench.engine.events import OpEvent
-    from workbench.engine.fo.resident import prompt_loss, trainable_params
+    from workbench.engine.methods.fo import prompt_loss, trainable_params
     from workbench.engine.groups import build_layouts, move_buffers
     from workbench.engine.objective import objective_for
     from workbench.engine.timing import OpTimer

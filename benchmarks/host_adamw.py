@@ -35,7 +35,7 @@ from benchmarks.common import pcie_bandwidth, save, table  # noqa: E402
 from workbench.engine.fo.adamw import AdamW, OptState, Segment, adamw  # noqa: E402
 from workbench.engine.fo.adamw16 import adamw16, v_fma  # noqa: E402
 from workbench.engine.fo.host import default_threads  # noqa: E402
-from workbench.engine.stream.pinned import HostMemory  # noqa: E402
+from workbench.engine.device.pinned import HostMemory  # noqa: E402
 
 
 def rows_for(n: int, memory: HostMemory, threads: int, reps: int, load) -> list[dict]:

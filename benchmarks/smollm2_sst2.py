@@ -20,7 +20,7 @@ import torch
 from common import save, table
 
 from workbench.config import RunConfig
-from workbench.recipes.signals import graceful_stop
+from workbench.runs.signals import graceful_stop
 from workbench.recipes.train import TrainRecipe
 
 

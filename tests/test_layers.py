@@ -1,7 +1,10 @@
-"""Imports go one way: config -> models / data -> plan -> engine -> calibrate / telemetry ->
-recipes -> ui -> the CLI. Checked on the source, every form of import (``import workbench.x``,
-``from workbench import x``, ``from workbench.x import y``, relative ones) wherever it stands,
-so a lazy import inside a function counts too; and each form is shown to be caught."""
+"""Imports go one way: every package of ``workbench`` on its own floor, lowest first (presets ->
+config -> models -> data -> plan -> engine -> distributed -> calibrate -> telemetry -> runs ->
+export -> recipes -> ui -> cli), and inside ``engine/`` every sub-room on its own floor too (random
+numbers and device primitives at the bottom, the methods at the top). Checked on the source,
+every form of import (``import workbench.x``, ``from workbench import x``, ``from workbench.x
+import y``, relative ones) wherever it stands, so a lazy import inside a function counts too;
+and each form is shown to be caught."""
 import ast
 import subprocess
 import sys
@@ -10,11 +13,18 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "workbench"
-#: The rooms, lowest first; a module may import its own layer and those below.
-ORDER = [("config", "presets", "__init__"), ("models", "data"), ("plan",),
-         ("engine", "distributed"), ("calibrate", "telemetry"), ("recipes", "export"), ("ui",),
-         ("cli", "__main__")]
+#: The packages, lowest first; a module may import its own package and those below.
+ORDER = [("presets", "__init__"), ("config",), ("models",), ("data",), ("plan",), ("engine",),
+         ("distributed",), ("calibrate",), ("telemetry",), ("runs",), ("export",), ("recipes",),
+         ("ui",), ("cli", "__main__")]
 LAYER = {name: level for level, names in enumerate(ORDER) for name in names}
+#: The rooms inside ``engine/``, lowest first (a module of the room ``engine.x`` is
+#: ``engine/x.py`` or anything in ``engine/x/``); ``engine`` itself (build_engine) is the top.
+ENGINE_ORDER = [("rng", "device", "events", "precision", "groups", "kernels"),
+                ("timing", "objective", "codecs"), ("storage", "checkpoint"), ("protocol",),
+                ("zo",), ("peft", "snapshots", "whole"), ("stream", "warmup"), ("fo",),
+                ("methods",), ("",)]
+ENGINE_LAYER = {name: level for level, names in enumerate(ENGINE_ORDER) for name in names}
 
 
 def _module(path: Path) -> str:
@@ -26,10 +36,14 @@ def _module(path: Path) -> str:
 MODULES = {_module(p) for p in PKG.rglob("*.py")}
 
 
-def _layer(module: str) -> int:
-    """The layer of a workbench module: its room, the first name under ``workbench``."""
+def _layer(module: str) -> tuple[int, int]:
+    """The floor of a workbench module: its package (the first name under ``workbench``) and,
+    inside ``engine/``, its room (the second name)."""
     parts = module.split(".")
-    return LAYER[parts[1] if len(parts) > 1 else "__init__"]
+    package = LAYER[parts[1] if len(parts) > 1 else "__init__"]
+    if parts[1:2] != ["engine"]:
+        return package, 0
+    return package, ENGINE_LAYER[parts[2] if len(parts) > 2 else ""]
 
 
 def _imports(source: str, module: str, is_package: bool = False) -> set[str]:
@@ -69,8 +83,14 @@ def test_every_room_has_a_layer():
     rooms = {p.relative_to(PKG).parts[0].removesuffix(".py") for p in PKG.iterdir()
              if p.suffix == ".py" or (p / "__init__.py").exists()}
     assert rooms <= set(LAYER), sorted(rooms - set(LAYER))
-    assert _layer("workbench.plan.placement") < _layer("workbench.engine.fo.offload") \
-        < _layer("workbench.calibrate.fo") < _layer("workbench.recipes.train")
+    engine = {p.relative_to(PKG / "engine").parts[0].removesuffix(".py")
+              for p in (PKG / "engine").iterdir()
+              if (p.suffix == ".py" and p.name != "__init__.py") or (p / "__init__.py").exists()}
+    assert engine <= set(ENGINE_LAYER), sorted(engine - set(ENGINE_LAYER))
+    assert _layer("workbench.plan.placement") < _layer("workbench.engine.rng.philox") \
+        < _layer("workbench.engine.zo.step") < _layer("workbench.engine.methods.fo_offload") \
+        < _layer("workbench.calibrate.fo") < _layer("workbench.runs.rundir") \
+        < _layer("workbench.export.source") < _layer("workbench.recipes.train")
 
 
 @pytest.mark.parametrize("line", [
@@ -82,15 +102,19 @@ def test_every_room_has_a_layer():
     "from workbench.calibrate import fo",
     "def lazy():\n    from workbench.recipes.train import run\n    return run",
     "class A:\n    def m(self):\n        import workbench.cli",
-    "from ... import ui",  # workbench.engine.fo.offload -> workbench.ui
+    "from ... import ui",  # workbench.engine.zo.step -> workbench.ui
     "from ...recipes import train",
+    "from workbench.engine.methods import mezo",  # an engine room above zo/
+    "from ..stream import scheduler",
+    "def lazy():\n    from workbench.engine.methods.replay import replay",
 ])
 def test_each_import_form_is_caught(line):
-    """An engine module importing upward, in every form: the check names it."""
-    found = _upward("workbench.engine.fo.offload", line)
-    assert len(found) >= 1 and found[0].startswith("workbench.engine.fo.offload (layer 3)")
-    assert _upward("workbench.engine.fo.offload", "import torch\nfrom workbench.plan import "
-                   "placement\nfrom workbench.engine.fo import host\nfrom . import grads") == []
+    """A ZO arithmetic module importing upward, in every form: the check names it."""
+    found = _upward("workbench.engine.zo.step", line)
+    assert len(found) >= 1 and found[0].startswith("workbench.engine.zo.step (layer (5, 4))")
+    assert _upward("workbench.engine.zo.step", "import torch\nfrom workbench.plan import "
+                   "placement\nfrom workbench.engine.rng import philox\nfrom . import perturb"
+                   "\nfrom ..codecs import wire") == []
 
 
 def test_the_plan_imports_no_torch():
@@ -160,7 +184,7 @@ NVML_PROBE = """
 import pynvml
 calls = []
 pynvml.nvmlInit = lambda *a, **k: calls.append("nvmlInit")  # recorded, never run
-import workbench.cli, workbench.recipes.train, workbench.engine.zo.offload, workbench.plan.planner
+import workbench.cli, workbench.recipes.train, workbench.engine.methods.zo_offload, workbench.plan.planner
 import workbench.telemetry.sampler as sampler
 bad = [m for m in ("ipywidgets", "plotly", "anywidget") if m in __import__("sys").modules]
 print(bad, len(calls))

@@ -6,7 +6,7 @@ slice of the global batch, and uses the same step seed; the only thing on the wi
 two scalars (the shard losses, averaged with one all-reduce). Parameters stay identical on every
 rank without ever being broadcast; a cheap digest is compared every ``digest_check_every`` steps
 to prove it. With ``host_share`` (the default) the ranks of one host keep one host copy of the
-streamed blocks between them (``engine/stream/shared_host.py``): host memory per node is one model
+streamed blocks between them (``engine/device/shared_host.py``): host memory per node is one model
 whatever the number of GPUs.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from workbench.config import ZO_METHODS, ConfigError, RunConfig
 from workbench.engine.groups import digest, flats_or_readers
-from workbench.engine.stream.shared_host import NodeShare
+from workbench.engine.device.shared_host import NodeShare
 
 
 @dataclass

@@ -5,7 +5,7 @@ import torch
 from workbench.config import RunConfig
 from workbench.engine.codecs.wire import get_codec, stochastic_round
 from workbench.engine.groups import GroupLayout
-from workbench.engine.zo import philox
+from workbench.engine.rng import philox
 from workbench.engine.zo.perturb import PendingUpdate, ZOOps
 
 from zo_helpers import (BASE, KNOBS, REPLAYED, assert_offload_equals_mezo, assert_replay_exact,

@@ -10,12 +10,12 @@ from workbench.config import ConfigError, RunConfig
 from workbench.data.batches import SyntheticData
 from workbench.engine import Engine, build_engine
 from workbench.engine.events import EventBus
-from workbench.engine.fo.offload import FOOffloadEngine
-from workbench.engine.fo.resident import FOEngine
-from workbench.engine.zo.forward_grad import ForwardGradEngine, LoRAForwardGradEngine
-from workbench.engine.zo.lora_offload import LoRAOffloadEngine
-from workbench.engine.zo.mezo import MeZOEngine
-from workbench.engine.zo.offload import ZOOffloadEngine
+from workbench.engine.methods.fo_offload import FOOffloadEngine
+from workbench.engine.methods.fo import FOEngine
+from workbench.engine.methods.forward_grad import ForwardGradEngine, LoRAForwardGradEngine
+from workbench.engine.methods.lora_offload import LoRAOffloadEngine
+from workbench.engine.methods.mezo import MeZOEngine
+from workbench.engine.methods.zo_offload import ZOOffloadEngine
 from workbench.models.build import build_skeleton
 
 ENGINES = {"mezo": MeZOEngine, "zo-offload": ZOOffloadEngine, "forward-grad": ForwardGradEngine,

@@ -7,7 +7,7 @@ from workbench.config import RunConfig
 from workbench.data.batches import SyntheticData
 from workbench.engine import build_engine
 from workbench.engine.events import EventBus
-from workbench.engine.stream.pinned import HostMemory
+from workbench.engine.device.pinned import HostMemory
 from workbench.models.build import build_skeleton
 
 from zo_helpers import BASE

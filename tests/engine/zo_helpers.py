@@ -119,7 +119,8 @@ REPLAYED = {
 def assert_replay_exact(cfg: RunConfig, tmp_path: Path) -> None:
     """Ten steps with a snapshot every four; ``restore_step`` to step 6 (snapshot 4 + two
     steps of the log, replayed on the run's device) has a straight six-step run's digest."""
-    from workbench.engine.checkpoint import complete_checkpoints, restore_step
+    from workbench.engine.checkpoint import complete_checkpoints
+    from workbench.engine.methods.replay import restore_step
     from workbench.recipes.train import run
 
     cfg = cfg.replace(steps=10, checkpoint_every=4, keep_last=10)

@@ -6,7 +6,7 @@ import torch
 
 from workbench.config import RunConfig
 from workbench.engine.events import EventBus
-from workbench.engine.zo.mezo import MeZOEngine
+from workbench.engine.methods.mezo import MeZOEngine
 from workbench.models.build import build_skeleton
 from workbench.presets import PRESETS
 

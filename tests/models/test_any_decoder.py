@@ -17,7 +17,7 @@ from workbench.config import ConfigError, RunConfig
 from workbench.data.batches import SyntheticData
 from workbench.engine import build_engine
 from workbench.engine.events import EventBus
-from workbench.engine.zo.mezo import MeZOEngine
+from workbench.engine.methods.mezo import MeZOEngine
 from workbench.models import layout
 from workbench.models.adapter import BlockAdapter
 from workbench.models.build import build_skeleton, check_model_folder

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.recipes import lockfile
+from workbench.runs import lockfile
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = dict(os.environ, OMP_NUM_THREADS="1",  # every run alike, and a loaded machine stays calm

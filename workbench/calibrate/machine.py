@@ -133,7 +133,7 @@ def _perturb_cpu(quick: bool) -> dict[str, float]:
     """The CPU perturbation paths: torch philox (rng=philox) and randn + add (rng=torch)."""
     import torch
 
-    from workbench.engine.zo import philox
+    from workbench.engine.rng import philox
 
     n = 2 ** 18 if quick else 2 ** 21
     x = torch.zeros(n)
@@ -205,7 +205,7 @@ def _gpu_rates(dev, quick: bool) -> dict[str, Any]:
                                                 "cuda", reps),
         "perturb_torch_per_s": n / _timeit(
             lambda: x.add_(torch.randn(n, generator=gen, device=dev), alpha=1e-3), "cuda", reps)}
-    from workbench.engine.zo import philox
+    from workbench.engine.rng import philox
 
     m = n // 16
     out["perturb_philox_torch_per_s"] = m / _timeit(

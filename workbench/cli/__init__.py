@@ -34,7 +34,7 @@ def _config_file(args: argparse.Namespace) -> str | None:
 def cmd_run(args: argparse.Namespace) -> int:
     if args.resume:
         # Continue a run: its own resolved config, then --config / --set on top.
-        from workbench.recipes.resume import started_config
+        from workbench.runs.resume import started_config
 
         if args.overwrite:
             raise ConfigError(["--overwrite: not with --resume (one continues a run, the other "
@@ -51,10 +51,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise ConfigError(["--out: a run directory is required (or --resume RUN_DIR)"])
         cfg, out = _config(args), args.out
     check_environment(cfg)
-    from workbench.recipes.signals import Interrupted, exit_status, graceful_stop
+    from workbench.runs.signals import Interrupted, exit_status, graceful_stop
     from workbench.recipes.train import TrainRecipe
 
-    from workbench.recipes.threads import choose_threads
+    from workbench.runs.threads import choose_threads
 
     choose_threads(cfg)  # as the notebooks do; the run records it
     rank = int(os.environ.get("RANK", "0"))  # under torchrun only rank 0 reports

@@ -102,7 +102,7 @@ def demo_pair(config_file: str | None, sets: dict[str, str], out: Path,
               report: Callable[[list[Path], Path], Path | None]) -> list:
     """MeZO then zo-offload on ``settings`` (with ``config_file`` and the ``--set`` values
     ``sets`` on top) in ``out/<method>``, their table, what they learned, and their report."""
-    from workbench.recipes.threads import choose_threads
+    from workbench.runs.threads import choose_threads
     from workbench.recipes.train import run
 
     records = []

@@ -44,7 +44,7 @@ def sweep_command(base: RunConfig, args: argparse.Namespace) -> int:
                               "evaluate; rank by tokens_per_s or loss, or use a data set"])
     sweep = Sweep.grid(base, axes, args.out, resume=bool(args.resume), overwrite=args.overwrite,
                        rank_by=rank_by)
-    from workbench.recipes.threads import choose_threads
+    from workbench.runs.threads import choose_threads
 
     choose_threads(base)  # as the notebooks do (the grid's model and device are the base's)
     _say_refused(sweep)

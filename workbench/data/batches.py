@@ -40,7 +40,7 @@ class PaddedRows:
         """The batch (a dataclass of this mixin) on ``device``. To a GPU every tensor goes
         through pinned memory, so the copies queue behind the GPU's work instead of the host
         waiting for it (a copy from pageable memory blocks the host); on ``stream`` when given
-        (the caller orders its own stream after that one: ``recipes/prefetch.py``)."""
+        (the caller orders its own stream after that one: ``runs/prefetch.py``)."""
         cuda = torch.device(device).type == "cuda"
         place = torch.cuda.stream(stream) if cuda and stream is not None else nullcontext()
         with place:

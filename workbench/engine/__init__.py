@@ -41,30 +41,30 @@ def build_engine(model, source, cfg: RunConfig, device: torch.device, bus: Event
         ValueError: fo-offload without ``measure``; a method with no engine.
     """
     if cfg.method == "mezo":
-        from workbench.engine.zo.mezo import MeZOEngine
+        from workbench.engine.methods.mezo import MeZOEngine
 
         return MeZOEngine(model, source, cfg, device, bus, objective)
     if cfg.method == "zo-offload" and cfg.peft == "lora":
-        from workbench.engine.zo.lora_offload import LoRAOffloadEngine
+        from workbench.engine.methods.lora_offload import LoRAOffloadEngine
 
         return LoRAOffloadEngine(model, source, cfg, device, bus, share, objective)
     if cfg.method == "zo-offload":
-        from workbench.engine.zo.offload import ZOOffloadEngine
+        from workbench.engine.methods.zo_offload import ZOOffloadEngine
 
         return ZOOffloadEngine(model, source, cfg, device, bus, share, objective)
     if cfg.method == "fo":
-        from workbench.engine.fo.resident import FOEngine
+        from workbench.engine.methods.fo import FOEngine
 
         return FOEngine(model, source, cfg, device, bus, objective)
     if cfg.method == "fo-offload":
-        from workbench.engine.fo.offload import FOOffloadEngine
+        from workbench.engine.methods.fo_offload import FOOffloadEngine
 
         if measure is None:
             raise ValueError("method: fo-offload places its optimizer subgroups with measured "
                              "rates; pass measure=workbench.calibrate.fo.measure")
         return FOOffloadEngine(model, source, cfg, device, bus, measure, objective)
     if cfg.method == "forward-grad":
-        from workbench.engine.zo.forward_grad import ForwardGradEngine, LoRAForwardGradEngine
+        from workbench.engine.methods.forward_grad import ForwardGradEngine, LoRAForwardGradEngine
 
         cls = LoRAForwardGradEngine if cfg.peft == "lora" else ForwardGradEngine
         return cls(model, source, cfg, device, bus, share, objective)

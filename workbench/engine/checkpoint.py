@@ -33,11 +33,12 @@ from typing import Any
 
 import torch
 
-from workbench.config import ZO_METHODS
 from workbench.engine.groups import LazyFlats
-from workbench.engine.zo.optim import STATE_SUFFIX
 
 FORMAT = 1
+#: a group's optimizer state is stored under the group's name with this suffix (checkpoints,
+#: transfers)
+STATE_SUFFIX = ".zo_state"
 
 
 @dataclass
@@ -89,7 +90,7 @@ def write_checkpoint(root: Path, snap: Snapshot, pause_s: float = 0.0,
     (the writing run's, else ``snap.identity``) goes into the manifest. ``name``: the
     folder's name (default ``step-NNNNNNNN``). ``per_group``: one shard per group rather than
     the two halves, so a ``LazyFlats`` snapshot is written holding one group at a time (the
-    end-of-run weights, ``recipes/final_weights.py``)."""
+    end-of-run weights, ``runs/final_weights.py``)."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / (name or f"step-{snap.step:08d}")
     tmp = root / f"{final.name}.partial"
@@ -232,35 +233,6 @@ def checkpoint_identity(path: Path) -> dict[str, Any] | None:
 def latest_checkpoint(root: Path) -> Path | None:
     found = complete_checkpoints(root)
     return found[-1] if found else None
-
-
-def restore_step(root: Path, step: int, device: str = "cpu") -> list[torch.Tensor]:
-    """Weights after ``step`` steps (pending update applied), rebuilt from the newest snapshot
-    at or before it plus the step log, with the engines' own arithmetic and host formats
-    (``zo/replay.py``). Bit-identical to the straight run when replayed on the device type that
-    trained; under master=compressed-sr, only if no evaluation fell between the snapshot and
-    ``step`` (an eval applies the pending update early, with a rounding of its own; the replay
-    then matches the straight run in expectation)."""
-    from workbench.engine.zo.replay import replay
-
-    root = Path(root)
-    candidates = [p for p in complete_checkpoints(root)
-                  if json.loads((p / "manifest.json").read_text())["step"] <= step]
-    if not candidates:
-        raise CheckpointError(f"no complete checkpoint at or before step {step} in {root}")
-    manifest = json.loads((candidates[-1] / "manifest.json").read_text())
-    names = [g[0] for g in manifest["groups"]]
-    snap = read_checkpoint(candidates[-1], names, [g[1] for g in manifest["groups"]])
-    cfg = snap.config
-    if cfg.get("method") not in ZO_METHODS:
-        raise CheckpointError(f"method {cfg.get('method')!r} keeps optimizer state: only its "
-                              "snapshots can be restored, not steps between them")
-    log = StepLog(root).read()
-    missing = [t for t in range(snap.step, step) if t not in log]
-    if missing:
-        raise CheckpointError(f"the step log lacks steps {missing[:5]}: cannot replay to {step}")
-    return replay(snap.flats, names, snap.n_decay, snap.pending, cfg, log, snap.step, step,
-                  torch.device(device), snap.opt_state)
 
 
 class StepLog:

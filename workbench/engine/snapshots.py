@@ -17,7 +17,7 @@ import torch
 
 from workbench.engine.checkpoint import Snapshot
 from workbench.engine.groups import GroupLayout
-from workbench.engine.stream.pinned import SnapshotBuffers
+from workbench.engine.device.pinned import SnapshotBuffers
 from workbench.engine.zo.perturb import PendingUpdate, pending_dict
 
 

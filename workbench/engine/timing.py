@@ -121,7 +121,7 @@ class Deferred:
     """Device scalars copied to pinned host memory; ``ready`` / ``get`` read them later without
     a host-blocking sync in the step. The copy runs on a side stream after the current one's
     work so far: on the current (compute) stream it would hold that stream until the copy
-    engine had finished the block offload queued before it (``recipes/prefetch.py``)."""
+    engine had finished the block offload queued before it (``runs/prefetch.py``)."""
 
     _streams: dict[torch.device, torch.cuda.Stream] = {}  # one side stream per device
 

@@ -25,7 +25,7 @@ from workbench.engine.checkpoint import _fsync_dir
 from workbench.engine.groups import GroupLayout
 from workbench.export.safetensors_stream import StreamWriter, TensorSpec, file_bytes
 from workbench.export.source import ExportError
-from workbench.recipes.outcome import os_error
+from workbench.runs.outcome import os_error
 
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}

@@ -8,7 +8,7 @@ export never holds the model. A streamed block goes through the run's own host f
 (``transfers.py``: plain fp32, the compressed-sr master with its seeded rounding, the fp32
 master behind a compressed mirror), the other groups through ``engine.zo.step.apply_update``.
 Bit-identical to the run's own flush on the device type that trained (the CPU here unless
-asked), as ``engine.checkpoint.restore_step`` is.
+asked), as ``engine.methods.replay.restore_step`` is.
 """
 from __future__ import annotations
 

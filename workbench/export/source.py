@@ -27,8 +27,8 @@ from workbench.engine.checkpoint import (CheckpointError, Snapshot, checkpoint_s
 from workbench.engine.groups import LazyFlats
 from workbench.export.pending import PendingFlush
 from workbench.export.safetensors_stream import read_fp32, read_header
-from workbench.recipes.final_weights import FOLDER
-from workbench.recipes.rundir import read_history
+from workbench.runs.final_weights import FOLDER
+from workbench.runs.rundir import read_history
 from workbench.telemetry.record import RecordError, RunRecord
 
 WEIGHTS = FOLDER  # the end-of-run weights' folder in a run directory

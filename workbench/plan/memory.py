@@ -21,7 +21,7 @@ WORKSPACE_BYTES = 32 * 2**20  # cuBLAS workspace (Hopper default), allocated thr
 
 MiB = 2 ** 20
 #: Pinned host buffers of this many bytes and more are page-locked at their exact size
-#: (``engine/stream/pinned.py``); smaller ones come from torch's caching host allocator.
+#: (``engine/device/pinned.py``); smaller ones come from torch's caching host allocator.
 PIN_EXACT = 64 * MiB
 #: GPU slots a transfer keeps beyond prefetch_depth, by kind (``engine/stream``): plain and
 #: mirror, the block computing and the one whose offload still reads its slot; sr, one (the slot
@@ -74,7 +74,7 @@ FINGERPRINT_SCRATCH_BYTES = FINGERPRINT_THREADS * SCRATCH_BYTES
 
 def pinned_bytes(nbytes: int, cuda: bool) -> int:
     """Host bytes of a pinned request: buffers of 64 MiB and more are page-locked at their exact
-    size (``engine/stream/pinned.py``, from ``PIN_EXACT`` up); smaller ones come from torch's caching host allocator, which
+    size (``engine/device/pinned.py``, from ``PIN_EXACT`` up); smaller ones come from torch's caching host allocator, which
     rounds up to a power of two. No pinning, no rounding, on the CPU."""
     if not cuda or nbytes <= 1 or nbytes >= PIN_EXACT:
         return nbytes

@@ -34,7 +34,7 @@ from typing import Any, Callable, Mapping, Sequence
 from workbench.calibrate.machine import check_fits_here
 from workbench.config import ConfigError, RunConfig, check_environment, parse_value
 from workbench.engine.events import EventBus, StepEvent
-from workbench.recipes.sweep_folder import (MANIFEST, SweepError, check_sweep_folder, claim,
+from workbench.runs.sweep_folder import (MANIFEST, SweepError, check_sweep_folder, claim,
                                             load_manifest, release)
 from workbench.telemetry import noise, ranking
 from workbench.telemetry.evals import main_metric

@@ -41,15 +41,15 @@ from workbench.models.lora import check_lora_targets
 from workbench.models.tokenizer import load_tokenizer
 from workbench.plan.memory import EVAL_ROWS
 from workbench.plan.planner import preset_of
-from workbench.recipes.final_weights import write_final
-from workbench.recipes.guard import RunGuard
-from workbench.recipes.limits import cap_gpu_memory
-from workbench.recipes.prefetch import BatchPrefetch
-from workbench.recipes.outcome import artefact_failed, error_line, os_error, outcome_line
-from workbench.recipes import threads
-from workbench.recipes.identity import accept_data, data_fingerprint, identity, new_run_id
-from workbench.recipes.resume import load_resume_checkpoint, plan_resume, resume_roots
-from workbench.recipes.rundir import WRITE_EVERY_S, RunDir, RunWarning
+from workbench.runs.final_weights import write_final
+from workbench.runs.guard import RunGuard
+from workbench.runs.limits import cap_gpu_memory
+from workbench.runs.prefetch import BatchPrefetch
+from workbench.runs.outcome import artefact_failed, error_line, os_error, outcome_line
+from workbench.runs import threads
+from workbench.runs.identity import accept_data, data_fingerprint, identity, new_run_id
+from workbench.runs.resume import load_resume_checkpoint, plan_resume, resume_roots
+from workbench.runs.rundir import WRITE_EVERY_S, RunDir, RunWarning
 from workbench.telemetry.collector import Collector
 from workbench.telemetry.environment import environment, load_average
 from workbench.telemetry.health import health

@@ -11,7 +11,7 @@ from workbench.engine.events import EventBus
 from workbench.engine.groups import GroupLayout
 from workbench.engine.objective import label_loss
 from workbench.engine.zo import half
-from workbench.engine.zo.mezo import MeZOEngine
+from workbench.engine.methods.mezo import MeZOEngine
 from workbench.engine.zo.step import step_seed
 from workbench.models.build import build_skeleton
 

@@ -10,7 +10,7 @@ from workbench.config import ConfigError, RunConfig
 from workbench.data.batches import SyntheticData
 from workbench.engine.events import EventBus
 from workbench.engine.groups import GroupLayout
-from workbench.engine.zo.mezo import MeZOEngine
+from workbench.engine.methods.mezo import MeZOEngine
 from workbench.engine.zo.perturb import PendingUpdate, ZOOps, pending_dict, pending_from_dict, \
     query_seeds
 from workbench.engine.zo.step import step_seed

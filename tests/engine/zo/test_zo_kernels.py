@@ -11,7 +11,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
 SCRIPT = r"""
 import torch
 from workbench.engine.groups import GroupLayout
-from workbench.engine.zo import philox
+from workbench.engine.rng import philox
 from workbench.engine.zo import kernels as zo_kernels
 from workbench.engine.zo.perturb import PendingUpdate, ZOOps
 

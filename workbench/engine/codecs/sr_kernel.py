@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from workbench.engine.kernels import load_compiled
-from workbench.engine.zo.kernels import _philox
+from workbench.engine.rng.triton_philox import philox4x32
 
 BLOCK = 1024
 
@@ -34,7 +34,7 @@ def _round_lane(x_ptr, out_ptr, e, m, word, DROP: tl.constexpr):
 def sr_kernel(x_ptr, out_ptr, n, q, seed, key, DROP: tl.constexpr, BLOCK: tl.constexpr):
     c = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     cm = c < q
-    w0, w1, w2, w3 = _philox(seed, key, c)
+    w0, w1, w2, w3 = philox4x32(seed, key, c)
     _round_lane(x_ptr, out_ptr, c, cm & (c < n), w0, DROP)
     _round_lane(x_ptr, out_ptr, c + q, cm & (c + q < n), w1, DROP)
     _round_lane(x_ptr, out_ptr, c + 2 * q, cm & (c + 2 * q < n), w2, DROP)

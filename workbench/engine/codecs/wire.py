@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from workbench.engine import kernels
-from workbench.engine.zo import philox
+from workbench.engine.rng import philox
 
 CHUNK = 256  # elements per fp8 scale
 FP8 = {"fp8-e4m3": (torch.float8_e4m3fn, 448.0), "fp8-e5m2": (torch.float8_e5m2, 57344.0)}

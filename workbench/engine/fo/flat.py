@@ -15,7 +15,7 @@ import torch
 
 from workbench.engine.fo.adamw import OptState, Segment
 from workbench.engine.groups import GroupLayout
-from workbench.engine.stream.pinned import HostMemory
+from workbench.engine.device.pinned import HostMemory
 from workbench.models.build import RandomInit
 from workbench.plan.placement import Subgroups
 

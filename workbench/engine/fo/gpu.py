@@ -23,7 +23,7 @@ from workbench.engine.fo.flat import FlatParams
 from workbench.engine.fo.grads import Kept
 from workbench.engine.fo.moments import HalfMoments, adamw_half
 from workbench.engine.fo.spans import PhaseTimer
-from workbench.engine.stream.streams import Streams
+from workbench.engine.device.streams import Streams
 from workbench.plan import placement
 from workbench.plan.placement import N_SLOTS, Schedule
 

@@ -23,7 +23,7 @@ import torch
 
 from workbench.engine.fo.flat import FlatParams
 from workbench.engine.fo.spans import PhaseTimer
-from workbench.engine.stream.streams import Streams
+from workbench.engine.device.streams import Streams
 from workbench.plan import placement
 from workbench.plan.fo_memory import QUEUE_BYTES
 from workbench.plan.placement import Schedule

@@ -38,9 +38,9 @@ from workbench.engine.fo.adamw import AdamW, OptState, Segment, adamw
 from workbench.engine.fo.adamw16 import adamw16
 from workbench.engine.fo.flat import FlatParams
 from workbench.engine.fo.moments import CPU_CHUNK, HalfMoments, adamw_half
-from workbench.engine.stream.pinned import HostMemory
+from workbench.engine.device.pinned import HostMemory
 from workbench.engine.fo.spans import PhaseTimer
-from workbench.engine.stream.streams import Streams
+from workbench.engine.device.streams import Streams
 from workbench.plan.placement import N_STAGES
 
 

@@ -30,7 +30,7 @@ from functools import lru_cache
 import torch
 
 from workbench.engine.fo.adamw import AdamW, OptState, Segment, adamw, within
-from workbench.engine.zo import philox
+from workbench.engine.rng import philox
 
 #: Noise words in the table (each 16-bit value 4 times); elements PERIOD apart in a subgroup
 #: share their noise within one step (never across steps).

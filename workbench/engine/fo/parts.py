@@ -7,7 +7,7 @@ from workbench.config import RunConfig
 from workbench.engine.fo.flat import FlatParams
 from workbench.engine.fo.grads import GradFlush
 from workbench.engine.fo.host import HostUpdates
-from workbench.engine.stream.streams import Streams
+from workbench.engine.device.streams import Streams
 from workbench.plan.placement import Rate
 
 

@@ -351,7 +351,7 @@ class Proposals:
     def gpu_spare(self) -> int | None:
         """GPU bytes left for a resident share after the steps so far (None on a CPU):
         ``plan/auto.py::gpu_spare`` of gpu_mem_limit_gb (less the CUDA context, as
-        ``recipes/limits.py`` caps it) or of the memory this process can have."""
+        ``runs/limits.py`` caps it) or of the memory this process can have."""
         if not self.cuda:
             return None
         free, _ = torch.cuda.mem_get_info(self.device)

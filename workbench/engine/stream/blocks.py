@@ -17,7 +17,7 @@ from workbench.engine.storage import Group, materialise
 from workbench.engine.stream.compute_slots import ComputeSlotTransfer
 from workbench.engine.stream.embed_rows import EmbedRows
 from workbench.engine.stream.frozen_transfer import FrozenTransfer
-from workbench.engine.stream.shared_host import NodeShare
+from workbench.engine.device.shared_host import NodeShare
 from workbench.engine.stream.transfers import make_transfer
 from workbench.engine.timing import OpTimer
 from workbench.engine.zo.perturb import ZOOps

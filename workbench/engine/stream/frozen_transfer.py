@@ -23,7 +23,7 @@ import torch
 from workbench.engine.codecs.base import BaseCodec, base_codec
 from workbench.engine.codecs.frozen_form import FrozenForm
 from workbench.engine.groups import GroupLayout, sample_by_pieces
-from workbench.engine.stream.pinned import HostMemory
+from workbench.engine.device.pinned import HostMemory
 from workbench.plan.memory import SPARE_SLOTS
 
 

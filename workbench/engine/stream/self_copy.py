@@ -17,7 +17,7 @@ import torch
 
 from workbench.engine.events import OpEvent
 from workbench.engine.storage import Group
-from workbench.engine.stream.pinned import SnapshotBuffers
+from workbench.engine.device.pinned import SnapshotBuffers
 from workbench.engine.timing import OpTimer
 
 

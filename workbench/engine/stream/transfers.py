@@ -30,7 +30,7 @@ import torch
 from workbench.engine.codecs.wire import HALF, Codec, get_codec
 from workbench.engine.events import OpEvent
 from workbench.engine.groups import GroupLayout
-from workbench.engine.stream.pinned import HostMemory
+from workbench.engine.device.pinned import HostMemory
 from workbench.engine.zo.perturb import PendingUpdate, ZOOps
 from workbench.engine.zo.step import ApplyUpdate, step_seed
 from workbench.plan.memory import SPARE_SLOTS

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from workbench.engine.kernels import load_compiled
-from workbench.engine.zo.kernels import _normals, _philox
+from workbench.engine.rng.triton_philox import normals4, philox4x32
 
 BLOCK = 512
 FORM, SR, NEAREST = 0, 1, 2  # what a launch writes: the forward's form, or the master
@@ -68,7 +68,7 @@ def chain_kernel(w_ptr, mats_ptr, tail_ptr, g_ptr, g_seed, g_start, op_a, op_wd,
     x2 = tl.load(w_ptr + e2, mask=m2, other=0.0).to(tl.float32)
     x3 = tl.load(w_ptr + e3, mask=m3, other=0.0).to(tl.float32)
     for k in range(n_groups):
-        z0, z1, z2, z3 = _normals(tl.load(g_seed + k), gid, c)
+        z0, z1, z2, z3 = normals4(tl.load(g_seed + k), gid, c)
         for j in range(tl.load(g_start + k), tl.load(g_start + k + 1)):
             a = tl.load(op_a + j)
             wd = tl.load(op_wd + j)
@@ -81,7 +81,7 @@ def chain_kernel(w_ptr, mats_ptr, tail_ptr, g_ptr, g_seed, g_start, op_a, op_wd,
             x3 = _apply(x3, e3, z3, a, wd, g, is_update, n_decay)
     w0, w1, w2, w3 = c, c, c, c
     if MODE == 1:
-        w0, w1, w2, w3 = _philox(sr_seed, sr_key, c)
+        w0, w1, w2, w3 = philox4x32(sr_seed, sr_key, c)
     _store(x0, e0, m0, w_ptr, mats_ptr, tail_ptr, n_mat, w0, MODE, DROP)
     _store(x1, e1, m1, w_ptr, mats_ptr, tail_ptr, n_mat, w1, MODE, DROP)
     _store(x2, e2, m2, w_ptr, mats_ptr, tail_ptr, n_mat, w2, MODE, DROP)
@@ -103,7 +103,7 @@ def span_kernel(w_ptr, out_ptr, starts_ptr, g_ptr, g_seed, g_start, op_a, op_wd,
     lane = e // q
     x = tl.load(w_ptr + e, mask=m, other=0.0).to(tl.float32)
     for k in range(n_groups):
-        z0, z1, z2, z3 = _normals(tl.load(g_seed + k), gid, c)
+        z0, z1, z2, z3 = normals4(tl.load(g_seed + k), gid, c)
         z = tl.where(lane == 0, z0, tl.where(lane == 1, z1, tl.where(lane == 2, z2, z3)))
         for jj in range(tl.load(g_start + k), tl.load(g_start + k + 1)):
             a = tl.load(op_a + jj)

@@ -13,49 +13,7 @@ import triton
 import triton.language as tl
 
 from workbench.engine.kernels import load_compiled
-
-M0 = tl.constexpr(0xD2511F53)
-M1 = tl.constexpr(0xCD9E8D57)
-W0 = tl.constexpr(0x9E3779B9)
-W1 = tl.constexpr(0xBB67AE85)
-TWO_PI = tl.constexpr(6.283185307179586)
-
-
-@triton.jit
-def _uniform(x):
-    return (x >> 9).to(tl.float32) * 1.1920928955078125e-07 + 5.960464477539063e-08
-
-
-@triton.jit
-def _philox(seed, gid, c):
-    """Philox4x32-10 of counter c under key (seed, gid): four uint32 words."""
-    k0 = seed.to(tl.uint32)
-    k1 = gid.to(tl.uint32)
-    c0 = c.to(tl.uint32)
-    c1 = c0 * 0
-    c2 = c1
-    c3 = c1
-    for _ in tl.static_range(10):
-        _c0 = c0
-        _c2 = c2
-        c0 = tl.umulhi(M1, _c2) ^ c1 ^ k0
-        c2 = tl.umulhi(M0, _c0) ^ c3 ^ k1
-        c1 = M1 * _c2
-        c3 = M0 * _c0
-        k0 = k0 + W0
-        k1 = k1 + W1
-    return c0, c1, c2, c3
-
-
-@triton.jit
-def _normals(seed, gid, c):
-    c0, c1, c2, c3 = _philox(seed, gid, c)
-    r0 = tl.sqrt_rn(-2.0 * tl.log(_uniform(c0)))
-    t0 = TWO_PI * _uniform(c1)
-    r1 = tl.sqrt_rn(-2.0 * tl.log(_uniform(c2)))
-    t1 = TWO_PI * _uniform(c3)
-    return r0 * tl.cos(t0), r0 * tl.sin(t0), r1 * tl.cos(t1), r1 * tl.sin(t1)
-
+from workbench.engine.rng.triton_philox import normals4
 
 @triton.jit
 def _lane(x_ptr, out_ptr, e, m, zp, zc, g, neg_lr, wd, n_decay, scale,
@@ -85,9 +43,9 @@ def zo_kernel(x_ptr, out_ptr, g_ptr, n, q, n_decay, seed, prev_seed, gid, scale,
     zc0, zc1, zc2, zc3 = 0.0, 0.0, 0.0, 0.0
     if DO_UPDATE:
         g = tl.load(g_ptr)
-        zp0, zp1, zp2, zp3 = _normals(prev_seed, gid, c)
+        zp0, zp1, zp2, zp3 = normals4(prev_seed, gid, c)
     if DO_PERTURB:
-        zc0, zc1, zc2, zc3 = _normals(seed, gid, c)
+        zc0, zc1, zc2, zc3 = normals4(seed, gid, c)
     e = c
     _lane(x_ptr, out_ptr, e, cm & (e < n), zp0, zc0, g, neg_lr, wd, n_decay, scale,
           DO_UPDATE, DO_PERTURB, WRITE_X)
@@ -107,7 +65,7 @@ def normals_kernel(out_ptr, n, q, seed, gid, BLOCK: tl.constexpr):
     """Materialise z (tests and forward-gradient tangents)."""
     c = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     cm = c < q
-    z0, z1, z2, z3 = _normals(seed, gid, c)
+    z0, z1, z2, z3 = normals4(seed, gid, c)
     tl.store(out_ptr + c, z0, mask=cm & (c < n))
     tl.store(out_ptr + c + q, z1, mask=cm & (c + q < n))
     tl.store(out_ptr + c + 2 * q, z2, mask=cm & (c + 2 * q < n))

@@ -17,11 +17,10 @@ from __future__ import annotations
 import torch
 
 from workbench.config import ZO_STATE_SLOTS
+from workbench.engine.checkpoint import STATE_SUFFIX
 from workbench.engine.groups import GroupLayout
 
 STATEFUL = tuple(rule for rule, k in ZO_STATE_SLOTS.items() if k)
-#: a group's state is stored under the group's name with this suffix (checkpoints, transfers)
-STATE_SUFFIX = ".zo_state"
 
 
 def hyper(cfg) -> tuple[float, ...]:

@@ -19,7 +19,8 @@ import torch
 
 from workbench.engine import kernels
 from workbench.engine.groups import GroupLayout
-from workbench.engine.zo import half, optim, philox
+from workbench.engine.rng import philox
+from workbench.engine.zo import half, optim
 
 
 MASK64 = (1 << 64) - 1

@@ -1,4 +1,4 @@
-"""recipes/prefetch.py and the copies around it: each step's batch is loaded once, in step
+"""runs/prefetch.py and the copies around it: each step's batch is loaded once, in step
 order, one step ahead; a batch moves whole (every field, tensor or not); on a GPU the
 prefetched batch and the losses copied back on a side stream hold the right values even when
 the side stream's copy is queued behind long work."""
@@ -10,7 +10,7 @@ import torch
 from workbench.data.batches import SyntheticData
 from workbench.data.classify import ChoiceBatch
 from workbench.engine.timing import Deferred
-from workbench.recipes.prefetch import BatchPrefetch
+from workbench.runs.prefetch import BatchPrefetch
 
 
 def _loader(calls: list[int]):

@@ -17,7 +17,7 @@ from typing import Any
 
 from workbench.config import ConfigError, RunConfig
 from workbench.engine.checkpoint import checkpoint_identity
-from workbench.recipes.rundir import RunWarning
+from workbench.runs.rundir import RunWarning
 
 
 def new_run_id() -> str:

@@ -8,7 +8,7 @@ import torch
 
 from workbench.config import ConfigError, RunConfig
 from workbench.engine.checkpoint import complete_checkpoints
-from workbench.recipes.rundir import RunWarning
+from workbench.runs.rundir import RunWarning
 from workbench.telemetry.record import RunRecord
 
 

@@ -1,4 +1,4 @@
-"""The node's one host copy (``engine/stream/shared_host.py``): the hand-off between the writer (local
+"""The node's one host copy (``engine/device/shared_host.py``): the hand-off between the writer (local
 rank 0) and the readers, with real processes (torch.multiprocessing, gloo) on the CPU.
 
 The writer writes each pass's block in two halves with a pause between (a slow write-back);
@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from workbench.engine.stream.shared_host import NodeShare
+from workbench.engine.device.shared_host import NodeShare
 
 N_BLOCKS, NUMEL, PASSES = 3, 4096, 6
 

@@ -56,7 +56,7 @@ from workbench.engine.fo.grads import GradFlush, LossScale
 from workbench.engine.fo.host import HostUpdates, default_threads
 from workbench.engine.fo.parts import FOParts, Measure
 from workbench.engine.fo.moments import DTYPES
-from workbench.engine.fo.resident import (FirstOrderContract, prompt_loss, refuse_unsupported,
+from workbench.engine.methods.fo import (FirstOrderContract, prompt_loss, refuse_unsupported,
                                           trainable_params)
 from workbench.engine.fo.spans import PhaseTimer
 from workbench.engine.fo.timeline import UpdateClock
@@ -65,8 +65,8 @@ from workbench.engine.objective import Objective, Total, evaluate, objective_for
 from workbench.engine.peft import base_values, block_adapter, frozen_groups
 from workbench.engine.precision import autocast
 from workbench.engine.protocol import StepOutput
-from workbench.engine.stream.pinned import HostMemory
-from workbench.engine.stream.streams import Streams
+from workbench.engine.device.pinned import HostMemory
+from workbench.engine.device.streams import Streams
 from workbench.engine.timing import OpTimer
 from workbench.models.lora import LoRAInit
 from workbench.plan import auto, dma, placement

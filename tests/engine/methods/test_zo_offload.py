@@ -4,7 +4,7 @@ import torch
 
 from workbench.config import RunConfig
 from workbench.engine.events import EventBus, OpEvent
-from workbench.engine.stream.streams import Streams
+from workbench.engine.device.streams import Streams
 from workbench.presets import PRESETS
 
 from zo_helpers import CPU_KNOBS, assert_offload_equals_mezo, mezo_reference, train

@@ -31,7 +31,7 @@ from workbench.engine.peft import block_adapter
 from workbench.engine.precision import autocast
 from workbench.engine.protocol import StepOutput
 from workbench.engine.stream.scheduler import BlockStreamer
-from workbench.engine.stream.shared_host import NodeShare
+from workbench.engine.device.shared_host import NodeShare
 from workbench.engine.timing import OpTimer
 from workbench.engine.zo.perturb import PendingUpdate, ZOOps, pending_from_dict
 from workbench.engine.zo.estimate import estimate, step_output
@@ -45,7 +45,7 @@ class StreamedEngine:
     pending until the next step's uploads (``pending``). Args: as ``MeZOEngine``; the scheduler
     knobs come from ``cfg`` (overlap, reuse_buffers, fused_update, resident_blocks,
     prefetch_depth); ``share``: the node's one host copy under data parallel
-    (``stream/shared_host.py``)."""
+    (``device/shared_host.py``)."""
 
     def __init__(self, model, source, cfg: RunConfig, device: torch.device, bus: EventBus,
                  share: NodeShare | None = None, objective: Objective | None = None):

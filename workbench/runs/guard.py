@@ -15,8 +15,8 @@ import warnings
 from workbench.engine.checkpoint import AsyncCheckpointer, StepLog, complete_checkpoints
 from workbench.engine.events import EventBus, InfoEvent
 from workbench.engine.zo.step import step_seed
-from workbench.recipes.outcome import os_error
-from workbench.recipes.rundir import RunWarning
+from workbench.runs.outcome import os_error
+from workbench.runs.rundir import RunWarning
 from workbench.telemetry.health import health
 from workbench.telemetry.record import RunRecord
 

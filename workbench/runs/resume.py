@@ -17,8 +17,8 @@ from pathlib import Path
 from workbench.config import ConfigError, RunConfig, check_resume
 from workbench.engine.checkpoint import (CheckpointError, Snapshot, checkpoint_step,
                                          complete_checkpoints, read_checkpoint)
-from workbench.recipes.identity import foreign_checkpoints, owner_text
-from workbench.recipes.rundir import RunWarning
+from workbench.runs.identity import foreign_checkpoints, owner_text
+from workbench.runs.rundir import RunWarning
 from workbench.telemetry.record import RunRecord
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from workbench.config import ConfigError
 from workbench.engine.checkpoint import checkpoint_identity, complete_checkpoints
 from workbench.engine.events import EvalEvent, Event, StepEvent
-from workbench.recipes import lockfile
+from workbench.runs import lockfile
 from workbench.telemetry.record import RunRecord, atomic_write, write_json
 
 WRITE_EVERY_S = 30.0

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from workbench.engine.zo import philox
+from workbench.engine.rng import philox
 from workbench.engine.zo.perturb import ZOOps
 
 

@@ -19,8 +19,8 @@ import torch
 from workbench.config import RunConfig
 from workbench.engine.checkpoint import Snapshot, write_checkpoint
 from workbench.engine.groups import LazyFlats
-from workbench.recipes.outcome import os_error
-from workbench.recipes.rundir import RunWarning
+from workbench.runs.outcome import os_error
+from workbench.runs.rundir import RunWarning
 from workbench.telemetry.record import RunRecord
 
 FOLDER = "weights"

@@ -11,10 +11,14 @@ MeZO's half weights (``half.py``) in their own dtype, rounded as the engine roun
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
+from workbench.config import ZO_METHODS
+from workbench.engine.checkpoint import CheckpointError, StepLog, complete_checkpoints, read_checkpoint
 from workbench.engine.events import EMBED, HEAD, EventBus
 from workbench.engine.groups import GroupLayout
 from workbench.engine.stream.transfers import make_transfer
@@ -121,3 +125,30 @@ def replay(flats: list[torch.Tensor], names: list[str], n_decay: list[int],
            for k, w in enumerate(weights)]
     transfer.close()
     return out
+
+
+def restore_step(root: Path, step: int, device: str = "cpu") -> list[torch.Tensor]:
+    """Weights after ``step`` steps (pending update applied), rebuilt from the newest snapshot
+    at or before it plus the step log, with the engines' own arithmetic and host formats
+    (``replay`` above). Bit-identical to the straight run when replayed on the device type that
+    trained; under master=compressed-sr, only if no evaluation fell between the snapshot and
+    ``step`` (an eval applies the pending update early, with a rounding of its own; the replay
+    then matches the straight run in expectation)."""
+    root = Path(root)
+    candidates = [p for p in complete_checkpoints(root)
+                  if json.loads((p / "manifest.json").read_text())["step"] <= step]
+    if not candidates:
+        raise CheckpointError(f"no complete checkpoint at or before step {step} in {root}")
+    manifest = json.loads((candidates[-1] / "manifest.json").read_text())
+    names = [g[0] for g in manifest["groups"]]
+    snap = read_checkpoint(candidates[-1], names, [g[1] for g in manifest["groups"]])
+    cfg = snap.config
+    if cfg.get("method") not in ZO_METHODS:
+        raise CheckpointError(f"method {cfg.get('method')!r} keeps optimizer state: only its "
+                              "snapshots can be restored, not steps between them")
+    log = StepLog(root).read()
+    missing = [t for t in range(snap.step, step) if t not in log]
+    if missing:
+        raise CheckpointError(f"the step log lacks steps {missing[:5]}: cannot replay to {step}")
+    return replay(snap.flats, names, snap.n_decay, snap.pending, cfg, log, snap.step, step,
+                  torch.device(device), snap.opt_state)

@@ -6,8 +6,8 @@ from workbench.config import RunConfig
 from workbench.data.batches import SyntheticData
 from workbench.engine.events import EventBus, OpEvent
 from workbench.engine.objective import label_loss
-from workbench.engine.zo.forward_grad import ForwardGradEngine
-from workbench.engine.zo.mezo import MeZOEngine
+from workbench.engine.methods.forward_grad import ForwardGradEngine
+from workbench.engine.methods.mezo import MeZOEngine
 from workbench.engine.zo.step import step_seed
 from workbench.models.build import build_skeleton
 

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from workbench.recipes.resume import found_checkpoints, newest_covered
-from workbench.recipes.rundir import RunDir, RunDirError, RunWarning, read_history
+from workbench.runs.resume import found_checkpoints, newest_covered
+from workbench.runs.rundir import RunDir, RunDirError, RunWarning, read_history
 from workbench.telemetry.record import RunRecord
 
 
@@ -99,7 +99,7 @@ def test_resume_picks_the_newest_checkpoint_the_history_covers(tmp_path):
 def test_a_lock_that_cannot_be_written_is_not_left_behind(tmp_path, monkeypatch):
     import errno
 
-    from workbench.recipes import lockfile
+    from workbench.runs import lockfile
 
     def full(fd, data, offset):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

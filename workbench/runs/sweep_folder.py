@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import ConfigError
-from workbench.recipes import lockfile
+from workbench.runs import lockfile
 
 MANIFEST = "sweep.json"
 LOCK = "sweep.lock"

@@ -26,8 +26,8 @@ from workbench.engine.groups import GroupLayout
 from workbench.engine.objective import head_loss
 from workbench.engine.precision import autocast
 from workbench.engine.protocol import StepOutput
-from workbench.engine.zo.lora_offload import LoRAStreamedEngine
-from workbench.engine.zo.offload import StreamedEngine
+from workbench.engine.methods.lora_offload import LoRAStreamedEngine
+from workbench.engine.methods.zo_offload import StreamedEngine
 from workbench.engine.zo.perturb import ZOOps
 from workbench.engine.zo.step import ApplyUpdate, ZOStep, jvp_tangent, step_seed
 

@@ -28,8 +28,8 @@ from workbench.engine.peft import adapter_groups
 from workbench.engine.precision import autocast
 from workbench.engine.protocol import StepOutput
 from workbench.engine.snapshots import DeviceSnapshots
-from workbench.engine.stream.shared_host import NodeShare
-from workbench.engine.zo.offload import StreamedEngine
+from workbench.engine.device.shared_host import NodeShare
+from workbench.engine.methods.zo_offload import StreamedEngine
 from workbench.engine.zo.optim import load_opt_state, new_state
 from workbench.engine.zo.perturb import pending_from_dict
 from workbench.engine.zo.step import ZOStep, apply_update, zo_passes
