@@ -112,3 +112,21 @@ def test_save_final_false_writes_no_weights(tmp_path, one_thread):
     rec = run(cfg, tmp_path / "run", progress=False)
     assert rec.status == "done" and not (tmp_path / "run" / "weights").exists()
     assert "final_weights" not in rec.info
+
+
+@pytest.mark.parametrize("master", ["fp32", "compressed", "compressed-sr"])
+@pytest.mark.parametrize("stream_embeddings", [False, True], ids=["embed-resident",
+                                                                 "embed-streamed"])
+def test_export_of_a_checkpoint_equals_the_run_for_every_master_and_embedding_stream(
+        tmp_path, one_thread, master, stream_embeddings):
+    """The stream layout an export applies a checkpoint's pending update through (which groups
+    stream, through which transfer) is the engine's own: with the embedding and head streamed
+    too, a compressed master rounds them on their way back as it rounds the blocks. The export
+    at a checkpoint equals a straight run of that many steps, bit for bit."""
+    cfg = RunConfig(model="tiny-llama", **{**SHORT, "steps": 4}, checkpoint_every=2,
+                    method="zo-offload", codec="bf16", master=master,
+                    stream_embeddings=stream_embeddings)
+    run(cfg, tmp_path / "long", progress=False)
+    res = export_run(tmp_path / "long", tmp_path / "at2", step=2)
+    straight = run(cfg.replace(steps=2, checkpoint_every=0), tmp_path / "two", progress=False)
+    assert res.digest == straight.param_digest

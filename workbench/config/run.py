@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 from workbench.config.checks import check_types, check_values
@@ -24,6 +25,16 @@ class RunConfig(Knobs):
         problems = check_types(self) or check_values(self)
         if problems:
             raise ConfigError(problems)
+
+    @classmethod
+    def from_saved(cls, saved: Mapping[str, Any], **changes: Any) -> RunConfig:
+        """The config a run recorded (run.json's ``config``, a checkpoint manifest's), read
+        once, as this version spells it: keys this version does not know are dropped, knobs
+        the record lacks take their defaults, a stride spelled as text is read
+        (``__post_init__``). ``changes`` are applied on top. Raises ``ConfigError`` (every
+        problem) where the record does not make a valid config."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{**{k: v for k, v in saved.items() if k in known}, **changes})
 
     def replace(self, **changes: Any) -> RunConfig:
         """A copy with ``changes`` applied (checked)."""

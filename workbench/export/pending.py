@@ -12,14 +12,15 @@ asked), as ``engine.methods.replay.restore_step`` is.
 """
 from __future__ import annotations
 
-from typing import Any
-
 import torch
+
+from workbench.config import RunConfig
 
 from workbench.engine.events import EventBus
 from workbench.engine.groups import GroupLayout
 from workbench.engine.zo.perturb import ZOOps, pending_from_dict
 from workbench.engine.timing import OpTimer
+from workbench.engine.stream.layout import trained_layout
 from workbench.engine.stream.transfers import make_transfer
 from workbench.engine.zo.step import apply_update
 
@@ -29,27 +30,24 @@ FLUSH_STEP = -1  # the step index a flush outside any step runs under (as ``repl
 class PendingFlush:
     """Args:
         pending: the checkpoint's ``{"seed", "g", "lr", "wd"}`` (None: nothing to apply).
-        config: the run's config (method, rng, master, codec, resident_blocks, peft).
+        config: the run's config (method, rng, master, codec, resident_blocks,
+            stream_embeddings, peft).
         names / numels / n_decay: the checkpoint's groups, canonical order.
         device: where the arithmetic runs (the run's device type for bit-equality).
     """
 
-    def __init__(self, pending: dict | None, config: dict[str, Any], names: list[str],
+    def __init__(self, pending: dict | None, config: RunConfig, names: list[str],
                  numels: list[int], n_decay: list[int], device: torch.device):
         self.device = device
-        self.ops = ZOOps(config.get("rng", "philox"), device)
+        self.ops = ZOOps(config.rng, device)
         self.upd = pending_from_dict(pending, device)
         self.layouts = [GroupLayout(n, [], k, d) for n, k, d in zip(names, numels, n_decay)]
-        n_blocks = len(names) - 2
-        resident = min(int(config.get("resident_blocks", 0)), n_blocks)
-        method, peft = config.get("method"), config.get("peft", "none")
-        # as replay: an adapter run's groups, and every MeZO group, live whole on the device
-        self.streamed = (set() if method == "mezo" or peft == "lora" or self.upd is None
-                         else set(range(1 + resident, 1 + n_blocks)))
+        # the engine's own layout (as the replay's): which trained groups stream, and their ids
+        self.layout = trained_layout(config, len(names) - 2)
+        self.streamed = set(self.layout.streamed) if self.upd is not None else set()
         self.transfer = None
-        if self.streamed:  # one for every block, as the engine's: SR draws count its offloads
-            self.transfer = make_transfer(config.get("master", "fp32"),
-                                          config.get("codec", "fp32"), device,
+        if self.streamed:  # one for every unit, as the engine's: SR draws count its offloads
+            self.transfer = make_transfer(config.master, config.codec, device,
                                           OpTimer(device, EventBus(), enabled=False), self.ops)
 
     def __call__(self, k: int, flat: torch.Tensor) -> torch.Tensor:
@@ -63,7 +61,8 @@ class PendingFlush:
             w = flat.to(self.device, torch.float32)
             apply_update(self.ops, w, lay, self.upd)
             return w.cpu()
-        t, b = self.transfer, k - 1  # the block index, as the engine's transfer counts them
+        t, b = self.transfer, self.layout.uid(k)  # the unit's id, as the engine's transfer
+        # counts its offloads
         host = t.host_storage(lay)
         t.store_fp32(host, flat)
         del flat

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from workbench.config import ZO_METHODS, ConfigError
+from workbench.config import ZO_METHODS, ConfigError, RunConfig
 from workbench.engine.checkpoint import (CheckpointError, Snapshot, checkpoint_step,
                                          complete_checkpoints, read_checkpoint)
 from workbench.engine.groups import LazyFlats
@@ -115,7 +115,7 @@ def run_weights(run_dir: str | Path, step: int | None = None, force: bool = Fals
     snap = _read(path)
     flush = None
     if snap.pending is not None:
-        flush = PendingFlush(snap.pending, snap.config, snap.names,
+        flush = PendingFlush(snap.pending, RunConfig.from_saved(snap.config), snap.names,
                              [g[1] for g in _manifest(path)["groups"]], snap.n_decay,
                              torch.device(device))
     groups = (snap.flats if flush is None else

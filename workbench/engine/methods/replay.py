@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
-from workbench.config import ZO_METHODS
+from workbench.config import ZO_METHODS, RunConfig
 from workbench.engine.checkpoint import CheckpointError, StepLog, complete_checkpoints, read_checkpoint
-from workbench.engine.events import EMBED, HEAD, EventBus
+from workbench.engine.events import EventBus
 from workbench.engine.groups import GroupLayout
+from workbench.engine.stream.layout import trained_layout
 from workbench.engine.stream.transfers import make_transfer
 from workbench.engine.timing import OpTimer
 from workbench.engine.zo import half
@@ -36,36 +37,27 @@ GroupPass = Callable[[torch.Tensor, GroupLayout, ApplyUpdate | None, torch.Tenso
 
 
 def replay(flats: list[torch.Tensor], names: list[str], n_decay: list[int],
-           pending: dict | None, config: dict[str, Any], rows: dict[int, dict], first: int,
+           pending: dict | None, config: RunConfig, rows: dict[int, dict], first: int,
            last: int, device: torch.device,
            opt_state: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
     """Groups' fp32 weights (canonical order, CPU) after steps ``first`` .. ``last - 1`` are
     replayed on ``device`` from the snapshot taken before step ``first`` (``flats`` with its
     ``pending`` update and, for momentum / adam, the groups' ``opt_state``) and the step log's
     ``rows``, with the final pending update applied as a flush outside any step applies it."""
-    method = config["method"]
-    ops = ZOOps(config.get("rng", "philox"), device)
-    eps, zo = float(config.get("eps", 0.0)), method != "forward-grad"
-    queries, estimator = int(config.get("queries", 1)), str(config.get("estimator", "central"))
-    rule = str(config.get("zo_optimizer", "sgd"))  # the step log's rows leave it to the run
-    deferred = method != "mezo" and config.get("fused_update", True)
+    ops = ZOOps(config.rng, device)
+    eps, zo = float(config.eps), config.method != "forward-grad"
+    rule = config.zo_optimizer  # the step log's rows leave it to the run
+    deferred = config.method != "mezo" and config.fused_update
     layouts = [GroupLayout(n, [], f.numel(), d) for n, f, d in zip(names, flats, n_decay)]
-    n_blocks = len(layouts) - 2
-    resident = min(int(config.get("resident_blocks", 0)), n_blocks)
-    # an adapter run's groups (its adapters) are resident in every engine: nothing streams
-    streamed = (set() if method == "mezo" or config.get("peft", "none") == "lora"
-                else set(range(1 + resident, 1 + n_blocks)))
-    if config.get("stream_embeddings", False):  # the embedding and head: through the
-        streamed |= {0, n_blocks + 1}  # blocks' transfer, first and last
-    uid = lambda k: EMBED if k == 0 else HEAD if k == n_blocks + 1 else k - 1  # noqa: E731
+    layout = trained_layout(config, len(layouts) - 2)  # the engine's own: one function says
+    streamed, uid = set(layout.streamed), layout.uid
     dtype = weight_dtype(config)  # MeZO's half weights: bf16 / fp16, else fp32
-    resident_apply = half.updater(ops, config.get("master") == "compressed-sr"
+    resident_apply = half.updater(ops, config.master == "compressed-sr"
                                   and dtype != torch.float32, step_seed)
     transfer = None
     if streamed:
         timer = OpTimer(device, EventBus(), enabled=False)
-        transfer = make_transfer(config.get("master", "fp32"), config.get("codec", "fp32"),
-                                 device, timer, ops)
+        transfer = make_transfer(config.master, config.codec, device, timer, ops)
     weights = []
     for k in range(len(layouts)):  # one group read at a time: streamed ones go to host storage
         if k in streamed:
@@ -77,7 +69,7 @@ def replay(flats: list[torch.Tensor], names: list[str], n_decay: list[int],
     if rule in STATEFUL:  # the state crosses the engine's own transfers, in its own format
         if opt_state is None:
             raise ValueError(f"replay: zo_optimizer={rule} needs the snapshot's optimizer state")
-        states = StreamedState(rule, config.get("master", "fp32"), config.get("codec", "fp32"),
+        states = StreamedState(rule, config.master, config.codec,
                                layouts, sorted(streamed), device,
                                OpTimer(device, EventBus(), enabled=False), ops, 0, False)
         states.load(opt_state)
@@ -103,7 +95,7 @@ def replay(flats: list[torch.Tensor], names: list[str], n_decay: list[int],
 
     upd = pending_from_dict(pending, device)
     for t in range(first, last):
-        st = ZOStep(int(rows[t]["seed"]), eps, upd, queries, estimator)
+        st = ZOStep(int(rows[t]["seed"]), eps, upd, config.queries, config.estimator)
         each_group(t, lambda w, lay, apply, s: replay_pass(ops, w, lay, st, zo, apply, s),
                    upd is not None)
         row = pending_from_dict(rows[t], device, rule)  # its rule's count and knobs: the run's
@@ -142,10 +134,10 @@ def restore_step(root: Path, step: int, device: str = "cpu") -> list[torch.Tenso
     manifest = json.loads((candidates[-1] / "manifest.json").read_text())
     names = [g[0] for g in manifest["groups"]]
     snap = read_checkpoint(candidates[-1], names, [g[1] for g in manifest["groups"]])
-    cfg = snap.config
-    if cfg.get("method") not in ZO_METHODS:
-        raise CheckpointError(f"method {cfg.get('method')!r} keeps optimizer state: only its "
-                              "snapshots can be restored, not steps between them")
+    if snap.config.get("method") not in ZO_METHODS:
+        raise CheckpointError(f"method {snap.config.get('method')!r} keeps optimizer state: "
+                              "only its snapshots can be restored, not steps between them")
+    cfg = RunConfig.from_saved(snap.config)
     log = StepLog(root).read()
     missing = [t for t in range(snap.step, step) if t not in log]
     if missing:

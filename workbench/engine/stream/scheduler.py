@@ -33,6 +33,7 @@ from workbench.engine.groups import (GroupLayout, LazyFlats, build_layouts, move
 from workbench.engine.snapshots import DeviceSnapshots
 from workbench.engine.storage import Group, materialise
 from workbench.engine.stream.blocks import streamed_blocks
+from workbench.engine.stream.layout import stream_layout
 from workbench.engine.stream.opt_state import StreamedState
 from workbench.engine.stream.self_copy import BlockCopies
 from workbench.engine.device.shared_host import NodeShare, Unshared
@@ -78,14 +79,15 @@ class BlockStreamer:
         embed, blocks, head = build_layouts(adapter)
         n = len(blocks)
         self.n_blocks = n
+        self.layout = stream_layout(cfg, n)
         self.resident = set(range(min(cfg.resident_blocks, n)))
-        self.ends = bool(getattr(cfg, "stream_embeddings", False))
+        self.ends = cfg.stream_embeddings
         if self.ends and tied_with_embed(embed, adapter.head_modules):
             raise ValueError("stream_embeddings: this model ties its LM head to the embedding "
                              "(one weight in two groups); use stream_embeddings=false")
         layouts = [embed, *blocks, head]
-        self.order = list(range(n + 2)) if self.ends else list(range(1, n + 1))
-        self.streamed = [k for k in self.order if k - 1 not in self.resident]
+        self.order = list(self.layout.order)
+        self.streamed = list(self.layout.streamed)
         self.streams = Streams(device, cfg.overlap)
         kind = streamed_blocks(cfg, device, timer, ops, [layouts[k] for k in self.streamed],
                                share, (embed, adapter.model.get_input_embeddings())
@@ -144,7 +146,7 @@ class BlockStreamer:
     def uid(self, k: int) -> int:
         """The id of canonical group k for transfers, events and ``compute``: its block
         index, or EMBED / HEAD."""
-        return EMBED if k == 0 else HEAD if k == self.n_blocks + 1 else k - 1
+        return self.layout.uid(k)
 
     def canonical(self, i: int) -> int:
         """The canonical index of the unit with id i (``uid``'s inverse)."""

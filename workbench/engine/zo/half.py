@@ -15,10 +15,11 @@ element of the group, from the kernel's normals on CUDA) and the pass runs as to
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
+from workbench.config import RunConfig
 from workbench.engine.codecs.wire import HALF, get_codec
 from workbench.engine.groups import GroupLayout
 
@@ -26,13 +27,12 @@ HALF_MASTERS = ("compressed", "compressed-sr")
 CODEC_OF = {dtype: name for name, dtype in HALF.items()}
 
 
-def weight_dtype(cfg: Any) -> torch.dtype:
+def weight_dtype(cfg: RunConfig) -> torch.dtype:
     """The dtype MeZO holds its trainable weights in: the codec's (bf16 / fp16) under
-    ``master=compressed|compressed-sr``, else fp32 (``cfg``: a ``RunConfig`` or its dict)."""
-    get = cfg.get if isinstance(cfg, dict) else lambda k, d: getattr(cfg, k, d)
-    if get("method", "mezo") != "mezo" or get("master", "fp32") not in HALF_MASTERS:
+    ``master=compressed|compressed-sr``, else fp32."""
+    if cfg.method != "mezo" or cfg.master not in HALF_MASTERS:
         return torch.float32
-    return HALF.get(get("codec", "fp32"), torch.float32)
+    return HALF.get(cfg.codec, torch.float32)
 
 
 def store(x: torch.Tensor, values: torch.Tensor, sr_seed: int | None = None) -> None:

@@ -16,23 +16,20 @@ from __future__ import annotations
 
 import torch
 
-from workbench.config import ZO_STATE_SLOTS
+from workbench.config import ZO_STATE_SLOTS, RunConfig
 from workbench.engine.checkpoint import STATE_SUFFIX
 from workbench.engine.groups import GroupLayout
 
 STATEFUL = tuple(rule for rule, k in ZO_STATE_SLOTS.items() if k)
 
 
-def hyper(cfg) -> tuple[float, ...]:
-    """The rule's own knobs from ``cfg`` (a ``RunConfig`` or its dict): (momentum,) or
-    (adam_beta1, adam_beta2, adam_eps); () for the stateless rules."""
-    get = cfg.get if isinstance(cfg, dict) else lambda k, d: getattr(cfg, k, d)
-    rule = str(get("zo_optimizer", "sgd"))
-    if rule == "momentum":
-        return (float(get("momentum", 0.9)),)
-    if rule == "adam":
-        return tuple(float(get(k, d)) for k, d in
-                     (("adam_beta1", 0.9), ("adam_beta2", 0.999), ("adam_eps", 1e-8)))
+def hyper(cfg: RunConfig) -> tuple[float, ...]:
+    """The rule's own knobs: (momentum,) or (adam_beta1, adam_beta2, adam_eps); () for the
+    stateless rules."""
+    if cfg.zo_optimizer == "momentum":
+        return (float(cfg.momentum),)
+    if cfg.zo_optimizer == "adam":
+        return (float(cfg.adam_beta1), float(cfg.adam_beta2), float(cfg.adam_eps))
     return ()
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from workbench.config import RunConfig
 from workbench.engine import kernels
 from workbench.engine.groups import GroupLayout
 from workbench.engine.rng import philox
@@ -60,13 +61,12 @@ class PendingUpdate:
     hp: tuple[float, ...] = ()  # momentum / adam: the rule's own knobs (``optim.hyper``)
 
     @classmethod
-    def of(cls, cfg, step: int, seed: int, coefs: torch.Tensor, lr: float,
+    def of(cls, cfg: RunConfig, step: int, seed: int, coefs: torch.Tensor, lr: float,
            wd: float) -> "PendingUpdate":
-        """Step ``step``'s update under the run's rule (``cfg``: a ``RunConfig`` or its dict),
-        from its coefficients (``estimate.estimate``): what every engine keeps pending or
-        applies, and what the replay rebuilds from a step-log row."""
-        get = cfg.get if isinstance(cfg, dict) else lambda k, d: getattr(cfg, k, d)
-        rule = str(get("zo_optimizer", "sgd"))
+        """Step ``step``'s update under the run's rule (``cfg.zo_optimizer``), from its
+        coefficients (``estimate.estimate``): what every engine keeps pending or applies, and
+        what the replay rebuilds from a step-log row."""
+        rule = cfg.zo_optimizer
         return cls(seed, coefs, lr, wd, rule, step + 1 if rule in optim.STATEFUL else 0,
                    optim.hyper(cfg))
 

@@ -34,6 +34,7 @@ from typing import Callable, Iterator
 
 import torch
 
+from workbench.config import RunConfig
 from workbench.config import zo_passes as count_passes
 from workbench.engine.groups import GroupLayout
 from workbench.engine.zo.chain import Chain
@@ -64,11 +65,10 @@ class ZOStep:
     estimator: str = "central"
 
     @classmethod
-    def of(cls, cfg, step: int, pending: PendingUpdate | None = None) -> "ZOStep":
-        """Step ``step`` of a run with config ``cfg`` (a ``RunConfig`` or its dict)."""
-        get = cfg.get if isinstance(cfg, dict) else lambda k, d: getattr(cfg, k, d)
-        return cls(step_seed(int(get("seed", 0)), step), float(get("eps", 0.0)), pending,
-                   int(get("queries", 1)), str(get("estimator", "central")))
+    def of(cls, cfg: RunConfig, step: int, pending: PendingUpdate | None = None) -> "ZOStep":
+        """Step ``step`` of a run with config ``cfg``."""
+        return cls(step_seed(cfg.seed, step), float(cfg.eps), pending, cfg.queries,
+                   cfg.estimator)
 
     @property
     def passes(self) -> int:
