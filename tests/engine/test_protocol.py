@@ -12,16 +12,22 @@ from workbench.engine import Engine, build_engine
 from workbench.engine.events import EventBus
 from workbench.engine.methods.fo_offload import FOOffloadEngine
 from workbench.engine.methods.fo import FOEngine
-from workbench.engine.methods.forward_grad import ForwardGradEngine, LoRAForwardGradEngine
-from workbench.engine.methods.lora_offload import LoRAOffloadEngine
+from workbench.engine.methods.forward_grad import JVPStep
+from workbench.engine.methods.lora_offload import ZOAdapterStep
 from workbench.engine.methods.mezo import MeZOEngine
-from workbench.engine.methods.zo_offload import ZOOffloadEngine
+from workbench.engine.methods.streamed import StreamedEngine
+from workbench.engine.methods.zo_offload import ZOStreamStep
+from workbench.engine.stream.adapters import StreamedAdapters
+from workbench.engine.stream.holder import StreamedWeights
 from workbench.models.build import build_skeleton
 
-ENGINES = {"mezo": MeZOEngine, "zo-offload": ZOOffloadEngine, "forward-grad": ForwardGradEngine,
+ENGINES = {"mezo": MeZOEngine, "zo-offload": StreamedEngine, "forward-grad": StreamedEngine,
            "fo": FOEngine, "fo-offload": FOOffloadEngine}
-#: peft=lora: the streamed methods have engines of their own over the frozen stream.
-LORA_ENGINES = {**ENGINES, "zo-offload": LoRAOffloadEngine, "forward-grad": LoRAForwardGradEngine}
+#: the streamed methods are one engine class composed of a holder and a rule
+COMPOSED = {("zo-offload", "none"): (StreamedWeights, ZOStreamStep),
+            ("zo-offload", "lora"): (StreamedAdapters, ZOAdapterStep),
+            ("forward-grad", "none"): (StreamedWeights, JVPStep),
+            ("forward-grad", "lora"): (StreamedAdapters, JVPStep)}
 METHODS = [n for n, v in vars(Engine).items() if callable(v) and not n.startswith("_")]
 ATTRIBUTES = list(Engine.__annotations__)
 
@@ -52,8 +58,7 @@ def test_the_protocol_covers_the_contract():
     assert {"timer", "bytes_h2d", "bytes_d2h", "reduce", "objective"} == set(ATTRIBUTES)
 
 
-@pytest.mark.parametrize("cls", dict.fromkeys([*ENGINES.values(), *LORA_ENGINES.values()]),
-                         ids=lambda c: c.__name__)
+@pytest.mark.parametrize("cls", dict.fromkeys(ENGINES.values()), ids=lambda c: c.__name__)
 def test_engine_class_has_the_protocols_methods(cls):
     assert mismatches(cls) == []
 
@@ -77,7 +82,11 @@ def test_built_engine_keeps_the_contract(method, peft):
     model, source = build_skeleton(cfg.model)
     engine = build_engine(model, source, cfg, torch.device("cpu"), EventBus(), measure=measure)
     try:
-        assert type(engine) is (LORA_ENGINES if peft == "lora" else ENGINES)[method]
+        assert type(engine) is ENGINES[method]
+        if (method, peft) in COMPOSED:  # a holder plus a rule, neither inheriting the other
+            holder, rule = COMPOSED[method, peft]
+            assert (type(engine.weights), type(engine.rule)) == (holder, rule)
+            assert {c.__mro__[1] for c in (StreamedEngine, holder, rule)} == {object}
         assert isinstance(engine, Engine)
         assert engine.reduce is None and (engine.bytes_h2d, engine.bytes_d2h) == (0, 0)
         layouts = engine.group_layouts()

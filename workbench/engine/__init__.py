@@ -1,10 +1,15 @@
 """The training runtime: engines, streams, kernels and the events they publish.
 
 Every engine implements ``Engine`` (``protocol.py``); the ZO arithmetic they share is
-``zo/step.py``. The rooms: ``zo/`` (zeroth-order engines and their perturbations), ``stream/``
-(moving blocks between host and GPU), ``codecs/`` (the formats weights travel and rest in),
-``fo/`` (first-order engines). Never imports telemetry or UI code; listeners subscribe to an
-``EventBus``. Asks ``workbench.plan`` for its decisions (fo-offload's placement, slot sizes).
+``zo/step.py``. The rooms, lowest first (``tests/test_layers.py`` gives each its floor):
+``rng/`` (Philox, in torch and Triton) and ``device/`` (pinned memory, CUDA streams, a node's
+shared host copy) with the small shared facts (events, groups, precision, kernels); ``codecs/``
+(the formats weights travel and rest in); storage and checkpoints; ``zo/`` (the ZO arithmetic
+only: perturbations, the step, estimates, stateful rules); peft, snapshots and the whole-model
+holder; ``stream/`` (moving blocks between host and GPU, and the streamed holders); ``fo/``
+(first-order parts); ``methods/`` (each method: a holder composed with a rule, and the replay).
+Never imports telemetry or UI code; listeners subscribe to an ``EventBus``. Asks
+``workbench.plan`` for its decisions (fo-offload's placement, slot sizes).
 """
 from __future__ import annotations
 
@@ -45,13 +50,13 @@ def build_engine(model, source, cfg: RunConfig, device: torch.device, bus: Event
 
         return MeZOEngine(model, source, cfg, device, bus, objective)
     if cfg.method == "zo-offload" and cfg.peft == "lora":
-        from workbench.engine.methods.lora_offload import LoRAOffloadEngine
+        from workbench.engine.methods.lora_offload import lora_offload_engine
 
-        return LoRAOffloadEngine(model, source, cfg, device, bus, share, objective)
+        return lora_offload_engine(model, source, cfg, device, bus, share, objective)
     if cfg.method == "zo-offload":
-        from workbench.engine.methods.zo_offload import ZOOffloadEngine
+        from workbench.engine.methods.zo_offload import zo_offload_engine
 
-        return ZOOffloadEngine(model, source, cfg, device, bus, share, objective)
+        return zo_offload_engine(model, source, cfg, device, bus, share, objective)
     if cfg.method == "fo":
         from workbench.engine.methods.fo import FOEngine
 
@@ -64,8 +69,7 @@ def build_engine(model, source, cfg: RunConfig, device: torch.device, bus: Event
                              "rates; pass measure=workbench.calibrate.fo.measure")
         return FOOffloadEngine(model, source, cfg, device, bus, measure, objective)
     if cfg.method == "forward-grad":
-        from workbench.engine.methods.forward_grad import ForwardGradEngine, LoRAForwardGradEngine
+        from workbench.engine.methods.forward_grad import forward_grad_engine
 
-        cls = LoRAForwardGradEngine if cfg.peft == "lora" else ForwardGradEngine
-        return cls(model, source, cfg, device, bus, share, objective)
+        return forward_grad_engine(model, source, cfg, device, bus, share, objective)
     raise ValueError(f"method: {cfg.method!r} has no engine")

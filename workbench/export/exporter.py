@@ -138,9 +138,8 @@ def export_line(run_dir: Path, out: Path) -> str:
 def _run_config(config: dict[str, Any]) -> RunConfig:
     """The run's config as a ``RunConfig`` for the model's side only: its data source is not
     read (it may be gone), so it is checked as synthetic."""
-    known = {k: v for k, v in config.items() if k in RunConfig.__dataclass_fields__}
     try:
-        return RunConfig(**{**known, "data": "synthetic", "eval_every": 0})
+        return RunConfig.from_saved(config, data="synthetic", eval_every=0)
     except ConfigError as e:
         raise ExportError(f"the run's settings no longer check out ({e.problems[0]}); is its "
                           "model still there?") from None

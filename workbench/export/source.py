@@ -115,7 +115,7 @@ def run_weights(run_dir: str | Path, step: int | None = None, force: bool = Fals
     snap = _read(path)
     flush = None
     if snap.pending is not None:
-        flush = PendingFlush(snap.pending, RunConfig.from_saved(snap.config), snap.names,
+        flush = PendingFlush(snap.pending, _engine_config(snap.config), snap.names,
                              [g[1] for g in _manifest(path)["groups"]], snap.n_decay,
                              torch.device(device))
     groups = (snap.flats if flush is None else
@@ -143,6 +143,15 @@ def _candidates(run_dir: Path, config: dict[str, Any]) -> list[tuple[int, Path]]
     if (weights / "manifest.json").is_file():
         found.append((int(_manifest(weights)["step"]), weights))
     return sorted(found, key=lambda c: c[0])
+
+
+def _engine_config(saved: dict[str, Any]) -> RunConfig:
+    """A checkpoint's config for the engine's arithmetic only: its data source is not read (it
+    may be gone), so it is checked as synthetic."""
+    try:
+        return RunConfig.from_saved(saved, data="synthetic", eval_every=0)
+    except ConfigError as e:
+        raise ExportError(f"the run's settings no longer check out ({e.problems[0]})") from None
 
 
 def _manifest(path: Path) -> dict:

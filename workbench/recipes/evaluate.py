@@ -61,5 +61,4 @@ def run_config(run_dir: str | Path, overrides: dict[str, str],
     from workbench.export.source import load_record
 
     previous = load_record(Path(run_dir).expanduser()).config
-    known = {k: v for k, v in previous.items() if k in RunConfig.__dataclass_fields__}
-    return load_config(config_file, overrides, base=RunConfig(**known))
+    return load_config(config_file, overrides, base=RunConfig.from_saved(previous))

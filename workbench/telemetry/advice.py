@@ -10,7 +10,7 @@ are offered.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.config import STREAMING_METHODS, ConfigError, RunConfig
@@ -43,8 +43,7 @@ def run_config(rec: RunRecord) -> RunConfig:
     Raises:
         ConfigError: the saved settings are no longer valid here (e.g. a model folder is gone).
     """
-    known = {f.name for f in fields(RunConfig)}
-    return RunConfig(**{k: v for k, v in rec.config.items() if k in known})
+    return RunConfig.from_saved(rec.config)
 
 
 def planner_gpu(environment: dict[str, Any]) -> str | None:

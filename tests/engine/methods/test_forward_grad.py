@@ -6,7 +6,7 @@ from workbench.config import RunConfig
 from workbench.data.batches import SyntheticData
 from workbench.engine.events import EventBus, OpEvent
 from workbench.engine.objective import label_loss
-from workbench.engine.methods.forward_grad import ForwardGradEngine
+from workbench.engine.methods.forward_grad import forward_grad_engine
 from workbench.engine.methods.mezo import MeZOEngine
 from workbench.engine.zo.step import step_seed
 from workbench.models.build import build_skeleton
@@ -19,7 +19,7 @@ def test_streamed_jvp_equals_autograd_gradient_dot_v(name):
     cfg = RunConfig(model=name, method="forward-grad", lr=0.0)
     batch = SyntheticData(260, 16).batch_for_step(0, 4, 0)
     model, source = build_skeleton(name)
-    engine = ForwardGradEngine(model, source, cfg, torch.device("cpu"), EventBus())
+    engine = forward_grad_engine(model, source, cfg, torch.device("cpu"), EventBus())
     d = float(engine.step(batch, 0, 0.0, 0.0).projected_grad)
     # Reference: the same weights in an ordinary model, gradient by backprop, dotted with v.
     ref_model, ref_source = build_skeleton(name)
@@ -57,7 +57,7 @@ def test_forward_grad_fits_a_batch_and_shows_as_jvp():
     bus.subscribe(lambda e: events.append(e) if isinstance(e, OpEvent) else None)
     cfg = RunConfig(model="tiny-llama", method="forward-grad")
     model, source = build_skeleton(cfg.model)
-    engine = ForwardGradEngine(model, source, cfg, torch.device("cpu"), bus)
+    engine = forward_grad_engine(model, source, cfg, torch.device("cpu"), bus)
     batch = SyntheticData(260, 16).batch_for_step(0, 8, 0)
     losses = [float(engine.step(batch, t, 2e-4, 0.0).loss) for t in range(40)]
     engine.close()

@@ -1,0 +1,148 @@
+"""An engine over streamed weights, composed: a holder plus a rule, nothing inherited.
+
+The holder (``stream/holder.py``: every group trains; ``stream/adapters.py``: adapters over a
+frozen base) owns the weights, their pending update, evaluation, state and snapshots. The rule
+(the ZO step of ``zo_offload.py`` or ``lora_offload.py``, the jvp of ``forward_grad.py``) owns
+one step: it runs the passes over the holder's stream and hands the update back to the holder
+(``defer``). ``StreamedEngine`` is the ``Engine`` of the pair: the step is the rule's, the rest
+the holder's.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import torch
+
+from workbench.config import RunConfig
+from workbench.data.batches import Batch
+from workbench.engine.checkpoint import Snapshot
+from workbench.engine.groups import GroupLayout
+from workbench.engine.objective import Objective, Total
+from workbench.engine.protocol import StepOutput
+from workbench.engine.stream.adapters import StreamedAdapters
+from workbench.engine.stream.holder import StreamedWeights
+from workbench.engine.stream.scheduler import BlockStreamer
+from workbench.engine.timing import OpTimer
+from workbench.engine.zo.perturb import PendingUpdate, ZOOps
+from workbench.models.adapter import BlockAdapter
+
+#: A streamed holder: every group trains, or adapters over a frozen base.
+Holder = StreamedWeights | StreamedAdapters
+
+
+class StreamRule(Protocol):
+    """One training step over a streamed holder."""
+
+    def step(self, weights: Holder, batch: Batch, step: int, lr: float,
+             wd: float) -> StepOutput:
+        """One step on ``batch``: the passes over ``weights``' stream, the update handed to
+        ``weights.defer``; returns without a host sync."""
+
+    def buffer_bytes(self) -> dict[str, int]:
+        """Device buffers the rule keeps of its own, by item (bytes)."""
+
+
+class StreamedEngine:
+    """Args:
+        weights: the holder (``StreamedWeights`` or ``StreamedAdapters``).
+        rule: the step (``StreamRule``).
+    """
+
+    def __init__(self, weights: Holder, rule: StreamRule):
+        self.weights, self.rule = weights, rule
+
+    # --- what the recipe and telemetry read: the holder's ----------------------------------
+    @property
+    def cfg(self) -> RunConfig:
+        return self.weights.cfg
+
+    @property
+    def device(self) -> torch.device:
+        return self.weights.device
+
+    @property
+    def timer(self) -> OpTimer:
+        return self.weights.timer
+
+    @property
+    def objective(self) -> Objective:
+        return self.weights.objective
+
+    @property
+    def adapter(self) -> BlockAdapter:
+        return self.weights.adapter
+
+    @property
+    def streamer(self) -> BlockStreamer:
+        return self.weights.streamer
+
+    @property
+    def ops(self) -> ZOOps:
+        return self.weights.ops
+
+    @property
+    def pending(self) -> PendingUpdate | None:
+        return self.weights.pending
+
+    @property
+    def bytes_h2d(self) -> int:
+        return self.weights.bytes_h2d
+
+    @property
+    def bytes_d2h(self) -> int:
+        return self.weights.bytes_d2h
+
+    @property
+    def reduce(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        return self.weights.reduce
+
+    @reduce.setter
+    def reduce(self, fn: Callable[[torch.Tensor], torch.Tensor] | None) -> None:
+        self.weights.reduce = fn  # data parallel: the rule reads it from the holder
+
+    # --- the contract ------------------------------------------------------------------------
+    def step(self, batch: Batch, step: int, lr: float, wd: float) -> StepOutput:
+        return self.rule.step(self.weights, batch, step, lr, wd)
+
+    def flush(self, step: int = -1) -> None:
+        self.weights.flush(step)
+
+    def evaluate(self, dev, batch_size: int, total: Total | None = None) -> dict[str, float]:
+        return self.weights.evaluate(dev, batch_size, total)
+
+    def streamed_forward(self, input_ids: torch.Tensor,
+                         attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.weights.streamed_forward(input_ids, attention_mask)
+
+    def state_flats(self) -> Sequence[torch.Tensor]:
+        return self.weights.state_flats()
+
+    def load_state_flats(self, flats: Sequence[torch.Tensor]) -> None:
+        self.weights.load_state_flats(flats)
+
+    def base_flats(self) -> list[torch.Tensor]:
+        return self.weights.base_flats()
+
+    def group_layouts(self) -> list[GroupLayout]:
+        return self.weights.group_layouts()
+
+    def snapshot(self, next_step: int) -> Callable[[], Snapshot]:
+        return self.weights.snapshot(next_step)
+
+    def restore(self, snap: Snapshot) -> None:
+        self.weights.restore(snap)
+
+    def buffer_bytes(self) -> dict[str, int]:
+        """The engine's own device buffers by item (bytes): the holder's and the rule's."""
+        return {**self.weights.buffer_bytes(), **self.rule.buffer_bytes()}
+
+    def gpu_param_bytes(self) -> int:
+        return sum(self.buffer_bytes().values()) if self.device.type == "cuda" else 0
+
+    def host_report(self) -> dict[str, int]:
+        return self.weights.host_report()
+
+    def close(self) -> None:
+        """Drain transfers and timing events, free GPU and pinned host memory."""
+        self.weights.close()
