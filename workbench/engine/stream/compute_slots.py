@@ -35,6 +35,9 @@ from workbench.engine.stream.embed_rows import EmbedRows
 from workbench.engine.stream.transfers import SRTransfer
 from workbench.engine.zo.chain import Chain, ChainRunner
 from workbench.engine.zo.perturb import ZOOps
+from workbench.engine.stream.transfer import HostCopy, Extra, Stream
+from workbench.engine.timing import OpTimer
+from workbench.engine.device.shared_host import NodeShare
 from workbench.plan.memory import SPARE_SLOTS
 
 
@@ -59,9 +62,9 @@ class ComputeSlotTransfer(SRTransfer):
     #: the scheduler calls ``ready(block)`` right before each forward pass of a block
     lazy = True
 
-    def __init__(self, device: torch.device, timer, ops: ZOOps, codec: Codec,
-                 compute: torch.dtype, layouts: list[GroupLayout], share=None, sr: bool = True,
-                 rows: EmbedRows | None = None):
+    def __init__(self, device: torch.device, timer: OpTimer, ops: ZOOps, codec: Codec,
+                 compute: torch.dtype, layouts: list[GroupLayout], share: NodeShare | None = None,
+                 sr: bool = True, rows: EmbedRows | None = None):
         super().__init__(device, timer, ops, codec, share, sr)
         self.compute, self.half, self.rows = compute, HALF[codec.name], rows
         self.runner = ChainRunner(ops, codec.name, sr, compute)
@@ -93,15 +96,17 @@ class ComputeSlotTransfer(SRTransfer):
             return self.rows.make_params(self.work)
         return self.form(layout).make_params(self.work)
 
-    def upload(self, host, slot, extra, step, block, stream, slot_ready=None) -> int:
+    def upload(self, host: HostCopy, slot: torch.Tensor, extra: Extra, step: int, block: int,
+               stream: Stream, slot_ready: Callable[[], None] | None = None) -> int:
         if slot_ready is not None:
             slot_ready()  # the copy overwrites the slot, which its last block's offload reads
         with self.timer.span("upload", "upload", stream, step, block, host.numel()):
             slot.copy_(host, non_blocking=True)
         return host.numel()
 
-    def before_compute(self, host, slot, extra, step: int, block: int, stream,
-                       released: Callable[[], None], layout: GroupLayout | None = None) -> None:
+    def before_compute(self, host: HostCopy, slot: torch.Tensor, extra: Extra, step: int,
+                       block: int, stream: Stream, released: Callable[[], None],
+                       layout: GroupLayout | None = None) -> None:
         """Start the block's visit (an earlier block's is over: its offload, if any, has been
         enqueued, and it computes no more)."""
         self._visits = {block: Visit(slot.view(self.half), layout)}
@@ -154,7 +159,9 @@ class ComputeSlotTransfer(SRTransfer):
                              "chain-sr" if self.sr else "chain"):
             self.runner.write_master(visit.master, layout, ops, seed)
 
-    def offload(self, host, slot, extra, step, block, layout, stream, released=None) -> int:
+    def offload(self, host: HostCopy, slot: torch.Tensor, extra: Extra, step: int, block: int,
+                layout: GroupLayout, stream: Stream,
+                released: Callable[[], None] | None = None) -> int:
         """The slot down as it is (``settle`` has written the step into it)."""
         with self.timer.span("offload", "offload", stream, step, block, host.numel()):
             host.copy_(slot, non_blocking=True)

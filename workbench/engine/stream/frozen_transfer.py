@@ -24,6 +24,9 @@ from workbench.engine.codecs.base import BaseCodec, base_codec
 from workbench.engine.codecs.frozen_form import FrozenForm
 from workbench.engine.groups import GroupLayout, sample_by_pieces
 from workbench.engine.device.pinned import HostMemory
+from workbench.engine.stream.transfer import HostCopy, Extra, Stream
+from workbench.engine.timing import OpTimer
+from workbench.engine.device.shared_host import NodeShare
 from workbench.plan.memory import SPARE_SLOTS
 
 
@@ -53,8 +56,8 @@ class FrozenTransfer:
     spare_slots = SPARE_SLOTS["frozen"]
     lazy = False  # the decoded block is ready before compute (``before_compute``)
 
-    def __init__(self, name: str, layouts: list[GroupLayout], device: torch.device, timer,
-                 dtype: torch.dtype | None, share=None):
+    def __init__(self, name: str, layouts: list[GroupLayout], device: torch.device, timer: OpTimer,
+                 dtype: torch.dtype | None, share: NodeShare | None = None):
         self.name, self.device, self.timer, self.dtype = name, device, timer, dtype
         self.cuda = device.type == "cuda"
         self.host = HostMemory(self.cuda, share)
@@ -141,8 +144,8 @@ class FrozenTransfer:
     def updater(self, extra: dict[str, torch.Tensor], block: int) -> None:
         return None  # nothing in the base is ever updated
 
-    def upload(self, host: Encoded, slot, extra, step: int, block: int, stream,
-               slot_ready: Callable[[], None] | None = None) -> int:
+    def upload(self, host: Encoded, slot: torch.Tensor, extra: Extra, step: int, block: int,
+               stream: Stream, slot_ready: Callable[[], None] | None = None) -> int:
         """The encoded bytes up, into the slot (fp32) or its wire; returns the bytes moved.
         ``slot_ready`` makes the stream wait until the slot's last block is done with it."""
         n = host.buf.numel()
@@ -154,8 +157,9 @@ class FrozenTransfer:
             dst.copy_(src, non_blocking=True)
         return n
 
-    def before_compute(self, host: Encoded, slot, extra, step: int, block: int, stream,
-                       released: Callable[[], None], layout: GroupLayout | None = None) -> None:
+    def before_compute(self, host: Encoded, slot: torch.Tensor, extra: Extra, step: int, block: int,
+                       stream: Stream, released: Callable[[], None],
+                       layout: GroupLayout | None = None) -> None:
         """On the compute stream, once the block's upload has landed: decode its wire into
         ``slot`` (the decoded buffer), then ``released`` (the wire may take the next copy).
         fp32: nothing (the block computes in its slot, which stays busy until it is done)."""
@@ -166,7 +170,9 @@ class FrozenTransfer:
             host.codec.decode_form(extra["wire"][:n], *host.form.parts(slot))
         released()
 
-    def offload(self, host, slot, extra, step, block, layout, stream, released=None) -> int:
+    def offload(self, host: HostCopy, slot: torch.Tensor, extra: Extra, step: int, block: int,
+                layout: GroupLayout, stream: Stream,
+                released: Callable[[], None] | None = None) -> int:
         raise RuntimeError("a frozen base block is never offloaded (stream it with "
                            "write_back=False)")
 

@@ -33,13 +33,17 @@ from workbench.engine.groups import GroupLayout
 from workbench.engine.device.pinned import HostMemory
 from workbench.engine.zo.perturb import PendingUpdate, ZOOps
 from workbench.engine.zo.step import ApplyUpdate, step_seed
+from workbench.engine.stream.transfer import HostCopy, Extra, Stream
+from workbench.engine.timing import OpTimer
+from workbench.engine.device.shared_host import NodeShare
 from workbench.plan.memory import SPARE_SLOTS
 
 
 class PlainTransfer:
     """fp32 master, fp32 on the wire."""
 
-    def __init__(self, device: torch.device, timer, ops: ZOOps, share=None):
+    def __init__(self, device: torch.device, timer: OpTimer, ops: ZOOps,
+                 share: NodeShare | None = None):
         self.device, self.timer, self.ops = device, timer, ops
         self.cuda = device.type == "cuda"
         self.host = HostMemory(self.cuda, share)  # exact-size page-locked buffers
@@ -49,7 +53,7 @@ class PlainTransfer:
         """Host storage for a streamed block of ``layout`` (not yet filled)."""
         return self.host.empty(layout.numel, torch.float32)
 
-    def host_bytes(self, host) -> int:
+    def host_bytes(self, host: HostCopy) -> int:
         """Bytes of host memory a block's storage takes."""
         parts = host.values() if isinstance(host, dict) else [host]
         return sum(t.numel() * t.element_size() for t in parts)
@@ -84,8 +88,9 @@ class PlainTransfer:
         """Parameter views of a block of ``layout`` in ``slot`` (the caller caches them)."""
         return layout.make_params(slot)
 
-    def before_compute(self, host, slot, extra, step: int, block: int, stream,
-                       released: Callable[[], None], layout: GroupLayout | None = None) -> None:
+    def before_compute(self, host: HostCopy, slot: torch.Tensor, extra: Extra, step: int,
+                       block: int, stream: Stream, released: Callable[[], None],
+                       layout: GroupLayout | None = None) -> None:
         """On the compute stream before the block (of ``layout``) computes: nothing (the
         upload stream has decoded the block into its slot)."""
 
@@ -121,8 +126,8 @@ class PlainTransfer:
     #: (compute-dtype slots write the pass's weights then: ``compute_slots.py``)
     lazy = False
 
-    def upload(self, host, slot, extra, step: int, block: int, stream,
-               slot_ready: Callable[[], None] | None = None) -> int:
+    def upload(self, host: HostCopy, slot: torch.Tensor, extra: Extra, step: int, block: int,
+               stream: Stream, slot_ready: Callable[[], None] | None = None) -> int:
         """Host copy -> ``slot`` on ``stream``; returns the bytes moved. ``slot_ready`` makes
         the stream wait until the slot's last block is done with it (called before the first
         write to the slot)."""
@@ -132,7 +137,8 @@ class PlainTransfer:
             slot.copy_(host, non_blocking=True)
         return 4 * slot.numel()
 
-    def offload(self, host, slot, extra, step: int, block: int, layout: GroupLayout, stream,
+    def offload(self, host: HostCopy, slot: torch.Tensor, extra: Extra, step: int, block: int,
+                layout: GroupLayout, stream: Stream,
                 released: Callable[[], None] | None = None) -> int:
         """``slot`` -> host copy on ``stream``; returns the bytes sent. A transfer done with the
         slot before the copy is (``SRTransfer``) calls ``released`` at that point."""
@@ -165,7 +171,8 @@ class SRTransfer(PlainTransfer):
     """Compressed host storage (bf16 / fp16) with stochastic rounding (``sr=False``:
     ``master=compressed``, each offload rounded to nearest instead)."""
 
-    def __init__(self, device, timer, ops, codec: Codec, share=None, sr: bool = True):
+    def __init__(self, device: torch.device, timer: OpTimer, ops: ZOOps, codec: Codec,
+                 share: NodeShare | None = None, sr: bool = True):
         super().__init__(device, timer, ops, share)
         self.codec, self.sr = codec, sr
         self._offloads: tuple[int, dict[int, int]] = (-1, {})  # (step, block -> offloads so far)
@@ -174,7 +181,7 @@ class SRTransfer(PlainTransfer):
     def host_storage(self, layout: GroupLayout) -> torch.Tensor:
         return self.host.empty(self.codec.nbytes(layout.numel), torch.uint8)
 
-    def store_fp32(self, host, flat) -> None:
+    def store_fp32(self, host: HostCopy, flat: torch.Tensor) -> None:
         # round to nearest (loading, not training), on flat's device: on the GPU the fp32
         # block never crosses PCIe, only its encoded bytes
         wire = host if flat.device == host.device else self.codec.empty(flat.numel(), flat.device)
@@ -182,12 +189,12 @@ class SRTransfer(PlainTransfer):
         if wire is not host:
             host.copy_(wire)
 
-    def to_fp32(self, host) -> torch.Tensor:
+    def to_fp32(self, host: HostCopy) -> torch.Tensor:
         out = torch.empty(host.numel() // 2, dtype=torch.float32)
         self.codec.decode(host, out)
         return out
 
-    def reader(self, host) -> "HalfReader":
+    def reader(self, host: HostCopy) -> "HalfReader":
         """The block's fp32 values by range (digests never hold a decoded 66B-model block)."""
         return HalfReader(host.view(HALF[self.codec.name]))
 
@@ -195,7 +202,7 @@ class SRTransfer(PlainTransfer):
     def master_dtype(self) -> torch.dtype:
         return HALF[self.codec.name]
 
-    def read_master(self, host, out) -> torch.Tensor:
+    def read_master(self, host: HostCopy, out: torch.Tensor) -> torch.Tensor:
         return out.copy_(host.view(self.master_dtype))  # the bf16 / fp16 bits as they are
 
     def slot_extra(self, n: int, shared: bool = False) -> dict[str, torch.Tensor]:
@@ -204,7 +211,8 @@ class SRTransfer(PlainTransfer):
     #: the slot is free once the encode has read it (the copy goes out of the wire)
     spare_slots = SPARE_SLOTS["sr"]
 
-    def upload(self, host, slot, extra, step, block, stream, slot_ready=None) -> int:
+    def upload(self, host: HostCopy, slot: torch.Tensor, extra: Extra, step: int, block: int,
+               stream: Stream, slot_ready: Callable[[], None] | None = None) -> int:
         wire = extra["up"][:host.numel()]
         with self.timer.span("upload", "upload", stream, step, block, wire.numel()):
             wire.copy_(host, non_blocking=True)
@@ -228,7 +236,9 @@ class SRTransfer(PlainTransfer):
         self._offloads[1][block] = k + 1
         return step_seed(layout.gid, 4 * step + k)
 
-    def offload(self, host, slot, extra, step, block, layout, stream, released=None) -> int:
+    def offload(self, host: HostCopy, slot: torch.Tensor, extra: Extra, step: int, block: int,
+                layout: GroupLayout, stream: Stream,
+                released: Callable[[], None] | None = None) -> int:
         wire = extra["down"][:host.numel()]
         seed = self.round_seed(step, block, layout)
         with self.timer.span("codec", "offload", stream, step, block, wire.numel(),
@@ -244,7 +254,7 @@ class SRTransfer(PlainTransfer):
 class MirrorTransfer(PlainTransfer):
     """fp32 master on the host, a compressed mirror travels up, the update travels down."""
 
-    def __init__(self, device, timer, ops, codec: Codec):
+    def __init__(self, device: torch.device, timer: OpTimer, ops: ZOOps, codec: Codec):
         super().__init__(device, timer, ops)
         self.codec = codec
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="host-update")
@@ -258,11 +268,11 @@ class MirrorTransfer(PlainTransfer):
                 "mirror": self.host.empty(self.codec.nbytes(n), torch.uint8),
                 "delta": self.host.empty(n, torch.bfloat16)}
 
-    def store_fp32(self, host, flat) -> None:
+    def store_fp32(self, host: HostCopy, flat: torch.Tensor) -> None:
         host["master"].copy_(flat)
         self.codec.encode(host["master"], host["mirror"])
 
-    def to_fp32(self, host) -> torch.Tensor:
+    def to_fp32(self, host: HostCopy) -> torch.Tensor:
         return host["master"]
 
     def slot_extra(self, n: int, shared: bool = False) -> dict[str, torch.Tensor]:
@@ -270,7 +280,8 @@ class MirrorTransfer(PlainTransfer):
         return {"wire": self._wire("up", n, shared),
                 "delta": torch.empty(n, dtype=torch.bfloat16, device=self.device)}
 
-    def upload(self, host, slot, extra, step, block, stream, slot_ready=None) -> int:
+    def upload(self, host: HostCopy, slot: torch.Tensor, extra: Extra, step: int, block: int,
+               stream: Stream, slot_ready: Callable[[], None] | None = None) -> int:
         mirror = host["mirror"]
         wire = extra["wire"][:mirror.numel()]
         with self.timer.span("upload", "upload", stream, step, block, wire.numel()):
@@ -285,14 +296,17 @@ class MirrorTransfer(PlainTransfer):
         """The mirror's own update: the delta is kept to send down to the master."""
         return partial(self.apply_update, extra=extra, block=block)
 
-    def apply_update(self, slot, layout: GroupLayout, upd: PendingUpdate, extra, block: int) -> None:
+    def apply_update(self, slot: torch.Tensor, layout: GroupLayout, upd: PendingUpdate,
+                     extra: Extra, block: int) -> None:
         """On the compute stream: slot += delta, delta kept (bf16) to send down."""
         delta = self.ops.delta(slot, layout, upd)
         slot.add_(delta)
         extra["delta"][:slot.numel()].copy_(delta)
         self._has_delta.add(block)
 
-    def offload(self, host, slot, extra, step, block, layout, stream, released=None) -> int:
+    def offload(self, host: HostCopy, slot: torch.Tensor, extra: Extra, step: int, block: int,
+                layout: GroupLayout, stream: Stream,
+                released: Callable[[], None] | None = None) -> int:
         if block not in self._has_delta:
             return 0  # weights unchanged on the host: nothing to send
         self._has_delta.discard(block)
@@ -306,7 +320,8 @@ class MirrorTransfer(PlainTransfer):
             self._pending[block] = self.pool.submit(self._host_pass, host, landed, step, block, n)
         return 2 * n
 
-    def _host_pass(self, host, landed, step: int, block: int, n: int) -> None:
+    def _host_pass(self, host: HostCopy, landed: torch.Tensor, step: int, block: int,
+                   n: int) -> None:
         if landed is not None:
             landed.synchronize()  # worker thread only: the training thread never waits here
         start = self.timer.now()
