@@ -74,7 +74,8 @@ FINGERPRINT_SCRATCH_BYTES = FINGERPRINT_THREADS * SCRATCH_BYTES
 
 def pinned_bytes(nbytes: int, cuda: bool) -> int:
     """Host bytes of a pinned request: buffers of 64 MiB and more are page-locked at their exact
-    size (``engine/device/pinned.py``, from ``PIN_EXACT`` up); smaller ones come from torch's caching host allocator, which
+    size (``engine/device/pinned.py``, from ``PIN_EXACT`` up); smaller ones come from torch's
+    caching host allocator, which
     rounds up to a power of two. No pinning, no rounding, on the CPU."""
     if not cuda or nbytes <= 1 or nbytes >= PIN_EXACT:
         return nbytes

@@ -182,3 +182,13 @@ class GpuUpdates:
                                  self._step, j, self.state_bytes * (jb - ja))
             self._fetched[k] = s.record(self.prefetch)  # this piece of j is on the GPU
         self.bytes_h2d += self.state_bytes * (b - a)
+
+
+def host_grads(flat: FlatParams, gpu: GpuUpdates) -> list[torch.Tensor]:
+    """The last step's fp32 gradients per group on the host: a subgroup whose gradient the GPU
+    kept is read from there, the rest from the host's flushed buffer (``flat.g``)."""
+    full = torch.empty(flat.numel)
+    for j in range(flat.groups.count):
+        a, b = flat.bounds(j)
+        full[a:b] = gpu.kept_of(j).float().cpu() if j in gpu.kept.at else flat.g[a:b]
+    return flat.per_group(full)

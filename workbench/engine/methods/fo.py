@@ -12,6 +12,8 @@ plain tensors that never require grad, so backprop reaches only the adapters.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
@@ -20,11 +22,11 @@ from workbench.data.batches import Batch
 from workbench.engine.checkpoint import Snapshot
 from workbench.engine.events import EMBED, HEAD, EventBus
 from workbench.engine.groups import GroupLayout
-from workbench.engine.objective import Objective, head_loss
+from workbench.engine.objective import Objective, Total, head_loss
 from workbench.engine.precision import autocast
 from workbench.engine.protocol import StepOutput
 from workbench.engine.timing import OpTimer
-from workbench.engine.whole import WholeModel
+from workbench.engine.whole import WholeWeights
 from workbench.models.adapter import BlockAdapter
 
 
@@ -66,22 +68,7 @@ def refuse_unsupported(cfg: RunConfig, device: torch.device) -> None:
                          "or off on the CPU")
 
 
-class FirstOrderContract:
-    """The parts of the engine contract both first-order engines share. Their checkpoints would
-    have to carry the AdamW moments, which the format does not hold: the engines refuse
-    ``checkpoint_every`` when built, before any work, rather than resume without them."""
-
-    cfg: RunConfig
-    reduce = None  # data parallel is refused for first-order methods (``distributed.from_env``)
-
-    def snapshot(self, next_step: int):
-        raise checkpoint_refusal(self.cfg)
-
-    def restore(self, snap: Snapshot) -> None:
-        raise checkpoint_refusal(self.cfg)
-
-
-class FOEngine(FirstOrderContract, WholeModel):
+class FOEngine:
     """Args:
         model: a model skeleton (meta weights are fine) from ``build_skeleton``.
         source: where weights come from.
@@ -91,7 +78,9 @@ class FOEngine(FirstOrderContract, WholeModel):
 
     Raises:
         ValueError: amp=fp16 on a CPU (a loss scaler needs CUDA).
-        ConfigError: checkpoint_every > 0 (see ``FirstOrderContract``).
+        ConfigError: checkpoint_every > 0 (its checkpoints would have to carry the AdamW
+            moments, which the format does not hold: refused when built, before any work,
+            rather than resumed without them).
     """
 
     def __init__(self, model, source, cfg: RunConfig, device: torch.device, bus: EventBus,
@@ -99,12 +88,14 @@ class FOEngine(FirstOrderContract, WholeModel):
         refuse_unsupported(cfg, device)
         self.cuda = device.type == "cuda"
         # peft=lora: only the adapters train; the base (``frozen``) never requires grad
-        self.hold(model, source, cfg, device, objective)
-        self.grads = [torch.zeros_like(g.flat) for g in self.groups]
-        for group, grad in zip(self.groups, self.grads):
+        self.cfg, self.device = cfg, device
+        self.reduce = None  # data parallel is refused for first-order methods (``distributed``)
+        self.weights = WholeWeights(model, source, cfg, device, objective)
+        self.grads = [torch.zeros_like(g.flat) for g in self.weights.groups]
+        for group, grad in zip(self.weights.groups, self.grads):
             trainable_params(group.layout, group.flat, grad)
         decay, rest = [], []
-        for group, grad in zip(self.groups, self.grads):
+        for group, grad in zip(self.weights.groups, self.grads):
             n, k = group.layout.numel, group.layout.n_decay
             for lo, hi, bucket in ((0, k, decay), (k, n, rest)):
                 if hi > lo:
@@ -119,6 +110,39 @@ class FOEngine(FirstOrderContract, WholeModel):
         self.scaler = torch.amp.GradScaler("cuda") if cfg.amp == "fp16" else None
         self.timer = OpTimer(device, bus, cfg.telemetry)
         self.bytes_h2d = self.bytes_d2h = 0
+
+    # --- the holder's part of the contract --------------------------------------------------
+    @property
+    def adapter(self) -> BlockAdapter:
+        return self.weights.adapter
+
+    @property
+    def objective(self) -> Objective:
+        return self.weights.objective
+
+    def flush(self, step: int = -1) -> None:
+        self.weights.flush(step)
+
+    def evaluate(self, dev, batch_size: int, total: Total | None = None) -> dict[str, float]:
+        return self.weights.evaluate(dev, batch_size, total)
+
+    def state_flats(self) -> list[torch.Tensor]:
+        return self.weights.state_flats()
+
+    def base_flats(self) -> Sequence[torch.Tensor]:
+        return self.weights.base_flats()
+
+    def load_state_flats(self, flats: Sequence[torch.Tensor]) -> None:
+        self.weights.load_state_flats(flats)
+
+    def group_layouts(self) -> list[GroupLayout]:
+        return self.weights.group_layouts()
+
+    def snapshot(self, next_step: int):
+        raise checkpoint_refusal(self.cfg)  # (refused with the config before any work)
+
+    def restore(self, snap: Snapshot) -> None:
+        raise checkpoint_refusal(self.cfg)
 
     # --- training ---------------------------------------------------------------------------
     def step(self, batch: Batch, step: int, lr: float, wd: float) -> StepOutput:
@@ -149,8 +173,8 @@ class FOEngine(FirstOrderContract, WholeModel):
     def gpu_param_bytes(self) -> int:
         """Weights, gradients and Adam's m and v on the GPU: 16 bytes per trained parameter,
         plus a frozen base as held."""
-        frozen = sum(g.flat.numel() * g.flat.element_size() for g in self.frozen)
-        return 16 * sum(g.layout.numel for g in self.groups) + frozen if self.cuda else 0
+        frozen = sum(g.flat.numel() * g.flat.element_size() for g in self.weights.frozen)
+        return 16 * sum(g.layout.numel for g in self.weights.groups) + frozen if self.cuda else 0
 
     def close(self) -> None:
         self.timer.poll(wait=True)

@@ -51,12 +51,13 @@ from workbench.engine.events import EMBED, EventBus, InfoEvent
 from workbench.engine.fo import adamw16, trial
 from workbench.engine.fo.adamw import AdamW
 from workbench.engine.fo.flat import FlatParams
-from workbench.engine.fo.gpu import GpuUpdates
+from workbench.engine.fo.gpu import GpuUpdates, host_grads
+from workbench.engine.checkpoint import Snapshot
 from workbench.engine.fo.grads import GradFlush, LossScale
 from workbench.engine.fo.host import HostUpdates, default_threads
 from workbench.engine.fo.parts import FOParts, Measure
 from workbench.engine.fo.moments import DTYPES
-from workbench.engine.methods.fo import (FirstOrderContract, prompt_loss, refuse_unsupported,
+from workbench.engine.methods.fo import (checkpoint_refusal, prompt_loss, refuse_unsupported,
                                           trainable_params)
 from workbench.engine.fo.spans import PhaseTimer
 from workbench.engine.fo.timeline import UpdateClock
@@ -73,7 +74,7 @@ from workbench.plan import auto, dma, placement
 from workbench.plan.placement import Candidate, Placement
 
 
-class FOOffloadEngine(FirstOrderContract):
+class FOOffloadEngine:
     """Args:
         model, source, device, bus: as ``FOEngine``.
         cfg: the run config; besides the FO knobs (amp, adam_*), ``subgroup_size`` ("auto": the
@@ -93,7 +94,7 @@ class FOOffloadEngine(FirstOrderContract):
     def __init__(self, model, source, cfg: RunConfig, device: torch.device, bus: EventBus,
                  measure: Measure, objective: Objective | None = None):
         refuse_unsupported(cfg, device)
-        self.cfg, self.device, self.bus = cfg, device, bus
+        self.cfg, self.device, self.bus, self.reduce = cfg, device, bus, None  # no data parallel
         self.cuda = device.type == "cuda"
         wdtype = torch.bfloat16 if cfg.amp == "bf16" else torch.float32
         self.word = 2 if wdtype == torch.bfloat16 else 4
@@ -129,8 +130,7 @@ class FOOffloadEngine(FirstOrderContract):
                                 min(max(self.sizes), numel), one_pass)
         self.grads = GradFlush(self.flat, params, self.streams, self.spans, self.loss_scale,
                                self.host.submit)
-        # The GPU side's own streams: prefetches, and flush-outs (not queued behind the
-        # gradients' D2H).
+        # the GPU side's own streams: prefetches, and flush-outs not queued behind gradient D2H
         self._prefetch, self._evict = ((torch.cuda.Stream(device), torch.cuda.Stream(device))
                                        if self.cuda else (None, None))
         self.gpu: GpuUpdates | None = None
@@ -367,16 +367,16 @@ class FOOffloadEngine(FirstOrderContract):
     def group_layouts(self) -> list[GroupLayout]:
         return list(self.flat.layouts)
 
+    def snapshot(self, next_step: int):
+        raise checkpoint_refusal(self.cfg)  # (refused with the config before any work)
+
+    def restore(self, snap: Snapshot) -> None:
+        raise checkpoint_refusal(self.cfg)
+
     def grad_flats(self) -> list[torch.Tensor]:
         """The last step's fp32 gradients per group, on the host (diagnostics and tests)."""
-        self.sync()
-        f = self.flat
-        full = torch.empty(f.numel)
-        for j in range(f.groups.count):
-            a, b = f.bounds(j)
-            full[a:b] = (self.gpu.kept_of(j).float().cpu() if j in self.gpu.kept.at
-                         else f.g[a:b])
-        return f.per_group(full)
+        self.sync()  # the copies of the last step's gradients have landed
+        return host_grads(self.flat, self.gpu)
 
     def gpu_param_bytes(self) -> int:
         """Compute weights, kept gradients, slots, resident (p, m, v) and a frozen base on

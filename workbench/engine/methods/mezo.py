@@ -9,19 +9,21 @@ rounded as MeZO's half-precision runs round it (``half.py``).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from workbench.config import RunConfig
 from workbench.data.batches import Batch
 from workbench.engine.checkpoint import Snapshot
 from workbench.engine.events import EMBED, HEAD, EventBus
-from workbench.engine.groups import release
-from workbench.engine.objective import Objective, head_loss
+from workbench.engine.groups import GroupLayout
+from workbench.engine.objective import Objective, Total, head_loss
 from workbench.engine.precision import autocast
 from workbench.engine.protocol import StepOutput
 from workbench.engine.snapshots import DeviceSnapshots
 from workbench.engine.timing import OpTimer
-from workbench.engine.whole import WholeModel
+from workbench.engine.whole import WholeWeights
 from workbench.engine.zo.optim import load_opt_state, new_state
 from workbench.engine.zo.perturb import PendingUpdate, ZOOps
 from workbench.engine.zo.estimate import estimate, pass_name, step_output
@@ -30,7 +32,7 @@ from workbench.engine.zo.half import weight_dtype
 from workbench.engine.zo.step import ZOStep, apply_update, lockstep, step_seed, zo_passes
 
 
-class MeZOEngine(WholeModel):
+class MeZOEngine:
     """Args:
         model: a model skeleton (meta weights are fine) from ``build_skeleton``.
         source: where weights come from (random init or a checkpoint folder).
@@ -43,7 +45,8 @@ class MeZOEngine(WholeModel):
     def __init__(self, model, source, cfg: RunConfig, device: torch.device, bus: EventBus,
                  objective: Objective | None = None):
         # The groups that train (``groups``) and those that stay as loaded (``frozen``).
-        self.hold(model, source, cfg, device, objective)
+        self.cfg, self.device = cfg, device
+        self.weights = WholeWeights(model, source, cfg, device, objective)
         self.ops = ZOOps(cfg.rng, device)
         # half weights under compressed-sr: the update rounds stochastically (else ops.update)
         sr = cfg.master == "compressed-sr" and weight_dtype(cfg) != torch.float32
@@ -54,13 +57,40 @@ class MeZOEngine(WholeModel):
         self.reduce = None  # MeZO applies its update within the step
         # momentum / adam: each group's optimizer state beside it (``optim.py``), else None
         self.opt_state = [new_state(cfg.zo_optimizer, g.layout.numel, device)
-                          for g in self.groups]
+                          for g in self.weights.groups]
         self.snapshots = DeviceSnapshots(device, cfg.to_dict())
         if cfg.checkpoint_every:  # at setup, not in the first snapshot's step
-            self.snapshots.prepare(dict(enumerate(g.flat for g in self.groups)), pending=0,
+            self.snapshots.prepare(dict(enumerate(g.flat for g in self.weights.groups)), pending=0,
                                    state=self._state())
 
-    # --- training ---------------------------------------------------------------------------
+    # --- the holder's part of the contract --------------------------------------------------
+    @property
+    def adapter(self):
+        return self.weights.adapter
+
+    @property
+    def objective(self) -> Objective:
+        return self.weights.objective
+
+    def flush(self, step: int = -1) -> None:
+        self.weights.flush(step)
+
+    def evaluate(self, dev, batch_size: int, total: Total | None = None) -> dict[str, float]:
+        return self.weights.evaluate(dev, batch_size, total)
+
+    def state_flats(self) -> list[torch.Tensor]:
+        return self.weights.state_flats()
+
+    def base_flats(self) -> Sequence[torch.Tensor]:
+        return self.weights.base_flats()
+
+    def load_state_flats(self, flats: Sequence[torch.Tensor]) -> None:
+        self.weights.load_state_flats(flats)
+
+    def group_layouts(self) -> list[GroupLayout]:
+        return self.weights.group_layouts()
+
+    # --- training (the ZO rule) -------------------------------------------------------------
     def _loss(self, batch: Batch, step: int, sign: str) -> torch.Tensor:
         stream = torch.cuda.current_stream() if self.device.type == "cuda" else None
         with autocast(self.device, self.cfg.amp):
@@ -78,7 +108,7 @@ class MeZOEngine(WholeModel):
         g, L+ and L- as 0-d device tensors (``step.step_losses``)."""
         st = ZOStep.of(self.cfg, step)
         passes = lockstep([zo_passes(self.ops, g.flat, g.layout, st, state=s)
-                           for g, s in zip(self.groups, self.opt_state)], st.passes)
+                           for g, s in zip(self.weights.groups, self.opt_state)], st.passes)
         losses = [self._loss(batch, step, pass_name(st, k)) for k in passes]
         if self.reduce is not None:
             losses = list(self.reduce(torch.stack(losses)).unbind())
@@ -86,7 +116,7 @@ class MeZOEngine(WholeModel):
         upd = PendingUpdate.of(self.cfg, step, st.seed, coefs, lr, wd)
         stream = torch.cuda.current_stream() if self.device.type == "cuda" else None
         with self.timer.span("update", "compute", stream, step, EMBED):
-            for group, state in zip(self.groups, self.opt_state):
+            for group, state in zip(self.weights.groups, self.opt_state):
                 apply_update(self.ops, group.flat, group.layout, upd, self.apply, state)
         self.timer.poll()
         return step_output(losses, st, coefs, g)
@@ -96,7 +126,7 @@ class MeZOEngine(WholeModel):
         """Start host copies of the weights (never blocking the step; ``engine/snapshots.py``);
         returns a function the checkpoint writer calls to get the ``Snapshot``. Call it only
         once the writer is done with the last one."""
-        return self.snapshots.take(next_step, dict(enumerate(g.flat for g in self.groups)),
+        return self.snapshots.take(next_step, dict(enumerate(g.flat for g in self.weights.groups)),
                                    self.group_layouts(), None, state=self._state())
 
     def _state(self) -> dict[int, torch.Tensor]:
@@ -112,13 +142,11 @@ class MeZOEngine(WholeModel):
 
     def gpu_param_bytes(self) -> int:
         on_gpu = self.device.type == "cuda"
-        groups = self.groups + self.frozen
-        return sum(g.flat.numel() * g.flat.element_size() for g in groups) if on_gpu else 0
+        return self.weights.device_bytes() if on_gpu else 0
 
     def close(self) -> None:
         """Drain timing events and free the device memory (the model becomes a skeleton)."""
         self.timer.poll(wait=True)
-        for group in self.groups + self.frozen:
-            release(group.layout)
-        self.groups, self.frozen, self.opt_state = [], [], []
+        self.weights.release()
+        self.opt_state = []
         self.snapshots.release()

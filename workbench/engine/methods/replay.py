@@ -18,7 +18,8 @@ from typing import Callable
 import torch
 
 from workbench.config import ZO_METHODS, RunConfig
-from workbench.engine.checkpoint import CheckpointError, StepLog, complete_checkpoints, read_checkpoint
+from workbench.engine.checkpoint import (CheckpointError, StepLog, complete_checkpoints,
+                                         read_checkpoint)
 from workbench.engine.events import EventBus
 from workbench.engine.groups import GroupLayout
 from workbench.engine.stream.layout import trained_layout

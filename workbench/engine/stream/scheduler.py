@@ -13,7 +13,8 @@ block is encoded, so one slot fewer serves. An adapter run's frozen base
 (``frozen_transfer.py``) only comes up: compressed, each slot is a wire of its own, decoded on
 the compute stream just before its block into one shared buffer. What a pass does to a unit is
 the caller's ``compute``; the arithmetic lives in ``zo/step.py``. Used by the zo-offload and
-forward-grad engines (``methods/zo_offload.py``, ``methods/forward_grad.py``) through its public methods.
+forward-grad engines (through the holders of ``holder.py`` and ``adapters.py``) through its
+public methods.
 
 This module only schedules. What the blocks are (trained, or a frozen base) is ``blocks.py``;
 the hand-off of the node's one host copy under data parallel, ``shared_host.py`` (a rank with a
