@@ -5,8 +5,9 @@ implement it (``tests/engine/test_protocol.py`` checks every member and its sign
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -94,3 +95,16 @@ class Engine(Protocol):
 
     def close(self) -> None:
         """Drain timing and transfers and free device and pinned memory."""
+
+
+def held(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A method of a composed engine that is its holder's (``self.weights``): the holder's
+    method of ``fn``'s name is called, whatever the holder's type; the signature and docstring
+    are ``fn``'s (what ``inspect.signature`` and the protocol tests read)."""
+    name = fn.__name__
+
+    @functools.wraps(fn)
+    def method(self, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.weights, name)(*args, **kwargs)
+
+    return method

@@ -12,8 +12,6 @@ plain tensors that never require grad, so backprop reaches only the adapters.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from torch import nn
 
@@ -22,9 +20,9 @@ from workbench.data.batches import Batch
 from workbench.engine.checkpoint import Snapshot
 from workbench.engine.events import EMBED, HEAD, EventBus
 from workbench.engine.groups import GroupLayout
-from workbench.engine.objective import Objective, Total, head_loss
+from workbench.engine.objective import Objective, head_loss
 from workbench.engine.precision import autocast
-from workbench.engine.protocol import StepOutput
+from workbench.engine.protocol import StepOutput, held
 from workbench.engine.timing import OpTimer
 from workbench.engine.whole import WholeWeights
 from workbench.models.adapter import BlockAdapter
@@ -112,31 +110,14 @@ class FOEngine:
         self.bytes_h2d = self.bytes_d2h = 0
 
     # --- the holder's part of the contract --------------------------------------------------
-    @property
-    def adapter(self) -> BlockAdapter:
-        return self.weights.adapter
-
-    @property
-    def objective(self) -> Objective:
-        return self.weights.objective
-
-    def flush(self, step: int = -1) -> None:
-        self.weights.flush(step)
-
-    def evaluate(self, dev, batch_size: int, total: Total | None = None) -> dict[str, float]:
-        return self.weights.evaluate(dev, batch_size, total)
-
-    def state_flats(self) -> list[torch.Tensor]:
-        return self.weights.state_flats()
-
-    def base_flats(self) -> Sequence[torch.Tensor]:
-        return self.weights.base_flats()
-
-    def load_state_flats(self, flats: Sequence[torch.Tensor]) -> None:
-        self.weights.load_state_flats(flats)
-
-    def group_layouts(self) -> list[GroupLayout]:
-        return self.weights.group_layouts()
+    adapter = property(lambda self: self.weights.adapter)
+    objective = property(lambda self: self.weights.objective)
+    flush = held(WholeWeights.flush)
+    evaluate = held(WholeWeights.evaluate)
+    state_flats = held(WholeWeights.state_flats)
+    base_flats = held(WholeWeights.base_flats)
+    load_state_flats = held(WholeWeights.load_state_flats)
+    group_layouts = held(WholeWeights.group_layouts)
 
     def snapshot(self, next_step: int):
         raise checkpoint_refusal(self.cfg)  # (refused with the config before any work)

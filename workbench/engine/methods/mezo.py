@@ -9,18 +9,15 @@ rounded as MeZO's half-precision runs round it (``half.py``).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
 from workbench.config import RunConfig
 from workbench.data.batches import Batch
 from workbench.engine.checkpoint import Snapshot
 from workbench.engine.events import EMBED, HEAD, EventBus
-from workbench.engine.groups import GroupLayout
-from workbench.engine.objective import Objective, Total, head_loss
+from workbench.engine.objective import Objective, head_loss
 from workbench.engine.precision import autocast
-from workbench.engine.protocol import StepOutput
+from workbench.engine.protocol import StepOutput, held
 from workbench.engine.snapshots import DeviceSnapshots
 from workbench.engine.timing import OpTimer
 from workbench.engine.whole import WholeWeights
@@ -64,31 +61,14 @@ class MeZOEngine:
                                    state=self._state())
 
     # --- the holder's part of the contract --------------------------------------------------
-    @property
-    def adapter(self):
-        return self.weights.adapter
-
-    @property
-    def objective(self) -> Objective:
-        return self.weights.objective
-
-    def flush(self, step: int = -1) -> None:
-        self.weights.flush(step)
-
-    def evaluate(self, dev, batch_size: int, total: Total | None = None) -> dict[str, float]:
-        return self.weights.evaluate(dev, batch_size, total)
-
-    def state_flats(self) -> list[torch.Tensor]:
-        return self.weights.state_flats()
-
-    def base_flats(self) -> Sequence[torch.Tensor]:
-        return self.weights.base_flats()
-
-    def load_state_flats(self, flats: Sequence[torch.Tensor]) -> None:
-        self.weights.load_state_flats(flats)
-
-    def group_layouts(self) -> list[GroupLayout]:
-        return self.weights.group_layouts()
+    adapter = property(lambda self: self.weights.adapter)
+    objective = property(lambda self: self.weights.objective)
+    flush = held(WholeWeights.flush)
+    evaluate = held(WholeWeights.evaluate)
+    state_flats = held(WholeWeights.state_flats)
+    base_flats = held(WholeWeights.base_flats)
+    load_state_flats = held(WholeWeights.load_state_flats)
+    group_layouts = held(WholeWeights.group_layouts)
 
     # --- training (the ZO rule) -------------------------------------------------------------
     def _loss(self, batch: Batch, step: int, sign: str) -> torch.Tensor:

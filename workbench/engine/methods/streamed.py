@@ -9,17 +9,15 @@ the holder's.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
 
 from workbench.config import RunConfig
 from workbench.data.batches import Batch
-from workbench.engine.checkpoint import Snapshot
-from workbench.engine.groups import GroupLayout
-from workbench.engine.objective import Objective, Total
-from workbench.engine.protocol import StepOutput
+from workbench.engine.objective import Objective
+from workbench.engine.protocol import StepOutput, held
 from workbench.engine.stream.adapters import StreamedAdapters
 from workbench.engine.stream.holder import StreamedWeights
 from workbench.engine.stream.scheduler import BlockStreamer
@@ -101,37 +99,20 @@ class StreamedEngine:
     def reduce(self, fn: Callable[[torch.Tensor], torch.Tensor] | None) -> None:
         self.weights.reduce = fn  # data parallel: the rule reads it from the holder
 
-    # --- the contract ------------------------------------------------------------------------
+    # --- the contract: the step is the rule's, the rest the holder's ------------------------
     def step(self, batch: Batch, step: int, lr: float, wd: float) -> StepOutput:
         return self.rule.step(self.weights, batch, step, lr, wd)
 
-    def flush(self, step: int = -1) -> None:
-        self.weights.flush(step)
-
-    def evaluate(self, dev, batch_size: int, total: Total | None = None) -> dict[str, float]:
-        return self.weights.evaluate(dev, batch_size, total)
-
-    def streamed_forward(self, input_ids: torch.Tensor,
-                         attention_mask: torch.Tensor) -> torch.Tensor:
-        return self.weights.streamed_forward(input_ids, attention_mask)
-
-    def state_flats(self) -> Sequence[torch.Tensor]:
-        return self.weights.state_flats()
-
-    def load_state_flats(self, flats: Sequence[torch.Tensor]) -> None:
-        self.weights.load_state_flats(flats)
-
-    def base_flats(self) -> list[torch.Tensor]:
-        return self.weights.base_flats()
-
-    def group_layouts(self) -> list[GroupLayout]:
-        return self.weights.group_layouts()
-
-    def snapshot(self, next_step: int) -> Callable[[], Snapshot]:
-        return self.weights.snapshot(next_step)
-
-    def restore(self, snap: Snapshot) -> None:
-        self.weights.restore(snap)
+    flush = held(StreamedWeights.flush)
+    evaluate = held(StreamedWeights.evaluate)
+    streamed_forward = held(StreamedWeights.streamed_forward)
+    state_flats = held(StreamedWeights.state_flats)
+    load_state_flats = held(StreamedWeights.load_state_flats)
+    base_flats = held(StreamedWeights.base_flats)
+    group_layouts = held(StreamedWeights.group_layouts)
+    snapshot = held(StreamedWeights.snapshot)
+    restore = held(StreamedWeights.restore)
+    host_report = held(StreamedWeights.host_report)
 
     def buffer_bytes(self) -> dict[str, int]:
         """The engine's own device buffers by item (bytes): the holder's and the rule's."""
@@ -139,9 +120,6 @@ class StreamedEngine:
 
     def gpu_param_bytes(self) -> int:
         return sum(self.buffer_bytes().values()) if self.device.type == "cuda" else 0
-
-    def host_report(self) -> dict[str, int]:
-        return self.weights.host_report()
 
     def close(self) -> None:
         """Drain transfers and timing events, free GPU and pinned host memory."""

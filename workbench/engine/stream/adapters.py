@@ -52,20 +52,11 @@ class StreamedAdapters:
         if cfg.checkpoint_every:  # at setup, not in the first snapshot's step
             self.snapshots.prepare(self._adapters(), pending=cfg.queries, state=self._state())
 
-    @property
-    def bytes_h2d(self) -> int:
-        return self.streamer.bytes_h2d
-
-    @property
-    def bytes_d2h(self) -> int:
-        return self.streamer.bytes_d2h
-
-    def defer(self, step: int, seed: int, g: torch.Tensor, lr: float, wd: float) -> None:
-        """Keep the step's update pending (applied by the next step's first perturbation of
-        each adapter), or apply it now (fused_update=false)."""
-        self.pending = PendingUpdate.of(self.cfg, step, seed, g, lr, wd)
-        if not self.cfg.fused_update:
-            self.flush(step)
+    bytes_h2d = property(lambda self: self.streamer.bytes_h2d)
+    bytes_d2h = property(lambda self: self.streamer.bytes_d2h)
+    #: the step's update kept pending (applied by the next step's first perturbation of each
+    #: adapter), or applied now (fused_update=false)
+    defer = StreamedWeights.defer
 
     @torch.no_grad()
     def flush(self, step: int = -1) -> None:
