@@ -12,9 +12,8 @@ two in all (one per direction), not one per slot; under compressed-sr a slot is 
 block is encoded, so one slot fewer serves. An adapter run's frozen base
 (``frozen_transfer.py``) only comes up: compressed, each slot is a wire of its own, decoded on
 the compute stream just before its block into one shared buffer. What a pass does to a unit is
-the caller's ``compute``; the arithmetic lives in ``zo/step.py``. Used by the zo-offload and
-forward-grad engines (through the holders of ``holder.py`` and ``adapters.py``) through its
-public methods.
+the caller's ``compute``; the arithmetic lives in ``zo/step.py``. Used by the streamed holders
+(``holder.py``, ``adapters.py``) through its public methods.
 
 This module only schedules. What the blocks are (trained, or a frozen base) is ``blocks.py``;
 the hand-off of the node's one host copy under data parallel, ``shared_host.py`` (a rank with a
@@ -87,8 +86,7 @@ class BlockStreamer:
             raise ValueError("stream_embeddings: this model ties its LM head to the embedding "
                              "(one weight in two groups); use stream_embeddings=false")
         layouts = [embed, *blocks, head]
-        self.order = list(self.layout.order)
-        self.streamed = list(self.layout.streamed)
+        self.order, self.streamed = list(self.layout.order), list(self.layout.streamed)
         self.streams = Streams(device, cfg.overlap)
         kind = streamed_blocks(cfg, device, timer, ops, [layouts[k] for k in self.streamed],
                                share, (embed, adapter.model.get_input_embeddings())
@@ -145,8 +143,7 @@ class BlockStreamer:
         return [self.embed, *self.blocks, self.head]
 
     def uid(self, k: int) -> int:
-        """The id of canonical group k for transfers, events and ``compute``: its block
-        index, or EMBED / HEAD."""
+        """Canonical group k's id for transfers, events and ``compute`` (``layout.py``)."""
         return self.layout.uid(k)
 
     def canonical(self, i: int) -> int:
