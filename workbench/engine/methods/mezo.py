@@ -63,6 +63,8 @@ class MeZOEngine:
     # --- the holder's part of the contract --------------------------------------------------
     adapter = property(lambda self: self.weights.adapter)
     objective = property(lambda self: self.weights.objective)
+    groups = property(lambda self: self.weights.groups)  # the trained groups, as held
+    frozen = property(lambda self: self.weights.frozen)  # a peft run's base, as loaded
     flush = held(WholeWeights.flush)
     evaluate = held(WholeWeights.evaluate)
     state_flats = held(WholeWeights.state_flats)
