@@ -174,7 +174,7 @@ def _link_rates(dev, quick: bool) -> dict[str, float]:
 
     def both():  # sustained, as a step streams its blocks: one pair of copies at a time read
         # 45.5 GB/s per direction on an H100 where 1 GiB copies back to back and the engine's own
-        # fp32 streaming ran at 40-41.5 (2026-11-23; why the lone pair reads more: not profiled).
+        # fp32 streaming ran at 40-41.5 (why the lone pair reads more: not profiled).
         # On another H100 host this form read 39.4 where bf16-SR streaming reached 43.6: neither
         # form matched the engine on every host
         for _ in range(DUPLEX_COPIES):

@@ -38,7 +38,7 @@ class Knobs:
                           "or ../shared/data)")
     train_samples: int = _knob(0, "training examples used (0 = all)", lo=0, hi=10_000_000)
     eval_samples: int = _knob(500, "dev examples evaluated (0 = all)", lo=0, hi=10_000_000)
-    # the task (issue 18): objective, prompt format and field names ("" = found by name)
+    # the task: objective, prompt format and field names ("" = found by name)
     objective: Objective = _knob("classify", "classify: label words after a template; completion: "
                                  "prompt -> completion; lm: plain text", group="task")
     template: str = _knob("{text} It was", "classify prompt; {text} is the example's text",
@@ -113,7 +113,7 @@ class Knobs:
                                   "bit-equal), or fp32; auto: compute where it applies on a GPU "
                                   "(master=compressed or compressed-sr, amp on, "
                                   "zo_optimizer=sgd, queries=1)", group="offload")
-    # adapters (issue 19): only the adapter trains; the frozen base streams host -> GPU only
+    # adapters: only the adapter trains; the frozen base streams host -> GPU only
     peft: Peft = _knob("none", "adapter: none trains every weight, lora only low-rank adapters",
                        group="peft")
     lora_rank: int = _knob(8, "LoRA rank r", lo=1, hi=4096, group="peft")

@@ -8,11 +8,9 @@ page head; every figure after that is a ``<div>`` plus a ``Plotly.newPlot`` call
 """
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import html
 import math
-import sys
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -189,16 +187,6 @@ def settings_html(recs: Sequence[RunRecord]) -> str:
             + _folded(f"the {len(same)} settings every run shares", rest))
 
 
-def why_html(recs: Sequence[RunRecord], labels: bool = True) -> str:
-    """Each run's bottleneck verdict and the planner's best next knob, one line per run."""
-    items = []
-    for rec, label in zip(recs, run_labels(recs)):
-        who = f"{html.escape(label)}: " if labels else ""
-        items.append(f"<li>{who}<b>{html.escape(verdict(rec).text)}</b> · next knob: "
-                     f"{html.escape(next_knob(rec).text)}</li>")
-    return f"<ul class=why>{''.join(items)}</ul>"
-
-
 def stream_note(rec: RunRecord) -> str:
     """How an adapter run's frozen base moved, from its record ('' for other runs): a streamed
     method with ``peft=lora`` sends the base host -> GPU only; the bytes are the ones counted."""
@@ -264,23 +252,3 @@ def _cell(text: str) -> str:
 def _finite(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m workbench.ui.report RUN_DIR ... -o report.html``; prints the file's path."""
-    p = argparse.ArgumentParser(prog="python -m workbench report",
-                                description="Write a self-contained HTML report of saved runs.")
-    p.add_argument("run_dirs", nargs="+", help="run directories (each holds run.json)")
-    p.add_argument("-o", "--out", default="report.html", help="HTML file to write")
-    p.add_argument("--title", default="zo-workbench report")
-    args = p.parse_args(argv)
-    try:
-        path = write_report(args.run_dirs, args.out, args.title)
-    except FileNotFoundError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(path.resolve())
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
