@@ -75,11 +75,14 @@ def format_plan(cfg: RunConfig, pl) -> str:
 def format_suggestions(rows: list[dict], budget_gib: float, top: int = 15) -> str:
     if not rows:
         return f"no zo-offload setting fits {budget_gib:g} GiB"
-    head = f"{'codec':<9}{'master':<14}{'resident':>8}{'tokens/s':>12}{'step s':>9}" \
-           f"{'GPU GiB':>9}{'host GiB':>10}{'PCIe GiB':>10}"
-    out = [f"zo-offload settings within {budget_gib:g} GiB (NVML level), best first:", head]
+    head = f"{'codec':<9}{'master':<14}{'resident':>8}{'ends':>9}{'slots':>6}{'tokens/s':>12}" \
+           f"{'step s':>9}{'GPU GiB':>9}{'host GiB':>10}{'PCIe GiB':>10}"
+    out = [f"zo-offload settings within {budget_gib:g} GiB (NVML level), best first "
+           "(ends: the embedding and head resident or streamed, stream_embeddings):", head]
     for r in rows[:top]:
-        out.append(f"{r['codec']:<9}{r['master']:<14}{r['resident_blocks']:>8}"
+        ends = "streamed" if r["stream_embeddings"] else "resident"
+        out.append(f"{r['codec']:<9}{r['master']:<14}{r['resident_blocks']:>8}{ends:>9}"
+                   f"{r['block_slots']!s:>6}"
                    f"{r['tokens_per_s']:>12,.0f}{r['step_seconds']:>9.3f}"
                    f"{r['nvml_gpu_mem_bytes'] / 2 ** 30:>9.2f}"
                    f"{r['host_mem_bytes'] / 2 ** 30:>10.1f}"

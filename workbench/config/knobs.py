@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal, Mapping, get_args, get_origin
 
 from workbench.config.kinds import (STREAMING_METHODS, AdamStateDtype, Amp, BaseCodec, Codec,
                                     CpuAdamw, Device, Estimator, Master, Method, Objective, Peft,
@@ -15,13 +15,30 @@ from workbench.config.kinds import (STREAMING_METHODS, AdamStateDtype, Amp, Base
 
 
 def _knob(default: Any, help: str, *, lo: float | None = None, hi: float | None = None,
-          unit: str = "", live: bool = False, group: str = "run") -> Any:
+          lo_open: bool = False, hi_open: bool = False, unit: str = "", live: bool = False,
+          group: str = "run") -> Any:
     """A config field with its help text, valid range and unit.
 
-    ``live`` knobs may change between steps of a running job; the others are fixed for a run.
+    ``lo_open`` / ``hi_open``: that end of the range is excluded (a beta of 1 never forgets; an
+    epsilon of 0 divides by zero). ``live`` knobs may change between steps of a running job; the
+    others are fixed for a run.
     """
-    return field(default=default, metadata={"help": help, "lo": lo, "hi": hi, "unit": unit,
-                                            "live": live, "group": group})
+    return field(default=default, metadata={"help": help, "lo": lo, "hi": hi, "lo_open": lo_open,
+                                            "hi_open": hi_open, "unit": unit, "live": live,
+                                            "group": group})
+
+
+def in_range(meta: Mapping[str, Any], value: float) -> bool:
+    """Whether ``value`` lies in the range a knob's metadata (``_knob``) gives."""
+    lo, hi = meta.get("lo"), meta.get("hi")
+    low_ok = lo is None or (value > lo if meta.get("lo_open") else value >= lo)
+    return low_ok and (hi is None or (value < hi if meta.get("hi_open") else value <= hi))
+
+
+def range_text(meta: Mapping[str, Any]) -> str:
+    """A knob's range as written in mathematics: "[0, 1)", "(0, 1]"."""
+    return (f"{'(' if meta.get('lo_open') else '['}{meta['lo']:g}, {meta['hi']:g}"
+            f"{')' if meta.get('hi_open') else ']'}")
 
 
 @dataclass(frozen=True)
@@ -71,7 +88,7 @@ class Knobs:
                                       "momentum and adam keep per-weight state in the master's "
                                       "format, streamed with each block", group="optim")
     momentum: float = _knob(0.9, "ZO-SGD momentum coefficient (zo_optimizer=momentum)", lo=0.0,
-                            hi=0.999999, group="optim")
+                            hi=1.0, hi_open=True, group="optim")
     weight_decay: float = _knob(0.0, "decoupled weight decay (not applied to biases and norms)",
                                 lo=0.0, hi=1.0, live=True, group="optim")
     seed: int = _knob(0, "seed for init, data order and perturbations", lo=0, hi=2**31 - 1)
@@ -161,9 +178,9 @@ class Knobs:
                                 "on a GPU run: that core launches kernels)", lo=0, hi=4096,
                                 group="fo")
     adam_beta1: float = _knob(0.9, "AdamW beta1 (fo, fo-offload; ZO with zo_optimizer=adam)",
-                              lo=0.0, hi=0.999999, group="optim")
-    adam_beta2: float = _knob(0.999, "AdamW beta2", lo=0.0, hi=0.99999999, group="optim")
-    adam_eps: float = _knob(1e-8, "AdamW epsilon", lo=0.0, hi=1.0, group="optim")
+                              lo=0.0, hi=1.0, hi_open=True, group="optim")
+    adam_beta2: float = _knob(0.999, "AdamW beta2", lo=0.0, hi=1.0, hi_open=True, group="optim")
+    adam_eps: float = _knob(1e-8, "AdamW epsilon", lo=0.0, hi=1.0, lo_open=True, group="optim")
     adam_state_dtype: AdamStateDtype = _knob("fp32", "fo-offload's Adam m and v: fp32, or bf16 "
                                              "(2 B each, stochastically rounded; the fp32 "
                                              "master kept)", group="fo")

@@ -135,20 +135,48 @@ def _problems(cfg: RunConfig, pl: Plan, replan) -> list[str]:
 
 def suggest(cfg: RunConfig, gpu_mem_budget_bytes: int, gpu: str | None = None,
             calibration: dict | None = None, device: str = "cuda") -> list[dict[str, Any]]:
-    """zo-offload settings (resident_blocks 0..N x codec / master) whose NVML-level GPU memory
-    fits ``gpu_mem_budget_bytes``, best predicted tokens/s first; other knobs as in ``cfg``.
-    ``device="cpu"`` ranks them for a CPU run (no GPU memory: every setting fits)."""
+    """zo-offload settings (resident_blocks 0..N x codec / master x the embedding and head
+    resident or streamed x ``block_slots`` auto or the fewest) whose NVML-level GPU memory fits
+    ``gpu_mem_budget_bytes``, best predicted tokens/s first; other knobs as in ``cfg``.
+    ``device="cpu"`` ranks them for a CPU run (no GPU memory: every setting fits). The last
+    two axes are the memory savers of the largest models (llama-3.1-405b fits 24 GiB only with
+    both); each is tried only where it applies (an untied head, no adapters; a transfer with
+    spare slots)."""
     base = cfg.replace(method="zo-offload", device=device, gpu_mem_limit_gb=0.0)
     keys = ("tokens_per_s", "step_seconds", "peak_gpu_mem_bytes", "nvml_gpu_mem_bytes",
             "host_mem_bytes", "pcie_bytes_per_step", "fits_host")
-    out = []
+    out, n = [], preset_of(cfg.model).num_layers
     for codec, master in [("fp32", "fp32"), ("bf16", "fp32"), ("bf16", "compressed-sr"),
                           ("fp16", "fp32"), ("fp16", "compressed-sr"), ("fp8-e4m3", "fp32"),
                           ("fp8-e5m2", "fp32")]:
-        for r in range(preset_of(cfg.model).num_layers + 1):
-            pl = plan(base.replace(codec=codec, master=master, resident_blocks=r), gpu, calibration)
-            if pl.nvml_gpu_mem_bytes > gpu_mem_budget_bytes:
-                break  # more resident blocks only need more
-            out.append({"codec": codec, "master": master, "resident_blocks": r,
-                        **{k: getattr(pl, k) for k in keys}})
+        for savers in _savers(base.replace(codec=codec, master=master)):
+            for r in range(n + 1):
+                try:
+                    setting = base.replace(codec=codec, master=master, resident_blocks=r,
+                                           **savers)
+                except ConfigError:
+                    break  # e.g. stream_embeddings with resident blocks the check refuses
+                pl = plan(setting, gpu, calibration)
+                if pl.nvml_gpu_mem_bytes > gpu_mem_budget_bytes:
+                    break  # more resident blocks only need more
+                out.append({"codec": codec, "master": master, "resident_blocks": r,
+                            "stream_embeddings": setting.stream_embeddings,
+                            "block_slots": setting.block_slots,
+                            **{k: getattr(pl, k) for k in keys}})
     return sorted(out, key=lambda d: (-d["tokens_per_s"], d["nvml_gpu_mem_bytes"]))
+
+
+def _savers(cfg: RunConfig) -> list[dict[str, Any]]:
+    """``cfg`` as it is, then with the embedding and head streamed and with the fewest slots,
+    each where it applies (the config's own checks say where: a tied head, adapters)."""
+    out: list[dict[str, Any]] = [{}]
+    if not cfg.stream_embeddings:
+        try:
+            cfg.replace(stream_embeddings=True)
+            out.append({"stream_embeddings": True})
+        except ConfigError:
+            pass  # a tied head or adapters: the embedding and head stay
+    fewest = cfg.prefetch_depth + 1
+    if cfg.block_slots == "auto" and SPARE_SLOTS[transfer_kind(cfg)] > 1:
+        out += [{**o, "block_slots": fewest} for o in out]
+    return out

@@ -33,6 +33,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from workbench.calibrate.machine import check_fits_here
 from workbench.config import ConfigError, RunConfig, check_environment, parse_value
+from workbench.config.checks import value_problems
 from workbench.engine.events import EventBus, StepEvent
 from workbench.runs.sweep_folder import (MANIFEST, SweepError, check_sweep_folder, claim,
                                             load_manifest, release)
@@ -101,6 +102,10 @@ def parse_sweeps(items: Sequence[str]) -> dict[str, list[Any]]:
             parsed = [parse_value(knob, t) for t in texts]
         except ConfigError as e:
             problems += [f"--sweep {p}" for p in e.problems]
+            continue
+        bad = [f"--sweep {p}" for v in parsed for p in value_problems(knob, v)]
+        if bad:  # a value no point may take: the grid is refused before any point runs
+            problems += bad
             continue
         if len(set(map(repr, parsed))) != len(parsed):
             problems.append(f"--sweep {knob}: a value is listed twice ({values})")

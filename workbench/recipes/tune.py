@@ -83,7 +83,9 @@ def propose(cfg: RunConfig, gpu: str | None = None, budget: int | None = None,
         ConfigError: nothing fits (the message says the budget).
     """
     rows = suggest(cfg, budget if budget is not None else 2 ** 62, gpu, None, device=cfg.device)
-    rows = [r for r in rows if r["fits_host"]]
+    # tune measures the codec / master / resident_blocks space at the run's own slots and ends
+    rows = [r for r in rows if r["fits_host"] and r["stream_embeddings"] == cfg.stream_embeddings
+            and r["block_slots"] == cfg.block_slots]
     if not rows:
         where = f"{budget / GiB:.1f} GiB of GPU memory" if budget else "this host's memory"
         raise ConfigError([f"tune: no zo-offload setting of {cfg.model} fits {where}"])
