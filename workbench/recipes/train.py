@@ -40,7 +40,7 @@ from workbench.models.build import build_skeleton, check_model_folder
 from workbench.models.lora import check_lora_targets
 from workbench.models.tokenizer import load_tokenizer
 from workbench.plan.memory import EVAL_ROWS
-from workbench.plan.planner import preset_of
+from workbench.plan.planner import plan, preset_of
 from workbench.runs.final_weights import write_final
 from workbench.runs.guard import RunGuard
 from workbench.runs.limits import cap_gpu_memory
@@ -159,8 +159,10 @@ class TrainRecipe:
                                "one (--out)"])
         check_model_folder(cfg.model)
         check_lora_targets(cfg)
-        if not self.force:  # arithmetic only: before the tokenizer, which may need the Hub
-            check_fits_here(cfg)
+        # arithmetic only: before the tokenizer, which may need the Hub; the plan goes into the
+        # record, so what is drawn of it later is read from the run, never re-planned
+        planned = plan(cfg) if self.force else check_fits_here(cfg)
+        self.record.info["plan"] = planned.to_dict()
         if cfg.data == "sst2":  # named before the tokenizer, which may try the Hub for a while
             sst2_folder(cfg.resolved_data_dir)
         if cfg.data != "synthetic":  # read and checked before the model is built
