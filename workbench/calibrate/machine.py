@@ -33,8 +33,10 @@ def check_fits_here(cfg: RunConfig, calibration: dict | None = None,
     Raises:
         PlanError: the run would not fit (each problem with the knobs that help).
     """
+    from workbench.models.shape import shape_of
+
     free = free_gpu_bytes() if cfg.device == "cuda" and gpu is None else None
-    return check_fits(cfg, calibration, gpu, gpu_free=free)
+    return check_fits(cfg, calibration, gpu, gpu_free=free, shape=shape_of(cfg.model))
 
 
 def calibrate(device: str | None = None, quick: bool = False, save: bool = True) -> dict[str, Any]:

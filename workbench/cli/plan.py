@@ -7,6 +7,7 @@ import json
 import sys
 
 from workbench.config import ConfigError, RunConfig, load_config, parse_sets
+from workbench.models.shape import shape_of
 from workbench.plan.fit import shortfalls, suggest
 from workbench.plan.planner import plan
 from workbench.plan.rates import load_calibration
@@ -31,13 +32,14 @@ def plan_command(args: argparse.Namespace, config_file: str | None) -> int:
         raise ConfigError([f"--gpu {args.gpu}: plans a CUDA run, but device={cfg.device} is set; "
                            "set device=cuda or leave out --gpu"])
     calib = None if args.gpu else load_calibration(cfg.device)
+    shape = shape_of(cfg.model)  # a layout the formulas do not know: counted on its model
     if args.suggest is not None:
-        rows = suggest(cfg, int(args.suggest * 2 ** 30), args.gpu, calib)
+        rows = suggest(cfg, int(args.suggest * 2 ** 30), args.gpu, calib, shape=shape)
         print(json.dumps(rows, indent=1) if args.json else format_suggestions(rows, args.suggest))
         return 0
-    pl = plan(cfg, args.gpu, calib)
+    pl = plan(cfg, args.gpu, calib, shape=shape)
     print(json.dumps(pl.to_dict(), indent=1) if args.json else format_plan(cfg, pl))
-    problems = shortfalls(cfg, pl, args.gpu, calib)
+    problems = shortfalls(cfg, pl, args.gpu, calib, shape)
     for problem in problems:
         print(f"does not fit: {problem}", file=sys.stderr)
     return 1 if problems else 0

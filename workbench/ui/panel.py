@@ -372,7 +372,11 @@ def _load_planner() -> Callable[[RunConfig], Any] | None:
         log.exception("workbench.plan.planner failed to import; predictions are off")
         return None
     plan = getattr(module, "plan", None)
-    return plan if callable(plan) else None
+    if not callable(plan):
+        return None
+    from workbench.models.shape import shape_of  # any model: its shape counted where needed
+
+    return lambda cfg: plan(cfg, shape=shape_of(cfg.model))
 
 
 def _prediction_html(plan: Callable[[RunConfig], Any] | None, cfg: RunConfig) -> str:
