@@ -125,6 +125,66 @@ def test_the_plan_imports_no_torch():
     assert _imports("def f():\n    import torch.nn as nn", "workbench.plan.x") == {"torch.nn"}
 
 
+TORCHLESS = """
+import importlib, json, pkgutil, sys
+from dataclasses import replace
+sys.modules["torch"] = None  # any import of torch, however lazy, now raises ImportError
+import workbench.plan as pkg
+names = sorted(m.name for m in pkgutil.iter_modules(pkg.__path__))
+for name in names:
+    importlib.import_module(f"workbench.plan.{name}")
+from workbench.config import ConfigError, RunConfig
+from workbench.plan.fit import check_fits, suggest
+from workbench.plan.planner import plan
+from workbench.presets import lookup
+peaks = {}
+for model, method in [("tiny-opt", "mezo"), ("tiny-llama", "zo-offload"), ("opt-13b", "zo-offload"),
+                      ("deepseek-v3", "zo-offload"), ("llama-3.1-8b", "fo-offload"),
+                      ("qwen1.5-moe-a2.7b", "mezo")]:
+    peaks[model] = plan(RunConfig(model=model, method=method, device="cuda", amp="bf16"),
+                        gpu="h100").peak_gpu_mem_bytes
+check_fits(RunConfig(model="tiny-opt"))
+rows = suggest(RunConfig(model="llama-3.1-405b", amp="bf16"), 24 * 2**30, gpu="h100")
+counts, uncast = json.loads(sys.argv[1])  # tiny:mixtral's shape, counted by the caller
+shape = replace(lookup("tiny:mixtral"), counts=(counts[0], tuple(counts[1]), counts[2]),
+                num_layers=len(counts[1]), uncast=uncast)
+cfg = RunConfig(model="tiny:mixtral", method="zo-offload", device="cuda", amp="bf16")
+peaks["tiny:mixtral"] = plan(cfg, gpu="h100", shape=shape).peak_gpu_mem_bytes
+try:
+    plan(cfg, gpu="h100")  # no shape: refused in one line, never counted here
+    refused = ""
+except ConfigError as e:
+    refused = str(e)
+print(json.dumps({"modules": names, "peaks": peaks, "rows": len(rows), "refused": refused,
+                  "blocked": sys.modules["torch"] is None}))
+"""
+
+
+def test_the_plan_runs_with_torch_blocked():
+    """Every module of ``plan/`` imports, and plans presets (tiny, OPT, Llama, MoE, every
+    method family), a fit check and ``suggest`` run, with torch made unimportable; a layout only
+    its built model can count (``tiny:mixtral``) is planned from the shape its caller passes
+    (``models/shape.py``), the same figures as in a process with torch."""
+    import json
+
+    from workbench.config import RunConfig
+    from workbench.models.shape import shape_of
+    from workbench.plan.planner import plan
+
+    shape = shape_of("tiny:mixtral")
+    r = subprocess.run([sys.executable, "-c", TORCHLESS, json.dumps([shape.counts, shape.uncast])],
+                       capture_output=True, text=True, timeout=300, cwd=PKG.parent)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["blocked"] and out["rows"] >= 1
+    assert set(out["modules"]) == {p.stem for p in (PKG / "plan").glob("*.py")} - {"__init__"}
+    assert out["refused"].startswith("model: tiny:mixtral: its parts are counted on the built")
+    cfg = RunConfig(model="tiny:mixtral", method="zo-offload", device="cuda", amp="bf16")
+    assert out["peaks"]["tiny:mixtral"] == plan(cfg, gpu="h100", shape=shape).peak_gpu_mem_bytes
+    assert out["peaks"]["opt-13b"] == plan(cfg.replace(model="opt-13b"),
+                                           gpu="h100").peak_gpu_mem_bytes
+
+
 def test_engine_and_telemetry_never_touch_ui_packages():
     for sub in ("plan", "engine", "models", "data", "calibrate", "telemetry", "recipes"):
         for path in (PKG / sub).rglob("*.py"):

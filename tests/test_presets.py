@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from workbench.models.build import build_skeleton
+from workbench.models.castable import uncast_matrices
+from workbench.models.layout import find_layout
 from workbench.models.counts import part_counts
 from workbench.presets import PRESETS
 
@@ -32,6 +34,8 @@ def test_published_preset_counts_are_its_built_models(name):
     assert preset.num_layers == len(blocks) and preset.total_params() == embed + sum(blocks) + head
     assert max(blocks) == preset.block_params()
     assert abs(preset.total_params() / 1e9 / PUBLISHED_B[name] - 1) < 0.005
+    # whether a block holds a matrix autocast does not cast: found on the built model
+    assert preset.uncast == bool(uncast_matrices(list(find_layout(model).blocks)))
 
 
 @pytest.mark.parametrize("name", ["llama-3.1-405b", "deepseek-v3"])

@@ -26,6 +26,10 @@ class Preset:
     pretrained: str | None = None  # where real weights come from, if any
     hf: dict[str, Any] = field(default_factory=dict)
     counts: tuple[int, tuple[int, ...], int] | None = None
+    #: a block holds a matrix autocast does not cast (an expert's fused weights, a router, a
+    #: state-space convolution: ``models/castable.py``), so compute-dtype slots are not exact
+    #: and ``slot_dtype=auto`` keeps fp32 slots; never for the OPT / Llama layouts
+    uncast: bool = False
 
     def block_params(self) -> int:
         """Trainable parameters of one transformer block (the largest, where they differ)."""
@@ -79,13 +83,15 @@ def _opt(hidden: int, layers: int, heads: int, **hf: Any) -> Preset:
     return Preset("opt", hidden, layers, heads, 4 * hidden, 50272, 2048, "opt", hf=hf)
 
 
-def _published(family: str, counts: tuple | None = None, **hf: Any) -> Preset:
+def _published(family: str, counts: tuple | None = None, uncast: bool = False,
+               **hf: Any) -> Preset:
     """A published architecture with random weights: ``hf`` is its Hugging Face config (the keys
     that set sizes), ``counts`` its parts' parameters where the formulas above do not know its
-    layout (counted on the model built on the meta device; tests/test_presets.py checks them)."""
+    layout and ``uncast`` whether a block holds a matrix autocast does not cast (both found on
+    the model built on the meta device; tests/test_presets.py checks them)."""
     return Preset(family, hf["hidden_size"], hf["num_hidden_layers"], hf["num_attention_heads"],
                   hf["intermediate_size"], hf["vocab_size"], hf["max_position_embeddings"],
-                  "byte", hf=hf, counts=counts)
+                  "byte", hf=hf, counts=counts, uncast=uncast)
 
 
 def _counts(embed: int, blocks: tuple[tuple[int, int], ...], head: int) -> tuple:
@@ -148,18 +154,20 @@ PRESETS: dict[str, Preset] = {
                             num_attention_heads=64, num_key_value_heads=8,
                             intermediate_size=25600),
     "qwen3-235b-a22b": _published(
-        "qwen3_moe", _counts(622329856, ((94, 2487755008),), 622333952), **_QWEN3,
+        "qwen3_moe", _counts(622329856, ((94, 2487755008),), 622333952), uncast=True, **_QWEN3,
         hidden_size=4096, num_hidden_layers=94, num_attention_heads=64, num_key_value_heads=4,
         intermediate_size=12288, moe_intermediate_size=1536, num_experts=128,
         num_experts_per_tok=8, decoder_sparse_step=1, norm_topk_prob=True),
     "mixtral-8x22b": _published(
-        "mixtral", _counts(201326592, ((56, 2504060928),), 201332736), hidden_size=6144,
+        "mixtral", _counts(201326592, ((56, 2504060928),), 201332736),
+        uncast=True, hidden_size=6144,
         num_hidden_layers=56, num_attention_heads=48, num_key_value_heads=8,
         intermediate_size=16384, num_local_experts=8, num_experts_per_tok=2, vocab_size=32768,
         max_position_embeddings=65536, rope_theta=1000000.0, rms_norm_eps=1e-5,
         tie_word_embeddings=False),
     "deepseek-v3": _published(
         "deepseek_v3", _counts(926679040, ((3, 583483392), (58, 11507286016)), 926686208),
+        uncast=True,
         hidden_size=7168, num_hidden_layers=61, num_attention_heads=128,
         num_key_value_heads=128, intermediate_size=18432, moe_intermediate_size=2048,
         n_routed_experts=256, n_shared_experts=1, num_experts_per_tok=8,
@@ -169,14 +177,16 @@ PRESETS: dict[str, Preset] = {
     # A mixture of experts small enough for MeZO to hold in fp32 on one 80 GB GPU (14.32 B: 60
     # experts choosing 4, plus a shared one): the MoE row of the speed comparisons
     "qwen1.5-moe-a2.7b": _published(
-        "qwen2_moe", _counts(311164928, ((24, 570560512),), 311166976), hidden_size=2048,
+        "qwen2_moe", _counts(311164928, ((24, 570560512),), 311166976),
+        uncast=True, hidden_size=2048,
         num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=16,
         intermediate_size=5632, moe_intermediate_size=1408, shared_expert_intermediate_size=5632,
         num_experts=60, num_experts_per_tok=4, decoder_sparse_step=1, norm_topk_prob=False,
         vocab_size=151936, max_position_embeddings=8192, rope_theta=1000000.0,
         rms_norm_eps=1e-6, tie_word_embeddings=False),
     "gpt-oss-120b": _published(
-        "gpt_oss", _counts(579133440, ((36, 3213080192),), 579136320), hidden_size=2880,
+        "gpt_oss", _counts(579133440, ((36, 3213080192),), 579136320),
+        uncast=True, hidden_size=2880,
         num_hidden_layers=36, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
         intermediate_size=2880, num_local_experts=128, num_experts_per_tok=4,
         vocab_size=201088, sliding_window=128, max_position_embeddings=131072,
@@ -192,7 +202,7 @@ PRESETS: dict[str, Preset] = {
     "nemotron-h-8b": _published(
         "nemotron_h", _pattern_counts(536870912, _NEMOTRON_H_8B,
                                       {"M": 109640064, "*": 41947136, "-": 176164864},
-                                      536875008),
+                                      536875008), uncast=True,
         hidden_size=4096, num_hidden_layers=52, hybrid_override_pattern=_NEMOTRON_H_8B,
         num_attention_heads=32, num_key_value_heads=8, head_dim=128, intermediate_size=21504,
         mlp_hidden_act="relu2", mamba_num_heads=128, mamba_head_dim=64, n_groups=8,
@@ -211,7 +221,7 @@ TINY = dict(hidden=64, num_layers=2, heads=4, kv_heads=2, head_dim=16, ffn=96, e
 
 def lookup(model: str) -> Preset | None:
     """The preset ``model`` names (``tiny:<model_type>`` too, sizes only: its ``counts`` come
-    from the built model, ``plan.planner.preset_of``), or None for a folder or hub id."""
+    from the built model, ``models.shape.shape_of``), or None for a folder or hub id."""
     if model.startswith(TINY_PREFIX):
         t = TINY
         return Preset(model[len(TINY_PREFIX):], t["hidden"], t["num_layers"], t["heads"],

@@ -52,13 +52,19 @@ def _snapshot(step, value=0.5):
 
 
 WRITER = r"""
-import sys, torch
+import sys, time, torch
 from pathlib import Path
+import workbench.engine.checkpoint as ck
 from workbench.engine.checkpoint import Snapshot, write_checkpoint
+save = ck._save_shard
+def slow(tensors, path):  # the writer stalls after its first shard: killed there
+    save(tensors, path)
+    time.sleep(30)
+ck._save_shard = slow
 flats = [torch.full((1000,), 9.0), torch.full((2000,), 9.0), torch.full((10,), 9.0)]
 snap = Snapshot(8, flats, ["embed", "block.0", "head"], None, {"model": "x"}, [1000, 0, 0])
 print("writing", flush=True)
-write_checkpoint(Path(sys.argv[1]), snap, pause_s=30)
+write_checkpoint(Path(sys.argv[1]), snap)
 """
 
 

@@ -24,7 +24,7 @@ from workbench.models.build import build_skeleton, check_model_folder
 from workbench.models.lora import targets_for
 from workbench.models.counts import part_counts
 from workbench.models.tiny import causal_lm_types, supported_types
-from workbench.plan.planner import preset_of
+from workbench.models.shape import shape_of
 from workbench.recipes.train import run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
@@ -147,7 +147,7 @@ def _check_plan(name: str, model) -> None:
     """The planner's parts are the model's real ones: each block (the largest where they
     differ), the embedding, the head and the total."""
     embed, blocks, head = part_counts(model)
-    preset = preset_of(name)
+    preset = shape_of(name)
     assert preset.block_params() == max(blocks) and preset.num_layers == len(blocks)
     assert (preset.embed_params(), preset.head_params()) == (embed, head)
     assert preset.total_params() == sum(p.numel() for p in model.parameters())
@@ -231,7 +231,7 @@ def test_a_folder_of_any_checked_type_is_planned_from_its_own_parts(tmp_path):
     the model its config.json describes (built on the meta device), not a Llama guess."""
     model = _materialised("tiny:qwen3_moe")
     model.save_pretrained(tmp_path / "moe")
-    preset = preset_of(str(tmp_path / "moe"))
+    preset = shape_of(str(tmp_path / "moe"))
     assert preset.family == "qwen3_moe"
     assert preset.total_params() == sum(p.numel() for p in model.parameters())
     assert (preset.embed_params(), preset.block_params(), preset.head_params()) == (

@@ -12,6 +12,7 @@ from workbench.engine.stream.blocks import exact_in_compute
 from workbench.models.adapter import BlockAdapter
 from workbench.models.build import build_skeleton
 from workbench.models.castable import model_uncast, uncast_entries, uncast_matrices
+from workbench.models.shape import shape_of
 from workbench.plan.zo import transfer_kind
 
 SR = dict(method="zo-offload", codec="bf16", master="compressed-sr", amp="bf16")
@@ -51,6 +52,8 @@ def test_auto_keeps_fp32_slots_and_compute_is_refused_in_one_line():
                                          ("mixtral-8x22b", "sr"), ("nemotron-h-8b", "sr"),
                                          ("deepseek-v3", "sr")])
 def test_the_planner_plans_the_slots_the_engine_builds(model, kind):
-    assert transfer_kind(RunConfig(model=model, device="cuda", **SR)) == kind
+    shape = shape_of(model)  # the planner's, torch-free for a preset
+    assert shape.uncast == bool(model_uncast(model))  # as found on the built model
+    assert transfer_kind(RunConfig(model=model, device="cuda", **SR), shape) == kind
     assert transfer_kind(RunConfig(model=model, device="cuda", slot_dtype="compute",
-                                   **SR)) == "compute"  # explicit: the engine refuses it
+                                   **SR), shape) == "compute"  # explicit: the engine refuses it

@@ -51,9 +51,9 @@ def test_cached_hub_model_builds_offline_with_its_weights(hub_cache, tiny_model,
     w = torch.empty(260, 64)
     source.fill("head", [("lm_head.weight", w)], 0)
     assert torch.equal(w, model.lm_head.weight)
-    from workbench.plan.planner import preset_of
+    from workbench.models.shape import shape_of
 
-    assert preset_of("acme/tiny-llama").total_params() == sum(p.numel() for p in model.parameters())
+    assert shape_of("acme/tiny-llama").total_params() == sum(p.numel() for p in model.parameters())
 
 
 def test_uncached_hub_model_is_refused_offline(hub_cache):

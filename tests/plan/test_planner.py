@@ -239,8 +239,12 @@ def test_suggest_ranks_fitting_settings():
     assert rows and all(r["nvml_gpu_mem_bytes"] <= 16 * GiB for r in rows)
     speeds = [r["tokens_per_s"] for r in rows]
     assert speeds == sorted(speeds, reverse=True)
-    fp32 = [r for r in rows if r["codec"] == "fp32"]  # PCIe bound under amp: every resident
-    assert fp32[0]["resident_blocks"] == max(r["resident_blocks"] for r in fp32)  # block pays
+    fp32 = [r for r in rows if r["codec"] == "fp32"  # PCIe bound under amp: every resident
+            and r["block_slots"] == "auto"]  # block pays (at the slots the run gives)
+    assert fp32[0]["resident_blocks"] == max(r["resident_blocks"] for r in fp32)
+    fewest = [r for r in rows if r["block_slots"] == 2]  # fewer slots: room for more blocks
+    assert max(r["resident_blocks"] for r in fewest) > fp32[0]["resident_blocks"]
+    assert not any(r["stream_embeddings"] for r in rows)  # opt-13b ties its head
     assert {r["codec"] for r in rows} >= {"fp32", "bf16"}
 
 

@@ -41,3 +41,19 @@ def test_a_run_that_cannot_fit_is_refused_before_its_tokenizer_is_read(tmp_path,
     with pytest.raises(PlanError, match=r"host memory: zo-offload on opt-175b needs"):
         run(cfg, tmp_path / "r", progress=False)
     assert not (tmp_path / "r").exists()
+
+
+def test_a_run_records_its_plan_when_it_starts(tmp_path):
+    """run.json holds the plan made at the start (what the figures draw), equal to planning
+    the run's own settings; a forced run records it too."""
+    from workbench.plan.planner import plan
+    from workbench.telemetry.record import RunRecord
+
+    cfg = RunConfig(**TINY)
+    run(cfg, tmp_path / "r", progress=False)
+    saved = RunRecord.load(tmp_path / "r", telemetry=False).info["plan"]
+    want = plan(cfg).to_dict()
+    keep = ("params", "peak_gpu_mem_bytes", "pinned_host_bytes", "h2d_bytes_per_step",
+            "tokens_per_step", "step_seconds", "host_breakdown")
+    assert {k: saved[k] for k in keep} == {k: want[k] for k in keep}
+    assert saved["method"] == "mezo" and saved["model"] == "tiny-opt"

@@ -180,16 +180,20 @@ def test_memory_pcie_utilisation_values_in_units():
     assert "pinned (planner)" not in by  # no device in the config: nothing planned
 
 
-def test_pinned_host_memory_is_the_planners_figure():
+def test_pinned_host_memory_is_the_planners_figure_from_the_record():
+    """The figure draws the plan the run recorded when it started (a pure function of the
+    record): a record whose config no longer plans, or names a folder gone since, draws it."""
     from workbench.plan.planner import plan
 
     rec = synthetic()
-    rec.config = RunConfig(method="zo-offload", model="opt-125m", device="cpu").to_dict()
-    rec.config["device"] = "cuda"  # a GPU run's record, read on this CPU machine
-    want = plan(RunConfig(method="zo-offload", model="opt-125m", device="cuda")).pinned_host_bytes
-    assert want > 0
+    planned = plan(RunConfig(method="zo-offload", model="opt-125m", device="cuda"))
+    assert planned.pinned_host_bytes > 0
+    rec.config = {"method": "zo-offload", "model": "/gone/since", "device": "cuda"}
+    rec.info["plan"] = planned.to_dict()
     pinned = next(t for t in F.host_memory(rec).data if t.name == "pinned (planner)")
-    np.testing.assert_allclose(pinned.y, want / 1e9)
+    np.testing.assert_allclose(pinned.y, planned.pinned_host_bytes / 1e9)
+    del rec.info["plan"]  # a record written before runs kept their plan: nothing drawn
+    assert "pinned (planner)" not in {t.name for t in F.host_memory(rec).data}
 
 
 def test_progress_loss_accuracy_and_tokens_per_s():

@@ -15,7 +15,7 @@ from workbench.recipes.train import run
 from workbench.telemetry.evals import BY_KEY
 from workbench.telemetry.record import RunRecord
 from workbench.ui.dashboard import Dashboard
-from workbench.ui.report import main, write_report
+from workbench.ui.report import write_report
 
 TINY = dict(model="tiny-opt", steps=3, batch_size=4, seq_len=32, eval_samples=8)
 PLOTLY_MARKER = "* plotly.js v"  # the bundle's licence header, once per copy
@@ -76,7 +76,11 @@ def test_report_errors(tmp_path):
         write_report([], tmp_path / "x.html")
     with pytest.raises(FileNotFoundError):
         write_report([tmp_path], tmp_path / "x.html")
-    assert main([str(tmp_path), "-o", str(tmp_path / "x.html")]) == 2
+    proc = subprocess.run([sys.executable, "-m", "workbench", "report", str(tmp_path), "-o",
+                           str(tmp_path / "x.html")], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)  # not a run folder: one line, exit 2, nothing written
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "x.html").exists()
 
 
 def test_cli_report_command(run_dirs, tmp_path):

@@ -33,8 +33,10 @@ def check_fits_here(cfg: RunConfig, calibration: dict | None = None,
     Raises:
         PlanError: the run would not fit (each problem with the knobs that help).
     """
+    from workbench.models.shape import shape_of
+
     free = free_gpu_bytes() if cfg.device == "cuda" and gpu is None else None
-    return check_fits(cfg, calibration, gpu, gpu_free=free)
+    return check_fits(cfg, calibration, gpu, gpu_free=free, shape=shape_of(cfg.model))
 
 
 def calibrate(device: str | None = None, quick: bool = False, save: bool = True) -> dict[str, Any]:
@@ -174,7 +176,7 @@ def _link_rates(dev, quick: bool) -> dict[str, float]:
 
     def both():  # sustained, as a step streams its blocks: one pair of copies at a time read
         # 45.5 GB/s per direction on an H100 where 1 GiB copies back to back and the engine's own
-        # fp32 streaming ran at 40-41.5 (2026-11-23; why the lone pair reads more: not profiled).
+        # fp32 streaming ran at 40-41.5 (why the lone pair reads more: not profiled).
         # On another H100 host this form read 39.4 where bf16-SR streaming reached 43.6: neither
         # form matched the engine on every host
         for _ in range(DUPLEX_COPIES):

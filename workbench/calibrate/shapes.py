@@ -5,11 +5,11 @@ The planner's step time is max(GPU work, host work). Three measurements feed it:
 * ``block_rates``: one OPT decoder layer's forward, fp32 and bf16 autocast, at a reference shape
   (the planner's generic ``flops_fp32`` / ``flops_bf16``). On a GPU the GPU's time, not the wall
   clock's (``gpu_seconds``): timed on the wall clock, the bf16 rate at opt-350m's shape came out
-  57.8 TFLOP/s against 40.1 in fp32 (H100, 2026-11-23), which we read as the layer waiting on
+  57.8 TFLOP/s against 40.1 in fp32 (H100), which we read as the layer waiting on
   the host's launches; the planner counts the host's time apart;
 * ``shape_rates`` (a full calibration on a GPU): the same at every OPT preset's own block shape
   (``Preset.block_key``). One rate for every shape put opt-2.7b fp32 at 0.80x its measured step
-  on an H100 (2026-11-23) while opt-1.3b and opt-6.7b were within 3%; a GEMM's and attention's
+  on an H100 while opt-1.3b and opt-6.7b were within 3%; a GEMM's and attention's
   efficiency depend on the widths and the head size (2560 and 80 there), and which of them
   slowed opt-2.7b was not profiled, so the whole layer is timed at each shape;
 * ``host_costs``: the host's seconds to enqueue a whole ZO step (the batch to the device, the

@@ -23,7 +23,7 @@ from workbench.telemetry.evals import eval_value, main_metric
 DEMO = {"model": "smollm2-135m", "data": "embedded", "peft": "lora", "steps": "60",
         "batch_size": "4", "seq_len": "64", "lr": "2e-3", "eps": "1e-3", "eval_samples": "0"}
 #: Where SmolLM2's weights cannot be had: tiny-opt (random weights), full-parameter, at a batch
-#: and lr whose loss falls on either device (CPU, 2026-11-27: training loss 8.3 -> 4.3, dev loss
+#: and lr whose loss falls on either device (CPU: training loss 8.3 -> 4.3, dev loss
 #: 8.26 -> 3.19, health "learning"; at the CPU demo's 4 x 64 the same lr diverged, 8.26 -> 47).
 DEMO_FALLBACK = {"model": "tiny-opt", "peft": "none", "lr": "1e-3", "batch_size": "16",
                  "steps": "40", "eval_every": "0"}

@@ -7,6 +7,7 @@ import json
 import sys
 
 from workbench.config import ConfigError, RunConfig, load_config, parse_sets
+from workbench.models.shape import shape_of
 from workbench.plan.fit import shortfalls, suggest
 from workbench.plan.planner import plan
 from workbench.plan.rates import load_calibration
@@ -31,13 +32,14 @@ def plan_command(args: argparse.Namespace, config_file: str | None) -> int:
         raise ConfigError([f"--gpu {args.gpu}: plans a CUDA run, but device={cfg.device} is set; "
                            "set device=cuda or leave out --gpu"])
     calib = None if args.gpu else load_calibration(cfg.device)
+    shape = shape_of(cfg.model)  # a layout the formulas do not know: counted on its model
     if args.suggest is not None:
-        rows = suggest(cfg, int(args.suggest * 2 ** 30), args.gpu, calib)
+        rows = suggest(cfg, int(args.suggest * 2 ** 30), args.gpu, calib, shape=shape)
         print(json.dumps(rows, indent=1) if args.json else format_suggestions(rows, args.suggest))
         return 0
-    pl = plan(cfg, args.gpu, calib)
+    pl = plan(cfg, args.gpu, calib, shape=shape)
     print(json.dumps(pl.to_dict(), indent=1) if args.json else format_plan(cfg, pl))
-    problems = shortfalls(cfg, pl, args.gpu, calib)
+    problems = shortfalls(cfg, pl, args.gpu, calib, shape)
     for problem in problems:
         print(f"does not fit: {problem}", file=sys.stderr)
     return 1 if problems else 0
@@ -75,11 +77,14 @@ def format_plan(cfg: RunConfig, pl) -> str:
 def format_suggestions(rows: list[dict], budget_gib: float, top: int = 15) -> str:
     if not rows:
         return f"no zo-offload setting fits {budget_gib:g} GiB"
-    head = f"{'codec':<9}{'master':<14}{'resident':>8}{'tokens/s':>12}{'step s':>9}" \
-           f"{'GPU GiB':>9}{'host GiB':>10}{'PCIe GiB':>10}"
-    out = [f"zo-offload settings within {budget_gib:g} GiB (NVML level), best first:", head]
+    head = f"{'codec':<9}{'master':<14}{'resident':>8}{'ends':>9}{'slots':>6}{'tokens/s':>12}" \
+           f"{'step s':>9}{'GPU GiB':>9}{'host GiB':>10}{'PCIe GiB':>10}"
+    out = [f"zo-offload settings within {budget_gib:g} GiB (NVML level), best first "
+           "(ends: the embedding and head resident or streamed, stream_embeddings):", head]
     for r in rows[:top]:
-        out.append(f"{r['codec']:<9}{r['master']:<14}{r['resident_blocks']:>8}"
+        ends = "streamed" if r["stream_embeddings"] else "resident"
+        out.append(f"{r['codec']:<9}{r['master']:<14}{r['resident_blocks']:>8}{ends:>9}"
+                   f"{r['block_slots']!s:>6}"
                    f"{r['tokens_per_s']:>12,.0f}{r['step_seconds']:>9.3f}"
                    f"{r['nvml_gpu_mem_bytes'] / 2 ** 30:>9.2f}"
                    f"{r['host_mem_bytes'] / 2 ** 30:>10.1f}"

@@ -15,7 +15,7 @@ from workbench.config.checks import (check_environment, checkpoint_problem, comp
 from workbench.config.kinds import (ONE_START, PEFT_METHODS, REPO_ROOT, RESUMABLE,
                                     STREAMING_METHODS, TRACKERS, ZO_METHODS, ZO_STATE_SLOTS,
                                     ConfigError, Stride, default_data_dir, zo_passes)
-from workbench.config.knobs import knob_info
+from workbench.config.knobs import knob_info, range_text
 from workbench.config.load import (check_resume, load_config, parse_sets, parse_value,
                                    read_settings, resume_base, unknown_setting)
 from workbench.config.run import RunConfig
@@ -25,5 +25,5 @@ __all__ = ["ConfigError", "DATA_SUFFIXES", "HUB_ID", "ONE_START", "PEFT_METHODS"
            "RESUMABLE", "RunConfig", "STREAMING_METHODS", "Stride", "TRACKERS", "ZO_METHODS",
            "ZO_STATE_SLOTS", "check_environment", "check_resume", "checkpoint_problem",
            "compute_slots", "default_data_dir", "knob_info", "load_config", "min_block_slots",
-           "parse_sets", "parse_value", "read_settings", "resume_base", "split_words", "trackers",
-           "unknown_setting", "zo_passes"]
+           "parse_sets", "parse_value", "range_text", "read_settings", "resume_base",
+           "split_words", "trackers", "unknown_setting", "zo_passes"]

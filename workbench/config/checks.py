@@ -5,55 +5,68 @@ the machine (run before anything is built)."""
 from __future__ import annotations
 
 import math
-from dataclasses import fields
+from dataclasses import Field, fields
 from pathlib import Path
-from typing import Literal, get_args, get_origin
+from typing import Any, Literal, get_args, get_origin
 
 from workbench.config.kinds import (METHOD_KNOBS, TRACKERS, ZO_METHODS, ZO_STATE_SLOTS,
                                     ConfigError, Stride, default_of, resolve_type)
-from workbench.config.knobs import Knobs
+from workbench.config.knobs import Knobs, in_range, range_text
 from workbench.config.task import (HUB_ID, check_task, model_folder_problems, model_positions,
                                    tiny_problems)
 
 
 def check_types(cfg: Knobs) -> list[str]:
     """Each field against its type: a choice among its Literal's, a whole number, ... ."""
-    problems = []
-    for f in fields(cfg):
-        value, t = getattr(cfg, f.name), resolve_type(f.type)
-        if t is Stride:
-            if value != "auto" and (isinstance(value, bool) or not isinstance(value, int)
-                                    or value == 0):
-                problems.append(f"{f.name}: {value!r} is not 'auto' or a non-zero whole number")
-        elif get_origin(t) is Literal:
-            allowed = get_args(t)
-            if value not in allowed:
-                problems.append(f"{f.name}: {value!r} is not one of {', '.join(allowed)}")
-        elif t is bool and not isinstance(value, bool):
-            problems.append(f"{f.name}: {value!r} is not true or false")
-        elif t is int and (isinstance(value, bool) or not isinstance(value, int)):
-            problems.append(f"{f.name}: {value!r} is not a whole number")
-        elif t is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            problems.append(f"{f.name}: {value!r} is not a number")
-        elif t is float and not math.isfinite(value):
-            problems.append(f"{f.name}: {value!r} is not a finite number")
-        elif t is str and not isinstance(value, str):
-            problems.append(f"{f.name}: {value!r} is not text")
-    return problems
+    return [p for f in fields(cfg) if (p := _type_problem(f.name, f.type, getattr(cfg, f.name)))]
+
+
+def value_problems(name: str, value: Any) -> list[str]:
+    """One knob's value on its own: its type, then its range (a sweep's axis is checked so
+    before any point runs, as ``--set`` is)."""
+    f = next(f for f in fields(Knobs) if f.name == name)
+    problem = _type_problem(name, f.type, value) or _range_problem(f, value)
+    return [problem] if problem else []
+
+
+def _type_problem(name: str, annotation: Any, value: Any) -> str:
+    """What is wrong with ``value`` for a field of this annotation ('' when nothing is)."""
+    t = resolve_type(annotation)
+    if t is Stride:
+        if value != "auto" and (isinstance(value, bool) or not isinstance(value, int)
+                                or value == 0):
+            return f"{name}: {value!r} is not 'auto' or a non-zero whole number"
+    elif get_origin(t) is Literal:
+        allowed = get_args(t)
+        if value not in allowed:
+            return f"{name}: {value!r} is not one of {', '.join(allowed)}"
+    elif t is bool and not isinstance(value, bool):
+        return f"{name}: {value!r} is not true or false"
+    elif t is int and (isinstance(value, bool) or not isinstance(value, int)):
+        return f"{name}: {value!r} is not a whole number"
+    elif t is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        return f"{name}: {value!r} is not a number"
+    elif t is float and not math.isfinite(value):
+        return f"{name}: {value!r} is not a finite number"
+    elif t is str and not isinstance(value, str):
+        return f"{name}: {value!r} is not text"
+    return ""
+
+
+def _range_problem(f: Field, value: Any) -> str:
+    """``value`` outside the field's range ('' when inside, or the field has none)."""
+    lo, hi = f.metadata.get("lo"), f.metadata.get("hi")
+    if value == "auto" or (lo is None and hi is None) or in_range(f.metadata, value):
+        return ""  # subgroup_size=auto: the range is for a number
+    unit = f" {f.metadata['unit']}" if f.metadata.get("unit") else ""
+    return f"{f.name}: {value!r} is outside {range_text(f.metadata)}{unit}"
 
 
 def check_values(cfg: Knobs) -> list[str]:
     """Ranges, the model named, the task, and the knobs that must go together."""
     from workbench.presets import PRESETS, TINY_PREFIX  # plain data: no heavy imports
 
-    problems = []
-    for f in fields(cfg):
-        lo, hi, value = f.metadata.get("lo"), f.metadata.get("hi"), getattr(cfg, f.name)
-        if value == "auto":  # subgroup_size=auto: the range is for a number
-            continue
-        if lo is not None and value < lo or hi is not None and value > hi:
-            unit = f" {f.metadata['unit']}" if f.metadata.get("unit") else ""
-            problems.append(f"{f.name}: {value!r} is outside [{lo:g}, {hi:g}]{unit}")
+    problems = [p for f in fields(cfg) if (p := _range_problem(f, getattr(cfg, f.name)))]
     if cfg.model.startswith(TINY_PREFIX):
         problems += tiny_problems(cfg)
     elif (cfg.model not in PRESETS and not Path(cfg.model).expanduser().is_dir()

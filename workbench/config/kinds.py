@@ -93,7 +93,7 @@ class ConfigError(ValueError):
 
 #: A field's annotation (text, under ``from __future__ import annotations``) -> its type; every
 #: type above is here, or its knob would go unchecked and show no choices in the panel
-#: (estimator, zo_optimizer and slot_dtype did, until 2026-11-28).
+#: (``resolve_type`` raises for a name missing here, so such a knob cannot go unnoticed).
 _TYPES = {"Method": Method, "Device": Device, "Amp": Amp, "Rng": Rng, "Codec": Codec,
           "Master": Master, "Objective": Objective, "Peft": Peft, "BaseCodec": BaseCodec,
           "StopOn": StopOn, "Estimator": Estimator, "ZOOptimizer": ZOOptimizer, "Stride": Stride,

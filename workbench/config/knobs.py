@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal, Mapping, get_args, get_origin
 
 from workbench.config.kinds import (STREAMING_METHODS, AdamStateDtype, Amp, BaseCodec, Codec,
                                     CpuAdamw, Device, Estimator, Master, Method, Objective, Peft,
@@ -15,13 +15,30 @@ from workbench.config.kinds import (STREAMING_METHODS, AdamStateDtype, Amp, Base
 
 
 def _knob(default: Any, help: str, *, lo: float | None = None, hi: float | None = None,
-          unit: str = "", live: bool = False, group: str = "run") -> Any:
+          lo_open: bool = False, hi_open: bool = False, unit: str = "", live: bool = False,
+          group: str = "run") -> Any:
     """A config field with its help text, valid range and unit.
 
-    ``live`` knobs may change between steps of a running job; the others are fixed for a run.
+    ``lo_open`` / ``hi_open``: that end of the range is excluded (a beta of 1 never forgets; an
+    epsilon of 0 divides by zero). ``live`` knobs may change between steps of a running job; the
+    others are fixed for a run.
     """
-    return field(default=default, metadata={"help": help, "lo": lo, "hi": hi, "unit": unit,
-                                            "live": live, "group": group})
+    return field(default=default, metadata={"help": help, "lo": lo, "hi": hi, "lo_open": lo_open,
+                                            "hi_open": hi_open, "unit": unit, "live": live,
+                                            "group": group})
+
+
+def in_range(meta: Mapping[str, Any], value: float) -> bool:
+    """Whether ``value`` lies in the range a knob's metadata (``_knob``) gives."""
+    lo, hi = meta.get("lo"), meta.get("hi")
+    low_ok = lo is None or (value > lo if meta.get("lo_open") else value >= lo)
+    return low_ok and (hi is None or (value < hi if meta.get("hi_open") else value <= hi))
+
+
+def range_text(meta: Mapping[str, Any]) -> str:
+    """A knob's range as written in mathematics: "[0, 1)", "(0, 1]"."""
+    return (f"{'(' if meta.get('lo_open') else '['}{meta['lo']:g}, {meta['hi']:g}"
+            f"{')' if meta.get('hi_open') else ']'}")
 
 
 @dataclass(frozen=True)
@@ -38,7 +55,7 @@ class Knobs:
                           "or ../shared/data)")
     train_samples: int = _knob(0, "training examples used (0 = all)", lo=0, hi=10_000_000)
     eval_samples: int = _knob(500, "dev examples evaluated (0 = all)", lo=0, hi=10_000_000)
-    # the task (issue 18): objective, prompt format and field names ("" = found by name)
+    # the task: objective, prompt format and field names ("" = found by name)
     objective: Objective = _knob("classify", "classify: label words after a template; completion: "
                                  "prompt -> completion; lm: plain text", group="task")
     template: str = _knob("{text} It was", "classify prompt; {text} is the example's text",
@@ -71,7 +88,7 @@ class Knobs:
                                       "momentum and adam keep per-weight state in the master's "
                                       "format, streamed with each block", group="optim")
     momentum: float = _knob(0.9, "ZO-SGD momentum coefficient (zo_optimizer=momentum)", lo=0.0,
-                            hi=0.999999, group="optim")
+                            hi=1.0, hi_open=True, group="optim")
     weight_decay: float = _knob(0.0, "decoupled weight decay (not applied to biases and norms)",
                                 lo=0.0, hi=1.0, live=True, group="optim")
     seed: int = _knob(0, "seed for init, data order and perturbations", lo=0, hi=2**31 - 1)
@@ -113,7 +130,7 @@ class Knobs:
                                   "bit-equal), or fp32; auto: compute where it applies on a GPU "
                                   "(master=compressed or compressed-sr, amp on, "
                                   "zo_optimizer=sgd, queries=1)", group="offload")
-    # adapters (issue 19): only the adapter trains; the frozen base streams host -> GPU only
+    # adapters: only the adapter trains; the frozen base streams host -> GPU only
     peft: Peft = _knob("none", "adapter: none trains every weight, lora only low-rank adapters",
                        group="peft")
     lora_rank: int = _knob(8, "LoRA rank r", lo=1, hi=4096, group="peft")
@@ -161,9 +178,9 @@ class Knobs:
                                 "on a GPU run: that core launches kernels)", lo=0, hi=4096,
                                 group="fo")
     adam_beta1: float = _knob(0.9, "AdamW beta1 (fo, fo-offload; ZO with zo_optimizer=adam)",
-                              lo=0.0, hi=0.999999, group="optim")
-    adam_beta2: float = _knob(0.999, "AdamW beta2", lo=0.0, hi=0.99999999, group="optim")
-    adam_eps: float = _knob(1e-8, "AdamW epsilon", lo=0.0, hi=1.0, group="optim")
+                              lo=0.0, hi=1.0, hi_open=True, group="optim")
+    adam_beta2: float = _knob(0.999, "AdamW beta2", lo=0.0, hi=1.0, hi_open=True, group="optim")
+    adam_eps: float = _knob(1e-8, "AdamW epsilon", lo=0.0, hi=1.0, lo_open=True, group="optim")
     adam_state_dtype: AdamStateDtype = _knob("fp32", "fo-offload's Adam m and v: fp32, or bf16 "
                                              "(2 B each, stochastically rounded; the fp32 "
                                              "master kept)", group="fo")

@@ -16,7 +16,7 @@ import torch
 
 from workbench.config import ConfigError
 from workbench.config import split_words as config_split_words
-from workbench.data.batches import Batch, StepData, fit, pad
+from workbench.data.batches import Batch, Lazy, StepData, fit, pad
 from workbench.data.fields import Example
 from workbench.data.sequences import TokenBatch, token_batch
 from workbench.data.files import DataError
@@ -85,8 +85,9 @@ class ClassifyData(StepData):
             raise DataError(f"seq_len: {seq_len} tokens leave no room for a prompt before the "
                             f"label words ({max(map(len, self.words))} tokens)")
         self.pad_id = tok.pad_id
-        self.ids = [fit(tok.encode(template.format(text=ex.text)) + prefix, room)
-                    for ex in examples]
+        texts = [ex.text for ex in examples]  # tokenised when a batch first draws the example
+        self.ids = Lazy(len(texts), lambda i: fit(tok.encode(template.format(text=texts[i]))
+                                                  + prefix, room))
         self.labels = [ex.label for ex in examples]
 
     def __len__(self) -> int:

@@ -14,7 +14,7 @@ import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 from workbench.config import DATA_SUFFIXES as SUFFIXES
 from workbench.config import ConfigError
@@ -70,10 +70,11 @@ def read_file(path: Path) -> Rows:
         rows = _parquet(path)
         rows.digest = file_digest(path)
         return rows
-    lines, digest = _lines(path)
+    h = hashlib.sha256()
+    lines = _lines(path, h)  # parsed as they are read: the file's text is never held whole
     rows = _jsonl(path, lines) if suffix == ".jsonl" else \
         _delimited(path, lines, "\t" if suffix == ".tsv" else ",")
-    rows.digest = digest
+    rows.digest = f"sha256:{h.hexdigest()}"
     return rows
 
 
@@ -86,13 +87,13 @@ def file_digest(path: Path) -> str:
     return f"sha256:{h.hexdigest()}"
 
 
-def _lines(path: Path) -> tuple[list[str], str]:
-    """The decoded lines of a text file (each with its newline) and the digest of its bytes.
+def _lines(path: Path, h: Any) -> Iterator[str]:
+    """The decoded lines of a text file (each with its newline), its bytes fed to ``h`` as
+    they are read.
 
     Read a line at a time, never more than ``LINE_LIMIT`` bytes of one: a 200 MB line is refused
     after its first MiB, not read whole. A UTF-8 byte order mark at the start is dropped.
     """
-    h, lines = hashlib.sha256(), []
     with open(path, "rb") as fh:
         for n in itertools.count(1):
             raw = fh.readline(LINE_LIMIT + 1)
@@ -110,11 +111,10 @@ def _lines(path: Path) -> tuple[list[str], str]:
                 raise DataError(f"{path} line {n}: not UTF-8 text (a binary file?)") from None
             if "\x00" in line:
                 raise DataError(f"{path} line {n}: a NUL byte (a binary file?)")
-            lines.append(line)
-    return lines, f"sha256:{h.hexdigest()}"
+            yield line
 
 
-def _jsonl(path: Path, lines: list[str]) -> Rows:
+def _jsonl(path: Path, lines: Iterable[str]) -> Rows:
     rows, columns, numbers = [], {}, []
     for n, line in enumerate(lines, start=1):  # split at \n only: JSON strings may hold U+2028
         if not line.strip():
@@ -125,6 +125,10 @@ def _jsonl(path: Path, lines: list[str]) -> Rows:
             raise DataError(f"{path} line {n}: not JSON ({e.msg})") from None
         if not isinstance(row, dict):
             raise DataError(f"{path} line {n}: expected a JSON object, got {type(row).__name__}")
+        if "\\u" in line and (where := _surrogate(row)):  # only a \uXXXX escape makes one
+            raise DataError(f"{path} line {n}: {where} holds a lone UTF-16 surrogate (a \\ud800-"
+                            "\\udfff escape without its pair), which is not text: write the "
+                            "character whole or drop it")
         rows.append(row)
         numbers.append(n)
         columns.update(dict.fromkeys(row))
@@ -133,7 +137,26 @@ def _jsonl(path: Path, lines: list[str]) -> Rows:
     return Rows(str(path), rows, list(columns), numbers, "line")
 
 
-def _delimited(path: Path, lines: list[str], delimiter: str) -> Rows:
+def _surrogate(value: Any, where: str = "") -> str:
+    """Where in a decoded JSON value a lone surrogate sits (``'field "text"'``), or ''.
+    Such a string cannot be encoded as UTF-8, so the tokenizer would fail on it mid-run."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where or "a value"
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            if found := _surrogate(k, "a field name") or _surrogate(v, where or f"field {k!r}"):
+                return found
+    elif isinstance(value, list):
+        for v in value:
+            if found := _surrogate(v, where or "a list"):
+                return found
+    return ""
+
+
+def _delimited(path: Path, lines: Iterable[str], delimiter: str) -> Rows:
     """CSV with standard quoting; TSV as GLUE writes it (no quoting: sentences hold quotes)."""
     quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
     old = csv.field_size_limit(FIELD_LIMIT)

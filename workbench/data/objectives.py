@@ -1,6 +1,6 @@
 """Training objectives: what a batch's loss is, and how a model is evaluated on dev data.
 
-Engine integration (issue 18, phase B: the engines call only these; nothing here knows an engine)
+Engine integration (the engines call only these; nothing here knows an engine)
 - Build once: ``task = build_task(cfg, tok, vocab)`` (``data/task.py``) gives ``task.objective``,
   ``task.train`` (``batch_for_step(step, batch_size, seed)``) and ``task.dev`` (or None).
 - Loss, at the head of every forward pass (training, +eps / -eps, fo backward):

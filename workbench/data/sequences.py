@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from workbench.data.batches import PaddedRows, StepData, fit, pad
+from workbench.data.batches import Lazy, PaddedRows, StepData, fit, pad
 from workbench.data.fields import Pair
 from workbench.models.tokenizer import Tokenizer
 
@@ -67,16 +67,19 @@ class CompletionData(StepData):
 
     def __init__(self, pairs: list[Pair], tok: Tokenizer, seq_len: int):
         self.pad_id, self.eos_id = tok.pad_id, tok.eos_id
-        self.seqs: list[list[int]] = []
-        self.starts: list[int] = []
-        self.prompts: list[list[int]] = []  # for greedy decoding: the prompt alone
         self.references = [p.completion for p in pairs]
-        for p in pairs:
-            completion = (tok.encode_plain(p.completion) + [tok.eos_id])[:seq_len - 2]
-            prompt = fit(tok.encode(p.prompt), seq_len - len(completion))
-            self.seqs.append(prompt + completion)
-            self.starts.append(len(prompt))
-            self.prompts.append(fit(tok.encode(p.prompt), seq_len))
+
+        def pair(i: int) -> tuple[list[int], int]:  # (prompt + completion, where it starts)
+            completion = (tok.encode_plain(pairs[i].completion) + [tok.eos_id])[:seq_len - 2]
+            prompt = fit(tok.encode(pairs[i].prompt), seq_len - len(completion))
+            return prompt + completion, len(prompt)
+
+        # each tokenised when a batch first draws it (``Lazy``)
+        self._pairs = Lazy(len(pairs), pair)
+        self.seqs = Lazy(len(pairs), lambda i: self._pairs[i][0])
+        self.starts = Lazy(len(pairs), lambda i: self._pairs[i][1])
+        # for greedy decoding: the prompt alone
+        self.prompts = Lazy(len(pairs), lambda i: fit(tok.encode(pairs[i].prompt), seq_len))
 
     def __len__(self) -> int:
         return len(self.seqs)

@@ -81,13 +81,12 @@ def halves(n_groups: int) -> tuple[range, range]:
     return range(0, cut), range(cut, n_groups)
 
 
-def write_checkpoint(root: Path, snap: Snapshot, pause_s: float = 0.0,
+def write_checkpoint(root: Path, snap: Snapshot,
                      identity: dict[str, Any] | None = None, name: str = "",
                      per_group: bool = False) -> Path:
     """Write ``snap`` under ``root`` atomically; returns the final folder.
 
-    ``pause_s`` sleeps between shards (tests use it to kill a writer mid-way); ``identity``
-    (the writing run's, else ``snap.identity``) goes into the manifest. ``name``: the
+    ``identity`` (the writing run's, else ``snap.identity``) goes into the manifest. ``name``: the
     folder's name (default ``step-NNNNNNNN``). ``per_group``: one shard per group rather than
     the two halves, so a ``LazyFlats`` snapshot is written holding one group at a time (the
     end-of-run weights, ``runs/final_weights.py``)."""
@@ -96,7 +95,7 @@ def write_checkpoint(root: Path, snap: Snapshot, pause_s: float = 0.0,
     tmp = root / f"{final.name}.partial"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        return _write_folder(root, tmp, final, snap, pause_s, identity or snap.identity,
+        return _write_folder(root, tmp, final, snap, identity or snap.identity,
                              per_group)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # a failed write (a full disk) leaves nothing
@@ -118,7 +117,7 @@ def _save_shard(tensors: dict[str, torch.Tensor], path: Path) -> None:
         raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(path)) from None
 
 
-def _write_folder(root: Path, tmp: Path, final: Path, snap: Snapshot, pause_s: float,
+def _write_folder(root: Path, tmp: Path, final: Path, snap: Snapshot,
                   identity: dict[str, Any] | None, per_group: bool) -> Path:
     tmp.mkdir()
     shards, numels = {}, {}
@@ -137,10 +136,6 @@ def _write_folder(root: Path, tmp: Path, final: Path, snap: Snapshot, pause_s: f
         with open(path, "rb+") as fh:
             os.fsync(fh.fileno())  # the shard is on disk before the manifest can name it
         shards[path.name] = _sha256(path)
-        if pause_s:
-            import time
-
-            time.sleep(pause_s)
     manifest = {"format": FORMAT, "step": snap.step, "pending": snap.pending,
                 "config": snap.config, "groups": [[name, numels[name]] for name in snap.names],
                 "n_decay": snap.n_decay, "shards": shards, "identity": identity,

@@ -88,7 +88,3 @@ def base_values(groups: list[Group]) -> LazyFlats:
     """The frozen groups' weights as fp32, made one group at a time (a form is decoded when
     it is reached, so a digest never holds the model twice)."""
     return LazyFlats(len(groups), lambda k: groups[k].values())
-
-
-def layouts_of(groups: list[Group]) -> list[GroupLayout]:
-    return [g.layout for g in groups]

@@ -78,6 +78,12 @@ def build_skeleton(model: str, data_dir: Path | None = None, *,
         check_weights(model, folder)
         config = load_config(model, folder)
         source = PretrainedWeights(folder)
+    if type(config) not in AutoModelForCausalLM._model_mapping:  # t5, bert, a vision model
+        from workbench.models.tiny import supported_types
+
+        raise ValueError(f"model: {model} is a {config.model_type!r} model, which has no causal "
+                         "LM in transformers; the supported types are "
+                         f"{', '.join(supported_types())}")
     # SDPA where the architecture has it (the engines' memory and the planner assume it);
     # eager attention for the few that have none (e.g. gemma2's soft-capped scores)
     config._attn_implementation = "sdpa" if AutoModelForCausalLM._model_mapping[

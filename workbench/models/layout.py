@@ -69,7 +69,7 @@ REFUSED: dict[str, str] = {
 #: ``tests/models/test_any_decoder.py`` built tiny (its forward against the model's own, padded
 #: and not; zo-offload's digest and losses against MeZO's under each scheduler knob, fp32, 3
 #: steps; resume exact; fo overfitting a batch; LoRA's targets; the planner's part counts).
-#: 137 of the 196 causal-LM types of transformers 5.24 (the grid of 2026-11-27c); the slow
+#: 137 of the 196 causal-LM types of transformers 5.24 (the slow grid's last pass); the slow
 #: grid of that test checks that this is exactly the set that passes. Any other type is
 #: refused: the grid found types whose parts are found but whose piecewise logits differ, or
 #: that fail to run, and a wrong model must not train silently.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 #: subgroup_size=auto's sizes (parameters): the fo_offload benchmark's tuned 50 M first (1.66 s
-#: vs 3.4 s per step at 2 M on opt-6.7b, issue 41), then the others, tried with its best stride.
+#: vs 3.4 s per step at 2 M on opt-6.7b), then the others, tried with its best stride.
 #: 8 M is no longer tried beside them: in the 24 trials of benchmarks/results (opt-1.3b to 13b,
 #: seven H100 hosts) it was never kept and its step was the slowest size's in 20 (1.1-1.4x the
 #: others' at the same stride: ~0.2-0.3 ms of fixed cost per CPU subgroup, which the model does

@@ -5,7 +5,7 @@ Why. ``placement.py`` predicts the CPU side from Uc, AdamW's rate measured alone
 link's copies (the GPU side's prefetches and flush-outs, the CPU side's weight uploads and
 gradient D2H) read and write the same host memory the CPU update streams through, and the CPU
 update ran 27-31% below Uc in interleaved schedules, 12-19% below in all-CPU / resident ones
-(fo_offload benchmark, H100, issue 41): predictions were 18-31% short.
+(fo_offload benchmark, H100): predictions were 18-31% short.
 
 The inputs (``Contention``). ``calibrate/fo.py`` times the CPU update twice, alone (Uc) and while
 pinned copies keep the link busy both ways (Ucd); ``load_bps`` is the bytes/s those copies
@@ -43,8 +43,8 @@ from workbench.plan.placement import NO_GPU, Candidate, PerfInputs, Placement, S
 
 #: Said wherever a prediction is made without a CPU rate under DMA load.
 NOTE = ("the predicted update time ignores DMA contention (no CPU AdamW rate under DMA load "
-        "was measured: the CPU update ran 27-31% slower beside the link's copies on an H100, "
-        "issue 41)")
+        "was measured: the CPU update ran 27-31% slower beside the link's copies on an "
+        "H100)")
 
 
 @dataclass(frozen=True)

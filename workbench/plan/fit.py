@@ -8,6 +8,7 @@ from typing import Any
 from workbench.config import ConfigError, RunConfig
 from workbench.plan.memory import SPARE_SLOTS
 from workbench.plan.planner import CONTEXT_BYTES, GiB, Plan, plan, preset_of, process_bytes
+from workbench.presets import Preset
 from workbench.plan.rates import load_calibration
 from workbench.plan.zo import transfer_kind
 
@@ -17,11 +18,12 @@ class PlanError(ConfigError):
 
 
 def check_fits(cfg: RunConfig, calibration: dict | None = None, gpu: str | None = None, *,
-               gpu_free: int | None = None) -> Plan:
+               gpu_free: int | None = None, shape: Preset | None = None) -> Plan:
     """The plan, or PlanError when GPU or host memory would not fit (GPU not checked for
     device=cpu). Without ``calibration`` it reads this machine's cached one and its available
     RAM (psutil). ``gpu_free``: bytes free on this machine's GPU now (device=cuda, no ``gpu``;
-    ``calibrate/machine.py::check_fits_here`` reads them); None: the GPU's whole memory."""
+    ``calibrate/machine.py::check_fits_here`` reads them); None: the GPU's whole memory.
+    ``shape``: the model's (``planner.plan``)."""
     import psutil
 
     # This process is already part of what the plan counts (process_bytes): what it holds
@@ -33,28 +35,29 @@ def check_fits(cfg: RunConfig, calibration: dict | None = None, gpu: str | None 
     gpu_avail = None
     if cfg.device == "cuda" and gpu is None and gpu_free is not None:
         gpu_avail = gpu_free + CONTEXT_BYTES  # our own context is out of 'free' already
-    avail = dict(gpu_avail=gpu_avail, host_avail=host_avail)
+    avail = dict(gpu_avail=gpu_avail, host_avail=host_avail, shape=shape)
     pl = plan(cfg, gpu, calibration, **avail)
-    problems = _problems(cfg, pl, lambda c: plan(c, gpu, calibration, **avail))
+    problems = _problems(cfg, pl, lambda c: plan(c, gpu, calibration, **avail), shape)
     if problems:
         raise PlanError(problems)
     return pl
 
 
 def shortfalls(cfg: RunConfig, pl: Plan, gpu: str | None = None,
-               calibration: dict | None = None) -> list[str]:
-    """What of ``pl`` (``plan(cfg, gpu, calibration)``) does not fit: a line per memory that
-    falls short, with by how much and each knob that helps; empty when it fits."""
-    return _problems(cfg, pl, lambda c: plan(c, gpu, calibration))
+               calibration: dict | None = None, shape: Preset | None = None) -> list[str]:
+    """What of ``pl`` (``plan(cfg, gpu, calibration, shape=shape)``) does not fit: a line per
+    memory that falls short, with by how much and each knob that helps; empty when it fits."""
+    return _problems(cfg, pl, lambda c: plan(c, gpu, calibration, shape=shape), shape)
 
 
 def _gib(x: float) -> str:
     return f"{x / GiB:,.1f} GiB"
 
 
-def _problems(cfg: RunConfig, pl: Plan, replan) -> list[str]:
+def _problems(cfg: RunConfig, pl: Plan, replan, shape: Preset | None) -> list[str]:
     """What does not fit, by how much, and each knob that helps (with its own plan's figure)."""
-    out, n = [], preset_of(cfg.model).num_layers
+    p = shape or preset_of(cfg.model)
+    out, n = [], p.num_layers
 
     def alt(**changes) -> Plan | None:
         try:
@@ -87,14 +90,14 @@ def _problems(cfg: RunConfig, pl: Plan, replan) -> list[str]:
             cands.append((f"resident_blocks={r} keeps {r} blocks on the GPU: set resident_blocks="
                           f"{best}", {"resident_blocks": best}))
         if cfg.prefetch_depth > 1:
-            spare = SPARE_SLOTS[transfer_kind(cfg)]
+            spare = SPARE_SLOTS[transfer_kind(cfg, p)]
             cands.append((f"prefetch_depth=1 ({1 + spare} slots, not "
                           f"{cfg.prefetch_depth + spare})", {"prefetch_depth": 1}))
         fewest = cfg.prefetch_depth + 1  # the fewest slots a schedule may have
         slots_ = (f"block_slots={fewest} (an upload waits for its slot's last offload)",
                   {"block_slots": fewest})
         if cfg.method in ("zo-offload", "forward-grad") and cfg.block_slots == "auto" \
-                and SPARE_SLOTS[transfer_kind(cfg)] > 1:
+                and SPARE_SLOTS[transfer_kind(cfg, p)] > 1:
             cands.append(slots_)
         if cfg.method == "zo-offload" and not cfg.stream_embeddings and cfg.peft == "none":
             ends = {"stream_embeddings": True}  # alt() drops it where the head is tied
@@ -134,21 +137,51 @@ def _problems(cfg: RunConfig, pl: Plan, replan) -> list[str]:
 
 
 def suggest(cfg: RunConfig, gpu_mem_budget_bytes: int, gpu: str | None = None,
-            calibration: dict | None = None, device: str = "cuda") -> list[dict[str, Any]]:
-    """zo-offload settings (resident_blocks 0..N x codec / master) whose NVML-level GPU memory
-    fits ``gpu_mem_budget_bytes``, best predicted tokens/s first; other knobs as in ``cfg``.
-    ``device="cpu"`` ranks them for a CPU run (no GPU memory: every setting fits)."""
+            calibration: dict | None = None, device: str = "cuda",
+            shape: Preset | None = None) -> list[dict[str, Any]]:
+    """zo-offload settings (resident_blocks 0..N x codec / master x the embedding and head
+    resident or streamed x ``block_slots`` auto or the fewest) whose NVML-level GPU memory fits
+    ``gpu_mem_budget_bytes``, best predicted tokens/s first; other knobs as in ``cfg``.
+    ``device="cpu"`` ranks them for a CPU run (no GPU memory: every setting fits). The last
+    two axes are the memory savers of the largest models (llama-3.1-405b fits 24 GiB only with
+    both); each is tried only where it applies (an untied head, no adapters; a transfer with
+    spare slots). ``shape``: the model's (``planner.plan``)."""
     base = cfg.replace(method="zo-offload", device=device, gpu_mem_limit_gb=0.0)
+    p = shape or preset_of(cfg.model)
     keys = ("tokens_per_s", "step_seconds", "peak_gpu_mem_bytes", "nvml_gpu_mem_bytes",
             "host_mem_bytes", "pcie_bytes_per_step", "fits_host")
-    out = []
+    out, n = [], p.num_layers
     for codec, master in [("fp32", "fp32"), ("bf16", "fp32"), ("bf16", "compressed-sr"),
                           ("fp16", "fp32"), ("fp16", "compressed-sr"), ("fp8-e4m3", "fp32"),
                           ("fp8-e5m2", "fp32")]:
-        for r in range(preset_of(cfg.model).num_layers + 1):
-            pl = plan(base.replace(codec=codec, master=master, resident_blocks=r), gpu, calibration)
-            if pl.nvml_gpu_mem_bytes > gpu_mem_budget_bytes:
-                break  # more resident blocks only need more
-            out.append({"codec": codec, "master": master, "resident_blocks": r,
-                        **{k: getattr(pl, k) for k in keys}})
+        for savers in _savers(base.replace(codec=codec, master=master), p):
+            for r in range(n + 1):
+                try:
+                    setting = base.replace(codec=codec, master=master, resident_blocks=r,
+                                           **savers)
+                except ConfigError:
+                    break  # e.g. stream_embeddings with resident blocks the check refuses
+                pl = plan(setting, gpu, calibration, shape=p)
+                if pl.nvml_gpu_mem_bytes > gpu_mem_budget_bytes:
+                    break  # more resident blocks only need more
+                out.append({"codec": codec, "master": master, "resident_blocks": r,
+                            "stream_embeddings": setting.stream_embeddings,
+                            "block_slots": setting.block_slots,
+                            **{k: getattr(pl, k) for k in keys}})
     return sorted(out, key=lambda d: (-d["tokens_per_s"], d["nvml_gpu_mem_bytes"]))
+
+
+def _savers(cfg: RunConfig, p: Preset) -> list[dict[str, Any]]:
+    """``cfg`` as it is, then with the embedding and head streamed and with the fewest slots,
+    each where it applies (the config's own checks say where: a tied head, adapters)."""
+    out: list[dict[str, Any]] = [{}]
+    if not cfg.stream_embeddings:
+        try:
+            cfg.replace(stream_embeddings=True)
+            out.append({"stream_embeddings": True})
+        except ConfigError:
+            pass  # a tied head or adapters: the embedding and head stay
+    fewest = cfg.prefetch_depth + 1
+    if cfg.block_slots == "auto" and SPARE_SLOTS[transfer_kind(cfg, p)] > 1:
+        out += [{**o, "block_slots": fewest} for o in out]
+    return out

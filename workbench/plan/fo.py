@@ -20,7 +20,7 @@ both ways) and ``adamw_cpu_dma_bps`` (their bytes/s); a profile without them (ca
 before they were measured, or the defaults) predicts with the rate alone and a note says the
 prediction ignores DMA contention. These are structural estimates.
 Host memory traffic of a CPU-updated parameter (``host_traffic_per_param``): the step is bound
-by it on the machines measured (issue 41), so the planner says it in a note.
+by it on the machines measured, so the planner says it in a note.
 """
 from __future__ import annotations
 

@@ -35,17 +35,10 @@ from typing import Any
 
 from workbench.config import ZO_STATE_SLOTS, RunConfig, zo_passes
 from workbench.plan.memory import block_slot_count, pinned_bytes
+from workbench.plan.wire import codec_bytes, zo_regens
 from workbench.presets import Preset
 
 DEFAULT_TARGETS = ("q_proj", "v_proj")  # as ``models/lora.py`` for both families
-
-
-def codec_bytes(codec: str, n: int) -> int:
-    """Encoded size of n fp32 elements (as ``engine.codecs.Codec.nbytes``: fp8 carries one fp32
-    scale per 256 elements)."""
-    if codec in ("fp32", "bf16", "fp16"):
-        return (4 if codec == "fp32" else 2) * n
-    return (n + 15) // 16 * 16 + 4 * ((n + 255) // 256)
 
 
 def block_matrices(p: Preset) -> dict[str, tuple[int, int]]:
@@ -124,8 +117,7 @@ def frozen_stream(cfg: RunConfig, p: Preset, prof: dict, e: dict[str, Any],
         e["gpu_param_bytes"] += cuda * dev["optimizer state"]
     # z per adapter element and query: + (with the update), -2, + (restore) (one-sided: the
     # update, +, - (restore)); a pass per query and sign (one-sided: per query, and one clean)
-    passes, regens = zo_passes(cfg.queries, cfg.estimator), 4 * cfg.queries - (
-        cfg.queries if cfg.estimator == "one-sided" else 0)
+    passes, regens = zo_passes(cfg.queries, cfg.estimator), zo_regens(cfg.queries, cfg.estimator)
     if cfg.method == "forward-grad":  # ... or tangent and update; tangents of one block only
         passes, regens = 2, 2
         for item in ("tangents (embedding, head, one block)", "forward-AD transients"):

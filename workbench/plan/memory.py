@@ -15,7 +15,7 @@ from workbench.presets import Preset
 
 #: A CUDA process's device memory outside torch's allocator (context, cuBLAS and kernel modules):
 #: NVML sees it, torch does not. H100, torch 2.11: 769-789 MiB over torch's reserved bytes in
-#: three zo-offload runs (benchmarks/nvml_probe.py, 2026-11-23).
+#: three zo-offload runs (``benchmarks/nvml_probe.py``).
 CONTEXT_BYTES = 800 * 2**20
 WORKSPACE_BYTES = 32 * 2**20  # cuBLAS workspace (Hopper default), allocated through torch
 

@@ -5,7 +5,7 @@ Why. ``placement.py`` (and ``dma.py`` on top of it) predicts each side as if the
 began when backward ends. The engine starts each CPU subgroup as soon as its gradients land
 (``engine/fo/grads.py``), during backward, and times the update phase from backward's end to the
 last update work (``engine/fo/timeline.py``). At opt-13b on an H100 the CPU side began 0.5-1.1 s
-before backward ended, so CPU-heavy placements were predicted up to 130% too slow (issue 41),
+before backward ended, so CPU-heavy placements were predicted up to 130% too slow,
 and the model's own stride leaned to the GPU side. The GPU side's prefetches (up) and flush-outs
 (down) cross the link at the same time; the link carries less each way then than one way alone
 (83 GB/s both ways vs 53 GB/s one way on that machine), so that side was predicted ~15% short.

@@ -1,8 +1,8 @@
 """Planner: predict a run's memory, PCIe traffic and step time from the preset, and refuse what
-cannot fit (``fit.py``). Arithmetic on the preset's sizes (torch is not imported for a preset),
-so it plans opt-175b on a laptop; a layout the formulas do not know (``tiny:<model_type>``, a
-folder of any other type) is counted on its model, built by ``models/`` (tiny on the CPU, a
-folder's on the meta device). Rates: ``rates.py`` (the brief's H200 figures, a GPU table, or
+cannot fit (``fit.py``). Arithmetic on the model's shape (``models/shape.py``), so it plans
+opt-175b on a laptop and never imports torch; a layout the formulas do not know
+(``tiny:<model_type>``, a folder of any other type) is counted on its model by ``models/``, and
+its callers pass that shape in. Rates: ``rates.py`` (the brief's H200 figures, a GPU table, or
 this machine's calibration). Each method family has its arithmetic in a module of its own
 (``zo.py``, ``fo.py``, adapters ``lora.py``); this module runs the one the config names and adds
 what every run holds.
@@ -25,11 +25,10 @@ Time: a block pass takes max(FLOPs / effective FLOP/s, weight bytes / memory ban
 """
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from workbench.config import ConfigError, RunConfig
+from workbench.config import RunConfig
 from workbench.plan.flops import block_flops
 from workbench.plan.fo import plan_fo
 from workbench.plan.lora import frozen_stream, matrix_bytes
@@ -37,7 +36,8 @@ from workbench.plan.memory import (CONTEXT_BYTES, FINGERPRINT_SCRATCH_BYTES, WOR
                                    moments, pinned_bytes)
 from workbench.plan.rates import profile
 from workbench.plan.zo import plan_zo, weight_bytes
-from workbench.presets import PRESETS, TINY_PREFIX, Preset, lookup
+from workbench.models.shape import known_shape
+from workbench.presets import Preset
 
 GiB, MiB = 2 ** 30, 2 ** 20
 HOST_PROCESS_BYTES = 3 * GiB  # Python, torch, CUDA libraries, transformers
@@ -80,47 +80,14 @@ class Plan:
 
 
 def preset_of(model: str) -> Preset:
-    """The preset, a ``tiny:<model_type>`` with its parameters counted on the built model
-    (kilobytes, on the CPU), or a Preset read from the config.json of a local folder or a hub
-    id."""
-    if model in PRESETS:
-        return PRESETS[model]
-    if model.startswith(TINY_PREFIX):
-        from workbench.models.build import check_model_folder
-        from workbench.models.counts import tiny_preset  # counted on the built model
-
-        check_model_folder(model)  # a refused type: one line (ConfigError), as run gives
-        return tiny_preset(model)
-    from workbench.models.hub import config_path
-
-    path = config_path(model)  # a hub id: fetched once, read twice below
-    c = json.loads(path.read_text())
-    opt = c.get("model_type") == "opt"
-    formulas = c.get("model_type") in ("opt", "llama")  # the layouts the preset formulas know
-    hf = {k: c[k] for k in ("num_key_value_heads", "word_embed_proj_dim", "do_layer_norm_before")
-          if k in c}
-    hf["tie_word_embeddings"] = c.get("tie_word_embeddings", opt)
-    try:
-        ffn = c.get("ffn_dim") or c.get("intermediate_size")
-        if ffn is None and formulas:
-            raise KeyError("intermediate_size")
-        p = Preset("opt" if opt else "llama", c["hidden_size"], c["num_hidden_layers"],
-                   c["num_attention_heads"], ffn or 0, c["vocab_size"],
-                   c.get("max_position_embeddings", 2048), "local", hf=hf)
-    except KeyError as e:
-        raise ConfigError([f"model: {model}: config.json has no {e.args[0]!r}, which the "
-                           "planner needs"]) from None
-    if formulas:
-        return p
-    # any other layout (experts, latent attention, hybrid layers) is counted on the model its
-    # config describes, built on the meta device
-    from workbench.models.counts import counted, folder_counts
-
-    return counted(replace(p, family=c.get("model_type", "llama")), folder_counts(path))
+    """The shape of ``model`` as the cost model reads it without building anything
+    (``models.shape.known_shape``: a preset, or a folder of an OPT / Llama layout)."""
+    return known_shape(model)
 
 
 def plan(cfg: RunConfig, gpu: str | None = None, calibration: dict | None = None, *,
-         gpu_avail: int | None = None, host_avail: int | None = None) -> Plan:
+         gpu_avail: int | None = None, host_avail: int | None = None,
+         shape: Preset | None = None) -> Plan:
     """Predict memory, PCIe bytes and step time of ``cfg``.
 
     Args:
@@ -130,11 +97,14 @@ def plan(cfg: RunConfig, gpu: str | None = None, calibration: dict | None = None
         calibration: a ``calibrate/machine.py::calibrate`` result (rates, GPU and host memory).
         gpu_avail, host_avail: bytes available to the run (None: the GPU's, and the
             calibration's or this machine's available host memory).
+        shape: ``cfg.model``'s shape (``models.shape.shape_of``); None: ``preset_of``, which
+            knows the presets and the OPT / Llama layouts (a layout counted on its built model
+            must be given: the cost model builds nothing).
     Raises:
         ConfigError: an unknown ``gpu`` (the message lists the known ones).
     """
     calib = calibration
-    p, cuda, amp = preset_of(cfg.model), cfg.device == "cuda", cfg.amp != "off"
+    p, cuda, amp = shape or preset_of(cfg.model), cfg.device == "cuda", cfg.amp != "off"
     prof, notes = profile(cfg, gpu, calib)
     rows, t, masked = cfg.batch_size, cfg.seq_len, cfg.data != "synthetic"
     held = matrix_bytes(cfg)  # a frozen base held in the compute dtype is read, never cast

@@ -5,7 +5,7 @@ A *profile* is a flat dict of rates (units in the key names: ``_bps`` bytes/s, `
 elements or parameters per second, ``_flops`` FLOP/s, ``_s`` seconds, ``_bytes`` bytes). The
 planner starts from a default profile and overlays what ``calibrate/`` measured on this machine.
 
-Defaults (uncalibrated), from the brief's H200 measurements (torch 2.11, 2026-11-22):
+Defaults (uncalibrated), from the brief's H200 measurements (torch 2.11):
     pinned H2D / D2H 55 GB/s each way, 101 GB/s both at once; pageable H2D 21 GB/s.
     Effective FLOP/s from "one OPT-13B block, 16x128 tokens: fp32 27 ms, bf16 2.5 ms" with the
     planner's FLOP count (2 x params x tokens + attention): about 48 TFLOP/s fp32, 520 bf16.

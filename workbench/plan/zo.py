@@ -52,11 +52,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 from workbench.config import ZO_STATE_SLOTS, RunConfig, compute_slots, zo_passes
-from workbench.plan.lora import block_matrices, codec_bytes
+from workbench.plan.lora import block_matrices
 from workbench.plan.memory import (EVAL_ROWS, SPARE_SLOTS, block_slot_count, ends_work_bytes,
                                    form_bytes, moments, pinned_bytes)
 from workbench.plan.rates import host_key
-from workbench.models.castable import model_uncast
+from workbench.plan.wire import codec_bytes, wire_kind, zo_regens
 from workbench.presets import Preset
 
 OP_LAUNCH_S = 5e-5  # host time of one perturbation kernel or one transfer launch
@@ -69,14 +69,14 @@ def weight_bytes(cfg: RunConfig) -> int:
     return 2 if half else 4
 
 
-def transfer_kind(cfg: RunConfig) -> str:
-    """How trained blocks travel: plain (fp32), sr (compressed master), mirror (fp32 master,
-    a compressed mirror up, a bf16 delta down) or compute (the compressed master kept as it is
-    in its slot: ``slot_dtype``; under ``auto`` only where every block matrix is a weight
-    autocast casts, as the engine decides: ``models/castable.py``)."""
-    if compute_slots(cfg) and (cfg.slot_dtype == "compute" or not model_uncast(cfg.model)):
+def transfer_kind(cfg: RunConfig, p: Preset) -> str:
+    """How trained blocks of a model of shape ``p`` travel: the wire's kind (``wire.wire_kind``:
+    plain, sr, mirror), or compute (the compressed master kept as it is in its slot:
+    ``slot_dtype``; under ``auto`` only where every block matrix is a weight autocast casts, as
+    the engine decides: ``Preset.uncast``, ``models/castable.py``)."""
+    if compute_slots(cfg) and (cfg.slot_dtype == "compute" or not p.uncast):
         return "compute"
-    return "plain" if cfg.codec == "fp32" else ("sr" if cfg.master != "fp32" else "mirror")
+    return wire_kind(cfg.codec, cfg.master)
 
 
 def work_bytes(p: Preset, item: int = 2) -> int:
@@ -167,7 +167,7 @@ def _stream(cfg: RunConfig, p: Preset, prof: dict) -> Stream:
     z = (lambda k: 0) if fused else (  # z materialised, + philox's int64 chunk temporaries
         lambda k: 4 * k + (0 if cfg.rng == "torch" else 80 * min((k + 3) // 4, 1 << 22)))
     r = min(cfg.resident_blocks, N) if streaming else N
-    kind = transfer_kind(cfg) if streaming else "plain"  # mezo: nothing travels
+    kind = transfer_kind(cfg, p) if streaming else "plain"  # mezo: nothing travels
     ends = cfg.method == "zo-offload" and cfg.stream_embeddings
     slots = block_slot_count(cfg, kind) if streaming and (r < N or ends) else 0
     up_of = lambda n: codec_bytes(cfg.codec, n)  # noqa: E731
@@ -320,9 +320,8 @@ def _time(cfg: RunConfig, prof: dict, st: Stream, e: dict, notes: list[str]) -> 
     """Compute, transfer and host seconds of a step, and its PCIe bytes, into ``e``."""
     cuda, N, nb, ne, nh, r, s, kind, pr = (st.cuda, st.N, st.nb, st.ne, st.nh, st.r, st.s,
                                            st.kind, st.pr)
-    passes, regens = (3, 2) if cfg.method == "forward-grad" else (  # per query: 1 update + 3
-        zo_passes(cfg.queries, cfg.estimator), (4 if cfg.estimator == "central" else 3)  # (2)
-        * cfg.queries)  # perturbations (central; one-sided 2)
+    passes, regens = (3, 2) if cfg.method == "forward-grad" else (
+        zo_passes(cfg.queries, cfg.estimator), zo_regens(cfg.queries, cfg.estimator))
     eh_t = passes * e["eh"] + regens * (ne + nh) / pr
     if kind == "compute":  # bf16 weights read, not cast; each pass's fill from the master
         bw = prof["gpu_mem_bps"]

@@ -33,6 +33,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from workbench.calibrate.machine import check_fits_here
 from workbench.config import ConfigError, RunConfig, check_environment, parse_value
+from workbench.config.checks import value_problems
 from workbench.engine.events import EventBus, StepEvent
 from workbench.runs.sweep_folder import (MANIFEST, SweepError, check_sweep_folder, claim,
                                             load_manifest, release)
@@ -40,6 +41,7 @@ from workbench.telemetry import noise, ranking
 from workbench.telemetry.evals import main_metric
 from workbench.telemetry.naming import value_text
 from workbench.telemetry.record import RunRecord, write_json
+from workbench.telemetry.values import finite_or_none, num
 from workbench.telemetry.verdict import verdict
 
 #: States a point ends in; "reused": finished in an earlier sweep into the same folder.
@@ -101,6 +103,10 @@ def parse_sweeps(items: Sequence[str]) -> dict[str, list[Any]]:
             parsed = [parse_value(knob, t) for t in texts]
         except ConfigError as e:
             problems += [f"--sweep {p}" for p in e.problems]
+            continue
+        bad = [f"--sweep {p}" for v in parsed for p in value_problems(knob, v)]
+        if bad:  # a value no point may take: the grid is refused before any point runs
+            problems += bad
             continue
         if len(set(map(repr, parsed))) != len(parsed):
             problems.append(f"--sweep {knob}: a value is listed twice ({values})")
@@ -193,7 +199,7 @@ class Sweep:
         except ConfigError as e:  # PlanError is one: it carries the estimate and a knob
             p.status, p.reason = "refused", "; ".join(e.problems)
             return
-        p.predicted = {k: _finite(getattr(plan, k, math.nan)) for k in
+        p.predicted = {k: finite_or_none(getattr(plan, k, math.nan)) for k in
                        ("tokens_per_s", "step_seconds", "peak_gpu_mem_bytes")}
 
     def _check_folder(self, p: Point) -> list[str]:
@@ -324,12 +330,12 @@ class Sweep:
         rows = [("point", "status", "tokens/s", "step s", "peak GPU GB", "final loss",
                  main.label, *([self.rank.label] if own else []), "health", "predicted tok/s",
                  "bound", "vs first")]
-        fastest = max(done, key=lambda p: _num(p.measured.get("tokens_per_s")), default=None)
+        fastest = max(done, key=lambda p: num(p.measured.get("tokens_per_s")), default=None)
         for i, p in enumerate(done):
             m = p.measured
-            tps = _num(m.get("tokens_per_s"))
+            tps = num(m.get("tokens_per_s"))
             top = fastest.measured if fastest is not None else {}
-            best = _num(top.get("tokens_per_s"))
+            best = num(top.get("tokens_per_s"))
             ratio = ""  # to the fastest, "within noise" where the step spreads cover it
             if best > 0 and math.isfinite(tps) and p is fastest:
                 ratio = " (1.00x)"  # the fastest itself: no noise to weigh
@@ -341,7 +347,7 @@ class Sweep:
                     else "")
             rows.append((p.name, p.status, _fmt(tps, "{:,.0f}") + ratio,
                          _fmt(m.get("step_seconds"), "{:.4f}"),
-                         _fmt(_num(m.get("peak_gpu_mem_bytes")) / 1e9 or None, "{:.2f}"),
+                         _fmt(num(m.get("peak_gpu_mem_bytes")) / 1e9 or None, "{:.2f}"),
                          _fmt(m.get("final_loss"), "{:.4f}"),
                          _fmt((m.get("dev") or {}).get(main.key), main.fmt),
                          *([_fmt(self.rank.value(m), self.rank.fmt)] if own else []),
@@ -379,18 +385,6 @@ def _text(v: Any) -> str:
     return value_text(v)
 
 
-def _num(v: Any) -> float:
-    try:
-        return math.nan if v is None else float(v)
-    except (TypeError, ValueError):
-        return math.nan
-
-
-def _finite(v: Any) -> Any:
-    x = _num(v)
-    return x if math.isfinite(x) else None
-
-
 def _fmt(v: Any, fmt: str) -> str:
-    x = _num(v)
+    x = num(v)
     return fmt.format(x) if math.isfinite(x) else "-"

@@ -37,10 +37,11 @@ from workbench.engine.groups import digest, fingerprint
 from workbench.engine.timing import Deferred
 from workbench.engine.warmup import warm_kernels
 from workbench.models.build import build_skeleton, check_model_folder
+from workbench.models.shape import shape_of
 from workbench.models.lora import check_lora_targets
 from workbench.models.tokenizer import load_tokenizer
 from workbench.plan.memory import EVAL_ROWS
-from workbench.plan.planner import preset_of
+from workbench.plan.planner import plan
 from workbench.runs.final_weights import write_final
 from workbench.runs.guard import RunGuard
 from workbench.runs.limits import cap_gpu_memory
@@ -159,14 +160,16 @@ class TrainRecipe:
                                "one (--out)"])
         check_model_folder(cfg.model)
         check_lora_targets(cfg)
-        if not self.force:  # arithmetic only: before the tokenizer, which may need the Hub
-            check_fits_here(cfg)
+        # arithmetic only: before the tokenizer, which may need the Hub; the plan goes into the
+        # record, so what is drawn of it later is read from the run, never re-planned
+        planned = plan(cfg, shape=shape_of(cfg.model)) if self.force else check_fits_here(cfg)
+        self.record.info["plan"] = planned.to_dict()
         if cfg.data == "sst2":  # named before the tokenizer, which may try the Hub for a while
             sst2_folder(cfg.resolved_data_dir)
         if cfg.data != "synthetic":  # read and checked before the model is built
             self.tokenizer = load_tokenizer(cfg.model, cfg.resolved_data_dir)
             # the run's one objective: its head chunk sized for the model's vocabulary
-            self.task = build_task(cfg, self.tokenizer, preset_of(cfg.model).vocab)
+            self.task = build_task(cfg, self.tokenizer, shape_of(cfg.model).vocab)
         found = data_fingerprint(cfg, self.task, self.tokenizer)
         info = {"run_id": run_id or new_run_id(), "data_fingerprint": found}
         if resume:

@@ -25,8 +25,9 @@ from typing import Any, Callable
 
 from workbench.calibrate.machine import check_fits_here
 from workbench.config import ConfigError, RunConfig
+from workbench.models.shape import shape_of
 from workbench.plan.fit import suggest
-from workbench.plan.planner import GiB, preset_of
+from workbench.plan.planner import GiB
 from workbench.recipes.sweep import Point, Sweep
 
 TOML_NAME = "best.toml"
@@ -82,12 +83,16 @@ def propose(cfg: RunConfig, gpu: str | None = None, budget: int | None = None,
     Raises:
         ConfigError: nothing fits (the message says the budget).
     """
-    rows = suggest(cfg, budget if budget is not None else 2 ** 62, gpu, None, device=cfg.device)
-    rows = [r for r in rows if r["fits_host"]]
+    shape = shape_of(cfg.model)
+    rows = suggest(cfg, budget if budget is not None else 2 ** 62, gpu, None, device=cfg.device,
+                   shape=shape)
+    # tune measures the codec / master / resident_blocks space at the run's own slots and ends
+    rows = [r for r in rows if r["fits_host"] and r["stream_embeddings"] == cfg.stream_embeddings
+            and r["block_slots"] == cfg.block_slots]
     if not rows:
         where = f"{budget / GiB:.1f} GiB of GPU memory" if budget else "this host's memory"
         raise ConfigError([f"tune: no zo-offload setting of {cfg.model} fits {where}"])
-    layers = preset_of(cfg.model).num_layers
+    layers = shape.num_layers
     out: list[dict[str, Any]] = []
     for r in rows:
         if r["resident_blocks"] >= layers:  # nothing streams: the transfer format is moot

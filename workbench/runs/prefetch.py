@@ -1,7 +1,7 @@
 """The next step's batch, on the device before the step begins.
 
 The training loop copied each batch to the GPU on the compute stream as its step began. In the
-zo-offload demo run on an H100 (opt-1.3b fp32, 16 x 128, 2026-11-22; read from its stream events,
+zo-offload demo run on an H100 (opt-1.3b fp32, 16 x 128; read from its stream events,
 whose run folder was not kept) the compute stream stood idle 6.5 ms at every step
 boundary, from the head of step t until the upload of block 2 of step t + 1 had landed, while
 within a step its spans ran back to back: 2.8% of the step, about zo-offload's whole gap to

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.config import STREAMING_METHODS, ConfigError, RunConfig
-from workbench.plan.planner import plan, preset_of
+from workbench.models.shape import shape_of
+from workbench.plan.planner import plan
 from workbench.telemetry.record import RunRecord
 
 #: Below this predicted ratio a change is not worth a run.
@@ -58,7 +59,7 @@ def candidates(cfg: RunConfig) -> list[dict[str, Any]]:
     if cfg.method in STREAMING_METHODS:
         out += [{"codec": c, "master": m} for c, m in CODECS
                 if (c, m) != (cfg.codec, cfg.master)]
-        layers = preset_of(cfg.model).num_layers
+        layers = shape_of(cfg.model).num_layers
         out += [{"resident_blocks": r} for r in range(cfg.resident_blocks + 1, layers + 1)]
         if cfg.prefetch_depth < 8:
             out.append({"prefetch_depth": cfg.prefetch_depth + 1})
@@ -79,13 +80,14 @@ def next_knob(rec: RunRecord, min_gain: float = MIN_GAIN) -> Advice:
         gpu = planner_gpu(rec.environment) if cfg.device == "cuda" else None
         ram = rec.environment.get("host ram (bytes)")
         calib = {"host_mem_available_bytes": int(ram)} if ram else None
-        base = plan(cfg, gpu, calib)
+        shape = shape_of(cfg.model)
+        base = plan(cfg, gpu, calib, shape=shape)
     except (ConfigError, OSError, KeyError, ValueError) as e:
         return Advice(text=f"no planner advice ({type(e).__name__}: {e})")
     best: tuple[float, dict[str, Any]] = (0.0, {})
     for change in candidates(cfg):
         try:
-            p = plan(cfg.replace(**change), gpu, calib)
+            p = plan(cfg.replace(**change), gpu, calib, shape=shape)
         except ConfigError:
             continue  # a combination the config refuses (e.g. too many resident blocks)
         gain = p.tokens_per_s / base.tokens_per_s if base.tokens_per_s > 0 else math.nan

@@ -36,6 +36,7 @@ from workbench.config import ZO_METHODS
 from workbench.telemetry.evals import main_metric, metrics_of
 from workbench.telemetry.naming import short_number
 from workbench.telemetry.record import RunRecord
+from workbench.telemetry.values import num
 
 STATES = ("learning", "not learning", "diverging", "diverged", "too short to tell")
 #: Fewer finite losses than this (and no dev evals) tell nothing.
@@ -96,7 +97,7 @@ def health(rec: RunRecord) -> Health:
     """``rec``'s learning health (see the module docstring). Linear in the steps, vectorised:
     the live view and ``stop_on`` read it as the run goes (100,000 steps: ~0.1 s)."""
     cfg = rec.config
-    lr = _num(cfg.get("lr"))
+    lr = num(cfg.get("lr"))
     loss = _column(rec.steps, "loss")
     bad = _non_finite(rec, loss)
     if bad is not None:  # (a run that stop_on ended says "diverged at step N" itself)
@@ -146,7 +147,7 @@ def _column(rows: Sequence[dict[str, Any]], key: str) -> np.ndarray:
     try:
         return np.array([r.get(key) for r in rows], dtype=float)
     except (TypeError, ValueError):  # text where a number belongs: not a number
-        return np.array([_num(r.get(key)) for r in rows], dtype=float)
+        return np.array([num(r.get(key)) for r in rows], dtype=float)
 
 
 def _non_finite(rec: RunRecord, loss: np.ndarray) -> str | None:
@@ -232,11 +233,11 @@ def _dev_evidence(rec: RunRecord, ev: dict[str, Any]) -> dict | None:
         return None
     first, last = metrics_of(evals[0]), metrics_of(evals[-1])
     out: dict[str, Any] = {}
-    d0, d1 = _num(first.get("loss")), _num(last.get("loss"))
+    d0, d1 = num(first.get("loss")), num(last.get("loss"))
     main = main_metric(rec.config)
     gain = 0.0
     if main.fraction and main.key in first and main.key in last:
-        p0, p1 = _num(first[main.key]), _num(last[main.key])
+        p0, p1 = num(first[main.key]), num(last[main.key])
         n = max(int(evals[-1].get("examples") or 0), 1)
         se = math.sqrt(max(p0 * (1 - p0), 1 / n) / n + max(p1 * (1 - p1), 1 / n) / n)
         ev.update(dev_metric=main.key, dev_metric_start=p0, dev_metric_end=p1,
@@ -290,7 +291,7 @@ def _flat_advice(rec: RunRecord, lr: float) -> str:
         share = float((plus[both] == minus[both]).mean()) if both.any() else 0.0
         if share >= EQUAL_LOSSES:
             return (f"check eps: the two perturbed losses were equal in {share:.0%} of steps "
-                    f"(eps={short_number(_num(cfg.get('eps')))}, amp={cfg.get('amp', 'off')}: "
+                    f"(eps={short_number(num(cfg.get('eps')))}, amp={cfg.get('amp', 'off')}: "
                     "the perturbation is lost in rounding)")
     if not lr > 0:
         return "lr is 0: nothing changes; set lr > 0"
@@ -299,10 +300,3 @@ def _flat_advice(rec: RunRecord, lr: float) -> str:
 
 def _pct(log_or_frac: float) -> str:
     return f"{log_or_frac:+.0%}" if abs(log_or_frac) >= 0.01 else f"{log_or_frac:+.1%}"
-
-
-def _num(x: Any) -> float:
-    try:
-        return math.nan if x is None else float(x)
-    except (TypeError, ValueError):
-        return math.nan

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 from workbench.telemetry.record import RunRecord
 from workbench.telemetry.steady import warmup_count
+from workbench.telemetry.values import num
 
 #: Ratios closer to 1 than this are within noise, however steady the steps.
 FLOOR = 0.02
@@ -63,7 +64,7 @@ def other_cpu(samples: Sequence[dict[str, Any]]) -> float:
     """Mean host CPU (%) taken by other processes over ``samples``; NaN without both keys."""
     vals = []
     for s in samples:
-        host, mine = _num(s.get("host cpu (%)")), _num(s.get("process cpu (%)"))
+        host, mine = num(s.get("host cpu (%)")), num(s.get("process cpu (%)"))
         if math.isfinite(host) and math.isfinite(mine):
             vals.append(max(host - mine, 0.0))
     return statistics.fmean(vals) if vals else math.nan
@@ -71,11 +72,11 @@ def other_cpu(samples: Sequence[dict[str, Any]]) -> float:
 
 def margin(a: dict[str, Any], b: dict[str, Any]) -> float:
     """Relative difference under which two runs' speeds (``noise`` dicts) are not told apart."""
-    if any(_num(x.get("steady_steps")) < MIN_STEADY for x in (a, b)):
+    if any(num(x.get("steady_steps")) < MIN_STEADY for x in (a, b)):
         return math.inf
     m = FLOOR
     for x in (a, b):
-        spread, busy = _num(x.get("step_spread")), _num(x.get("other_cpu_pct"))
+        spread, busy = num(x.get("step_spread")), num(x.get("other_cpu_pct"))
         if math.isfinite(spread):
             m = max(m, spread)
         if math.isfinite(busy) and busy >= BUSY:
@@ -108,24 +109,17 @@ def describe(n: dict[str, Any]) -> str:
     """One line: "step spread 8% (IQR/median, 18 steady steps); other processes 31% of host
     CPU; load 1.2 -> 2.0; torch threads 1"."""
     parts = []
-    spread = _num(n.get("step_spread"))
+    spread = num(n.get("step_spread"))
     if math.isfinite(spread):
         parts.append(f"step spread {spread:.0%} (IQR/median, {n.get('steady_steps')} steady "
                      "steps)")
-    busy = _num(n.get("other_cpu_pct"))
+    busy = num(n.get("other_cpu_pct"))
     if math.isfinite(busy):
         parts.append(f"other processes {busy:.0f}% of host CPU"
                      + (" (busy host)" if busy >= BUSY else ""))
-    lo, hi = _num(n.get("load_start")), _num(n.get("load_end"))
+    lo, hi = num(n.get("load_start")), num(n.get("load_end"))
     if math.isfinite(lo):
         parts.append(f"load {lo:.1f}" + (f" -> {hi:.1f}" if math.isfinite(hi) else ""))
     if n.get("threads"):
         parts.append(f"torch threads {n['threads']}")
     return "; ".join(parts) or "no timing data"
-
-
-def _num(x: Any) -> float:
-    try:
-        return math.nan if x is None else float(x)
-    except (TypeError, ValueError):
-        return math.nan

@@ -27,6 +27,7 @@ from workbench.telemetry.evals import BY_KEY, main_metric, metrics_of
 from workbench.telemetry.health import DEV_MOVE, health
 from workbench.telemetry.record import RunRecord
 from workbench.telemetry.steady import throughput
+from workbench.telemetry.values import num
 
 SPEED, LOSS = "tokens_per_s", "loss"
 
@@ -43,10 +44,10 @@ class RankBy:
     def value(self, m: dict[str, Any]) -> float:
         """The ranked number of a run's ``measured`` dict (NaN when it has none)."""
         if self.key == SPEED:
-            return _num(m.get("tokens_per_s"))
+            return num(m.get("tokens_per_s"))
         if self.key == LOSS:
-            return _num(m.get("final_loss"))
-        return _num((m.get("dev") or {}).get(self.key[4:]))
+            return num(m.get("final_loss"))
+        return num((m.get("dev") or {}).get(self.key[4:]))
 
     def own_column(self, main_key: str) -> bool:
         """Whether a table needs a column for this metric: a dev metric other than the
@@ -61,8 +62,8 @@ class RankBy:
         if self.key == SPEED:
             return a > 0 and noise.within(b / a, best.get("noise") or {}, other.get("noise") or {})
         if self.key == LOSS:
-            se = math.hypot(_num(best.get("final_loss_se"), 0.0),
-                            _num(other.get("final_loss_se"), 0.0))
+            se = math.hypot(num(best.get("final_loss_se"), 0.0),
+                            num(other.get("final_loss_se"), 0.0))
             return abs(a - b) <= 2 * se
         metric = BY_KEY[self.key[4:]]
         if metric.fraction:
@@ -104,7 +105,7 @@ def ranked(items: Sequence[Any], by: RankBy, measured=lambda x: x) -> list[Any]:
     without the metric last; ties broken by tokens/s."""
     def key(item):
         m = measured(item)
-        v, speed = by.value(m), _num(m.get("tokens_per_s"))
+        v, speed = by.value(m), num(m.get("tokens_per_s"))
         sign = -1 if by.higher else 1
         return (not math.isfinite(v), sign * v if math.isfinite(v) else 0.0,
                 -speed if math.isfinite(speed) else 0.0)
@@ -138,10 +139,3 @@ def _clean(v: Any) -> Any:
     if isinstance(v, dict):
         return {k: _clean(x) for k, x in v.items()}
     return None if isinstance(v, float) and not math.isfinite(v) else v
-
-
-def _num(v: Any, default: float = math.nan) -> float:
-    try:
-        return default if v is None else float(v)
-    except (TypeError, ValueError):
-        return default

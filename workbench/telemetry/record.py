@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.engine.events import OpEvent
+from workbench.telemetry.values import json_safe
 
 EVENT_FIELDS = [f.name for f in fields(OpEvent)]
 
@@ -67,7 +68,7 @@ class RunRecord:
     def run_json(self) -> dict[str, Any]:
         return {"config": self.config, "environment": self.environment, "steps": self.steps,
                 "evals": self.evals, "summary": self.summary, "info": self.info,
-                "param_digest": self.param_digest, "param_norm": _finite(self.param_norm),
+                "param_digest": self.param_digest, "param_norm": json_safe(self.param_norm),
                 "status": self.status, "error": self.error, "base_digest": self.base_digest}
 
     def save(self, run_dir: str | Path, on_error=None) -> Path:
@@ -83,7 +84,7 @@ class RunRecord:
         columns = {k: [getattr(e, k) for e in snap.events] for k in EVENT_FIELDS}
         keys = sorted({k for s in snap.samples for k in s})
         for name, blob in (("events.json.gz", {"events": columns, "step_ops": snap.step_ops}),
-                           ("samples.json.gz", {k: [_finite(s.get(k, math.nan))
+                           ("samples.json.gz", {k: [json_safe(s.get(k, math.nan))
                                                     for s in snap.samples] for k in keys})):
             try:
                 _write_gz(run_dir / name, blob)
@@ -174,17 +175,6 @@ def _read(path: Path, parse):
                           f"{str(e).splitlines()[0] if str(e) else 'no detail'})") from None
 
 
-def _finite(x: Any) -> Any:
-    """JSON has no NaN: store None (in containers too)."""
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
-    return x
-
-
 def _nan(x: Any) -> float:
     return math.nan if x is None else float(x)
 
@@ -192,7 +182,7 @@ def _nan(x: Any) -> float:
 def write_json(path: Path, obj: Any) -> None:
     """Replace ``path`` atomically: a temp file, fsync, rename. Non-finite numbers become null.
     Readers see the old file or the new one, never a torn one; a failed write leaves no temp."""
-    text = json.dumps(_finite(obj), indent=1, default=_json_default, allow_nan=False)
+    text = json.dumps(json_safe(obj), indent=1, default=_json_default, allow_nan=False)
     _atomic(path, lambda fh: fh.write(text.encode("utf-8")))
 
 
@@ -216,12 +206,12 @@ def _atomic(path: Path, write) -> None:
 
 def _json_default(o: Any) -> Any:
     if hasattr(o, "__dataclass_fields__"):
-        return _finite(asdict(o))
+        return json_safe(asdict(o))
     return str(o)
 
 
 def _write_gz(path: Path, obj: Any) -> None:
-    text = json.dumps(_finite(obj), separators=(",", ":"), default=_json_default)
+    text = json.dumps(json_safe(obj), separators=(",", ":"), default=_json_default)
     _atomic(path, lambda fh: fh.write(gzip.compress(text.encode("utf-8"), compresslevel=6)))
 
 

@@ -14,6 +14,8 @@ from typing import Any, Callable
 
 import psutil
 
+from workbench.telemetry.values import num
+
 log = logging.getLogger(__name__)
 
 NAN = float("nan")
@@ -159,12 +161,12 @@ class Sampler:
         t0 = self.t0 if self.t0 is not None else time.perf_counter()
         s: dict[str, float] = {"t (s)": time.perf_counter() - t0}
         s.update(self._gpu() if self._handle is not None else dict.fromkeys(GPU_KEYS, NAN))
-        s["host cpu (%)"] = _num(lambda: psutil.cpu_percent(interval=None))
+        s["host cpu (%)"] = _reading(lambda: psutil.cpu_percent(interval=None))
         # psutil counts a process's cores (2 busy cores = 200%); shared over the host's
-        s["process cpu (%)"] = _num(lambda: self._process.cpu_percent(interval=None)
+        s["process cpu (%)"] = _reading(lambda: self._process.cpu_percent(interval=None)
                                     / (psutil.cpu_count() or 1))
-        s["host ram used (bytes)"] = _num(lambda: psutil.virtual_memory().used)
-        s["process rss (bytes)"] = _num(lambda: self._process.memory_info().rss)
+        s["host ram used (bytes)"] = _reading(lambda: psutil.virtual_memory().used)
+        s["process rss (bytes)"] = _reading(lambda: self._process.memory_info().rss)
         return s
 
     def static_info(self) -> dict[str, object]:
@@ -188,7 +190,7 @@ class Sampler:
                 "pcie width": _try(lambda: nv.nvmlDeviceGetCurrPcieLinkWidth(h)),
                 "pcie max gen": _try(lambda: nv.nvmlDeviceGetMaxPcieLinkGeneration(h)),
                 "pcie max width": _try(lambda: nv.nvmlDeviceGetMaxPcieLinkWidth(h)),
-                "gpu mem total (bytes)": _num(lambda: nv.nvmlDeviceGetMemoryInfo(h).total),
+                "gpu mem total (bytes)": _reading(lambda: nv.nvmlDeviceGetMemoryInfo(h).total),
             }
             info["pcie peak (bytes/s)"] = pcie_peak_bytes_per_s(info["pcie max gen"],
                                                                 info["pcie max width"])
@@ -202,18 +204,18 @@ class Sampler:
         nv, h = self._nvml, self._handle
         rx_total, tx_total = self._pcie_counters()
         return {
-            "gpu util (%)": _num(lambda: nv.nvmlDeviceGetUtilizationRates(h).gpu),
-            "gpu mem used (bytes)": _num(lambda: nv.nvmlDeviceGetMemoryInfo(h).used),
+            "gpu util (%)": _reading(lambda: nv.nvmlDeviceGetUtilizationRates(h).gpu),
+            "gpu mem used (bytes)": _reading(lambda: nv.nvmlDeviceGetMemoryInfo(h).used),
             # RX = received by the GPU, i.e. host->GPU. NVML reports KB/s averaged over a 20 ms
             # window, and each call blocks for that window, so these two cost ~40 ms per sample.
-            "pcie rx (bytes/s)": _num(lambda: nv.nvmlDeviceGetPcieThroughput(
+            "pcie rx (bytes/s)": _reading(lambda: nv.nvmlDeviceGetPcieThroughput(
                 h, nv.NVML_PCIE_UTIL_RX_BYTES) * 1024),
-            "pcie tx (bytes/s)": _num(lambda: nv.nvmlDeviceGetPcieThroughput(
+            "pcie tx (bytes/s)": _reading(lambda: nv.nvmlDeviceGetPcieThroughput(
                 h, nv.NVML_PCIE_UTIL_TX_BYTES) * 1024),
             "pcie rx total (bytes)": rx_total,
             "pcie tx total (bytes)": tx_total,
-            "power (W)": _num(lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000.0),  # NVML gives mW
-            "sm clock (MHz)": _num(lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
+            "power (W)": _reading(lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000.0),  # NVML gives mW
+            "sm clock (MHz)": _reading(lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
         }
 
     def _pcie_counters(self) -> tuple[float, float]:
@@ -280,7 +282,7 @@ def gpu_memory_used(device_index: int = 0, nvml_module: Any = None) -> float:
     if s._open_nvml() != "ok":
         return NAN
     try:
-        return _num(lambda: s._nvml.nvmlDeviceGetMemoryInfo(s._handle).used)
+        return _reading(lambda: s._nvml.nvmlDeviceGetMemoryInfo(s._handle).used)
     finally:
         s._close_nvml()
 
@@ -293,6 +295,6 @@ def _try(fn: Callable[[], Any], default: Any = None) -> Any:
         return default
 
 
-def _num(fn: Callable[[], Any]) -> float:
-    """``float(fn())``, or NaN if the call fails."""
-    return _try(lambda: float(fn()), NAN)
+def _reading(fn: Callable[[], Any]) -> float:
+    """``fn()`` as a number (``values.num``), NaN if the call fails."""
+    return num(_try(fn, None))

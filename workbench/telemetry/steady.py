@@ -19,6 +19,8 @@ import math
 import statistics
 from typing import Any, Sequence
 
+from workbench.telemetry.values import finite
+
 SETTLE = 1.5  # a step within 1.5x of the median step has settled
 #: What every table of these figures says under it.
 STEADY_NOTE = ("tokens/s and step time are over steady steps: the first step, and any before "
@@ -45,7 +47,7 @@ def throughput(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
         ``wall_tokens_per_s`` over all steps, ``warmup_steps`` (leading steps left out) and
         ``steady_steps``; NaN where there are no timed steps.
     """
-    rows = [s for s in steps if _finite(s.get("seconds")) and s["seconds"] > 0]
+    rows = [s for s in steps if finite(s.get("seconds")) and s["seconds"] > 0]
     seconds = [float(s["seconds"]) for s in rows]
     warm = warmup_count(seconds)
     steady = rows[warm:]
@@ -61,7 +63,3 @@ def throughput(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def _rate(rows: Sequence[dict[str, Any]]) -> float:
     seconds = sum(float(s["seconds"]) for s in rows)
     return sum(float(s.get("tokens") or 0) for s in rows) / seconds if seconds > 0 else math.nan
-
-
-def _finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

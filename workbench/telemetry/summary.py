@@ -19,6 +19,7 @@ from workbench.telemetry.evals import eval_rows, metrics_of
 from workbench.telemetry.health import Health, health
 from workbench.telemetry.record import RunRecord
 from workbench.telemetry.steady import STEADY_NOTE, throughput
+from workbench.telemetry.values import finite, num
 
 MB = 1e6
 #: Hex digits of ``param_digest`` shown when runs sit side by side (the full 64 made every
@@ -42,26 +43,26 @@ def summary_metrics(rec: RunRecord) -> dict[str, Any]:
     """
     s, steps = rec.summary, rec.steps
     speed = throughput(steps)
-    tail = [_num(r.get("loss")) for r in steps[-max(1, len(steps) // 10):]]
+    tail = [num(r.get("loss")) for r in steps[-max(1, len(steps) // 10):]]
     tail = [x for x in tail if math.isfinite(x)]
     n = max(len(steps), 1)
-    peak = _num(s.get("peak_gpu_mem_bytes"))
+    peak = num(s.get("peak_gpu_mem_bytes"))
     if not peak > 0:  # CPU run or no summary: the allocator's per-step peak, then NVML
-        base = _num(rec.environment.get("torch allocated before run (bytes)"), 0.0)
-        peak = max((_num(r.get("mem_peak"), 0.0) - base for r in steps), default=0.0)
+        base = num(rec.environment.get("torch allocated before run (bytes)"), 0.0)
+        peak = max((num(r.get("mem_peak"), 0.0) - base for r in steps), default=0.0)
     if not peak > 0:
-        base = _num(rec.environment.get("gpu mem used before run (bytes)"), 0.0)
-        used = [_num(x.get("gpu mem used (bytes)")) - base for x in rec.samples]
+        base = num(rec.environment.get("gpu mem used before run (bytes)"), 0.0)
+        used = [num(x.get("gpu mem used (bytes)")) - base for x in rec.samples]
         peak = max((v for v in used if math.isfinite(v)), default=math.nan)
     saved = s.get("health")
     out = {
         **{k: s.get(k, v) for k, v in speed.items() if k != "steady_steps"},
         "peak_gpu_mem_bytes": peak,
-        "bytes_h2d": s.get("bytes_h2d", sum(_num(r.get("bytes_h2d"), 0.0) for r in steps) / n),
-        "bytes_d2h": s.get("bytes_d2h", sum(_num(r.get("bytes_d2h"), 0.0) for r in steps) / n),
+        "bytes_h2d": s.get("bytes_h2d", sum(num(r.get("bytes_h2d"), 0.0) for r in steps) / n),
+        "bytes_d2h": s.get("bytes_d2h", sum(num(r.get("bytes_d2h"), 0.0) for r in steps) / n),
         "final_loss": s.get("final_loss", sum(tail) / len(tail) if tail else math.nan),
     }
-    out = {k: _num(v) if k != "warmup_steps" else v for k, v in out.items()}
+    out = {k: num(v) if k != "warmup_steps" else v for k, v in out.items()}
     out.update(dev={w: metrics_of(rec.evals[i]) if rec.evals else {}
                     for w, i in (("start", 0), ("end", -1))},
                steps=len(steps), status=rec.status, param_digest=rec.param_digest,
@@ -119,7 +120,7 @@ def table(recs: Sequence[RunRecord], digest_chars: int = DIGEST_CHARS
         for i, m in enumerate(metrics):
             v = get(m)
             text = fmt_value(v, fmt)
-            if i and ratio and text != "-" and _finite(v) and _finite(base) and base > 0:
+            if i and ratio and text != "-" and finite(v) and finite(base) and base > 0:
                 text += (f" ({noise_mod.ratio_text(v / base, metrics[0]['noise'], m['noise'])})"
                          if ratio == "speed" else f" ({v / base:.2f}x)")
             if label == "param_digest" and len(text) > digest_chars:
@@ -181,21 +182,10 @@ def fmt_value(v: Any, fmt: str | None = None) -> str:
     """A cell: "-" for missing or non-finite, ``fmt`` for numbers, else plain text."""
     if v is None or isinstance(v, float) and not math.isfinite(v):
         return "-"
-    if fmt is not None and _finite(v):
+    if fmt is not None and finite(v):
         return fmt.format(v)
     if isinstance(v, float):
         return f"{v:.6g}"
     if isinstance(v, int) and not isinstance(v, bool):
         return f"{v:,}"
     return str(v)
-
-
-def _finite(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _num(v: Any, default: float = math.nan) -> float:
-    try:
-        return default if v is None else float(v)
-    except (TypeError, ValueError):
-        return default

@@ -29,6 +29,7 @@ from typing import Any, Iterable, Sequence
 
 from workbench.engine.events import OpEvent
 from workbench.telemetry.record import RunRecord
+from workbench.telemetry.values import num
 
 #: Steps read (the latest that have events): the current state, cheap enough for every refresh.
 LAST_STEPS = 10
@@ -95,7 +96,7 @@ def verdict(rec: RunRecord, last: int = LAST_STEPS) -> Verdict:
     t0, t1 = min(e.start for e in events), max(e.end for e in events)
     # The steps' own durations, where recorded, include the trailing gap after their last
     # operation; the events' span would leave it out.
-    secs = [_num(r.get("seconds")) for r in rec.steps if r.get("step") in keep]
+    secs = [num(r.get("seconds")) for r in rec.steps if r.get("step") in keep]
     window = sum(secs) if len(secs) == len(read) and all(x > 0 for x in secs) else t1 - t0
     if not window > 0:
         return Verdict("unknown", "no verdict: the steps' events span no time")
@@ -105,7 +106,7 @@ def verdict(rec: RunRecord, last: int = LAST_STEPS) -> Verdict:
     busy = {s: min(union_seconds(by_stream.get(s, ())) / window, 1.0) for s in STEP_STREAMS}
     busy["any"] = min(union_seconds(events) / window, 1.0)
     rates = {s: _rate(by_stream.get(s, ())) for s in TRANSFER_STREAMS}
-    link = _num(rec.environment.get("pcie peak (bytes/s)")) / GB
+    link = num(rec.environment.get("pcie peak (bytes/s)")) / GB
     gpu_util = _mean(rec.samples, "gpu util (%)", t0, t1)
     host_cpu = _mean(rec.samples, "host cpu (%)", t0, t1)
     nvml_link = max(_mean(rec.samples, "pcie rx (bytes/s)", t0, t1),
@@ -202,18 +203,11 @@ def _mean(samples: Sequence[dict[str, Any]], key: str, t0: float, t1: float) -> 
     hour at 20 Hz is 72,000 samples."""
     lo = bisect.bisect_left(samples, t0, key=_t)
     hi = bisect.bisect_right(samples, t1, key=_t)
-    vals = [_num(s.get(key)) for s in samples[lo:hi]]
+    vals = [num(s.get(key)) for s in samples[lo:hi]]
     vals = [v for v in vals if math.isfinite(v)]
     return statistics.fmean(vals) if vals else math.nan
 
 
 def _t(sample: dict[str, Any]) -> float:
-    t = _num(sample.get("t (s)"))
+    t = num(sample.get("t (s)"))
     return t if math.isfinite(t) else -math.inf  # an untimed sample sorts first, unread
-
-
-def _num(v: Any) -> float:
-    try:
-        return math.nan if v is None else float(v)
-    except (TypeError, ValueError):
-        return math.nan

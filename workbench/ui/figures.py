@@ -16,7 +16,6 @@ builders.
 """
 from __future__ import annotations
 
-import functools
 import math
 import zlib
 from typing import Any, Sequence
@@ -25,9 +24,6 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
-from workbench.config import ConfigError, RunConfig
-from workbench.plan.planner import plan
-from workbench.telemetry.advice import run_config
 from workbench.telemetry import noise
 from workbench.telemetry.naming import run_labels  # noqa: F401  (views import it from here)
 from workbench.telemetry.record import RunRecord
@@ -367,18 +363,9 @@ def _level(p: Panel, rec: RunRecord, value: float, name: str, hover: str, what: 
 
 
 def planned_pinned_bytes(rec: RunRecord) -> float:
-    """Page-locked host memory of the run as the planner counts it (bytes; 0 on a CPU run or
-    when its settings no longer plan)."""
-    try:
-        return _pinned(run_config(rec))
-    except (ConfigError, OSError, KeyError, ValueError):
-        return 0.0
-
-
-@functools.lru_cache(maxsize=64)
-def _pinned(cfg: RunConfig) -> float:
-    """Cached: the live view asks on every refresh and the answer depends on the config only."""
-    return float(plan(cfg).pinned_host_bytes) if cfg.device == "cuda" else 0.0
+    """Page-locked host memory of the run as the planner counted it when the run started
+    (bytes, ``info["plan"]`` of its record; 0 on a CPU run or a record without a plan)."""
+    return num((rec.info.get("plan") or {}).get("pinned_host_bytes"), 0.0)
 
 
 def _throughput_panel(rec: RunRecord) -> Panel:

@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping
 import ipywidgets as widgets
 
 from workbench.config import (PEFT_METHODS, STREAMING_METHODS, ConfigError, RunConfig,
-                              check_environment, knob_info)
+                              check_environment, knob_info, range_text)
 from workbench.recipes.train import TrainRecipe
 from workbench.ui.dashboard import Dashboard
 
@@ -62,7 +62,7 @@ def make_control(name: str, value: Any) -> widgets.ValueWidget:
     """
     info = knob_info(name)
     t, lo, hi = info["type"], info.get("lo"), info.get("hi")
-    rng = f" [{lo:g}, {hi:g}]" if lo is not None and hi is not None else ""
+    rng = f" {range_text(info)}" if lo is not None and hi is not None else ""
     unit = f" {info['unit']}" if info.get("unit") else ""
     live = " (live: changeable during a run)" if info.get("live") else ""
     common = dict(description=name, tooltip=f"{info['help']}{rng}{unit}{live}",
@@ -372,7 +372,11 @@ def _load_planner() -> Callable[[RunConfig], Any] | None:
         log.exception("workbench.plan.planner failed to import; predictions are off")
         return None
     plan = getattr(module, "plan", None)
-    return plan if callable(plan) else None
+    if not callable(plan):
+        return None
+    from workbench.models.shape import shape_of  # any model: its shape counted where needed
+
+    return lambda cfg: plan(cfg, shape=shape_of(cfg.model))
 
 
 def _prediction_html(plan: Callable[[RunConfig], Any] | None, cfg: RunConfig) -> str:

@@ -8,11 +8,8 @@ page head; every figure after that is a ``<div>`` plus a ``Plotly.newPlot`` call
 """
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import html
-import math
-import sys
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -27,6 +24,7 @@ from workbench.telemetry.record import RunRecord
 from workbench.telemetry.summary import (DIGEST_CHARS, MB, fmt_value, summary_metrics,  # noqa: F401
                                          table)
 from workbench.telemetry.steady import STEADY_NOTE
+from workbench.telemetry.values import finite
 from workbench.telemetry.verdict import verdict
 from workbench.ui import figures
 
@@ -147,8 +145,8 @@ def story_html(recs: Sequence[RunRecord], labels: Sequence[str]) -> str:
                  f"{html.escape(h.state)}</span>")
         why = html.escape(h.text.split(": ", 1)[1] if ": " in h.text else "")
         next_ = f" <i>Next:</i> {html.escape(h.advice)}." if h.advice else ""
-        speed = f"{m['tokens_per_s']:,.0f} tokens/s steady" if _finite(m["tokens_per_s"]) else ""
-        if speed and i and _finite(metrics[0]["tokens_per_s"]) and metrics[0]["tokens_per_s"] > 0:
+        speed = f"{m['tokens_per_s']:,.0f} tokens/s steady" if finite(m["tokens_per_s"]) else ""
+        if speed and i and finite(metrics[0]["tokens_per_s"]) and metrics[0]["tokens_per_s"] > 0:
             ratio = m["tokens_per_s"] / metrics[0]["tokens_per_s"]
             a, b = metrics[0]["noise"], m["noise"]
             within = noise.within(ratio, a, b)
@@ -156,7 +154,7 @@ def story_html(recs: Sequence[RunRecord], labels: Sequence[str]) -> str:
                       + (f", {noise.within_text(a, b)}" if within else "") + ")")
         timing = noise.describe(m["noise"])
         peak = m["peak_gpu_mem_bytes"]
-        memory = (f"peak GPU memory {peak / MB:,.1f} MB" if _finite(peak) and peak > 0
+        memory = (f"peak GPU memory {peak / MB:,.1f} MB" if finite(peak) and peak > 0
                   else "no GPU memory (CPU run)")
         lines = [f"<b>{html.escape(label)}</b>: {state} {why}.{next_}",
                  "; ".join(x for x in (speed, memory) if x)
@@ -189,16 +187,6 @@ def settings_html(recs: Sequence[RunRecord]) -> str:
             + _folded(f"the {len(same)} settings every run shares", rest))
 
 
-def why_html(recs: Sequence[RunRecord], labels: bool = True) -> str:
-    """Each run's bottleneck verdict and the planner's best next knob, one line per run."""
-    items = []
-    for rec, label in zip(recs, run_labels(recs)):
-        who = f"{html.escape(label)}: " if labels else ""
-        items.append(f"<li>{who}<b>{html.escape(verdict(rec).text)}</b> · next knob: "
-                     f"{html.escape(next_knob(rec).text)}</li>")
-    return f"<ul class=why>{''.join(items)}</ul>"
-
-
 def stream_note(rec: RunRecord) -> str:
     """How an adapter run's frozen base moved, from its record ('' for other runs): a streamed
     method with ``peft=lora`` sends the base host -> GPU only; the bytes are the ones counted."""
@@ -208,9 +196,9 @@ def stream_note(rec: RunRecord) -> str:
     m = summary_metrics(rec)
     up, down = m["bytes_h2d"], m["bytes_d2h"]
     codec = cfg.get("base_codec", "fp32")
-    if _finite(down) and down > 0:  # never expected: say what was counted, claim nothing
+    if finite(down) and down > 0:  # never expected: say what was counted, claim nothing
         return f"adapter run with base_codec {codec}: {down / MB:,.2f} MB per step went D2H"
-    moved = f", {up / MB:,.2f} MB up per step, none down" if _finite(up) else ""
+    moved = f", {up / MB:,.2f} MB up per step, none down" if finite(up) else ""
     base = f"; base_digest {rec.base_digest}" if rec.base_digest else ""
     return (f"frozen stream: H2D only (base_codec {codec}{moved}; adapters stay on the "
             f"device){base}")
@@ -259,28 +247,3 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 def _cell(text: str) -> str:
     numeric = text[:1].isdigit() or text[:1] == "-" and text[1:2].isdigit()
     return f"<td{' class=num' if numeric else ''}>{html.escape(text)}</td>"
-
-
-def _finite(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m workbench.ui.report RUN_DIR ... -o report.html``; prints the file's path."""
-    p = argparse.ArgumentParser(prog="python -m workbench report",
-                                description="Write a self-contained HTML report of saved runs.")
-    p.add_argument("run_dirs", nargs="+", help="run directories (each holds run.json)")
-    p.add_argument("-o", "--out", default="report.html", help="HTML file to write")
-    p.add_argument("--title", default="zo-workbench report")
-    args = p.parse_args(argv)
-    try:
-        path = write_report(args.run_dirs, args.out, args.title)
-    except FileNotFoundError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(path.resolve())
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

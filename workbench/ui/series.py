@@ -7,22 +7,15 @@ browser and its peaks survive.
 """
 from __future__ import annotations
 
-import math
 import threading
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from workbench.telemetry.values import num  # noqa: F401  (the views import it from here)
+
 MAX_POINTS = 2000
-
-
-def num(v: Any, default: float = math.nan) -> float:
-    """A float, or ``default`` for None / text (JSON stores NaN as null)."""
-    try:
-        return default if v is None else float(v)
-    except (TypeError, ValueError):
-        return default
 
 
 _shared = threading.local()  # columns already read, while a dashboard is being built

@@ -23,7 +23,7 @@ import ipywidgets as widgets
 
 from workbench.config import ConfigError, RunConfig, knob_info
 from workbench.engine.events import StepEvent
-from workbench.plan.planner import preset_of
+from workbench.models.shape import shape_of
 from workbench.recipes.sweep import Point, Sweep
 from workbench.ui import figures
 from workbench.ui.fit import figure_widget
@@ -83,7 +83,7 @@ class SweepPanel:
         self.tune_result: Any = None
         self._stop_early = False  # Stop pressed before Tune's trials exist
         start = self._base_config()
-        layers = preset_of(start.model).num_layers
+        layers = shape_of(start.model).num_layers
         self.selectors = {k: make_selector(k, getattr(start, k), layers) for k in knobs}
         for ctl in self.selectors.values():
             ctl.observe(lambda _: self._preview(), names="value")

@@ -19,14 +19,8 @@ from workbench.telemetry import noise, ranking
 from workbench.telemetry.evals import main_metric
 from workbench.telemetry.naming import value_text
 from workbench.telemetry.record import RunRecord
+from workbench.telemetry.values import num
 from workbench.ui.report import write_report
-
-
-def _num(v: Any) -> float:
-    try:
-        return math.nan if v is None else float(v)
-    except (TypeError, ValueError):
-        return math.nan
 
 
 def _cell(v: float, fmt: str) -> str:
@@ -63,9 +57,9 @@ def sweep_table_html(points: Sequence[dict[str, Any]], predicted_vs_measured: bo
             "vs first"]
     rows = ranked(points, rank)
     done = [p for p in rows if p["status"] in FINISHED]
-    fastest = max((p["measured"] for p in done), key=lambda m: _num(m.get("tokens_per_s")),
+    fastest = max((p["measured"] for p in done), key=lambda m: num(m.get("tokens_per_s")),
                   default={})
-    best = _num(fastest.get("tokens_per_s"))
+    best = num(fastest.get("tokens_per_s"))
     body = []
     for i, p in enumerate(rows, start=1):
         m, pred = p["measured"], p["predicted"]
@@ -73,16 +67,16 @@ def sweep_table_html(points: Sequence[dict[str, Any]], predicted_vs_measured: bo
                  *(html.escape(_text(p["changes"].get(k, ""))) for k in knobs),
                  html.escape(p["status"])]
         if p["status"] in FINISHED:
-            tps, peak = _num(m.get("tokens_per_s")), _num(m.get("peak_gpu_mem_bytes"))
+            tps, peak = num(m.get("tokens_per_s")), num(m.get("peak_gpu_mem_bytes"))
             ratio = ""  # to the fastest, "within noise" where the step spreads cover it
             if best > 0 and math.isfinite(tps) and m is fastest:
                 ratio = " (1.00x)"  # the fastest itself: no noise to weigh
             elif best > 0 and math.isfinite(tps):
                 ratio = " (" + noise.ratio_text(tps / best, fastest.get("noise") or {},
                                                 m.get("noise") or {}) + ")"
-            want = _num(pred.get("tokens_per_s"))
+            want = num(pred.get("tokens_per_s"))
             cells += [_cell(tps, "{:,.0f}") + html.escape(ratio),
-                      _cell(_num(m.get("step_seconds")), "{:.4f}"),
+                      _cell(num(m.get("step_seconds")), "{:.4f}"),
                       _cell(peak / 1e9 if peak > 0 else math.nan, "{:.2f}"),
                       _cell(want, "{:,.0f}")]
             if predicted_vs_measured:
@@ -91,7 +85,7 @@ def sweep_table_html(points: Sequence[dict[str, Any]], predicted_vs_measured: bo
                                            if main.key == "accuracy" else None)
             mark = ("best" if i == 1 else "within noise" if rank.within(done[0]["measured"], m)
                     else "")
-            cells += [_cell(_num(m.get("final_loss")), "{:.4f}"), _cell(_num(dev), main.fmt),
+            cells += [_cell(num(m.get("final_loss")), "{:.4f}"), _cell(num(dev), main.fmt),
                       *([_cell(rank.value(m), rank.fmt)] if own else []),
                       html.escape(str(m.get("health") or "-")),
                       f"<span title='{html.escape(m.get('verdict', ''))}'>"

@@ -20,8 +20,9 @@ import torch
 
 from workbench.engine import kernels
 from workbench.engine.rng import philox
+from workbench.plan.wire import FP8_CHUNK as CHUNK  # elements per fp8 scale
+from workbench.plan.wire import codec_bytes, fp8_scales_offset
 
-CHUNK = 256  # elements per fp8 scale
 FP8 = {"fp8-e4m3": (torch.float8_e4m3fn, 448.0), "fp8-e5m2": (torch.float8_e5m2, 57344.0)}
 HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
 SR_KEY = 0x53524E44  # second Philox key word of the rounding noise: apart from z's group ids
@@ -34,14 +35,10 @@ class Codec:
     name: str
 
     def _scales_offset(self, n: int) -> int:
-        return (n + 15) // 16 * 16  # fp8 bytes, padded so the fp32 scales are aligned
+        return fp8_scales_offset(n)  # fp8 bytes, padded so the fp32 scales are aligned
 
     def nbytes(self, n: int) -> int:
-        if self.name == "fp32":
-            return 4 * n
-        if self.name in HALF:
-            return 2 * n
-        return self._scales_offset(n) + 4 * ((n + CHUNK - 1) // CHUNK)
+        return codec_bytes(self.name, n)  # the cost model counts the same bytes
 
     def empty(self, n: int, device: torch.device | str, pin: bool = False) -> torch.Tensor:
         """An encoded buffer (uint8) for n elements."""

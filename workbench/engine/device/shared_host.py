@@ -1,4 +1,4 @@
-"""One host copy of the streamed blocks per node under data parallel (issue 21, part 3).
+"""One host copy of the streamed blocks per node under data parallel.
 
 Every rank applies the identical update to every block (same seed, same averaged losses), so
 the ranks of one host need one copy of the blocks' host storage between them, not one each.

@@ -2,7 +2,7 @@
 
 Each subgroup gives up to eight spans a step (``PER_SUBGROUP``). At 2 M parameters a subgroup
 opt-6.7b has 3,350 subgroups: ~27,000 spans a step, and with telemetry on the step took 3.4 s
-instead of 2.6 s (issue 41). Above ``SPAN_LIMIT`` subgroups ``PhaseTimer`` merges the spans of
+instead of 2.6 s. Above ``SPAN_LIMIT`` subgroups ``PhaseTimer`` merges the spans of
 each per-subgroup operation into one a step: from the first subgroup's start to the last one's
 end, its bytes the sum of theirs, its detail saying how many subgroups it covers (and, timed on
 the host clock, the sum of their own durations: ``busy``). Its block is ``PHASE``. Spans of

@@ -30,7 +30,7 @@ its buffers are allocated before it (at the largest size, once).
 The record (``fo_trial``) lists, per candidate, the model's predicted update phase (under the
 step's DMA where it was measured: ``plan/dma.py``) beside the one its step measured
 (``timeline.py``: end of backward to the last update work) and their relative error, so a run
-shows whether the prediction holds for every schedule tried (issue 41: within 15%).
+shows whether the prediction holds for every schedule tried (within ``WITHIN``).
 """
 from __future__ import annotations
 
@@ -183,7 +183,7 @@ def after_step(t: ScheduleTrial, m: "Proposals", seconds: float, update_s: float
     return nxt
 
 
-#: The prediction target of issue 41: the predicted update phase within 15% of the measured.
+#: The prediction target: the predicted update phase within 15% of the measured.
 WITHIN = 0.15
 
 

@@ -37,6 +37,7 @@ from workbench.engine.stream.transfer import HostCopy, Extra, Stream
 from workbench.engine.timing import OpTimer
 from workbench.engine.device.shared_host import NodeShare
 from workbench.plan.memory import SPARE_SLOTS
+from workbench.plan.wire import wire_kind
 
 
 class PlainTransfer:
@@ -348,10 +349,10 @@ def make_transfer(master: str, codec: str, device: torch.device, timer, ops: ZOO
                   share=None):
     """``share``: host storage shared by the ranks of a node (plain and SR transfers; the
     mirror's host thread updates a master of its own, ``distributed.from_env`` refuses it)."""
-    c = get_codec(codec)
-    if codec == "fp32":
+    c, kind = get_codec(codec), wire_kind(codec, master)  # the kind the cost model plans
+    if kind == "plain":
         return PlainTransfer(device, timer, ops, share)
-    if master in ("compressed", "compressed-sr"):
+    if kind == "sr":
         return SRTransfer(device, timer, ops, c, share, sr=master == "compressed-sr")
     if share is not None:
         raise ValueError("host_share: master=fp32 with a compressed codec keeps a host master "
