@@ -103,6 +103,11 @@ REPLAYED = {
     "queries": dict(method="zo-offload", queries=3, codec="bf16", resident_blocks=1),
     "one-sided-sr": dict(method="zo-offload", queries=2, estimator="one-sided", lr=1e-6,
                          master="compressed-sr", codec="bf16"),
+    # FZOO's Rademacher directions, regenerated as signs (through the mirror's delta too)
+    "fzoo": dict(method="mezo", queries=3, estimator="one-sided", directions="rademacher",
+                 lr=1e-6),
+    "fzoo-mirror": dict(method="zo-offload", queries=2, estimator="one-sided",
+                        directions="rademacher", lr=1e-6, codec="bf16", resident_blocks=1),
     # the sign rule through the mirror's delta (its rule from the run, not the log's rows)
     "sign": dict(method="zo-offload", zo_optimizer="sign", queries=2, lr=1e-4, codec="bf16",
                  resident_blocks=1),

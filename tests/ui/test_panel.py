@@ -274,6 +274,7 @@ def test_every_knob_of_a_fixed_set_of_values_is_a_dropdown_of_them():
     to the config until 2026-11-28): a typo reached the run; now each offers its values."""
     p = KnobPanel(method="zo-offload", model="tiny-llama")
     for name, values in (("estimator", ("central", "one-sided")),
+                         ("directions", ("gaussian", "rademacher")),
                          ("zo_optimizer", ("sgd", "sign", "momentum", "adam")),
                          ("slot_dtype", ("auto", "fp32", "compute"))):
         c = p.controls[name]

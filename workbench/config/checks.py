@@ -160,7 +160,9 @@ def _compute_slot_needs(cfg: Knobs) -> list[str]:
              f"zo_optimizer=sgd (this run has {cfg.zo_optimizer}: its update is not recorded)"
              if cfg.zo_optimizer != "sgd" else "",
              "peft=none (an adapter run's base has its own form: base_codec)"
-             if cfg.peft != "none" else ""]
+             if cfg.peft != "none" else "",
+             "directions=gaussian (the chain kernel draws normals)"
+             if cfg.directions != "gaussian" else ""]
     return [n for n in needs if n]
 
 

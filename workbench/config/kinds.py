@@ -19,6 +19,9 @@ Peft = Literal["none", "lora"]
 BaseCodec = Literal["fp32", "bf16", "fp16", "fp8-e4m3", "int8"]
 StopOn = Literal["never", "diverged"]
 Estimator = Literal["central", "one-sided"]
+#: the ZO directions z: standard normals (MeZO), or Rademacher signs +-1 (FZOO), the sign of
+#: the very normal drawn for the same element (``engine/zo/perturb.py``)
+Directions = Literal["gaussian", "rademacher"]
 ZOOptimizer = Literal["sgd", "sign", "momentum", "adam"]
 #: fo-offload's update stride: "auto", or k != 0 (``plan/placement.py::make_schedule``)
 Stride = Literal["auto"] | int
@@ -48,7 +51,8 @@ METHOD_KNOBS: dict[str, tuple[str, ...]] = {
                      "prefetch_depth", "block_slots", "host_share"), STREAMING_METHODS),
     **dict.fromkeys(("codec", "master"), (*STREAMING_METHODS, "mezo")),  # mezo: half weights
     "rng": ZO_METHODS,
-    **dict.fromkeys(("eps", "queries", "estimator", "zo_optimizer"), ("mezo", "zo-offload")),
+    **dict.fromkeys(("eps", "queries", "estimator", "zo_optimizer", "directions"),
+                    ("mezo", "zo-offload")),
     **dict.fromkeys(("subgroup_size", "update_stride", "gpu_resident_ratio", "update_threads",
                      "adam_state_dtype", "cpu_adamw"), ("fo-offload",)),
     **dict.fromkeys(("adam_beta1", "adam_beta2", "adam_eps"),
@@ -96,7 +100,8 @@ class ConfigError(ValueError):
 #: (estimator, zo_optimizer and slot_dtype did, until 2026-11-28).
 _TYPES = {"Method": Method, "Device": Device, "Amp": Amp, "Rng": Rng, "Codec": Codec,
           "Master": Master, "Objective": Objective, "Peft": Peft, "BaseCodec": BaseCodec,
-          "StopOn": StopOn, "Estimator": Estimator, "ZOOptimizer": ZOOptimizer, "Stride": Stride,
+          "StopOn": StopOn, "Estimator": Estimator, "Directions": Directions,
+          "ZOOptimizer": ZOOptimizer, "Stride": Stride,
           "AdamStateDtype": AdamStateDtype, "CpuAdamw": CpuAdamw, "Size": Size,
           "SlotDtype": SlotDtype, "int": int, "float": float, "str": str, "bool": bool}
 

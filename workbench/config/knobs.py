@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 from workbench.config.kinds import (STREAMING_METHODS, AdamStateDtype, Amp, BaseCodec, Codec,
-                                    CpuAdamw, Device, Estimator, Master, Method, Objective, Peft,
-                                    Rng, Size, SlotDtype, StopOn, Stride, ZOOptimizer,
-                                    default_data_dir, resolve_type)
+                                    CpuAdamw, Device, Directions, Estimator, Master, Method,
+                                    Objective, Peft, Rng, Size, SlotDtype, StopOn, Stride,
+                                    ZOOptimizer, default_data_dir, resolve_type)
 
 
 def _knob(default: Any, help: str, *, lo: float | None = None, hi: float | None = None,
@@ -64,6 +64,9 @@ class Knobs:
                                  "2 forward passes each; one-sided (L_j - L_0) / eps against one "
                                  "clean pass, the step divided by the spread of the q losses "
                                  "(FZOO; queries >= 2)", group="optim")
+    directions: Directions = _knob("gaussian", "ZO directions z: gaussian (MeZO) or rademacher "
+                                   "+-1 (FZOO; the sign of the same normal, so no fused "
+                                   "kernel: z is materialised per group)", group="optim")
     zo_optimizer: ZOOptimizer = _knob("sgd", "ZO update of the estimate d = sum_j c_j z_j: sgd "
                                       "w -= lr (d + wd w); sign w -= lr (sign(d) + wd w) "
                                       "(ZO-SGD-Sign); momentum m = momentum m + d, w -= lr (m + "

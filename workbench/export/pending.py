@@ -37,7 +37,8 @@ class PendingFlush:
     def __init__(self, pending: dict | None, config: dict[str, Any], names: list[str],
                  numels: list[int], n_decay: list[int], device: torch.device):
         self.device = device
-        self.ops = ZOOps(config.get("rng", "philox"), device)
+        self.ops = ZOOps(config.get("rng", "philox"), device,
+                         config.get("directions", "gaussian"))
         self.upd = pending_from_dict(pending, device)
         self.layouts = [GroupLayout(n, [], k, d) for n, k, d in zip(names, numels, n_decay)]
         n_blocks = len(names) - 2

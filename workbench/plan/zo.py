@@ -32,7 +32,7 @@ Memory (n = elements of one block, B rows, T = seq_len, D hidden).
     attention backend (scores + probabilities, dual). Prompt batches are planned at T = seq_len
     (an upper bound). Evaluation (max(B, 16) rows, one pass) counts towards the peak as it does
     in a run. Without the fused kernel z is materialised (4 B per element of a group + philox
-    temporaries); so is it for the sign rule's update, with the estimate beside it (8 B per
+    temporaries; directions=rademacher always, its signs taken in place); so is it for the sign rule's update, with the estimate beside it (8 B per
     element of the largest group). codec with master=compressed-sr: the stochastic rounding is
     one fused kernel with nothing extra (its torch path, without Triton: about 23 B per block
     element beside compute); the mirror transfer, a 4 B delta per element. ZO activation memory
@@ -162,10 +162,12 @@ def _stream(cfg: RunConfig, p: Preset, prof: dict) -> Stream:
     fused = cfg.rng == "philox" and cuda and bool(prof.get("fused_kernel"))
     pr = prof["perturb_fused_per_s" if fused else
               "perturb_torch_per_s" if cfg.rng == "torch" else "perturb_philox_torch_per_s"]
-    if fused and weight_bytes(cfg) == 2:  # half weights: torch ops on the kernel's normals
-        pr = prof["perturb_torch_per_s"]  # (``engine/zo/half.py``), planned at torch's rate
-    z = (lambda k: 0) if fused else (  # z materialised, + philox's int64 chunk temporaries
-        lambda k: 4 * k + (0 if cfg.rng == "torch" else 80 * min((k + 3) // 4, 1 << 22)))
+    signs = cfg.directions == "rademacher"  # the kernel's normals signed, then torch ops
+    if fused and (weight_bytes(cfg) == 2 or signs):  # half weights: torch ops on the kernel's
+        pr = prof["perturb_torch_per_s"]  # normals (``engine/zo/half.py``), at torch's rate
+    z = (lambda k: 0) if fused and not signs else (  # z materialised (+ philox's int64 chunk
+        lambda k: 4 * k + (0 if cfg.rng == "torch" or fused else  # temporaries off the kernel)
+                           80 * min((k + 3) // 4, 1 << 22)))
     r = min(cfg.resident_blocks, N) if streaming else N
     kind = transfer_kind(cfg) if streaming else "plain"  # mezo: nothing travels
     ends = cfg.method == "zo-offload" and cfg.stream_embeddings

@@ -40,7 +40,7 @@ def replay(flats: list[torch.Tensor], names: list[str], n_decay: list[int],
     ``pending`` update and, for momentum / adam, the groups' ``opt_state``) and the step log's
     ``rows``, with the final pending update applied as a flush outside any step applies it."""
     method = config["method"]
-    ops = ZOOps(config.get("rng", "philox"), device)
+    ops = ZOOps(config.get("rng", "philox"), device, config.get("directions", "gaussian"))
     eps, zo = float(config.get("eps", 0.0)), method != "forward-grad"
     queries, estimator = int(config.get("queries", 1)), str(config.get("estimator", "central"))
     rule = str(config.get("zo_optimizer", "sgd"))  # the step log's rows leave it to the run
