@@ -24,6 +24,8 @@ RESUMED = {"zo-offload-sr": dict(method="zo-offload", master="compressed-sr", co
                                    directions="rademacher", lr=1e-6),
            # optimizer state in the checkpoint: on the device, and streamed in the master's form
            "mezo-momentum": dict(method="mezo", zo_optimizer="momentum"),
+           "zo-offload-hizoo": dict(method="zo-offload", zo_optimizer="hizoo",
+                                    hessian_smooth=1e-2),
            "zo-offload-adam-sr": dict(method="zo-offload", zo_optimizer="adam",
                                       master="compressed-sr", codec="bf16", resident_blocks=1)}
 

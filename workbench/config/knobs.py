@@ -71,10 +71,17 @@ class Knobs:
                                       "w -= lr (d + wd w); sign w -= lr (sign(d) + wd w) "
                                       "(ZO-SGD-Sign); momentum m = momentum m + d, w -= lr (m + "
                                       "wd w); adam AdamW on d (adam_beta1, adam_beta2, adam_eps); "
-                                      "momentum and adam keep per-weight state in the master's "
-                                      "format, streamed with each block", group="optim")
+                                      "hizoo (HiZOO) z scaled by H^-1/2, H a diagonal Hessian "
+                                      "estimate from one more (clean) pass, its update "
+                                      "lr g H^-1/2 z; momentum, adam and hizoo keep per-weight "
+                                      "state in the master's format, streamed with each block",
+                                      group="optim")
     momentum: float = _knob(0.9, "ZO-SGD momentum coefficient (zo_optimizer=momentum)", lo=0.0,
                             hi=0.999999, group="optim")
+    hessian_smooth: float = _knob(1e-8, "HiZOO's smoothing alpha: H <- (1 - alpha) H + alpha "
+                                  "|L+ + L- - 2 L0| H z^2 / (2 eps^2) (zo_optimizer=hizoo; "
+                                  "the paper's 1e-8; 0 keeps H = 1, MeZO)", lo=0.0, hi=1.0,
+                                  group="optim")
     weight_decay: float = _knob(0.0, "decoupled weight decay (not applied to biases and norms)",
                                 lo=0.0, hi=1.0, live=True, group="optim")
     seed: int = _knob(0, "seed for init, data order and perturbations", lo=0, hi=2**31 - 1)

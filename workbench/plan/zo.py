@@ -201,7 +201,7 @@ def _parameters(cfg: RunConfig, p: Preset, st: Stream, e: dict, notes: list[str]
     tied_copy = 0
     if cfg.method == "zo-offload" and p.hf.get("tie_word_embeddings", True):  # the head's copies
         tied_copy = (2 if e["amp"] else 4) * p.vocab * p.hf.get("word_embed_proj_dim", p.hidden) \
-            * (zo_passes(cfg.queries, cfg.estimator) - 1)
+            * (zo_passes(cfg.queries, cfg.estimator, cfg.zo_optimizer) - 1)
         dev["tied head weight copy"] = tied_copy
     unit_up = codec_bytes(cfg.codec, st.unit)  # the largest streamed unit on the wire
     slot_b = unit_up if kind == "compute" else 4 * st.unit  # in its slot
@@ -264,7 +264,8 @@ def _activations(cfg: RunConfig, p: Preset, prof: dict, st: Stream, e: dict, not
     """The activation peak of a step (and of an evaluation pass), into ``e["dev"]``."""
     rows, t, masked, hb, m, dev = cfg.batch_size, cfg.seq_len, e["masked"], e["hb"], e["m"], e["dev"]
     nb, ne, nh, z = st.nb, st.ne, st.nh, st.z
-    live = {"mezo": 1, "forward-grad": 2}.get(cfg.method) or zo_passes(cfg.queries, cfg.estimator)
+    live = {"mezo": 1, "forward-grad": 2}.get(cfg.method) or zo_passes(cfg.queries, cfg.estimator,
+                                                                       cfg.zo_optimizer)
     held = (3 if p.family == "opt" else 1) * hb * live  # embedding frames kept by the adapter
     # SR encode beside compute: the fused kernel holds nothing extra; the torch path about 23 B
     # per element (int64 noise words, int32 noise, mask, rounded, selected, cast)
@@ -323,8 +324,8 @@ def _time(cfg: RunConfig, prof: dict, st: Stream, e: dict, notes: list[str]) -> 
     cuda, N, nb, ne, nh, r, s, kind, pr = (st.cuda, st.N, st.nb, st.ne, st.nh, st.r, st.s,
                                            st.kind, st.pr)
     passes, regens = (3, 2) if cfg.method == "forward-grad" else (  # per query: 1 update + 3
-        zo_passes(cfg.queries, cfg.estimator), (4 if cfg.estimator == "central" else 3)  # (2)
-        * cfg.queries)  # perturbations (central; one-sided 2)
+        zo_passes(cfg.queries, cfg.estimator, cfg.zo_optimizer),  # perturbations (central and
+        (4 if cfg.estimator == "central" else 3) * cfg.queries)  # hizoo; one-sided 2)
     eh_t = passes * e["eh"] + regens * (ne + nh) / pr
     if kind == "compute":  # bf16 weights read, not cast; each pass's fill from the master
         bw = prof["gpu_mem_bps"]
@@ -367,8 +368,9 @@ def _time(cfg: RunConfig, prof: dict, st: Stream, e: dict, notes: list[str]) -> 
     s_up = factor * sb / bu + (sb + 4 * k * nb) / bw * (kind != "plain")  # block in the pass
     s_dn = factor * sb / bd + 30 * k * nb / bw * (kind == "sr")  # that updates it
     rounds = [(c_blk, x_up + s_up, x_dn + s_dn)]
-    if not cfg.fused_update:  # flush(): a second round trip with an update pass
-        rounds = [(c_blk, x_up, 0.0 if kind == "mirror" else x_dn),
+    if not cfg.fused_update:  # flush(): a second round trip with an update pass (hizoo: H
+        hz = cfg.zo_optimizer == "hizoo"  # scales the perturbation, so it travels in both)
+        rounds = [(c_blk, x_up + hz * s_up, (0.0 if kind == "mirror" else x_dn) + hz * s_dn),
                   (nb / pr, x_up + s_up, x_dn + s_dn)]
         e["compute"] += (ne + nh + N * nb) / pr
         eh_t += (ne + nh + st.resident) / pr
@@ -381,6 +383,7 @@ def _time(cfg: RunConfig, prof: dict, st: Stream, e: dict, notes: list[str]) -> 
               if overlap else eh_t + ee * (ups + downs))
     e["step"] = ends_t + st.re * c_blk + se * per
     down_rounds = 1 if kind == "mirror" else len(rounds)
+    sb *= 1 + (cfg.zo_optimizer == "hizoo" and len(rounds) > 1)  # H in both rounds (above)
     e["h2d"] = round(se * (st.up * len(rounds) + sb) + st.eup * len(rounds) + ee * sb)
     e["d2h"] = round(se * (st.down * down_rounds + sb) + st.edown * down_rounds + ee * sb)
     e["transfer"] = (se + ee) * max(ups, downs, alone / max(st.slots, 1))

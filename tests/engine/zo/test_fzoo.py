@@ -19,26 +19,12 @@ from workbench.config import ConfigError, RunConfig
 from workbench.data.batches import SyntheticData
 from workbench.engine.events import EventBus
 from workbench.engine.groups import GroupLayout
-from workbench.engine.objective import label_loss
 from workbench.engine.zo.mezo import MeZOEngine
 from workbench.engine.zo.perturb import ZOOps, query_seeds
 from workbench.engine.zo.step import step_seed
 from workbench.models.build import build_skeleton
 
-from zo_helpers import cli_run, train
-
-
-def _loss_of(model, groups, flats, batch) -> torch.Tensor:
-    """The classify loss of ``model`` with its trained weights set to ``flats`` (the engine's
-    groups, in order): what the reference's ``zo_forward`` returns (0-d fp32)."""
-    for group, flat in zip(groups, flats):
-        for entry, view in zip(group.layout.entries, group.layout.views(flat)):
-            module_name, slot = entry.name.rsplit(".", 1)
-            getattr(model.get_submodule(module_name), slot).data.copy_(view)
-    with torch.no_grad():
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-    last = batch.attention_mask.sum(1) - 1
-    return label_loss(logits[torch.arange(len(last)), last], batch).detach()
+from zo_helpers import cli_run, loss_at, train
 
 
 def _reference_step(model, groups, flats, batch, us, eps: float, lr_ref: float):
@@ -52,11 +38,11 @@ def _reference_step(model, groups, flats, batch, us, eps: float, lr_ref: float):
     loss1s = []
     for u in us:
         params = [p + 1 * z * eps for p, z in zip(params, u)]
-        loss1s.append(_loss_of(model, groups, params, batch))
+        loss1s.append(loss_at(model, groups, params, batch))
         params = [p + -1 * z * eps for p, z in zip(params, u)]
     loss1s = torch.tensor(loss1s, dtype=torch.float32)
     std = torch.std(loss1s, unbiased=False)
-    loss0 = _loss_of(model, groups, params, batch)
+    loss0 = loss_at(model, groups, params, batch)
     projected = (loss1s - loss0) / (n * std)
     for i, u in enumerate(us):
         params = [p - lr_ref * (projected[i] * z) for p, z in zip(params, u)]

@@ -235,7 +235,8 @@ class ZOOffloadEngine(StreamedEngine):
                                    state=s.state_for(i)):
                     hidden[k] = adapter.run_block(block, hidden[k], ctx)
 
-            s.stream_blocks(step, dual_forward, write_back=True, state=st.pending is not None)
+            s.stream_blocks(step, dual_forward, write_back=True,
+                            state=st.pending is not None or st.rule == "hizoo")  # (H scales z)
             losses = [None] * n
             with self.timer.span("compute", "compute", compute, step, HEAD):
                 for k in zo_passes(ops, s.head.flat, s.head.layout, st,
@@ -269,5 +270,6 @@ class ZOOffloadEngine(StreamedEngine):
                     hidden[k] = adapter.run_block(adapter.blocks[i], hidden[k], ctx[0])
 
         with autocast(self.device, self.cfg.amp):
-            s.stream_blocks(step, visit, write_back=True, state=st.pending is not None)
+            s.stream_blocks(step, visit, write_back=True,
+                            state=st.pending is not None or st.rule == "hizoo")  # (H scales z)
         return self.finish_zo(step, st, losses, lr, wd)

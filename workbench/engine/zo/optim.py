@@ -25,8 +25,8 @@ STATE_SUFFIX = ".zo_state"
 
 
 def hyper(cfg) -> tuple[float, ...]:
-    """The rule's own knobs from ``cfg`` (a ``RunConfig`` or its dict): (momentum,) or
-    (adam_beta1, adam_beta2, adam_eps); () for the stateless rules."""
+    """The rule's own knobs from ``cfg`` (a ``RunConfig`` or its dict): (momentum,),
+    (adam_beta1, adam_beta2, adam_eps) or (hessian_smooth,); () for the stateless rules."""
     get = cfg.get if isinstance(cfg, dict) else lambda k, d: getattr(cfg, k, d)
     rule = str(get("zo_optimizer", "sgd"))
     if rule == "momentum":
@@ -34,6 +34,8 @@ def hyper(cfg) -> tuple[float, ...]:
     if rule == "adam":
         return tuple(float(get(k, d)) for k, d in
                      (("adam_beta1", 0.9), ("adam_beta2", 0.999), ("adam_eps", 1e-8)))
+    if rule == "hizoo":
+        return (float(get("hessian_smooth", 1e-8)),)
     return ()
 
 

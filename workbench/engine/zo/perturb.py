@@ -19,7 +19,7 @@ import torch
 
 from workbench.engine import kernels
 from workbench.engine.groups import GroupLayout
-from workbench.engine.zo import half, optim, philox
+from workbench.engine.zo import half, hizoo, optim, philox
 
 
 MASK64 = (1 << 64) - 1
@@ -161,6 +161,8 @@ class ZOOps:
         if upd.rule in optim.STATEFUL:
             if state is None:
                 raise ValueError(f"zo_optimizer={upd.rule}: group {layout.name} has no state")
+            if upd.rule == "hizoo":  # g = (g, curvature): its own update (``hizoo.py``)
+                return hizoo.update(self, x, layout, upd, state)
             optim.stateful_step(x, layout, self.estimate(x, layout, upd), state, upd.rule,
                                 upd.lr, upd.wd, upd.t, upd.hp)
             return

@@ -99,9 +99,9 @@ def replay(flats: list[torch.Tensor], names: list[str], n_decay: list[int],
 
     upd = pending_from_dict(pending, device)
     for t in range(first, last):
-        st = ZOStep(int(rows[t]["seed"]), eps, upd, queries, estimator)
+        st = ZOStep(int(rows[t]["seed"]), eps, upd, queries, estimator, rule)
         each_group(t, lambda w, lay, apply, s: replay_pass(ops, w, lay, st, zo, apply, s),
-                   upd is not None)
+                   upd is not None or rule == "hizoo")  # hizoo: H scales every perturbation
         row = pending_from_dict(rows[t], device, rule)  # its rule's count and knobs: the run's
         upd = PendingUpdate.of(config, t, row.seed, row.g, row.lr, row.wd)
         if not deferred:  # applied within the step, in a pass of its own
