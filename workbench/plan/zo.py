@@ -32,11 +32,11 @@ Memory (n = elements of one block, B rows, T = seq_len, D hidden).
     attention backend (scores + probabilities, dual). Prompt batches are planned at T = seq_len
     (an upper bound). Evaluation (max(B, 16) rows, one pass) counts towards the peak as it does
     in a run. Without the fused kernel z is materialised (4 B per element of a group + philox
-    temporaries; directions=rademacher always, its signs taken in place); so is it for the sign rule's update, with the estimate beside it (8 B per
-    element of the largest group). codec with master=compressed-sr: the stochastic rounding is
-    one fused kernel with nothing extra (its torch path, without Triton: about 23 B per block
-    element beside compute); the mirror transfer, a 4 B delta per element. ZO activation memory
-    was checked against the engines on the CPU (profiler, exact to 1%).
+    temporaries; directions=rademacher always); so is it for the sign rule's update, with the
+    estimate beside it (8 B per element of the largest group). codec with master=compressed-sr:
+    the stochastic rounding is one fused kernel with nothing extra (its torch path, without
+    Triton: about 23 B per block element beside compute); the mirror transfer, a 4 B delta per
+    element. ZO activation memory was checked against the engines on the CPU (profiler, 1%).
 Time. A step is max(device time, host launch time, the mirror codec's host pass). Per streamed
   block: max(both passes + its perturbation, upload, offload) with overlap (both directions
   share the link at the measured both-at-once rate), their sum without; resident blocks,
@@ -162,12 +162,11 @@ def _stream(cfg: RunConfig, p: Preset, prof: dict) -> Stream:
     fused = cfg.rng == "philox" and cuda and bool(prof.get("fused_kernel"))
     pr = prof["perturb_fused_per_s" if fused else
               "perturb_torch_per_s" if cfg.rng == "torch" else "perturb_philox_torch_per_s"]
-    signs = cfg.directions == "rademacher"  # the kernel's normals signed, then torch ops
-    if fused and (weight_bytes(cfg) == 2 or signs):  # half weights: torch ops on the kernel's
-        pr = prof["perturb_torch_per_s"]  # normals (``engine/zo/half.py``), at torch's rate
-    z = (lambda k: 0) if fused and not signs else (  # z materialised (+ philox's int64 chunk
-        lambda k: 4 * k + (0 if cfg.rng == "torch" or fused else  # temporaries off the kernel)
-                           80 * min((k + 3) // 4, 1 << 22)))
+    signs = cfg.directions == "rademacher"  # torch ops on the kernel's normals, signed (half
+    if fused and (weight_bytes(cfg) == 2 or signs):  # weights: ``engine/zo/half.py``'s too),
+        pr = prof["perturb_torch_per_s"]  # planned at torch's rate
+    z = (lambda k: 0) if fused and not signs else (  # z materialised, + philox's int64 chunk
+        lambda k: 4 * k + (0 if cfg.rng == "torch" or fused else 80 * min((k + 3) // 4, 1 << 22)))
     r = min(cfg.resident_blocks, N) if streaming else N
     kind = transfer_kind(cfg) if streaming else "plain"  # mezo: nothing travels
     ends = cfg.method == "zo-offload" and cfg.stream_embeddings
