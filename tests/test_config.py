@@ -66,7 +66,8 @@ def test_every_knob_of_a_fixed_set_of_values_offers_its_choices():
         assert not isinstance(t, str), f.name
         if get_origin(t) is Literal:
             assert knob_info(f.name)["choices"] == t.__args__, f.name
-    assert knob_info("zo_optimizer")["choices"] == ("sgd", "sign", "momentum", "adam")
+    assert knob_info("zo_optimizer")["choices"] == ("sgd", "sign", "momentum", "adam", "hizoo")
+    assert knob_info("directions")["choices"] == ("gaussian", "rademacher")
     with pytest.raises(TypeError, match="Nope"):
         resolve_type("Nope")
 

@@ -20,15 +20,19 @@ from zo_helpers import BASE, REPLAYED, assert_replay_exact
 
 RESUMED = {"zo-offload-sr": dict(method="zo-offload", master="compressed-sr", codec="bf16"),
            "zo-offload-q3": dict(method="zo-offload", queries=3),  # q coefficients pending
+           "zo-offload-fzoo": dict(method="zo-offload", queries=3, estimator="one-sided",
+                                   directions="rademacher", lr=1e-6),
            # optimizer state in the checkpoint: on the device, and streamed in the master's form
            "mezo-momentum": dict(method="mezo", zo_optimizer="momentum"),
+           "zo-offload-hizoo": dict(method="zo-offload", zo_optimizer="hizoo",
+                                    hessian_smooth=1e-2),
            "zo-offload-adam-sr": dict(method="zo-offload", zo_optimizer="adam",
                                       master="compressed-sr", codec="bf16", resident_blocks=1)}
 
 
 @pytest.mark.parametrize("method", ["mezo", "zo-offload", "forward-grad", *RESUMED])
 def test_resume_is_exact(method, tmp_path):
-    cfg = RunConfig(**RESUMED.get(method, {"method": method}), steps=10, **BASE)
+    cfg = RunConfig(**{**BASE, **RESUMED.get(method, {"method": method})}, steps=10)
     straight = run(cfg, tmp_path / "straight", progress=False)
     part = run(cfg.replace(steps=6, checkpoint_every=3), tmp_path / "resumed", progress=False)
     assert part.param_digest != straight.param_digest

@@ -63,7 +63,14 @@ def test_triton_normals_match_torch_philox():
                                      dict(zo_optimizer="momentum"),
                                      dict(queries=2, zo_optimizer="adam", lr=1e-4),
                                      dict(zo_optimizer="adam", lr=1e-4, resident_blocks=1,
-                                          fused_update=False)])
+                                          fused_update=False),
+                                     # FZOO: signs of the kernel's normals, torch ops on them
+                                     dict(queries=4, estimator="one-sided",
+                                          directions="rademacher", lr=1e-6),
+                                     # HiZOO: H streamed in every pass (unfused: both rounds)
+                                     dict(zo_optimizer="hizoo", hessian_smooth=1e-2),
+                                     dict(zo_optimizer="hizoo", hessian_smooth=1e-2,
+                                          resident_blocks=1, fused_update=False)])
 def test_offload_equals_mezo_with_queries_on_cuda(model, variant):
     """q queries on the fused kernel (q - 1 update launches, the last fused with the first
     perturbation), every pass of a block in its one visit, bf16 autocast: MeZO's losses and
@@ -207,7 +214,8 @@ def test_codec_runs_on_gpu(master, codec):
 
 
 @pytest.mark.parametrize("variant", ["zo-offload", "mirror", "sr", "sr-unfused", "queries",
-                                     "one-sided-sr", "momentum-unfused", "adam-sr"])
+                                     "one-sided-sr", "momentum-unfused", "adam-sr",
+                                     "fzoo-mirror", "hizoo-unfused", "hizoo-sr"])
 def test_restore_step_replays_a_cuda_run_exactly(variant, tmp_path):
     """The replay on the device type that trained (fused kernels, transfers on CUDA) is
     bit-identical to the straight run."""

@@ -66,6 +66,22 @@ def losses_of_copies(engine, model, batch, theta: list[torch.Tensor], points) ->
     return torch.tensor(out, dtype=torch.float64)
 
 
+def loss_at(model, groups, flats, batch) -> torch.Tensor:
+    """The classify loss of ``model`` (a copy of an engine's) with its trained weights set to
+    ``flats`` (the engine's ``groups``, in order): what a reference trainer's ``zo_forward``
+    returns (0-d fp32)."""
+    from workbench.engine.objective import label_loss
+
+    for group, flat in zip(groups, flats):
+        for entry, view in zip(group.layout.entries, group.layout.views(flat)):
+            module_name, slot = entry.name.rsplit(".", 1)
+            getattr(model.get_submodule(module_name), slot).data.copy_(view)
+    with torch.no_grad():
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    last = batch.attention_mask.sum(1) - 1
+    return label_loss(logits[torch.arange(len(last)), last], batch).detach()
+
+
 def mezo_reference(model: str, device: str = "cpu"):
     """The MeZO run every zo-offload variant must equal: (config, (digest, losses))."""
     cfg = RunConfig(model=model, method="mezo", device=device, lr=5e-3, weight_decay=0.1)
@@ -103,9 +119,19 @@ REPLAYED = {
     "queries": dict(method="zo-offload", queries=3, codec="bf16", resident_blocks=1),
     "one-sided-sr": dict(method="zo-offload", queries=2, estimator="one-sided", lr=1e-6,
                          master="compressed-sr", codec="bf16"),
+    # FZOO's Rademacher directions, regenerated as signs (through the mirror's delta too)
+    "fzoo": dict(method="mezo", queries=3, estimator="one-sided", directions="rademacher",
+                 lr=1e-6),
+    "fzoo-mirror": dict(method="zo-offload", queries=2, estimator="one-sided",
+                        directions="rademacher", lr=1e-6, codec="bf16", resident_blocks=1),
     # the sign rule through the mirror's delta (its rule from the run, not the log's rows)
     "sign": dict(method="zo-offload", zo_optimizer="sign", queries=2, lr=1e-4, codec="bf16",
                  resident_blocks=1),
+    # HiZOO's H scales every perturbation: it travels in a pass with no update pending too
+    "hizoo-unfused": dict(method="zo-offload", zo_optimizer="hizoo", hessian_smooth=1e-2,
+                          fused_update=False, resident_blocks=1),
+    "hizoo-sr": dict(method="zo-offload", zo_optimizer="hizoo", hessian_smooth=1e-2,
+                     master="compressed-sr", codec="bf16"),
     # optimizer state: the snapshot's, carried through the replay's own transfers
     "mezo-adam": dict(method="mezo", zo_optimizer="adam", lr=1e-4),
     "momentum-unfused": dict(method="zo-offload", zo_optimizer="momentum", fused_update=False,

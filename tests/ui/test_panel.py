@@ -265,7 +265,7 @@ def test_the_zo_optimizers_knobs_are_shown_for_the_zo_methods():
     for method in ("mezo", "zo-offload", "fo", "fo-offload"):
         for name in ("adam_beta1", "adam_beta2", "adam_eps"):
             assert knob_info(name)["group"] in groups_for(method), (method, name)
-    for name in ("zo_optimizer", "momentum"):
+    for name in ("zo_optimizer", "momentum", "hessian_smooth", "directions"):
         assert knob_info(name)["group"] in groups_for("zo-offload")
 
 
@@ -274,7 +274,8 @@ def test_every_knob_of_a_fixed_set_of_values_is_a_dropdown_of_them():
     to the config until 2026-11-28): a typo reached the run; now each offers its values."""
     p = KnobPanel(method="zo-offload", model="tiny-llama")
     for name, values in (("estimator", ("central", "one-sided")),
-                         ("zo_optimizer", ("sgd", "sign", "momentum", "adam")),
+                         ("directions", ("gaussian", "rademacher")),
+                         ("zo_optimizer", ("sgd", "sign", "momentum", "adam", "hizoo")),
                          ("slot_dtype", ("auto", "fp32", "compute"))):
         c = p.controls[name]
         assert isinstance(c, widgets.Dropdown) and tuple(c.options) == values, name

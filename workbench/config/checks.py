@@ -158,7 +158,7 @@ def _check_half_weights(cfg: Knobs) -> list[str]:
     if cfg.amp != cfg.codec:
         problems.append(f"amp: mezo's {cfg.codec} weights (master={cfg.master}) compute in "
                         f"{cfg.codec}; set amp={cfg.codec}")
-    if cfg.zo_optimizer in ("momentum", "adam"):
+    if ZO_STATE_SLOTS[cfg.zo_optimizer]:
         problems.append(f"zo_optimizer: {cfg.zo_optimizer} keeps per-weight state that mezo's "
                         f"{cfg.codec} weights do not carry; use sgd or sign, or master=fp32 "
                         "with codec=fp32")
@@ -173,7 +173,9 @@ def _compute_slot_needs(cfg: Knobs) -> list[str]:
              f"zo_optimizer=sgd (this run has {cfg.zo_optimizer}: its update is not recorded)"
              if cfg.zo_optimizer != "sgd" else "",
              "peft=none (an adapter run's base has its own form: base_codec)"
-             if cfg.peft != "none" else ""]
+             if cfg.peft != "none" else "",
+             "directions=gaussian (the chain kernel draws normals)"
+             if cfg.directions != "gaussian" else ""]
     return [n for n in needs if n]
 
 
@@ -230,11 +232,16 @@ def _check_zo_optimizer(cfg: Knobs) -> list[str]:
     """The ZO optimizers' own knobs, and the host formats that can carry their state."""
     if cfg.method not in ("mezo", "zo-offload"):
         return []
-    own = {"momentum": ("momentum",), "adam": ("adam_beta1", "adam_beta2", "adam_eps")}
+    own = {"momentum": ("momentum",), "adam": ("adam_beta1", "adam_beta2", "adam_eps"),
+           "hizoo": ("hessian_smooth",)}
     problems = [f"{name}: applies only with zo_optimizer={rule} (this run has "
                 f"zo_optimizer={cfg.zo_optimizer})" for rule, names in own.items()
                 if cfg.zo_optimizer != rule for name in names
                 if getattr(cfg, name) != default_of(cfg, name)]
+    if cfg.zo_optimizer == "hizoo" and (cfg.queries != 1 or cfg.estimator != "central"):
+        problems.append(f"zo_optimizer: hizoo estimates one curvature from one central query "
+                        f"and a clean pass; use queries=1 and estimator=central (this run has "
+                        f"queries={cfg.queries}, estimator={cfg.estimator})")
     if ZO_STATE_SLOTS[cfg.zo_optimizer] and cfg.method == "zo-offload" and \
             cfg.master == "fp32" and cfg.codec != "fp32":
         problems.append(f"zo_optimizer: {cfg.zo_optimizer} keeps per-weight state, which the "

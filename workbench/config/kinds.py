@@ -19,7 +19,10 @@ Peft = Literal["none", "lora"]
 BaseCodec = Literal["fp32", "bf16", "fp16", "fp8-e4m3", "int8"]
 StopOn = Literal["never", "diverged"]
 Estimator = Literal["central", "one-sided"]
-ZOOptimizer = Literal["sgd", "sign", "momentum", "adam"]
+#: the ZO directions z: standard normals (MeZO), or Rademacher signs +-1 (FZOO), the sign of
+#: the very normal drawn for the same element (``engine/zo/perturb.py``)
+Directions = Literal["gaussian", "rademacher"]
+ZOOptimizer = Literal["sgd", "sign", "momentum", "adam", "hizoo"]
 #: fo-offload's update stride: "auto", or k != 0 (``plan/placement.py::make_schedule``)
 Stride = Literal["auto"] | int
 #: fo-offload's Adam moments on the host: fp32, or bf16 with stochastic rounding
@@ -48,12 +51,13 @@ METHOD_KNOBS: dict[str, tuple[str, ...]] = {
                      "prefetch_depth", "block_slots", "host_share"), STREAMING_METHODS),
     **dict.fromkeys(("codec", "master"), (*STREAMING_METHODS, "mezo")),  # mezo: half weights
     "rng": ZO_METHODS,
-    **dict.fromkeys(("eps", "queries", "estimator", "zo_optimizer"), ("mezo", "zo-offload")),
+    **dict.fromkeys(("eps", "queries", "estimator", "zo_optimizer", "directions"),
+                    ("mezo", "zo-offload")),
     **dict.fromkeys(("subgroup_size", "update_stride", "gpu_resident_ratio", "update_threads",
                      "adam_state_dtype", "cpu_adamw"), ("fo-offload",)),
     **dict.fromkeys(("adam_beta1", "adam_beta2", "adam_eps"),
                     ("fo", "fo-offload", "mezo", "zo-offload")),  # ZO: zo_optimizer=adam
-    "momentum": ("mezo", "zo-offload"),
+    **dict.fromkeys(("momentum", "hessian_smooth"), ("mezo", "zo-offload")),
     **dict.fromkeys(("slot_dtype", "stream_embeddings"), ("zo-offload",)),
 }
 #: Knobs a resumed run may change; every other one is fixed by the run's first start (it
@@ -71,10 +75,11 @@ RESUMABLE = ("steps", "lr", "weight_decay", "eval_every", "eval_samples", "devic
 ONE_START = ("data_changed_ok",)
 
 
-def zo_passes(queries: int, estimator: str) -> int:
-    """Forward passes of a ZO step (mezo, zo-offload): 2 per query (central), or the
-    queries and one clean pass (one-sided)."""
-    return 2 * queries if estimator == "central" else queries + 1
+def zo_passes(queries: int, estimator: str, rule: str = "sgd") -> int:
+    """Forward passes of a ZO step (mezo, zo-offload): 2 per query (central), + 1 clean pass
+    for HiZOO's curvature (``rule``: the run's zo_optimizer), or the queries and one clean
+    pass (one-sided)."""
+    return 2 * queries + (rule == "hizoo") if estimator == "central" else queries + 1
 
 
 def default_data_dir() -> str:
@@ -96,7 +101,8 @@ class ConfigError(ValueError):
 #: (``resolve_type`` raises for a name missing here, so such a knob cannot go unnoticed).
 _TYPES = {"Method": Method, "Device": Device, "Amp": Amp, "Rng": Rng, "Codec": Codec,
           "Master": Master, "Objective": Objective, "Peft": Peft, "BaseCodec": BaseCodec,
-          "StopOn": StopOn, "Estimator": Estimator, "ZOOptimizer": ZOOptimizer, "Stride": Stride,
+          "StopOn": StopOn, "Estimator": Estimator, "Directions": Directions,
+          "ZOOptimizer": ZOOptimizer, "Stride": Stride,
           "AdamStateDtype": AdamStateDtype, "CpuAdamw": CpuAdamw, "Size": Size,
           "SlotDtype": SlotDtype, "int": int, "float": float, "str": str, "bool": bool}
 
@@ -122,8 +128,9 @@ def read_stride(value: Any) -> Any:
 PEFT_METHODS = get_args(Method)  # every method trains adapters
 #: report_to's trackers -> the module each needs (installed by the extra of the same name).
 TRACKERS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
-#: zo_optimizer -> per-weight state tensors the rule keeps (momentum: m; adam: m and v).
-ZO_STATE_SLOTS = {"sgd": 0, "sign": 0, "momentum": 1, "adam": 2}
+#: zo_optimizer -> per-weight state tensors the rule keeps (momentum: m; adam: m and v; hizoo:
+#: the Hessian diagonal's excess over its start, H - 1).
+ZO_STATE_SLOTS = {"sgd": 0, "sign": 0, "momentum": 1, "adam": 2, "hizoo": 1}
 
 
 def default_of(config: Any, name: str) -> Any:

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any, Literal, Mapping, get_args, get_origin
 
 from workbench.config.kinds import (STREAMING_METHODS, AdamStateDtype, Amp, BaseCodec, Codec,
-                                    CpuAdamw, Device, Estimator, Master, Method, Objective, Peft,
-                                    Rng, Size, SlotDtype, StopOn, Stride, ZOOptimizer,
-                                    default_data_dir, resolve_type)
+                                    CpuAdamw, Device, Directions, Estimator, Master, Method,
+                                    Objective, Peft, Rng, Size, SlotDtype, StopOn, Stride,
+                                    ZOOptimizer, default_data_dir, resolve_type)
 
 
 def _knob(default: Any, help: str, *, lo: float | None = None, hi: float | None = None,
@@ -81,14 +81,24 @@ class Knobs:
                                  "2 forward passes each; one-sided (L_j - L_0) / eps against one "
                                  "clean pass, the step divided by the spread of the q losses "
                                  "(FZOO; queries >= 2)", group="optim")
+    directions: Directions = _knob("gaussian", "ZO directions z: gaussian (MeZO) or rademacher "
+                                   "+-1 (FZOO; the sign of the same normal, so no fused "
+                                   "kernel: z is materialised per group)", group="optim")
     zo_optimizer: ZOOptimizer = _knob("sgd", "ZO update of the estimate d = sum_j c_j z_j: sgd "
                                       "w -= lr (d + wd w); sign w -= lr (sign(d) + wd w) "
                                       "(ZO-SGD-Sign); momentum m = momentum m + d, w -= lr (m + "
                                       "wd w); adam AdamW on d (adam_beta1, adam_beta2, adam_eps); "
-                                      "momentum and adam keep per-weight state in the master's "
-                                      "format, streamed with each block", group="optim")
+                                      "hizoo (HiZOO) z scaled by H^-1/2, H a diagonal Hessian "
+                                      "estimate from one more (clean) pass, its update "
+                                      "lr g H^-1/2 z; momentum, adam and hizoo keep per-weight "
+                                      "state in the master's format, streamed with each block",
+                                      group="optim")
     momentum: float = _knob(0.9, "ZO-SGD momentum coefficient (zo_optimizer=momentum)", lo=0.0,
                             hi=1.0, hi_open=True, group="optim")
+    hessian_smooth: float = _knob(1e-8, "HiZOO's smoothing alpha: H <- (1 - alpha) H + alpha "
+                                  "|L+ + L- - 2 L0| H z^2 / (2 eps^2) (zo_optimizer=hizoo; "
+                                  "the paper's 1e-8; 0 keeps H = 1, MeZO)", lo=0.0, hi=1.0,
+                                  group="optim")
     weight_decay: float = _knob(0.0, "decoupled weight decay (not applied to biases and norms)",
                                 lo=0.0, hi=1.0, live=True, group="optim")
     seed: int = _knob(0, "seed for init, data order and perturbations", lo=0, hi=2**31 - 1)

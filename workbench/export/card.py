@@ -14,8 +14,8 @@ from typing import Any
 from workbench.config import HUB_ID, ZO_METHODS
 
 #: Settings shown in the card: those that shape the trajectory (others only change speed).
-SETTINGS = ("lr", "eps", "queries", "estimator", "zo_optimizer", "momentum", "adam_beta1",
-            "adam_beta2", "adam_eps", "weight_decay", "batch_size",
+SETTINGS = ("lr", "eps", "queries", "estimator", "directions", "zo_optimizer", "momentum",
+            "hessian_smooth", "adam_beta1", "adam_beta2", "adam_eps", "weight_decay", "batch_size",
             "seq_len", "seed", "train_samples", "amp", "codec", "master", "peft", "lora_rank",
             "lora_alpha", "lora_targets", "base_codec", "template", "label_words",
             "max_new_tokens")
@@ -112,8 +112,12 @@ def _matters(key: str, cfg: dict) -> bool:
         return cfg.get("method") in ("zo-offload", "forward-grad")
     if key in ("eps", "queries", "estimator", "zo_optimizer"):
         return cfg.get("method") in ("mezo", "zo-offload")
+    if key == "directions":  # shown where it is not MeZO's normals
+        return cfg.get(key, "gaussian") != "gaussian"
     if key == "momentum":  # the ZO optimizers' own knobs, where their rule reads them
         return cfg.get("zo_optimizer") == "momentum"
+    if key == "hessian_smooth":
+        return cfg.get("zo_optimizer") == "hizoo"
     if key.startswith("adam_"):
         return cfg.get("zo_optimizer") == "adam" or cfg.get("method") in ("fo", "fo-offload")
     if key in ("template", "label_words"):

@@ -39,7 +39,7 @@ class PendingFlush:
     def __init__(self, pending: dict | None, config: RunConfig, names: list[str],
                  numels: list[int], n_decay: list[int], device: torch.device):
         self.device = device
-        self.ops = ZOOps(config.rng, device)
+        self.ops = ZOOps(config.rng, device, config.directions)
         self.upd = pending_from_dict(pending, device)
         self.layouts = [GroupLayout(n, [], k, d) for n, k, d in zip(names, numels, n_decay)]
         # the engine's own layout (as the replay's): which trained groups stream, and their ids

@@ -117,7 +117,8 @@ def frozen_stream(cfg: RunConfig, p: Preset, prof: dict, e: dict[str, Any],
         e["gpu_param_bytes"] += cuda * dev["optimizer state"]
     # z per adapter element and query: + (with the update), -2, + (restore) (one-sided: the
     # update, +, - (restore)); a pass per query and sign (one-sided: per query, and one clean)
-    passes, regens = zo_passes(cfg.queries, cfg.estimator), zo_regens(cfg.queries, cfg.estimator)
+    passes = zo_passes(cfg.queries, cfg.estimator, cfg.zo_optimizer)
+    regens = zo_regens(cfg.queries, cfg.estimator)
     if cfg.method == "forward-grad":  # ... or tangent and update; tangents of one block only
         passes, regens = 2, 2
         for item in ("tangents (embedding, head, one block)", "forward-AD transients"):

@@ -32,11 +32,11 @@ Memory (n = elements of one block, B rows, T = seq_len, D hidden).
     attention backend (scores + probabilities, dual). Prompt batches are planned at T = seq_len
     (an upper bound). Evaluation (max(B, 16) rows, one pass) counts towards the peak as it does
     in a run. Without the fused kernel z is materialised (4 B per element of a group + philox
-    temporaries); so is it for the sign rule's update, with the estimate beside it (8 B per
-    element of the largest group). codec with master=compressed-sr: the stochastic rounding is
-    one fused kernel with nothing extra (its torch path, without Triton: about 23 B per block
-    element beside compute); the mirror transfer, a 4 B delta per element. ZO activation memory
-    was checked against the engines on the CPU (profiler, exact to 1%).
+    temporaries; directions=rademacher always); so is it for the sign rule's update, with the
+    estimate beside it (8 B per element of the largest group). codec with master=compressed-sr:
+    the stochastic rounding is one fused kernel with nothing extra (its torch path, without
+    Triton: about 23 B per block element beside compute); the mirror transfer, a 4 B delta per
+    element. ZO activation memory was checked against the engines on the CPU (profiler, 1%).
 Time. A step is max(device time, host launch time, the mirror codec's host pass). Per streamed
   block: max(both passes + its perturbation, upload, offload) with overlap (both directions
   share the link at the measured both-at-once rate), their sum without; resident blocks,
@@ -162,10 +162,11 @@ def _stream(cfg: RunConfig, p: Preset, prof: dict) -> Stream:
     fused = cfg.rng == "philox" and cuda and bool(prof.get("fused_kernel"))
     pr = prof["perturb_fused_per_s" if fused else
               "perturb_torch_per_s" if cfg.rng == "torch" else "perturb_philox_torch_per_s"]
-    if fused and weight_bytes(cfg) == 2:  # half weights: torch ops on the kernel's normals
-        pr = prof["perturb_torch_per_s"]  # (``engine/zo/half.py``), planned at torch's rate
-    z = (lambda k: 0) if fused else (  # z materialised, + philox's int64 chunk temporaries
-        lambda k: 4 * k + (0 if cfg.rng == "torch" else 80 * min((k + 3) // 4, 1 << 22)))
+    signs = cfg.directions == "rademacher"  # torch ops on the kernel's normals, signed (half
+    if fused and (weight_bytes(cfg) == 2 or signs):  # weights: ``engine/zo/half.py``'s too),
+        pr = prof["perturb_torch_per_s"]  # planned at torch's rate
+    z = (lambda k: 0) if fused and not signs else (  # z materialised, + philox's int64 chunk
+        lambda k: 4 * k + (0 if cfg.rng == "torch" or fused else 80 * min((k + 3) // 4, 1 << 22)))
     r = min(cfg.resident_blocks, N) if streaming else N
     kind = transfer_kind(cfg, p) if streaming else "plain"  # mezo: nothing travels
     ends = cfg.method == "zo-offload" and cfg.stream_embeddings
@@ -199,7 +200,7 @@ def _parameters(cfg: RunConfig, p: Preset, st: Stream, e: dict, notes: list[str]
     tied_copy = 0
     if cfg.method == "zo-offload" and p.hf.get("tie_word_embeddings", True):  # the head's copies
         tied_copy = (2 if e["amp"] else 4) * p.vocab * p.hf.get("word_embed_proj_dim", p.hidden) \
-            * (zo_passes(cfg.queries, cfg.estimator) - 1)
+            * (zo_passes(cfg.queries, cfg.estimator, cfg.zo_optimizer) - 1)
         dev["tied head weight copy"] = tied_copy
     unit_up = codec_bytes(cfg.codec, st.unit)  # the largest streamed unit on the wire
     slot_b = unit_up if kind == "compute" else 4 * st.unit  # in its slot
@@ -262,7 +263,8 @@ def _activations(cfg: RunConfig, p: Preset, prof: dict, st: Stream, e: dict, not
     """The activation peak of a step (and of an evaluation pass), into ``e["dev"]``."""
     rows, t, masked, hb, m, dev = cfg.batch_size, cfg.seq_len, e["masked"], e["hb"], e["m"], e["dev"]
     nb, ne, nh, z = st.nb, st.ne, st.nh, st.z
-    live = {"mezo": 1, "forward-grad": 2}.get(cfg.method) or zo_passes(cfg.queries, cfg.estimator)
+    live = {"mezo": 1, "forward-grad": 2}.get(cfg.method) or zo_passes(cfg.queries, cfg.estimator,
+                                                                       cfg.zo_optimizer)
     held = (3 if p.family == "opt" else 1) * hb * live  # embedding frames kept by the adapter
     # SR encode beside compute: the fused kernel holds nothing extra; the torch path about 23 B
     # per element (int64 noise words, int32 noise, mask, rounded, selected, cast)
@@ -321,7 +323,8 @@ def _time(cfg: RunConfig, prof: dict, st: Stream, e: dict, notes: list[str]) -> 
     cuda, N, nb, ne, nh, r, s, kind, pr = (st.cuda, st.N, st.nb, st.ne, st.nh, st.r, st.s,
                                            st.kind, st.pr)
     passes, regens = (3, 2) if cfg.method == "forward-grad" else (
-        zo_passes(cfg.queries, cfg.estimator), zo_regens(cfg.queries, cfg.estimator))
+        zo_passes(cfg.queries, cfg.estimator, cfg.zo_optimizer),
+        zo_regens(cfg.queries, cfg.estimator))  # hizoo: 1 update + 3 perturbations, as central
     eh_t = passes * e["eh"] + regens * (ne + nh) / pr
     if kind == "compute":  # bf16 weights read, not cast; each pass's fill from the master
         bw = prof["gpu_mem_bps"]
@@ -364,8 +367,9 @@ def _time(cfg: RunConfig, prof: dict, st: Stream, e: dict, notes: list[str]) -> 
     s_up = factor * sb / bu + (sb + 4 * k * nb) / bw * (kind != "plain")  # block in the pass
     s_dn = factor * sb / bd + 30 * k * nb / bw * (kind == "sr")  # that updates it
     rounds = [(c_blk, x_up + s_up, x_dn + s_dn)]
-    if not cfg.fused_update:  # flush(): a second round trip with an update pass
-        rounds = [(c_blk, x_up, 0.0 if kind == "mirror" else x_dn),
+    if not cfg.fused_update:  # flush(): a second round trip with an update pass (hizoo: H
+        hz = cfg.zo_optimizer == "hizoo"  # scales the perturbation, so it travels in both)
+        rounds = [(c_blk, x_up + hz * s_up, (0.0 if kind == "mirror" else x_dn) + hz * s_dn),
                   (nb / pr, x_up + s_up, x_dn + s_dn)]
         e["compute"] += (ne + nh + N * nb) / pr
         eh_t += (ne + nh + st.resident) / pr
@@ -378,6 +382,7 @@ def _time(cfg: RunConfig, prof: dict, st: Stream, e: dict, notes: list[str]) -> 
               if overlap else eh_t + ee * (ups + downs))
     e["step"] = ends_t + st.re * c_blk + se * per
     down_rounds = 1 if kind == "mirror" else len(rounds)
+    sb *= 1 + (cfg.zo_optimizer == "hizoo" and len(rounds) > 1)  # H in both rounds (above)
     e["h2d"] = round(se * (st.up * len(rounds) + sb) + st.eup * len(rounds) + ee * sb)
     e["d2h"] = round(se * (st.down * down_rounds + sb) + st.edown * down_rounds + ee * sb)
     e["transfer"] = (se + ee) * max(ups, downs, alone / max(st.slots, 1))

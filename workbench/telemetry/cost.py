@@ -67,7 +67,8 @@ def forward_passes_per_step(config: dict[str, Any]) -> float:
         return float(FIXED_FORWARDS[method])
     if method in ZO_ESTIMATORS:  # the planner's count (config.zo_passes), from the record
         return float(zo_passes(int(config.get("queries", 1) or 1),
-                               config.get("estimator") or "central"))
+                               config.get("estimator") or "central",
+                               config.get("zo_optimizer") or "sgd"))
     return math.nan
 
 

@@ -44,7 +44,7 @@ class MeZOEngine:
         # The groups that train (``groups``) and those that stay as loaded (``frozen``).
         self.cfg, self.device = cfg, device
         self.weights = WholeWeights(model, source, cfg, device, objective)
-        self.ops = ZOOps(cfg.rng, device)
+        self.ops = ZOOps(cfg.rng, device, cfg.directions)
         # half weights under compressed-sr: the update rounds stochastically (else ops.update)
         sr = cfg.master == "compressed-sr" and weight_dtype(cfg) != torch.float32
         self.apply = half.updater(self.ops, sr, step_seed)

@@ -45,7 +45,7 @@ def replay(flats: list[torch.Tensor], names: list[str], n_decay: list[int],
     replayed on ``device`` from the snapshot taken before step ``first`` (``flats`` with its
     ``pending`` update and, for momentum / adam, the groups' ``opt_state``) and the step log's
     ``rows``, with the final pending update applied as a flush outside any step applies it."""
-    ops = ZOOps(config.rng, device)
+    ops = ZOOps(config.rng, device, config.directions)
     eps, zo = float(config.eps), config.method != "forward-grad"
     rule = config.zo_optimizer  # the step log's rows leave it to the run
     deferred = config.method != "mezo" and config.fused_update
@@ -96,9 +96,10 @@ def replay(flats: list[torch.Tensor], names: list[str], n_decay: list[int],
 
     upd = pending_from_dict(pending, device)
     for t in range(first, last):
-        st = ZOStep(int(rows[t]["seed"]), eps, upd, config.queries, config.estimator)
+        st = ZOStep(int(rows[t]["seed"]), eps, upd, config.queries, config.estimator,
+                    rule)
         each_group(t, lambda w, lay, apply, s: replay_pass(ops, w, lay, st, zo, apply, s),
-                   upd is not None)
+                   upd is not None or rule == "hizoo")  # hizoo: H scales every perturbation
         row = pending_from_dict(rows[t], device, rule)  # its rule's count and knobs: the run's
         upd = PendingUpdate.of(config, t, row.seed, row.g, row.lr, row.wd)
         if not deferred:  # applied within the step, in a pass of its own

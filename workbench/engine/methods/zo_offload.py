@@ -91,7 +91,8 @@ class ZOStreamStep:
                                    state=s.state_for(i)):
                     hidden[k] = adapter.run_block(block, hidden[k], ctx)
 
-            s.stream_blocks(step, dual_forward, write_back=True, state=st.pending is not None)
+            s.stream_blocks(step, dual_forward, write_back=True,
+                            state=st.pending is not None or st.rule == "hizoo")  # (H scales z)
             losses = [None] * n
             with timer.span("compute", "compute", compute, step, HEAD):
                 for k in zo_passes(ops, s.head.flat, s.head.layout, st,
@@ -125,7 +126,8 @@ class ZOStreamStep:
                     hidden[k] = adapter.run_block(adapter.blocks[i], hidden[k], ctx[0])
 
         with autocast(weights.device, weights.cfg.amp):
-            s.stream_blocks(step, visit, write_back=True, state=st.pending is not None)
+            s.stream_blocks(step, visit, write_back=True,
+                            state=st.pending is not None or st.rule == "hizoo")  # (H scales z)
         return finish_zo(weights, step, st, losses, lr, wd)
 
 

@@ -42,7 +42,7 @@ class StreamedWeights:
                  share: NodeShare | None = None, objective: Objective | None = None):
         self.cfg, self.device = cfg, device
         self.adapter = block_adapter(model, cfg)
-        self.ops = ZOOps(cfg.rng, device)
+        self.ops = ZOOps(cfg.rng, device, cfg.directions)
         self.timer = OpTimer(device, bus, cfg.telemetry)
         self.objective = objective or objective_for(cfg, model.config.vocab_size)
         self.streamer = BlockStreamer(self.adapter, source, cfg, device, self.timer, self.ops,

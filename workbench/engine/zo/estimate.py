@@ -4,7 +4,8 @@ Central (``queries`` = q, passes 2j and 2j + 1 at +eps z_j and -eps z_j): g_j = 
 2 eps, the update the mean of the q estimates, so its coefficients are g_j / q (one query: g
 itself, as MeZO). One-sided (FZOO; pass 0 clean, pass j at +eps z_j): g_j = (L_j - L_0) / eps,
 and the step is divided by the standard deviation sigma of the q perturbed losses: larger steps
-where the losses barely move, smaller where they spread (FZOO's normalised step). The directions
+where the losses barely move, smaller where they spread (FZOO's normalised step). HiZOO (pass
+0 clean, then + and -): (g, curvature), ``hizoo.coefficients``. The directions
 are regenerated from the step seed (``perturb.query_seeds``), so the coefficients are all a
 checkpoint or the step log keeps.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from workbench.engine.protocol import StepOutput
+from workbench.engine.zo import hizoo
 from workbench.engine.zo.step import MINUS, PLUS, ZOStep, projected_grad
 
 #: the spread of the queries' losses below which a one-sided step is not divided further (a
@@ -28,6 +30,9 @@ def estimate(losses: list[torch.Tensor], st: ZOStep) -> tuple[torch.Tensor, torc
     deviation of the q perturbed losses (FZOO's normalised step). The projected gradient
     reported is the mean g_j."""
     eps, q = st.eps, st.queries
+    if st.rule == "hizoo":  # clean, +, -: (g, curvature) (``hizoo.py``)
+        coefs = hizoo.coefficients(losses[0], losses[1], losses[2], eps)
+        return coefs, coefs[0]
     if st.estimator == "central":
         if q == 1:
             g = projected_grad(losses[PLUS], losses[MINUS], eps)
@@ -47,6 +52,8 @@ def step_output(losses: list[torch.Tensor], st: ZOStep, coefs: torch.Tensor,
     perturbed one and no "-" (one-sided); the coefficients when they are not g (the step
     log's row of a step of several queries)."""
     extra = coefs if coefs is not g else None
+    if st.rule == "hizoo":  # the clean pass's loss, with the + and - ones
+        return StepOutput(losses[0], g, losses[1], losses[2], extra)
     if st.estimator == "one-sided":
         return StepOutput(losses[0], g, torch.stack(losses[1:]).mean(), None, extra)
     plus, minus = losses[PLUS], losses[MINUS]
@@ -57,7 +64,9 @@ def step_output(losses: list[torch.Tensor], st: ZOStep, coefs: torch.Tensor,
 
 def pass_name(st: ZOStep, k: int) -> str:
     """Pass k as the timeline labels it: + / - (one central query), +j / -j (several), 0 for
-    the one-sided clean pass and +j for its perturbed ones (j from 1)."""
+    the one-sided clean pass and +j for its perturbed ones (j from 1); HiZOO's 0, +, -."""
+    if st.rule == "hizoo":
+        return "0+-"[k]
     if st.estimator == "one-sided":
         return f"+{k}" if k else "0"
     sign = "+-"[k % 2]

@@ -24,12 +24,14 @@ STATEFUL = tuple(rule for rule, k in ZO_STATE_SLOTS.items() if k)
 
 
 def hyper(cfg: RunConfig) -> tuple[float, ...]:
-    """The rule's own knobs: (momentum,) or (adam_beta1, adam_beta2, adam_eps); () for the
-    stateless rules."""
+    """The rule's own knobs: (momentum,), (adam_beta1, adam_beta2, adam_eps) or
+    (hessian_smooth,); () for the stateless rules."""
     if cfg.zo_optimizer == "momentum":
         return (float(cfg.momentum),)
     if cfg.zo_optimizer == "adam":
         return (float(cfg.adam_beta1), float(cfg.adam_beta2), float(cfg.adam_eps))
+    if cfg.zo_optimizer == "hizoo":
+        return (float(cfg.hessian_smooth),)
     return ()
 
 

@@ -21,7 +21,7 @@ from workbench.config import RunConfig
 from workbench.engine import kernels
 from workbench.engine.groups import GroupLayout
 from workbench.engine.rng import philox
-from workbench.engine.zo import half, optim
+from workbench.engine.zo import half, hizoo, optim
 
 
 MASK64 = (1 << 64) - 1
@@ -110,23 +110,33 @@ class ZOOps:
         rng: "philox" (counter-based; fused kernel on CUDA) or "torch" (torch.randn with a
             generator seeded from (seed, group id), as MeZO samples z).
         device: where the groups being operated on live.
+        directions: "gaussian" (z the normals) or "rademacher" (FZOO's +-1: z_i = 1 where the
+            same normal is >= 0, else -1). The fused kernel draws normals inside, so Rademacher
+            directions take the torch path on a materialised z (the kernel's normals on CUDA).
     """
 
-    def __init__(self, rng: str, device: torch.device):
-        self.rng, self.device = rng, torch.device(device)
-        self.kernels = (kernels.load("zo.kernels", "rng=philox")
+    def __init__(self, rng: str, device: torch.device, directions: str = "gaussian"):
+        self.rng, self.device, self.directions = rng, torch.device(device), directions
+        self.normals = (kernels.load("zo.kernels", "rng=philox")
                         if rng == "philox" and self.device.type == "cuda" else None)
+        self.kernels = self.normals if directions == "gaussian" else None  # the fused launches
         self.one = torch.ones((), dtype=torch.float32, device=self.device)  # ``step.shift``'s g
 
     def z(self, n: int, seed: int, gid: int, device: torch.device | None = None) -> torch.Tensor:
-        """The (n,) float32 normals of group ``gid`` at ``seed``."""
-        device = torch.device(device or self.device)
+        """The (n,) float32 directions of group ``gid`` at ``seed``: normals, or their signs
+        (+-1, 0 counted as +) for Rademacher directions."""
+        z = self._normals(n, seed, gid, torch.device(device or self.device))
+        if self.directions == "rademacher":  # in place: no temporary beside z
+            z.ge_(0).mul_(2).sub_(1)
+        return z
+
+    def _normals(self, n: int, seed: int, gid: int, device: torch.device) -> torch.Tensor:
         if self.rng == "torch":
             gen = torch.Generator(device=device)
             gen.manual_seed((seed << 31) ^ gid)
             return torch.randn(n, generator=gen, device=device, dtype=torch.float32)
-        if self.kernels is not None and device.type == "cuda":
-            return self.kernels.normals(n, seed, gid, device)
+        if self.normals is not None and device.type == "cuda":
+            return self.normals.normals(n, seed, gid, device)
         return philox.normals(n, seed, gid, device)
 
     def perturb(self, x: torch.Tensor, layout: GroupLayout, seed: int, scale: float,
@@ -152,6 +162,8 @@ class ZOOps:
         if upd.rule in optim.STATEFUL:
             if state is None:
                 raise ValueError(f"zo_optimizer={upd.rule}: group {layout.name} has no state")
+            if upd.rule == "hizoo":  # g = (g, curvature): its own update (``hizoo.py``)
+                return hizoo.update(self, x, layout, upd, state)
             optim.stateful_step(x, layout, self.estimate(x, layout, upd), state, upd.rule,
                                 upd.lr, upd.wd, upd.t, upd.hp)
             return

@@ -37,6 +37,7 @@ import torch
 from workbench.config import RunConfig
 from workbench.config import zo_passes as count_passes
 from workbench.engine.groups import GroupLayout
+from workbench.engine.zo import hizoo
 from workbench.engine.zo.chain import Chain
 from workbench.engine.zo.perturb import PendingUpdate, ZOOps, mix31, query_seeds
 
@@ -63,17 +64,18 @@ class ZOStep:
     pending: PendingUpdate | None = None
     queries: int = 1
     estimator: str = "central"
+    rule: str = "sgd"  # the run's zo_optimizer: hizoo adds a clean pass and scales z by H^-1/2
 
     @classmethod
     def of(cls, cfg: RunConfig, step: int, pending: PendingUpdate | None = None) -> "ZOStep":
         """Step ``step`` of a run with config ``cfg``."""
         return cls(step_seed(cfg.seed, step), float(cfg.eps), pending, cfg.queries,
-                   cfg.estimator)
+                   cfg.estimator, cfg.zo_optimizer)
 
     @property
     def passes(self) -> int:
-        """Forward passes of the step: 2 q (central), q + 1 (one-sided)."""
-        return count_passes(self.queries, self.estimator)
+        """Forward passes of the step: 2 q (central), q + 1 (one-sided), 3 (HiZOO)."""
+        return count_passes(self.queries, self.estimator, self.rule)
 
     @property
     def seeds(self) -> tuple[int, ...]:
@@ -116,6 +118,16 @@ def zo_passes(ops: ZOOps, flat: torch.Tensor, layout: GroupLayout, st: ZOStep,
         apply(flat, layout, upd)
         upd = None
     eps = st.eps
+    if st.rule == "hizoo":  # clean, +, -, each z scaled by the group's H^-1/2 (``hizoo.py``)
+        if state is None:
+            raise ValueError(f"zo_optimizer=hizoo: group {layout.name} has no Hessian state")
+        apply_update(ops, flat, layout, upd, state=state)
+        yield 0
+        for k, scale in ((1, +eps), (2, -2 * eps), (None, +eps)):
+            hizoo.perturb(ops, flat, layout, st.seed, scale, state)
+            if k is not None:
+                yield k
+        return
     if st.estimator == "central":
         for j, seed in enumerate(st.seeds):
             # query j's +eps, with the pending update (j = 0) or query j - 1's restore fused
