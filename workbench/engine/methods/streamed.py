@@ -84,6 +84,11 @@ class StreamedEngine:
         return self.weights.pending
 
     @property
+    def tied(self):
+        """The rule's copies of a head weight tied to the embedding (``zo/tied.py``), or None."""
+        return getattr(self.rule, "tied", None)
+
+    @property
     def bytes_h2d(self) -> int:
         return self.weights.bytes_h2d
 
