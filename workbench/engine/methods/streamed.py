@@ -111,6 +111,7 @@ class StreamedEngine:
     flush = held(StreamedWeights.flush)
     evaluate = held(StreamedWeights.evaluate)
     streamed_forward = held(StreamedWeights.streamed_forward)
+    streamed_head = held(StreamedWeights.streamed_head)
     state_flats = held(StreamedWeights.state_flats)
     load_state_flats = held(StreamedWeights.load_state_flats)
     base_flats = held(StreamedWeights.base_flats)
