@@ -87,6 +87,10 @@ class StreamedAdapters:
         """Final hidden states (B, T, D) with the adapters as they are (``StreamedWeights``')."""
         return self.base.streamed_forward(input_ids, attention_mask)
 
+    def streamed_head(self, hidden: torch.Tensor, ctx=None) -> torch.Tensor:
+        """The (frozen) head over ``hidden`` (``StreamedWeights.streamed_head``)."""
+        return self.base.streamed_head(hidden, ctx)
+
     # --- state: the adapters; the base is the streamer's ------------------------------------
     def state_flats(self) -> list[torch.Tensor]:
         return [g.flat for g in self.loras]
