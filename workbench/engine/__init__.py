@@ -37,7 +37,7 @@ def build_engine(model, source, cfg: RunConfig, device: torch.device, bus: Event
     Args:
         objective: what the loss is (the task's; default: ``cfg``'s, built without a
             tokenizer, which trains alike but cannot decode).
-        share: a ``stream.shared_host.NodeShare`` (data parallel, streamed methods: one host
+        share: a ``device.shared_host.NodeShare`` (data parallel, streamed methods: one host
             copy per node).
         measure: fo-offload only, and needed there: how it measures the rates it places its
             subgroups with (``workbench.calibrate.fo.measure``).

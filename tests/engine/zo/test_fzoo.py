@@ -19,7 +19,7 @@ from workbench.config import ConfigError, RunConfig
 from workbench.data.batches import SyntheticData
 from workbench.engine.events import EventBus
 from workbench.engine.groups import GroupLayout
-from workbench.engine.zo.mezo import MeZOEngine
+from workbench.engine.methods.mezo import MeZOEngine
 from workbench.engine.zo.perturb import ZOOps, query_seeds
 from workbench.engine.zo.step import step_seed
 from workbench.models.build import build_skeleton

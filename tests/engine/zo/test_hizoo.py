@@ -17,7 +17,7 @@ import torch
 from workbench.config import ConfigError, RunConfig
 from workbench.data.batches import SyntheticData
 from workbench.engine.events import EventBus
-from workbench.engine.zo.mezo import MeZOEngine
+from workbench.engine.methods.mezo import MeZOEngine
 from workbench.engine.zo.step import step_seed
 from workbench.models.build import build_skeleton
 from workbench.plan.planner import plan
