@@ -54,9 +54,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from workbench.recipes.signals import Interrupted, exit_status, graceful_stop
     from workbench.recipes.train import TrainRecipe
 
-    from workbench.recipes.threads import choose_threads
+    from workbench.recipes import threads
 
-    choose_threads(cfg)  # as the notebooks do; the run records it
+    threads.choose_threads(cfg)  # as the notebooks do, on the free cores; the run records it
+    if threads.NOTE and rank_is_main():
+        print(threads.NOTE, file=sys.stderr)
     rank = int(os.environ.get("RANK", "0"))  # under torchrun only rank 0 reports
     recipe = TrainRecipe(cfg, out, progress=not args.quiet and rank == 0,
                          overwrite=args.overwrite, force=args.force)
@@ -86,6 +88,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if rec.status == "stopped":
         return exit_status(got["signum"] or signal.SIGINT)
     return 0 if rec.status == "done" else 1
+
+
+def rank_is_main() -> bool:
+    """Under torchrun only rank 0 reports."""
+    return int(os.environ.get("RANK", "0")) == 0
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
