@@ -29,6 +29,7 @@ from workbench.calibrate.fo import measure
 from workbench.calibrate.machine import check_fits_here
 from workbench.config import ZO_METHODS, ConfigError, RunConfig, check_environment, trackers
 from workbench.data.sources import sst2_folder
+from workbench.data.sizes import data_sizes
 from workbench.data.task import build_task
 from workbench.engine import build_engine
 from workbench.engine.checkpoint import AsyncCheckpointer, StepLog
@@ -234,7 +235,8 @@ class TrainRecipe:
         self.sampler = Sampler(hz=cfg.sample_hz, t0=self.engine.timer.t0,
                                device_index=self.device.index or 0, on_sample=self._on_sample)
         self.record.environment = {**environment(cfg.device, self.sampler.static_info()),
-                                   **before, "torch threads (why)": threads.REASON}
+                                   **before, "torch threads (why)": threads.REASON,
+                                   **data_sizes(self.train_data, self.dev_data)}
         self.sampler.start()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -661,3 +663,4 @@ def _progress(total: int, initial: int):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, initial=initial, desc="train", unit="step", leave=False)
+
