@@ -76,3 +76,36 @@ def test_a_run_on_a_busy_host_says_so_and_records_why(tmp_path):
     env = json.loads((tmp_path / "run" / "run.json").read_text())["environment"]
     assert env["torch threads"] == 1
     assert "cores busy when the run started" in env["torch threads (why)"]
+
+
+def _run(out: Path, *sets: str) -> None:
+    args = [a for s in ("model=tiny-opt", "data=synthetic", "steps=10", "batch_size=2",
+                        "seq_len=16", *sets) for a in ("--set", s)]
+    r = subprocess.run([sys.executable, "-m", "workbench", "run", "--quiet", "--out", str(out),
+                        *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+
+
+def test_compare_and_the_report_call_a_ratio_timed_under_a_changed_load_within_noise(tmp_path):
+    """Two real runs; the load figure each saw is injected into its record (one quiet, one
+    beside other processes taking 80% of the CPU): compare and the report say the ratio is
+    within noise and why, where they printed it as a fact."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    _run(a)
+    _run(b, "method=zo-offload")
+    for d, other in ((a, 5.0), (b, 80.0)):
+        path = d / "run.json"
+        rec = json.loads(path.read_text())
+        rec["summary"]["noise"]["other_cpu_pct"] = other
+        path.write_text(json.dumps(rec))
+    r = subprocess.run([sys.executable, "-m", "workbench", "compare", str(a), str(b)], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    row = next(x for x in r.stdout.splitlines() if x.startswith("tokens/s (steady)"))
+    assert "within noise: the load changed between the runs (other processes 5% / 80% of host " \
+           "CPU)" in row, row
+    html = tmp_path / "report.html"
+    r = subprocess.run([sys.executable, "-m", "workbench", "report", str(a), str(b), "-o",
+                        str(html)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert html.read_text().count("within noise: the load changed between the runs") >= 2

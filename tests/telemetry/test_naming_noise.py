@@ -183,3 +183,17 @@ def test_the_update_schedule_row_is_the_trials_choice_even_if_it_never_ran():
     assert schedule_text(ran).endswith("best of 2 tried (the run ended before it ran)")
     assert schedule_text({"fo_stride": 2, "fo_perf_inputs": {"downcast": "none"}}) == "stride 2"
     assert schedule_text({}) is None
+
+
+def test_a_ratio_timed_while_the_load_changed_is_within_noise():
+    """One run on a quiet host, the other beside a hog (or on fewer threads, as the free cores
+    decided): their 6.24x says as much about the load as about the methods."""
+    quiet = {"step_spread": 0.04, "steady_steps": 30, "other_cpu_pct": 5.0, "threads": 2}
+    loaded = {**quiet, "other_cpu_pct": 80.0}
+    fewer = {**quiet, "threads": 1}
+    assert noise.ratio_text(6.24, quiet, loaded) == (
+        "6.24x, within noise: the load changed between the runs (other processes 5% / 80% of "
+        "host CPU)")
+    assert noise.ratio_text(0.16, quiet, fewer) == (
+        "0.16x, within noise: the load changed between the runs (torch threads 2 / 1)")
+    assert noise.ratio_text(6.24, quiet, {**quiet, "other_cpu_pct": 20.0}) == "6.24x"
