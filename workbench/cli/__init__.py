@@ -222,8 +222,15 @@ def format_summary(records) -> str:
     return text_table(records, run_labels(records))
 
 
+#: What ``--help`` says first: whole sentences (argparse reflows it; the module docstring's first
+#: line is cut mid-list).
+DESCRIPTION = ("zo-workbench: zeroth-order fine-tuning with CPU offloading, and a live view of the "
+               "machine. Every command checks its settings before any model is built; "
+               "'python -m workbench COMMAND --help' says what each takes.")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m workbench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m workbench", description=DESCRIPTION)
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp: argparse.ArgumentParser) -> None:
