@@ -31,3 +31,27 @@ def test_a_python_without_torch_is_told_to_use_wb_in_one_line(command):
     assert r.stdout == "" and len(r.stderr.splitlines()) == 1, r.stderr
     assert r.stderr.startswith("error: torch is not installed in this Python (")
     assert "run the workbench through ./wb" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("content, says", [
+    ("text,label\nhello,1\n", "1 example(s); a source without a dev split needs at least 2"),
+    ("sentence,score\n" + "".join(f"s{i},1\n" for i in range(20)), "data:"),
+])
+def test_validate_refuses_the_data_run_refuses_with_the_same_line(tmp_path, content, says):
+    data = tmp_path / "mine.csv"
+    data.write_text(content)
+    lines = {}
+    for cmd in (["validate"], ["run", "--quiet", "--out", str(tmp_path / "run")]):
+        r = subprocess.run([sys.executable, "-m", "workbench", *cmd, "--set", f"data={data}"],
+                           cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 2, (cmd, r.stdout, r.stderr)
+        lines[cmd[0]] = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    assert lines["validate"] == lines["run"] and says in lines["run"][0], lines
+    assert not (tmp_path / "run").exists()
+
+
+def test_validate_says_the_data_sizes():
+    r = subprocess.run([sys.executable, "-m", "workbench", "validate", "--set", "data=embedded"],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith("; data embedded: 240 train / 80 dev examples")

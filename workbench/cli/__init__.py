@@ -96,8 +96,20 @@ def rank_is_main() -> bool:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    """The checks ``run`` makes before it builds anything (``recipes.inputs``): a setting or
+    data file that run would refuse is refused here, with the same line."""
     cfg = _config(args)
-    print(f"ok: {cfg.method} on {cfg.model}, {cfg.steps} steps, device={cfg.device}")
+    check_environment(cfg)
+    from workbench.data.sizes import data_sizes
+    from workbench.recipes.inputs import check_inputs
+
+    read = check_inputs(cfg, force=args.force)
+    data = ""
+    if read is not None:
+        sizes = data_sizes(read[1].train, read[1].dev)
+        data = (f"; data {cfg.data}: {sizes.get('train examples', '?'):,} train / "
+                f"{sizes.get('dev examples', '?'):,} dev examples")
+    print(f"ok: {cfg.method} on {cfg.model}, {cfg.steps} steps, device={cfg.device}{data}")
     return 0
 
 
@@ -250,8 +262,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="start even when the planner says the run will not fit")
     sp.add_argument("--quiet", action="store_true", help="no progress bar")
     sp.set_defaults(fn=cmd_run)
-    sp = sub.add_parser("validate", help="check settings without running")
+    sp = sub.add_parser("validate", help="check settings, model and data as run does, without "
+                        "running")
     common(sp)
+    sp.add_argument("--force", action="store_true",
+                    help="skip the check that the run fits this machine (as run --force)")
     sp.set_defaults(fn=cmd_validate)
     sp = sub.add_parser("demo", help="the main job: MeZO vs ZO-offload training SmolLM2-135M "
                         "(LoRA) on the embedded sentiment set; on a GPU also opt-1.3b for speed")

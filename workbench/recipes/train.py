@@ -26,9 +26,7 @@ import torch
 
 from workbench import distributed
 from workbench.calibrate.fo import measure
-from workbench.calibrate.machine import check_fits_here
 from workbench.config import ZO_METHODS, ConfigError, RunConfig, check_environment, trackers
-from workbench.data.sources import sst2_folder
 from workbench.data.sizes import data_sizes
 from workbench.data.task import build_task
 from workbench.engine import build_engine
@@ -37,17 +35,15 @@ from workbench.engine.events import EvalEvent, EventBus, InfoEvent, StepEvent
 from workbench.engine.groups import digest, fingerprint
 from workbench.engine.timing import Deferred
 from workbench.engine.warmup import warm_kernels
-from workbench.models.build import build_skeleton, check_model_folder
-from workbench.models.lora import check_lora_targets
-from workbench.models.tokenizer import load_tokenizer
+from workbench.models.build import build_skeleton
 from workbench.plan.memory import EVAL_ROWS
-from workbench.plan.planner import preset_of
 from workbench.recipes.final_weights import write_final
 from workbench.recipes.guard import RunGuard
 from workbench.recipes.limits import cap_gpu_memory
 from workbench.recipes.prefetch import BatchPrefetch
 from workbench.recipes.outcome import artefact_failed, error_line, os_error, outcome_line
 from workbench.recipes import threads
+from workbench.recipes.inputs import check_inputs
 from workbench.recipes.identity import accept_data, data_fingerprint, identity, new_run_id
 from workbench.recipes.resume import load_resume_checkpoint, plan_resume, resume_roots
 from workbench.recipes.rundir import WRITE_EVERY_S, RunDir, RunWarning
@@ -158,16 +154,9 @@ class TrainRecipe:
         if trackers(cfg) and self.out_dir is None and main:
             raise ConfigError(["report_to: trackers write into the run directory; give the run "
                                "one (--out)"])
-        check_model_folder(cfg.model)
-        check_lora_targets(cfg)
-        if not self.force:  # arithmetic only: before the tokenizer, which may need the Hub
-            check_fits_here(cfg)
-        if cfg.data == "sst2":  # named before the tokenizer, which may try the Hub for a while
-            sst2_folder(cfg.resolved_data_dir)
-        if cfg.data != "synthetic":  # read and checked before the model is built
-            self.tokenizer = load_tokenizer(cfg.model, cfg.resolved_data_dir)
-            # the run's one objective: its head chunk sized for the model's vocabulary
-            self.task = build_task(cfg, self.tokenizer, preset_of(cfg.model).vocab)
+        read = check_inputs(cfg, self.force)  # what validate checks too
+        if read is not None:
+            self.tokenizer, self.task = read
         found = data_fingerprint(cfg, self.task, self.tokenizer)
         info = {"run_id": run_id or new_run_id(), "data_fingerprint": found}
         if resume:
