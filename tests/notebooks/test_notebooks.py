@@ -25,6 +25,8 @@ NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 SIZE_LINE = re.compile(r'^SIZE = "cpu-demo"\s+# or "gpu-full"', re.M)
 CELL_TIMEOUT_S = 300
+#: Notebooks that train for minutes on a CPU: they print progress lines as they go.
+TRAIN_FOR_MINUTES = ("11_export", "12_zo_rules")
 
 
 def test_there_are_notebooks():
@@ -129,4 +131,7 @@ def test_notebook_runs_headless(path, tmp_path, kernel_env):
     html = "".join(o.get("data", {}).get("text/html", "") for o in outputs)
     assert "plotly.js v" in html or "Plotly.newPlot" in html
     assert (tmp_path / "runs").is_dir(), "runs should be written under the working directory"
+    if path.stem in TRAIN_FOR_MINUTES:  # a line every few seconds while they train
+        stdout = "".join(o.text for o in outputs if o.output_type == "stream")
+        assert re.search(r": step \d+ of \d+, loss ", stdout), f"{path.name}: no progress"
     print(f"{path.name}: {seconds:.1f} s, {len(figures)} plotly figures")
