@@ -75,13 +75,15 @@ def format_plan(cfg: RunConfig, pl) -> str:
 def format_suggestions(rows: list[dict], budget_gib: float, top: int = 15) -> str:
     if not rows:
         return f"no zo-offload setting fits {budget_gib:g} GiB"
-    head = f"{'codec':<9}{'master':<14}{'resident':>8}{'tokens/s':>12}{'step s':>9}" \
-           f"{'GPU GiB':>9}{'host GiB':>10}{'PCIe GiB':>10}"
-    out = [f"zo-offload settings within {budget_gib:g} GiB (NVML level), best first:", head]
+    head = f"{'codec':<19}{'master':<14}{'resident':>8}{'tokens/s':>12}{'step s':>9}" \
+           f"{'GPU GiB':>9}{'host GiB':>10}{'host fits':>11}{'PCIe GiB':>10}"
+    out = [f"zo-offload settings within {budget_gib:g} GiB (NVML level), best first; host fits: "
+           "its host memory (with the process) within what this machine has free:", head]
     for r in rows[:top]:
-        out.append(f"{r['codec']:<9}{r['master']:<14}{r['resident_blocks']:>8}"
+        out.append(f"{r['codec']:<19}{r['master']:<14}{r['resident_blocks']:>8}"
                    f"{r['tokens_per_s']:>12,.0f}{r['step_seconds']:>9.3f}"
                    f"{r['nvml_gpu_mem_bytes'] / 2 ** 30:>9.2f}"
                    f"{r['host_mem_bytes'] / 2 ** 30:>10.1f}"
+                   f"{'yes' if r['fits_host'] else 'NO':>11}"
                    f"{r['pcie_bytes_per_step'] / 2 ** 30:>10.2f}")
     return "\n".join(out + ([f"... {len(rows) - top} more"] if len(rows) > top else []))

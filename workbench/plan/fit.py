@@ -151,4 +151,26 @@ def suggest(cfg: RunConfig, gpu_mem_budget_bytes: int, gpu: str | None = None,
                 break  # more resident blocks only need more
             out.append({"codec": codec, "master": master, "resident_blocks": r,
                         **{k: getattr(pl, k) for k in keys}})
-    return sorted(out, key=lambda d: (-d["tokens_per_s"], d["nvml_gpu_mem_bytes"]))
+    return sorted(_alike_merged(out, preset_of(cfg.model).num_layers),
+                  key=lambda d: (-d["tokens_per_s"], d["nvml_gpu_mem_bytes"]))
+
+
+def _alike_merged(rows: list[dict[str, Any]], layers: int) -> list[dict[str, Any]]:
+    """One row per distinct prediction: with every block resident nothing streams, so codec and
+    master change nothing (one row, "-" for both); otherwise codecs predicted alike at the same
+    master and resident blocks share a row ("bf16/fp16"), in the order tried."""
+    kept: dict[tuple, dict[str, Any]] = {}
+    for row in rows:
+        if row["resident_blocks"] >= layers:
+            key: tuple = ("all resident",)
+            row = {**row, "codec": "-", "master": "-"}
+        else:
+            key = (row["master"], row["resident_blocks"],
+                   *(round(float(row[k]), 6) for k in ("tokens_per_s", "nvml_gpu_mem_bytes",
+                                                       "host_mem_bytes", "pcie_bytes_per_step")))
+        if key in kept:
+            if row["codec"] not in kept[key]["codec"].split("/"):
+                kept[key]["codec"] += f"/{row['codec']}"
+        else:
+            kept[key] = dict(row)
+    return list(kept.values())
