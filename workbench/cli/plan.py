@@ -80,7 +80,10 @@ def format_suggestions(rows: list[dict], budget_gib: float, top: int = 15) -> st
     out = [f"zo-offload settings within {budget_gib:g} GiB (NVML level), best first; host fits: "
            "its host memory (with the process) within what this machine has free:", head]
     for r in rows[:top]:
-        out.append(f"{r['codec']:<19}{r['master']:<14}{r['resident_blocks']:>8}"
+        # every block resident: nothing streams, the formats are moot
+        codec = "-" if r.get("all_resident") else "/".join([r["codec"], *r.get("alike", [])])
+        master = "-" if r.get("all_resident") else r["master"]
+        out.append(f"{codec:<19}{master:<14}{r['resident_blocks']:>8}"
                    f"{r['tokens_per_s']:>12,.0f}{r['step_seconds']:>9.3f}"
                    f"{r['nvml_gpu_mem_bytes'] / 2 ** 30:>9.2f}"
                    f"{r['host_mem_bytes'] / 2 ** 30:>10.1f}"

@@ -157,20 +157,19 @@ def suggest(cfg: RunConfig, gpu_mem_budget_bytes: int, gpu: str | None = None,
 
 def _alike_merged(rows: list[dict[str, Any]], layers: int) -> list[dict[str, Any]]:
     """One row per distinct prediction: with every block resident nothing streams, so codec and
-    master change nothing (one row, "-" for both); otherwise codecs predicted alike at the same
-    master and resident blocks share a row ("bf16/fp16"), in the order tried."""
+    master change nothing (one row, the first tried: fp32 / fp32, ``all_resident`` true);
+    otherwise codecs predicted alike at the same master and resident blocks share the first's
+    row, the others listed in its ``alike`` (["fp16"]), in the order tried."""
     kept: dict[tuple, dict[str, Any]] = {}
     for row in rows:
-        if row["resident_blocks"] >= layers:
-            key: tuple = ("all resident",)
-            row = {**row, "codec": "-", "master": "-"}
-        else:
-            key = (row["master"], row["resident_blocks"],
-                   *(round(float(row[k]), 6) for k in ("tokens_per_s", "nvml_gpu_mem_bytes",
-                                                       "host_mem_bytes", "pcie_bytes_per_step")))
+        every = row["resident_blocks"] >= layers
+        key = ("all resident",) if every else (
+            row["master"], row["resident_blocks"],
+            *(round(float(row[k]), 6) for k in ("tokens_per_s", "nvml_gpu_mem_bytes",
+                                                "host_mem_bytes", "pcie_bytes_per_step")))
         if key in kept:
-            if row["codec"] not in kept[key]["codec"].split("/"):
-                kept[key]["codec"] += f"/{row['codec']}"
+            if not every and row["codec"] not in kept[key]["alike"]:
+                kept[key]["alike"].append(row["codec"])
         else:
-            kept[key] = dict(row)
+            kept[key] = {**row, "alike": [], "all_resident": every}
     return list(kept.values())
