@@ -57,11 +57,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from workbench.recipes import threads
 
     threads.choose_threads(cfg)  # as the notebooks do, on the free cores; the run records it
-    if threads.NOTE and rank_is_main():
-        print(threads.NOTE, file=sys.stderr)
     rank = int(os.environ.get("RANK", "0"))  # under torchrun only rank 0 reports
     recipe = TrainRecipe(cfg, out, progress=not args.quiet and rank == 0,
                          overwrite=args.overwrite, force=args.force)
+    if threads.NOTE and rank == 0:  # once its checks passed: a refused run says only why
+        recipe.on_prepared = lambda: print(threads.NOTE, file=sys.stderr, flush=True)
     with graceful_stop(recipe) as got:
         try:
             rec = recipe.run(resume=bool(args.resume))
@@ -88,11 +88,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     if rec.status == "stopped":
         return exit_status(got["signum"] or signal.SIGINT)
     return 0 if rec.status == "done" else 1
-
-
-def rank_is_main() -> bool:
-    """Under torchrun only rank 0 reports."""
-    return int(os.environ.get("RANK", "0")) == 0
 
 
 def cmd_validate(args: argparse.Namespace) -> int:

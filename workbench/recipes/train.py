@@ -20,7 +20,7 @@ import warnings
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -116,6 +116,9 @@ class TrainRecipe:
         self.guard: RunGuard | None = None  # divergence and failing checkpoint writes
         self.tokenizer = self.task = None  # read in ``prepare`` (but synthetic data)
         self._prepared = False
+        #: Called once ``prepare``'s checks passed (the CLI's busy-host note: after them, so a
+        #: refused run says only why).
+        self.on_prepared: Callable[[], None] | None = None
         self._resume_from: list[str] = []  # checkpoint folders to try, newest first
         self._resume_roots: list[Path] = []  # where they were looked for
         self.record_written = True  # False while the last write of run.json failed
@@ -179,6 +182,8 @@ class TrainRecipe:
         """``prepare``, then load data, build the model and engine, start sampling; with
         ``resume``, continue from the newest usable checkpoint."""
         self.prepare(resume)
+        if self.on_prepared is not None:
+            self.on_prepared()
         cfg = self.cfg
         if trackers(cfg) and self.out_dir is not None:  # report_to, subscribed as the collector
             before = set(self.out_dir.iterdir()) if self.out_dir.is_dir() else set()
