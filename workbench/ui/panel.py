@@ -375,11 +375,6 @@ def _load_planner() -> Callable[[RunConfig], Any] | None:
     return plan if callable(plan) else None
 
 
-def _bytes_text(n: float) -> str:
-    """"1.11 GB", "8.9 MB": a tiny run's buffers are no "0.00 GB"."""
-    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:,.1f} MB"
-
-
 def _prediction_html(plan: Callable[[RunConfig], Any] | None, cfg: RunConfig) -> str:
     """The planner's forecast for ``cfg``; it may answer with a mapping or an object (``Plan``)
     holding ``peak_gpu_mem_bytes`` and ``step_seconds``."""
@@ -393,12 +388,11 @@ def _prediction_html(plan: Callable[[RunConfig], Any] | None, cfg: RunConfig) ->
         return (f"<i>planner: no prediction ({html.escape(type(e).__name__)}: "
                 f"{html.escape(str(e))})</i>")
     if str(get("device", cfg.device)) == "cpu":  # no GPU memory to forecast: the host's
-        host = get("host_mem_bytes")
-        extra = (f"host memory for its buffers {_bytes_text(float(host))}"
-                 if host is not None else "no GPU")
+        n = float(get("host_mem_bytes", 0))  # (MB below a GB: no "0.00 GB" for a tiny run)
         fits = "" if get("fits_host", True) else " <b>(does not fit the host's memory)</b>"
-        return (f"<i>planner predicts (CPU run, no GPU): {extra}, step {step:.3f} s</i>"
-                f"{fits}")
+        return (f"<i>planner predicts (CPU run, no GPU): host memory for its buffers "
+                f"{f'{n / 1e9:.2f} GB' if n >= 1e9 else f'{n / 1e6:,.1f} MB'}, step "
+                f"{step:.3f} s</i>{fits}")
     fits = "" if get("fits_gpu", True) else " <b>(does not fit the GPU)</b>"
     return (f"<i>planner predicts: peak GPU memory {mem / 1e9:.2f} GB, "
             f"step {step:.3f} s</i>{fits}")
