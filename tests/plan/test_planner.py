@@ -245,7 +245,7 @@ def test_suggest_ranks_fitting_settings():
     fewest = [r for r in rows if r["block_slots"] == 2]  # fewer slots: room for more blocks
     assert max(r["resident_blocks"] for r in fewest) > fp32[0]["resident_blocks"]
     assert not any(r["stream_embeddings"] for r in rows)  # opt-13b ties its head
-    assert {r["codec"] for r in rows} >= {"fp32", "bf16"}
+    assert {c for r in rows for c in [r["codec"], *r["alike"]]} >= {"fp32", "bf16"}
 
 
 def test_planner_does_not_import_torch():
@@ -561,3 +561,23 @@ def test_optimizer_state_travels_with_each_streamed_block(master, per_elem):
         assert pl.step_seconds >= sgd.step_seconds
     mezo = plan(cfg_(model="opt-1.3b", method="mezo", zo_optimizer="adam"), gpu="h200")
     assert mezo.gpu_breakdown["optimizer state"] == 8 * p.total_params()
+
+
+def test_suggest_lists_each_setting_once_and_marks_host_fit(tmp_path):
+    """Settings predicted alike share a row (every block resident: codec and master change
+    nothing, one row), and each row says whether the host's free memory holds it."""
+    r = _cli("plan", "--suggest", "8", "--gpu", "h200", tmp_path=tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    head = lines[1].split()
+    assert head[:3] == ["codec", "master", "resident"] and "fits" in head, lines[1]
+    rows = [line for line in lines[2:] if not line.startswith("...")]
+    assert len(rows) == len(set(rows)), r.stdout  # no line twice
+    assert sum(line.split()[2] == "4" for line in rows) == 1  # tiny-opt: 4 blocks, one row
+    assert all(line.split()[-2] in ("yes", "NO") for line in rows)
+    js = _cli("plan", "--suggest", "8", "--gpu", "h200", "--json", tmp_path=tmp_path)
+    data = json.loads(js.stdout)
+    keys = [(d["codec"], d["master"], d["resident_blocks"]) for d in data]
+    assert len(keys) == len(set(keys))
+    shown = {("yes" if d["fits_host"] else "NO") for d in data[:len(rows)]}
+    assert shown == {line.split()[-2] for line in rows}

@@ -121,3 +121,40 @@ def test_equal_perturbed_losses_point_at_eps():
 def test_health_round_trips_through_json():
     h = health(_rec(_noisy([3.0] * 40)))
     assert Health.from_dict(h.to_dict()) == h
+
+
+def test_a_live_run_waiting_for_its_dev_eval_is_not_told_to_raise_lr():
+    """The demo's case: 60 steps, a dev eval at step 0 and one at the end. Mid-run the noisy
+    ZO loss has not moved beyond its noise: the verdict waits for the eval that will tell,
+    says what it read, and advises no lr change; the same record finished without a second
+    eval (nothing to come) may still say raise lr."""
+    losses = _noisy([3.0] * 40, scatter=0.3, seed=3)
+    first = _evals(0.9, 0.9)[:1]
+    live = health(_rec(losses, first, status="running", steps=60, eval_every=0))
+    assert live.state == "too short to tell", live.text
+    assert "raise lr" not in live.advice and "wait for the dev eval at the end (step 60)" in \
+        live.advice
+    assert live.evidence["basis"] == ("the training loss of 40 steps; one dev eval so far, at "
+                                      "step 0 (64 examples)")
+    assert live.text.endswith(f"(based on {live.evidence['basis']})")
+    every = health(_rec(losses, first, status="running", steps=60, eval_every=25))
+    assert "wait for the dev eval at step 50" in every.advice
+    done = health(_rec(losses, first, status="done", steps=60))
+    assert done.state == "not learning" and "raise lr" in done.advice
+    assert "based on the training loss of 40 steps; one dev eval" in done.text
+
+
+@pytest.mark.parametrize("n, state", [(4, "not learning"), (80, "learning")])
+def test_a_dev_set_of_a_few_examples_cannot_make_learning(n, state):
+    """A 40-row file leaves 4 dev rows: their loss falling 7% while the training loss is flat
+    and accuracy stays 0.50 is no evidence; the same drop over 80 examples is."""
+    losses = _noisy([3.0] * 40, scatter=0.3, seed=5)
+    h = health(_rec(losses, _evals(0.70, 0.65, 0.5, 0.5, n=n)))
+    assert h.state == state, h.text
+    assert f"({n} examples" in h.evidence["basis"]
+    if n < 20:
+        assert "over only 4 dev examples (at least 20 to count)" in h.text
+        assert "too few to weigh" in h.text
+    # nor a rise of a few examples diverging
+    up = health(_rec(losses, _evals(0.70, 0.95, 0.5, 0.5, n=n)))
+    assert up.state == ("not learning" if n < 20 else "diverging"), up.text

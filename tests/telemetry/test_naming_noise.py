@@ -183,3 +183,36 @@ def test_the_update_schedule_row_is_the_trials_choice_even_if_it_never_ran():
     assert schedule_text(ran).endswith("best of 2 tried (the run ended before it ran)")
     assert schedule_text({"fo_stride": 2, "fo_perf_inputs": {"downcast": "none"}}) == "stride 2"
     assert schedule_text({}) is None
+
+
+def test_a_ratio_timed_while_the_load_changed_is_within_noise():
+    """One run on a quiet host, the other beside a hog (or on fewer threads, as the free cores
+    decided): their 6.24x says as much about the load as about the methods."""
+    quiet = {"step_spread": 0.04, "steady_steps": 30, "other_cpu_pct": 5.0, "threads": 2}
+    loaded = {**quiet, "other_cpu_pct": 80.0}
+    fewer = {**quiet, "threads": 1}
+    assert noise.ratio_text(6.24, quiet, loaded) == (
+        "6.24x, within noise: the load changed between the runs (other processes 5% / 80% of "
+        "host CPU)")
+    assert noise.ratio_text(0.16, quiet, fewer) == (
+        "0.16x, within noise: the load changed between the runs (torch threads 2 / 1)")
+    assert noise.ratio_text(6.24, quiet, {**quiet, "other_cpu_pct": 20.0}) == "6.24x"
+
+
+def test_labels_keep_each_setting_whole_and_short():
+    """Words of a value that the folder name also has are not dropped from it
+    ("template={text} Category B): label_words= B" before), and labels of long values stay
+    short enough for a chart's legend while telling the runs apart."""
+    a = _rec("runs/category-b-task", template="{text} Category B", label_words=" A, B")
+    b = _rec("runs/other", template="{text} Category C", label_words=" C, D")
+    assert run_labels([a, b]) == [
+        "category-b-task: mezo template='{text} Category B' label_words=' A, B'",
+        "other: mezo template='{text} Category C' label_words=' C, D'"]
+    long = "Classify the following customer review into one of the categories. Review: {text}"
+    runs = [_rec(f"runs/r{i}", template=f"{long} Category {c}", data=f"/d/long_file_{c}.csv",
+                 label_words=f" alpha, beta, gamma, {c}", lr=10.0 ** -i, seed=i, eps=0.01 * i)
+            for i, c in enumerate("AB")]
+    labels = run_labels(runs)
+    assert len(set(labels)) == 2 and all(len(x) <= 90 for x in labels), labels
+    assert labels[0] == "r0: mezo lr=1 seed=0 template='…view: {text} Category A' +3 more"
+    assert labels[0].endswith(" more") and "Category B'" in labels[1]

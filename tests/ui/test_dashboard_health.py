@@ -40,3 +40,17 @@ def test_a_diverged_run_ends_the_auto_refresh():
     thread = d.start_auto_refresh(interval_s=0.05)
     thread.join(timeout=10)
     assert not thread.is_alive() and d.refreshes >= 1
+
+
+def test_a_live_header_says_what_its_health_reads_and_waits_for_the_dev_eval():
+    """The demo's settings evaluate at step 0 and at the end only. Mid-run, the header names
+    its evidence and does not tell the user to raise lr 10x on a noisy ZO loss alone."""
+    rec = _record([3.0] * 30)
+    rec.evals = [{"step": 0, "loss": 0.9, "accuracy": 0.52, "examples": 80,
+                  "metrics": {"loss": 0.9, "accuracy": 0.52}}]
+    d = Dashboard(rec, min_interval_s=0.0)
+    d.refresh(force=True)
+    head = d.status.value
+    assert ">too short to tell</b>" in head, head
+    assert "(on training loss of 30 steps; one dev eval so far, at step 0 (80 examples))" in head
+    assert "raise lr" not in head and "wait for the dev eval at the end (step 60)" in head

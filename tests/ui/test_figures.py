@@ -131,6 +131,18 @@ def test_fo_offload_timeline_has_update_lanes_with_each_subgroup_once_per_step(t
         assert all(c[0] == f"subgroup {t}" for c, t in zip(cpu.customdata, cpu.text))
         assert {c[4] for c in cpu.customdata} == {"1 thread"}
         assert {c[4] for c in gpu.customdata} == {"resident", "interleaved"}
+        # a subgroup's number that would shrink below a readable size in its bar is hidden
+        assert fig.layout.uniformtext.mode == "hide" and fig.layout.uniformtext.minsize >= 9
+    # notebook 05's tables of the schedule: readable rows, not run.json's dictionaries
+    from workbench.ui.fo_tables import fo_tables_html
+
+    page = fo_tables_html(rec)
+    assert "{" not in page.replace("{text}", "") and "'per_s'" not in page
+    assert "<td style='text-align:left'>schedule kept</td>" in page
+    assert f"{n_sub} of 20,000 parameters" in page
+    for part in ("fp32 masters up the link", "update on the CPU (AdamW)"):
+        assert part in page
+    assert page.count("kept</td>") >= 1 + bool(rec.info.get("fo_trial"))
 
 
 def test_timeline_without_events_has_note():

@@ -54,12 +54,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     from workbench.runs.signals import Interrupted, exit_status, graceful_stop
     from workbench.recipes.train import TrainRecipe
 
-    from workbench.runs.threads import choose_threads
+    from workbench.runs import threads
 
-    choose_threads(cfg)  # as the notebooks do; the run records it
+    threads.choose_threads(cfg)  # as the notebooks do, on the free cores; the run records it
     rank = int(os.environ.get("RANK", "0"))  # under torchrun only rank 0 reports
     recipe = TrainRecipe(cfg, out, progress=not args.quiet and rank == 0,
                          overwrite=args.overwrite, force=args.force)
+    if threads.NOTE and rank == 0:  # once its checks passed: a refused run says only why
+        recipe.on_prepared = lambda: print(threads.NOTE, file=sys.stderr, flush=True)
     with graceful_stop(recipe) as got:
         try:
             rec = recipe.run(resume=bool(args.resume))
@@ -89,8 +91,20 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    """The checks ``run`` makes before it builds anything (``recipes.inputs``): a setting or
+    data file that run would refuse is refused here, with the same line."""
     cfg = _config(args)
-    print(f"ok: {cfg.method} on {cfg.model}, {cfg.steps} steps, device={cfg.device}")
+    check_environment(cfg)
+    from workbench.data.sizes import data_sizes
+    from workbench.recipes.inputs import check_inputs
+
+    read = check_inputs(cfg, force=args.force)
+    data = ""
+    if read.task is not None:
+        sizes = data_sizes(read.task.train, read.task.dev)
+        data = (f"; data {cfg.data}: {sizes.get('train examples', '?'):,} train / "
+                f"{sizes.get('dev examples', '?'):,} dev examples")
+    print(f"ok: {cfg.method} on {cfg.model}, {cfg.steps} steps, device={cfg.device}{data}")
     return 0
 
 
@@ -215,8 +229,15 @@ def format_summary(records) -> str:
     return text_table(records, run_labels(records))
 
 
+#: What ``--help`` says first: whole sentences (argparse reflows it; the module docstring's first
+#: line is cut mid-list).
+DESCRIPTION = ("zo-workbench: zeroth-order fine-tuning with CPU offloading, and a live view of the "
+               "machine. Every command checks its settings before any model is built; "
+               "'python -m workbench COMMAND --help' says what each takes.")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m workbench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m workbench", description=DESCRIPTION)
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp: argparse.ArgumentParser) -> None:
@@ -236,8 +257,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="start even when the planner says the run will not fit")
     sp.add_argument("--quiet", action="store_true", help="no progress bar")
     sp.set_defaults(fn=cmd_run)
-    sp = sub.add_parser("validate", help="check settings without running")
+    sp = sub.add_parser("validate", help="check settings, model and data as run does, without "
+                        "running")
     common(sp)
+    sp.add_argument("--force", action="store_true",
+                    help="skip the check that the run fits this machine (as run --force)")
     sp.set_defaults(fn=cmd_validate)
     sp = sub.add_parser("demo", help="the main job: MeZO vs ZO-offload training SmolLM2-135M "
                         "(LoRA) on the embedded sentiment set; on a GPU also opt-1.3b for speed")

@@ -102,15 +102,17 @@ def demo_pair(config_file: str | None, sets: dict[str, str], out: Path,
               report: Callable[[list[Path], Path], Path | None]) -> list:
     """MeZO then zo-offload on ``settings`` (with ``config_file`` and the ``--set`` values
     ``sets`` on top) in ``out/<method>``, their table, what they learned, and their report."""
-    from workbench.runs.threads import choose_threads
+    from workbench.runs import threads
     from workbench.recipes.train import run
 
     records = []
     for method in ("mezo", "zo-offload"):
         cfg = load_config(config_file, {**settings, "method": method, **sets})
         check_environment(cfg)
-        choose_threads(cfg)  # as the notebooks do; the run records it
+        threads.choose_threads(cfg)  # as the notebooks do, on the free cores; the run records it
         print(f"== {method}: {cfg.model} on {cfg.data}, {cfg.steps} steps, device={cfg.device}")
+        if threads.NOTE:
+            print(threads.NOTE)
         # The demo's folders are its own: a second demo replaces the first one's runs.
         records.append(run(cfg, out / method, progress=progress, overwrite=True))
     print(summary(records))

@@ -60,9 +60,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if run_dir is not None:
         cfg = run_config(run_dir, overrides, args.config)
     else:
+        task, note = _export_task(args.model) if args.model else ({}, "")
         if args.model:
-            overrides = {"model": args.model, **overrides}
+            overrides = {"model": args.model, **task, **overrides}
         cfg = load_config(args.config, overrides)
+        if note and not args.json:
+            print(note, file=sys.stderr)
     metrics = evaluate(cfg, run_dir, step=args.step, force=args.force)
     if args.json:
         print(json.dumps(metrics, indent=1))
@@ -72,6 +75,37 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     for name, value in metrics.items():
         print(f"  dev {name:<12} {value:.4f}")
     return 0
+
+
+def _export_task(folder: str) -> tuple[dict[str, str], str]:
+    """An exported folder's run's task (``workbench_export.json``: its ``task``, else the run's
+    own run.json where the run is still there) as --set values, and a line saying whose task
+    it is; ({}, "") for a folder that is no export of a run. ``--set`` overrides it."""
+    from pathlib import Path
+
+    from workbench.export.exporter import INFO_FILE, run_task
+
+    info_file = Path(folder).expanduser() / INFO_FILE
+    if not info_file.is_file():
+        return {}, ""
+    try:
+        info = json.loads(info_file.read_text())
+    except (OSError, ValueError):
+        return {}, ""
+    task = info.get("task")
+    run_dir = Path(str(info.get("run_dir", "")))
+    if not isinstance(task, dict) and (run_dir / "run.json").is_file():
+        try:  # an export written before its task was recorded: the run's own record
+            task = run_task(json.loads((run_dir / "run.json").read_text()).get("config") or {})
+        except (OSError, ValueError):
+            task = None
+    if not isinstance(task, dict) or not task:
+        return {}, (f"note: {info_file} records no task; evaluating on the settings given "
+                    "(--set data=... objective=... for the run's own)")
+    sets = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in task.items()}
+    return sets, (f"note: evaluating on the task the run learned (recorded in {INFO_FILE}): "
+                  f"data={sets.get('data')}, objective={sets.get('objective', 'classify')}; "
+                  "--set overrides it")
 
 
 def add_parsers(sub, common) -> None:

@@ -77,16 +77,21 @@ def format_plan(cfg: RunConfig, pl) -> str:
 def format_suggestions(rows: list[dict], budget_gib: float, top: int = 15) -> str:
     if not rows:
         return f"no zo-offload setting fits {budget_gib:g} GiB"
-    head = f"{'codec':<9}{'master':<14}{'resident':>8}{'ends':>9}{'slots':>6}{'tokens/s':>12}" \
-           f"{'step s':>9}{'GPU GiB':>9}{'host GiB':>10}{'PCIe GiB':>10}"
-    out = [f"zo-offload settings within {budget_gib:g} GiB (NVML level), best first "
-           "(ends: the embedding and head resident or streamed, stream_embeddings):", head]
+    head = f"{'codec':<19}{'master':<14}{'resident':>8}{'ends':>9}{'slots':>6}{'tokens/s':>12}" \
+           f"{'step s':>9}{'GPU GiB':>9}{'host GiB':>10}{'host fits':>11}{'PCIe GiB':>10}"
+    out = [f"zo-offload settings within {budget_gib:g} GiB (NVML level), best first (ends: the "
+           "embedding and head resident or streamed, stream_embeddings; host fits: its host "
+           "memory, with the process, within what this machine has free):", head]
     for r in rows[:top]:
         ends = "streamed" if r["stream_embeddings"] else "resident"
-        out.append(f"{r['codec']:<9}{r['master']:<14}{r['resident_blocks']:>8}{ends:>9}"
+        # every block resident: nothing streams, the formats are moot
+        codec = "-" if r.get("all_resident") else "/".join([r["codec"], *r.get("alike", [])])
+        master = "-" if r.get("all_resident") else r["master"]
+        out.append(f"{codec:<19}{master:<14}{r['resident_blocks']:>8}{ends:>9}"
                    f"{r['block_slots']!s:>6}"
                    f"{r['tokens_per_s']:>12,.0f}{r['step_seconds']:>9.3f}"
                    f"{r['nvml_gpu_mem_bytes'] / 2 ** 30:>9.2f}"
                    f"{r['host_mem_bytes'] / 2 ** 30:>10.1f}"
+                   f"{'yes' if r['fits_host'] else 'NO':>11}"
                    f"{r['pcie_bytes_per_step'] / 2 ** 30:>10.2f}")
     return "\n".join(out + ([f"... {len(rows) - top} more"] if len(rows) > top else []))

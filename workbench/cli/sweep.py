@@ -44,9 +44,11 @@ def sweep_command(base: RunConfig, args: argparse.Namespace) -> int:
                               "evaluate; rank by tokens_per_s or loss, or use a data set"])
     sweep = Sweep.grid(base, axes, args.out, resume=bool(args.resume), overwrite=args.overwrite,
                        rank_by=rank_by)
-    from workbench.runs.threads import choose_threads
+    from workbench.runs import threads
 
-    choose_threads(base)  # as the notebooks do (the grid's model and device are the base's)
+    threads.choose_threads(base)  # the grid's model and device are the base's
+    if threads.NOTE:
+        print(threads.NOTE)
     _say_refused(sweep)
     if not sweep.runnable and not sweep.finished():
         raise SweepError([f"sweep: every point of the grid was refused ({len(sweep.points)}); "

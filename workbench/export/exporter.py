@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
 
@@ -36,6 +36,9 @@ from workbench.models.adapter import BlockAdapter
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 KINDS = {"model": "model", "adapter": "PEFT adapter", "merged": "merged model"}
+#: The run settings that make its task (``run_task``).
+TASK_KEYS = ("data", "data_dir", "train_samples", "eval_samples", "seq_len", "seed",
+             *(f.name for f in fields(RunConfig) if f.metadata.get("group") == "task"))
 INFO_FILE = "workbench_export.json"  # provenance: the run, its digests, what was written
 
 
@@ -287,7 +290,21 @@ def _facts(weights: RunWeights, kind: str, model: _Model, dtype: torch.dtype,
             "origin": weights.origin, "dtype": NAMES[dtype], "weights_digest": digest,
             "param_digest": rec.param_digest, "base_digest": rec.base_digest,
             "base": model.base_name(), "pending_applied": weights.pending,
-            "config": rec.config, "evals": rec.evals}
+            "task": run_task(rec.config), "config": rec.config, "evals": rec.evals}
+
+
+def run_task(config: dict[str, Any]) -> dict[str, Any]:
+    """The settings that make a run's task (its data and how it is read and scored), for
+    ``evaluate FOLDER`` to score the export on the task it learned; a data file or folder given
+    by a relative path is made absolute (the export is evaluated from anywhere)."""
+    task = {k: config[k] for k in TASK_KEYS if k in config}
+    data = str(task.get("data", ""))
+    if data and data not in ("embedded", "sst2", "synthetic") and not data.startswith("hf:") \
+            and Path(data).expanduser().exists():
+        task["data"] = str(Path(data).expanduser().resolve())
+    if task.get("data_dir"):
+        task["data_dir"] = str(Path(task["data_dir"]).expanduser().resolve())
+    return task
 
 
 def group_layouts(cfg: RunConfig) -> list[GroupLayout]:

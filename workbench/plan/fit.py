@@ -168,7 +168,8 @@ def suggest(cfg: RunConfig, gpu_mem_budget_bytes: int, gpu: str | None = None,
                             "stream_embeddings": setting.stream_embeddings,
                             "block_slots": setting.block_slots,
                             **{k: getattr(pl, k) for k in keys}})
-    return sorted(out, key=lambda d: (-d["tokens_per_s"], d["nvml_gpu_mem_bytes"]))
+    return sorted(_alike_merged(out, n),
+                  key=lambda d: (-d["tokens_per_s"], d["nvml_gpu_mem_bytes"]))
 
 
 def _savers(cfg: RunConfig, p: Preset) -> list[dict[str, Any]]:
@@ -185,3 +186,23 @@ def _savers(cfg: RunConfig, p: Preset) -> list[dict[str, Any]]:
     if cfg.block_slots == "auto" and SPARE_SLOTS[transfer_kind(cfg, p)] > 1:
         out += [{**o, "block_slots": fewest} for o in out]
     return out
+
+
+def _alike_merged(rows: list[dict[str, Any]], layers: int) -> list[dict[str, Any]]:
+    """One row per distinct prediction: with every block resident nothing streams, so codec and
+    master change nothing (one row, the first tried: fp32 / fp32, ``all_resident`` true);
+    otherwise codecs predicted alike at the same master and resident blocks share the first's
+    row, the others listed in its ``alike`` (["fp16"]), in the order tried."""
+    kept: dict[tuple, dict[str, Any]] = {}
+    for row in rows:
+        every = row["resident_blocks"] >= layers
+        key = ("all resident", row["stream_embeddings"], row["block_slots"]) if every else (
+            row["master"], row["resident_blocks"], row["stream_embeddings"], row["block_slots"],
+            *(round(float(row[k]), 6) for k in ("tokens_per_s", "nvml_gpu_mem_bytes",
+                                                "host_mem_bytes", "pcie_bytes_per_step")))
+        if key in kept:
+            if not every and row["codec"] not in kept[key]["alike"]:
+                kept[key]["alike"].append(row["codec"])
+        else:
+            kept[key] = {**row, "alike": [], "all_resident": every}
+    return list(kept.values())

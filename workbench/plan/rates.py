@@ -27,8 +27,9 @@ Assumptions with no measurement behind them (calibrate replaces all but the last
     re-encode) 1.5 G params/s; torch-only philox on the GPU 3 G/s;
     reuse_buffers=false multiplies transfer time by 1 / 0.37 (the paper's ablation: 37% of the
     throughput without a reusable block buffer; our caching allocator likely does better).
-The CPU profile (device=cpu) is measure-free: 50 GFLOP/s fp32, bf16 autocast half that (no
-AMX assumed), 20 GB/s memory, torch philox 0.01 G/s, randn + add 0.2 G/s.
+The CPU profile (device=cpu) is measure-free: ``CPU_FLOPS_PER_CORE`` fp32 per core the process
+may use (an fp32 matmul's rate, measured: see there), bf16 autocast half that (no AMX assumed),
+20 GB/s memory, torch philox 0.01 G/s, randn + add 0.2 G/s.
 
 GPU table entries scale the H200 profile (peak-ratio guesses, not measurements): see GPUS.
 Pure data and arithmetic: no torch.
@@ -114,8 +115,27 @@ def gpu_profile(name: str) -> dict[str, Any]:
     return prof
 
 
+#: fp32 FLOP/s of one CPU core in the matrix products a block runs. Measured (2026-11-28, AMD
+#: EPYC, torch 2.13 CPU, one thread, by process CPU time so a busy host does not lower it):
+#: 89-95 GFLOP/s at the shapes of SmolLM2's and tiny-opt's blocks (256 x 576 @ 576 x 1536,
+#: 1024 x 64 @ 64 x 256) and at 1024^3; taken a little under, as runs add elementwise ops.
+#: The flat 50 GFLOP/s this replaced predicted the demo's CPU tokens/s at a third of the
+#: measured (1,214 vs 3,455). ``calibrate --device cpu`` measures a machine's own.
+CPU_FLOPS_PER_CORE = 80e9
+
+
+def cpu_cores() -> int:
+    """CPU cores this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
 def cpu_profile() -> dict[str, Any]:
-    return dict(CPU)
+    """``CPU`` with its compute rates for this machine's cores (``CPU_FLOPS_PER_CORE`` each)."""
+    flops = CPU_FLOPS_PER_CORE * cpu_cores()
+    return {**CPU, "flops_fp32": flops, "flops_bf16": flops / 2}
 
 
 # --- the cache: this machine's calibration ------------------------------------------------------

@@ -20,15 +20,14 @@ import warnings
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from workbench import distributed
 from workbench.calibrate.fo import measure
-from workbench.calibrate.machine import check_fits_here
 from workbench.config import ZO_METHODS, ConfigError, RunConfig, check_environment, trackers
-from workbench.data.sources import sst2_folder
+from workbench.data.sizes import data_sizes
 from workbench.data.task import build_task
 from workbench.engine import build_engine
 from workbench.engine.checkpoint import AsyncCheckpointer, StepLog
@@ -36,18 +35,15 @@ from workbench.engine.events import EvalEvent, EventBus, InfoEvent, StepEvent
 from workbench.engine.groups import digest, fingerprint
 from workbench.engine.timing import Deferred
 from workbench.engine.warmup import warm_kernels
-from workbench.models.build import build_skeleton, check_model_folder
-from workbench.models.shape import shape_of
-from workbench.models.lora import check_lora_targets
-from workbench.models.tokenizer import load_tokenizer
+from workbench.models.build import build_skeleton
 from workbench.plan.memory import EVAL_ROWS
-from workbench.plan.planner import plan
 from workbench.runs.final_weights import write_final
 from workbench.runs.guard import RunGuard
 from workbench.runs.limits import cap_gpu_memory
 from workbench.runs.prefetch import BatchPrefetch
 from workbench.runs.outcome import artefact_failed, error_line, os_error, outcome_line
 from workbench.runs import threads
+from workbench.recipes.inputs import check_inputs
 from workbench.runs.identity import accept_data, data_fingerprint, identity, new_run_id
 from workbench.runs.resume import load_resume_checkpoint, plan_resume, resume_roots
 from workbench.runs.rundir import WRITE_EVERY_S, RunDir, RunWarning
@@ -120,6 +116,9 @@ class TrainRecipe:
         self.guard: RunGuard | None = None  # divergence and failing checkpoint writes
         self.tokenizer = self.task = None  # read in ``prepare`` (but synthetic data)
         self._prepared = False
+        #: Called once ``prepare``'s checks passed (the CLI's busy-host note: after them, so a
+        #: refused run says only why).
+        self.on_prepared: Callable[[], None] | None = None
         self._resume_from: list[str] = []  # checkpoint folders to try, newest first
         self._resume_roots: list[Path] = []  # where they were looked for
         self.record_written = True  # False while the last write of run.json failed
@@ -158,18 +157,9 @@ class TrainRecipe:
         if trackers(cfg) and self.out_dir is None and main:
             raise ConfigError(["report_to: trackers write into the run directory; give the run "
                                "one (--out)"])
-        check_model_folder(cfg.model)
-        check_lora_targets(cfg)
-        # arithmetic only: before the tokenizer, which may need the Hub; the plan goes into the
-        # record, so what is drawn of it later is read from the run, never re-planned
-        planned = plan(cfg, shape=shape_of(cfg.model)) if self.force else check_fits_here(cfg)
-        self.record.info["plan"] = planned.to_dict()
-        if cfg.data == "sst2":  # named before the tokenizer, which may try the Hub for a while
-            sst2_folder(cfg.resolved_data_dir)
-        if cfg.data != "synthetic":  # read and checked before the model is built
-            self.tokenizer = load_tokenizer(cfg.model, cfg.resolved_data_dir)
-            # the run's one objective: its head chunk sized for the model's vocabulary
-            self.task = build_task(cfg, self.tokenizer, shape_of(cfg.model).vocab)
+        read = check_inputs(cfg, self.force)  # what validate checks too
+        if read is not None:
+            self.tokenizer, self.task = read
         found = data_fingerprint(cfg, self.task, self.tokenizer)
         info = {"run_id": run_id or new_run_id(), "data_fingerprint": found}
         if resume:
@@ -192,6 +182,8 @@ class TrainRecipe:
         """``prepare``, then load data, build the model and engine, start sampling; with
         ``resume``, continue from the newest usable checkpoint."""
         self.prepare(resume)
+        if self.on_prepared is not None:
+            self.on_prepared()
         cfg = self.cfg
         if trackers(cfg) and self.out_dir is not None:  # report_to, subscribed as the collector
             before = set(self.out_dir.iterdir()) if self.out_dir.is_dir() else set()
@@ -237,7 +229,8 @@ class TrainRecipe:
         self.sampler = Sampler(hz=cfg.sample_hz, t0=self.engine.timer.t0,
                                device_index=self.device.index or 0, on_sample=self._on_sample)
         self.record.environment = {**environment(cfg.device, self.sampler.static_info()),
-                                   **before, "torch threads (why)": threads.REASON}
+                                   **before, "torch threads (why)": threads.REASON,
+                                   **data_sizes(self.train_data, self.dev_data)}
         self.sampler.start()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -664,3 +657,4 @@ def _progress(total: int, initial: int):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, initial=initial, desc="train", unit="step", leave=False)
+

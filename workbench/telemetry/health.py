@@ -19,10 +19,17 @@ outliers), so a claim needs the loss to move by more than its noise:
                   the dev loss down by ``DEV_MOVE`` or more, or the main dev metric (accuracy,
                   exact match) up by more than two standard errors of its dev set
     not learning  none of those over at least ``MIN_STEPS`` steps
-    too short     fewer than ``MIN_STEPS`` steps, and the dev evals (if any) show no change
+    too short     fewer than ``MIN_STEPS`` steps, and the dev evals (if any) show no change;
+                  or a run still going whose training loss has not moved beyond its noise
+                  while a dev evaluation is still to come (the first one was taken): a ZO
+                  step's loss scatters too much for tens of steps to tell, and the dev eval
+                  that will tell has not run yet
 The dev evals (the same examples at every eval, so no batch noise) carry the most weight on
 short runs: a tiny random model's dev loss moves by 1e-6 at a flat learning rate, by 10% at
-a sane one.
+a sane one. But a dev set is a sample of the task: fewer than ``MIN_DEV`` examples (a 40-row
+file leaves 4) say too little for their loss to make a run ``learning`` or ``diverging`` on
+its own, and the verdict says so. Every verdict says what it is based on (``evidence["basis"]``,
+also ending its text): the training loss of how many steps, the dev evals of how many examples.
 """
 from __future__ import annotations
 
@@ -51,6 +58,8 @@ FALL = 1.02
 DEV_MOVE = 0.01
 #: A dev loss up by this fraction (the main metric not better): diverging.
 DEV_RISE = 0.25
+#: Dev examples below which the dev loss alone decides nothing.
+MIN_DEV = 20
 #: Standard errors a window's median must move by to count (the best level is the least of
 #: many windows, so it is biased low: rises need more).
 FALL_SE, RISE_SE = 3.0, 5.0
@@ -105,6 +114,14 @@ def health(rec: RunRecord) -> Health:
         return Health("diverged", bad if bad.startswith("diverged") else f"diverged: {bad}",
                       _lower_lr(lr, math.inf), ev)
     train, dev, ev = _evidence(rec, loss)
+    h = _decide(rec, lr, train, dev, ev)
+    basis = _basis(rec, ev)
+    ev["basis"] = basis
+    return Health(h.state, f"{h.text} (based on {basis})", h.advice, ev)
+
+
+def _decide(rec: RunRecord, lr: float, train: dict | None, dev: dict | None,
+            ev: dict[str, Any]) -> Health:
     n = ev["steps"]
     if train is None and dev is None:
         return Health("too short to tell", f"too short to tell: {n} step(s) with a "
@@ -127,7 +144,46 @@ def health(rec: RunRecord) -> Health:
     if n < MIN_STEPS:  # a few steps that changed little say nothing yet
         return Health("too short to tell", f"too short to tell: {n} step(s); {flat}",
                       f"run at least {MIN_STEPS} steps", ev)
+    if _dev_to_come(rec, dev):
+        return Health("too short to tell", f"too short to tell yet: {flat}; no dev evaluation "
+                      "since the first, and a ZO step's loss scatters too much for the "
+                      "training loss alone to say", _wait_advice(rec), ev)
     return Health("not learning", f"not learning: {flat}", _flat_advice(rec, lr), ev)
+
+
+def _dev_to_come(rec: RunRecord, dev: dict) -> bool:
+    """A run still going that has a dev split (its first eval was taken) and no second eval
+    yet: the eval still to come is the evidence, not the noisy training loss."""
+    return rec.status == "running" and not dev and any(metrics_of(e) for e in rec.evals)
+
+
+def _wait_advice(rec: RunRecord) -> str:
+    """When the next dev eval comes: at the next multiple of eval_every, else at the end."""
+    every = _num(rec.config.get("eval_every"))
+    every = int(every) if math.isfinite(every) and every > 0 else 0
+    steps = rec.config.get("steps")
+    if every:
+        nxt = every * (len(rec.steps) // every + 1)
+        return f"no change yet: wait for the dev eval at step {nxt}"
+    return (f"no change yet: wait for the dev eval at the end{f' (step {steps})' if steps else ''}"
+            "; eval_every=N shows the dev loss during a run")
+
+
+def _basis(rec: RunRecord, ev: dict[str, Any]) -> str:
+    """What the verdict reads: 'the training loss of 60 steps; dev evals at steps 0 and 60
+    (80 examples)'."""
+    parts = [f"the training loss of {ev['steps']} step{'s' if ev['steps'] != 1 else ''}"]
+    evals = [e for e in rec.evals if metrics_of(e)]
+    n = int(evals[-1].get("examples") or 0) if evals else 0
+    size = f" ({n} examples{', too few to weigh' if 0 < n < MIN_DEV else ''})" if n else ""
+    if len(evals) >= 2:
+        parts.append(f"dev evals at steps {evals[0].get('step')} and {evals[-1].get('step')}"
+                     + size)
+    elif evals:
+        parts.append(f"one dev eval so far, at step {evals[0].get('step')}{size}")
+    else:
+        parts.append("no dev eval")
+    return "; ".join(parts)
 
 
 # --- evidence ---------------------------------------------------------------------------------
@@ -247,12 +303,18 @@ def _dev_evidence(rec: RunRecord, ev: dict[str, Any]) -> dict | None:
             out["gain_text"] = f"{main.label} {p0:.3f} -> {p1:.3f} (+{gain / se:.1f} s.e.)"
         elif abs(gain) <= 2 * se:
             out["flat"] = f"{main.label} {p0:.3f} -> {p1:.3f} (within 2 s.e. = {2 * se:.3f})"
+    examples = int(evals[-1].get("examples") or 0)
+    few = 0 < examples < MIN_DEV  # a sample too small for its loss to decide (unknown: trusted)
     if d0 > 0 and math.isfinite(d1):
         ratio = d1 / d0
-        ev.update(dev_loss_start=d0, dev_loss_end=d1)
-        out["ratio"] = ratio
-        out["rising"] = ratio - 1 >= DEV_RISE and "gain_text" not in out
-        if ratio <= 1 - DEV_MOVE:
+        ev.update(dev_loss_start=d0, dev_loss_end=d1, dev_examples=examples or None)
+        out["ratio"] = 1.0 if few and ratio < DIVERGED else ratio
+        out["rising"] = ratio - 1 >= DEV_RISE and "gain_text" not in out and not few
+        if few:
+            flat = (f"dev loss {d0:.4g} -> {d1:.4g} ({_pct(ratio - 1)}) over only {examples} "
+                    f"dev examples (at least {MIN_DEV} to count)")
+            out["flat"] = "; ".join(filter(None, [out.get("flat"), flat]))
+        elif ratio <= 1 - DEV_MOVE:
             out["fall_text"] = f"dev loss {d0:.4g} -> {d1:.4g} ({_pct(ratio - 1)})"
         elif not out["rising"]:
             flat = f"dev loss {d0:.4g} -> {d1:.4g} ({_pct(ratio - 1)})"

@@ -10,6 +10,13 @@ demo's ``mezo``); what it says already is not repeated after it (the panel's
 ``20261125-021208-zo-offload`` runs read "20261125-021208-zo-offload: tiny-opt"). A run named
 explicitly (``info["name"]``: a sweep's point) keeps its name. Runs that still share a label
 are numbered. ``compare``, the report, the dashboard and sweeps all call ``run_labels``.
+
+A setting is one part of the label however many words its value has (``template={text}
+Category B`` stays whole: only a whole part the folder says already is left out). Labels are
+short enough for a chart's legend: a long value shows where the runs' values differ
+(``template=…Category B``), at most ``VALUE_CHARS``, and a label longer than ``LABEL_CHARS``
+keeps its first settings and counts the rest ("+2 more"); ``compare`` and the report list
+every differing setting in full.
 """
 from __future__ import annotations
 
@@ -24,6 +31,10 @@ from workbench.telemetry.record import RunRecord
 LEAD = ("model",)
 #: At most this many differing settings in a label; the rest are counted ("+2 more").
 MAX_KEYS = 4
+#: A value longer than this is cut to where the runs' values differ.
+VALUE_CHARS = 24
+#: A label's settings stop before this length (the rest counted).
+LABEL_CHARS = 72
 
 
 def differing(configs: Sequence[dict[str, Any]]) -> list[str]:
@@ -40,19 +51,52 @@ def differing(configs: Sequence[dict[str, Any]]) -> list[str]:
 def settings_text(config: dict[str, Any], keys: Sequence[str]) -> str:
     """"mezo lr=1e-4 seed=1": the method, then ``keys`` (at most ``MAX_KEYS``; ``LEAD`` ones
     by their value alone)."""
+    return " ".join(_parts(config, keys, {}))
+
+
+def _parts(config: dict[str, Any], keys: Sequence[str], skip: dict[str, int]) -> list[str]:
+    """The method, then a part per setting of ``keys``, a long value cut at the characters
+    ``skip[key]`` its runs' values share first; within ``MAX_KEYS`` and ``LABEL_CHARS``."""
     keys = [k for k in keys if k != "method"]
     parts = [str(config.get("method", "?"))]
-    parts += [value_text(config.get(k)) if k in LEAD else f"{k}={value_text(config.get(k))}"
-              for k in keys[:MAX_KEYS]]
-    if len(keys) > MAX_KEYS:
-        parts.append(f"+{len(keys) - MAX_KEYS} more")
-    return " ".join(parts)
+    for i, k in enumerate(keys):
+        v = _cut(value_text(config.get(k)), skip.get(k, 0))
+        v = f"'{v}'" if " " in v else v  # a value of several words reads as one
+        part = v if k in LEAD else f"{k}={v}"
+        more = len(keys) - i
+        if i >= MAX_KEYS or (i and len(" ".join(parts + [part])) > LABEL_CHARS):
+            parts.append(f"+{more} more")
+            break
+        parts.append(part)
+    return parts
+
+
+def _cut(text: str, shared: int) -> str:
+    """``text`` within ``VALUE_CHARS``: from a little before the ``shared`` characters end
+    (where the runs' values part), with "…" where something is left out."""
+    if len(text) <= VALUE_CHARS:
+        return text
+    start = max(0, min(shared - 4, len(text) - VALUE_CHARS + 1))
+    head = "…" if start > 0 else ""
+    body = text[start:start + VALUE_CHARS - len(head)]
+    return head + (body if start + len(body) >= len(text) else body[:-1] + "…")
+
+
+def _shared(values: Sequence[str]) -> int:
+    """Characters the values have in common at their start."""
+    first = min(values, default="")
+    last = max(values, default="")
+    n = 0
+    while n < len(first) and first[n] == last[n]:
+        n += 1
+    return n
 
 
 def run_labels(recs: Sequence[RunRecord]) -> list[str]:
     """One distinct label per run (see the module docstring). A single run, and runs whose
     settings are all alike, are named by their directory, method and model."""
     keys = differing([r.config for r in recs]) or ["model"]  # one run, or runs alike
+    skip = {k: _shared([value_text(r.config.get(k)) for r in recs if r.config]) for k in keys}
     labels = []
     for r in recs:
         if r.info.get("name"):
@@ -62,10 +106,12 @@ def run_labels(recs: Sequence[RunRecord]) -> list[str]:
         if not r.config:  # its settings are unknown: say so rather than "? model=None"
             labels.append(f"{folder or 'run'} (no config recorded)")
             continue
-        text = settings_text(r.config, keys)
+        parts = _parts(r.config, keys, skip)
+        text = " ".join(parts)
         if folder and _slug(folder) not in _slug(text):
-            # the folder, then what it does not say already ("20261125-zo-offload: tiny-opt")
-            rest = [w for w in text.split(" ") if _slug(w) not in _slug(folder)]
+            # the folder, then the parts it does not say already ("20261125-zo-offload:
+            # tiny-opt"); a part is a whole setting, never a word of its value
+            rest = [p for p in parts if not _slug(p) or _slug(p) not in _slug(folder)]
             text = f"{folder}: {' '.join(rest)}" if rest else folder
         labels.append(text)
     return [f"{n} #{labels[:i].count(n) + 1}" if labels.count(n) > 1 else n

@@ -12,8 +12,11 @@ Every run records (``summary.noise`` in run.json, from the record alone):
 A ratio of two runs' speeds is *within noise* when it is closer to 1 than ``margin``: the larger
 of the two runs' step spreads, ``FLOOR`` at least, and, on a busy host (other processes above
 ``BUSY`` % of its CPU), that share: a run that shared its cores cannot say how fast it would be
-alone. Fewer than ``MIN_STEADY`` steady steps say nothing (margin infinite). Views never call a
-winner from a ratio within noise.
+alone. Fewer than ``MIN_STEADY`` steady steps say nothing (margin infinite), nor do two runs
+timed under different conditions (``changed``: other processes' share of the CPU differing by
+``BUSY`` points or more, or torch's threads differing, as they do when the host's free cores
+changed between the runs): a ratio of those measures the load as much as the method. Views
+never call a winner from a ratio within noise.
 """
 from __future__ import annotations
 
@@ -70,9 +73,21 @@ def other_cpu(samples: Sequence[dict[str, Any]]) -> float:
     return statistics.fmean(vals) if vals else math.nan
 
 
+def changed(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """How the host's load changed between two runs (``noise`` dicts), "" when it did not:
+    "other processes 5% / 80% of host CPU", "torch threads 2 / 1"."""
+    parts = []
+    x, y = _num(a.get("other_cpu_pct")), _num(b.get("other_cpu_pct"))
+    if math.isfinite(x) and math.isfinite(y) and abs(x - y) >= BUSY:
+        parts.append(f"other processes {x:.0f}% / {y:.0f}% of host CPU")
+    if a.get("threads") and b.get("threads") and a["threads"] != b["threads"]:
+        parts.append(f"torch threads {a['threads']} / {b['threads']}")
+    return "; ".join(parts)
+
+
 def margin(a: dict[str, Any], b: dict[str, Any]) -> float:
     """Relative difference under which two runs' speeds (``noise`` dicts) are not told apart."""
-    if any(num(x.get("steady_steps")) < MIN_STEADY for x in (a, b)):
+    if any(num(x.get("steady_steps")) < MIN_STEADY for x in (a, b)) or changed(a, b):
         return math.inf
     m = FLOOR
     for x in (a, b):
@@ -99,10 +114,15 @@ def ratio_text(ratio: float, a: dict[str, Any], b: dict[str, Any]) -> str:
 
 
 def within_text(a: dict[str, Any], b: dict[str, Any]) -> str:
-    """"within noise ±12%", or "within noise: under 5 steady steps"."""
+    """"within noise ±12%", "within noise: under 5 steady steps", or "within noise: the load
+    changed between the runs (other processes 5% / 80% of host CPU)"."""
     m = margin(a, b)
-    return (f"within noise ±{m:.0%}" if math.isfinite(m)
-            else f"within noise: under {MIN_STEADY} steady steps")
+    if math.isfinite(m):
+        return f"within noise ±{m:.0%}"
+    moved = changed(a, b)
+    if moved:
+        return f"within noise: the load changed between the runs ({moved})"
+    return f"within noise: under {MIN_STEADY} steady steps"
 
 
 def describe(n: dict[str, Any]) -> str:

@@ -67,8 +67,17 @@ def summary_metrics(rec: RunRecord) -> dict[str, Any]:
                     for w, i in (("start", 0), ("end", -1))},
                steps=len(steps), status=rec.status, param_digest=rec.param_digest,
                health=Health.from_dict(saved) if isinstance(saved, dict) else health(rec),
-               noise=noise_mod.of(rec))
+               noise=noise_mod.of(rec), sizes=_sizes(rec))
     return out
+
+
+def _sizes(rec: RunRecord) -> str | None:
+    """"36 / 4" from the run's environment (None for data drawn without end, or older runs)."""
+    env = rec.environment
+    train, dev = env.get("train examples"), env.get("dev examples")
+    if train is None and dev is None:
+        return None
+    return f"{fmt_value(train)} / {fmt_value(dev)}"
 
 
 #: Rows: label (units in it), the value from ``summary_metrics``, its format, and the ratio
@@ -78,6 +87,7 @@ ROWS: list[Row] = [
     ("health", lambda m: m["health"].state, None, None),
     ("status", lambda m: m["status"], None, None),
     ("steps", lambda m: m["steps"], "{:,}", None),
+    ("train / dev examples", lambda m: m["sizes"], None, None),
     ("tokens/s (steady)", lambda m: m["tokens_per_s"], "{:,.0f}", "speed"),
     ("step time (s, steady median)", lambda m: m["step_seconds"], "{:.4f}", None),
     ("step spread (IQR / median)", lambda m: m["noise"].get("step_spread"), "{:.0%}", None),

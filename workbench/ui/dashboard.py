@@ -314,6 +314,12 @@ HEALTH_COLOURS = {"learning": "#1a7f37", "not learning": "#666", "diverging": "#
                   "diverged": "#b00020", "too short to tell": "#666"}
 
 
+def _short_basis(basis: str) -> str:
+    """The health's basis for the header: 'on the training loss of 40 steps; one dev eval so
+    far, at step 0 (80 examples)' without its article, to keep the row short."""
+    return "on " + basis.replace("the training loss", "training loss")
+
+
 def _status_html(rec: RunRecord, v: Verdict | None = None, advice: Advice | None = None,
                  h: Health | None = None) -> str:
     """Line 1: the run (its folder, method and model), state, steps done of planned, learning
@@ -345,8 +351,12 @@ def _status_html(rec: RunRecord, v: Verdict | None = None, advice: Advice | None
         parts.append(f"<span style='color:#666'>GPU metrics off ({html.escape(off)})</span>")
     if h is not None:  # the state here, its evidence on hover (the header stays short)
         full = h.text + (f"; next: {h.advice}" if h.advice else "")
+        basis = h.evidence.get("basis")  # what it read, in view: the state alone overclaims
+        on = (f" <span style='color:#666'>({html.escape(_short_basis(basis))})</span>"
+              if basis else "")
         parts.insert(3, f"<b style='color:{HEALTH_COLOURS.get(h.state, '#222')}' "
-                        f"title='{html.escape(full, quote=True)}'>{html.escape(h.state)}</b>")
+                        f"title='{html.escape(full, quote=True)}'>{html.escape(h.state)}</b>"
+                        + on)
     lines = [" · ".join(parts)]
     if h is not None and h.state in ("diverging", "diverged"):  # worth a line of its own
         lines.append(f"<b style='color:{HEALTH_COLOURS[h.state]}'>{html.escape(h.text)}</b>"

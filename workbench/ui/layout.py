@@ -23,6 +23,8 @@ from plotly.subplots import make_subplots
 
 TEMPLATE = "plotly_white"
 ROW_HEIGHT = 300  # px per subplot row (reports); the live view passes a smaller one
+#: Smallest label (px) drawn inside a timeline bar.
+UNIFORM_TEXT_PX = 10
 #: px of a panel's legend line, above its title line (``TITLE_LINE`` px over the plot)
 LEGEND_LINE, TITLE_LINE = 18, 26
 #: px between rows: x tick labels, x-axis title, the next row's legend and subplot title
@@ -146,7 +148,10 @@ def compose(grid: list[list[Panel]], bars: bool = False, shared_x: bool = False,
         hovermode="closest",
         # Overlay keeps each timeline bar on its own start time instead of shifting bars of
         # different ops side by side within a row.
-        barmode="overlay" if bars else "group")
+        barmode="overlay" if bars else "group",
+        # A bar's label (a subgroup's number) that would have to shrink below a readable size
+        # to fit its bar is hidden instead (its hover says it); zoomed in, it shows.
+        **({"uniformtext": dict(minsize=UNIFORM_TEXT_PX, mode="hide")} if bars else {}))
     if slider:
         fig.update_layout(sliders=[smoothing_slider(grid, fig, smoothing, top)])
     return fig

@@ -391,6 +391,12 @@ def _prediction_html(plan: Callable[[RunConfig], Any] | None, cfg: RunConfig) ->
     except Exception as e:
         return (f"<i>planner: no prediction ({html.escape(type(e).__name__)}: "
                 f"{html.escape(str(e))})</i>")
+    if str(get("device", cfg.device)) == "cpu":  # no GPU memory to forecast: the host's
+        n = float(get("host_mem_bytes", 0))  # (MB below a GB: no "0.00 GB" for a tiny run)
+        fits = "" if get("fits_host", True) else " <b>(does not fit the host's memory)</b>"
+        return (f"<i>planner predicts (CPU run, no GPU): host memory for its buffers "
+                f"{f'{n / 1e9:.2f} GB' if n >= 1e9 else f'{n / 1e6:,.1f} MB'}, step "
+                f"{step:.3f} s</i>{fits}")
     fits = "" if get("fits_gpu", True) else " <b>(does not fit the GPU)</b>"
     return (f"<i>planner predicts: peak GPU memory {mem / 1e9:.2f} GB, "
             f"step {step:.3f} s</i>{fits}")
