@@ -158,8 +158,11 @@ class TrainRecipe:
             raise ConfigError(["report_to: trackers write into the run directory; give the run "
                                "one (--out)"])
         read = check_inputs(cfg, self.force)  # what validate checks too
-        if read is not None:
-            self.tokenizer, self.task = read
+        # the plan goes into the record, so what is drawn of it later is read from the run,
+        # never re-planned
+        self.record.info["plan"] = read.plan.to_dict()
+        if read.task is not None:
+            self.tokenizer, self.task = read.tokenizer, read.task
         found = data_fingerprint(cfg, self.task, self.tokenizer)
         info = {"run_id": run_id or new_run_id(), "data_fingerprint": found}
         if resume:
