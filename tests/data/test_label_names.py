@@ -87,3 +87,10 @@ def test_names_no_label_word_matches_are_refused_in_one_line(tmp_path):
     rec = json.loads((tmp_path / "run" / "run.json").read_text())
     assert rec["info"]["labels"] == {"yes": " yes", "no": " no"}
     assert "label words" in r.stdout and "yes ' yes', no ' no'" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "workbench", "report", str(tmp_path / "run"),
+                        "--out", str(tmp_path / "report.html")], cwd=REPO, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    page = (tmp_path / "report.html").read_text()
+    assert "examples (train / dev)" in page and f"{len(TRAIN)} / {len(DEV)}" in page
+    assert "yes &#x27; yes&#x27;, no &#x27; no&#x27;" in page
