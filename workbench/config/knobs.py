@@ -100,7 +100,7 @@ class Knobs:
                                     "last in each pass) instead of staying on the GPU in fp32; "
                                     "needs an untied head and peft=none", group="offload")
     rng: Rng = _knob("philox", "perturbation RNG: counter-based philox (fused kernel on CUDA; "
-                     "torch ops on a CPU, spread over torch's threads, ~3x torch.randn's time "
+                     "torch ops on a CPU, spread over torch's threads, 3-6x torch.randn's time "
                      "per perturbation on one) or torch's generator as MeZO uses it",
                      group="offload")
     # transfers (issue: AMP and codecs)
