@@ -27,10 +27,16 @@ def offline(tmp_path, monkeypatch):
 
 
 def wandb_history(run_dir: Path) -> list[dict]:
-    """History rows of the W&B offline run in ``run_dir`` (its .wandb file is a LevelDB-style
-    log: 32 KiB blocks of records, each a crc, a length, a type and a protobuf ``Record``)."""
+    """History rows of the W&B offline run in ``run_dir``."""
     import json
 
+    return [{(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in rec.history.item}
+            for rec in wandb_records(run_dir) if rec.WhichOneof("record_type") == "history"]
+
+
+def wandb_records(run_dir: Path) -> list:
+    """The protobuf ``Record``s of the W&B offline run in ``run_dir`` (its .wandb file is a
+    LevelDB-style log: 32 KiB blocks of records, each a crc, a length, a type and a record)."""
     from wandb.proto import wandb_internal_pb2 as pb
 
     (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
@@ -49,9 +55,7 @@ def wandb_history(run_dir: Path) -> list[dict]:
             rec = pb.Record()
             rec.ParseFromString(part)
             part = b""
-            if rec.WhichOneof("record_type") == "history":
-                rows.append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json)
-                             for i in rec.history.item})
+            rows.append(rec)
     return rows
 
 

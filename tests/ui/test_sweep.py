@@ -77,6 +77,12 @@ def test_sweep_fills_the_comparison_and_stop_skips_the_rest(tmp_path):
 
 
 def test_a_full_sweep_ranks_every_run(tmp_path):
+    from ipywidgets.widgets.widget import _instances
+
+    def open_figures() -> set:
+        return {k for k, w in list(_instances.items()) if isinstance(w, go.FigureWidget)}
+
+    before = open_figures()
     sp = SweepPanel(RunConfig(**TINY, steps=2), out_dir=tmp_path)
     sp.selectors["overlap"].value = (True, False)
     sp.sweep().join(timeout=120)
@@ -84,6 +90,9 @@ def test_a_full_sweep_ranks_every_run(tmp_path):
     assert [p.status for p in s.points] == ["done", "done"] and sp.error is None
     ranked = [p.name for p in s.finished()]
     assert list(sp.figures.children[0].data[0].y) == ranked  # fastest first
+    # the figures redrawn after each run replaced the earlier ones, which were closed: only
+    # the two shown are open (each carries plotly.js, sent to the browser and saved)
+    assert open_figures() - before == {w.model_id for w in sp.figures.children}
     rows = re.findall(r"<tr><td>(\d)</td><td>(true|false)</td>", sp.table.value)
     assert [f"overlap={o}" for _, o in rows] == ranked
 

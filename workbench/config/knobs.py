@@ -126,8 +126,10 @@ class Knobs:
                                     "host memory and stream through the block slots (first and "
                                     "last in each pass) instead of staying on the GPU in fp32; "
                                     "needs an untied head and peft=none", group="offload")
-    rng: Rng = _knob("philox", "perturbation RNG: counter-based philox (fused kernel on CUDA) or "
-                     "torch's generator as MeZO uses it", group="offload")
+    rng: Rng = _knob("philox", "perturbation RNG: counter-based philox (fused kernel on CUDA; "
+                     "torch ops on a CPU, spread over torch's threads, 3-6x torch.randn's time "
+                     "per perturbation on one) or torch's generator as MeZO uses it",
+                     group="offload")
     # transfers (issue: AMP and codecs)
     codec: Codec = _knob("fp32", "format blocks travel in over PCIe", group="offload")
     master: Master = _knob("fp32", "where weights are kept (zo-offload's host copy of blocks; "

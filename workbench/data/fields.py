@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.data.files import DataError, Rows
+from workbench.data.labels import name_of
 
 DEFAULT_FIELDS = {
     "text_field": ("text", "sentence", "content", "document", "review", "passage"),
@@ -66,8 +67,14 @@ def _text(rows: Rows, i: int, name: str) -> str:
     return value
 
 
-def _label(rows: Rows, i: int, name: str, k: int) -> int:
+def _label(rows: Rows, i: int, name: str, k: int, names: dict[str, int] | None = None) -> int:
     value = _value(rows, i, name)
+    if names is not None:  # named classes (``labels.py``): scored by name, never by position
+        found = name_of(rows, i, name, value)
+        if found is None or found not in names:
+            raise DataError(f"{rows.where(i)}: field {name!r} is {value!r}, not one of the label "
+                            f"names {', '.join(names)}; write every label the same way")
+        return names[found]
     if isinstance(value, str) and value.strip().lstrip("-").isdigit():
         value = int(value.strip())
     if isinstance(value, bool) or not isinstance(value, int):
@@ -89,14 +96,15 @@ def _some_text(rows: Rows, name: str, values: list[str], why: str) -> list[str]:
     return values
 
 
-def classify_examples(rows: Rows, k: int, text_field: str = "",
-                      label_field: str = "") -> list[Example]:
-    """(text, label) examples with labels checked to lie in ``0..k-1``."""
+def classify_examples(rows: Rows, k: int, text_field: str = "", label_field: str = "",
+                      names: dict[str, int] | None = None) -> list[Example]:
+    """(text, label) examples with labels checked to lie in ``0..k-1``; with ``names`` (class
+    name -> word index, ``labels.label_map``) every label is a name, mapped through it."""
     text = field_name(rows, "text_field", text_field)
     label = field_name(rows, "label_field", label_field)
     texts = _some_text(rows, text, [_text(rows, i, text) for i in range(len(rows.rows))],
                        "every prompt would be the template alone")
-    return [Example(t, _label(rows, i, label, k)) for i, t in enumerate(texts)]
+    return [Example(t, _label(rows, i, label, k, names)) for i, t in enumerate(texts)]
 
 
 def completion_examples(rows: Rows, prompt_field: str = "",

@@ -12,7 +12,7 @@ import csv
 import hashlib
 import itertools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -38,6 +38,8 @@ class Rows:
     ``origin`` names the source (a path, or ``hf:NAME train``); ``numbers[i]`` is the line of
     ``rows[i]`` in a text file (header counted) or its row in a table (1-based); ``unit`` says
     which. ``digest`` fingerprints the content (a file's SHA-256, a ``datasets`` fingerprint).
+    ``names``: column -> its class names, for a ``datasets`` ClassLabel column (whose values
+    index them).
     """
 
     origin: str
@@ -46,6 +48,7 @@ class Rows:
     numbers: list[int]
     unit: str = "row"
     digest: str = ""
+    names: dict[str, list[str]] = field(default_factory=dict)
 
     def where(self, i: int) -> str:
         """Where row ``i`` is, e.g. ``'train.tsv line 7'``."""
@@ -54,7 +57,7 @@ class Rows:
     def subset(self, keep: list[int]) -> "Rows":
         """The rows at ``keep``, still reported at their places in the source."""
         return Rows(self.origin, [self.rows[i] for i in keep], self.columns,
-                    [self.numbers[i] for i in keep], self.unit, self.digest)
+                    [self.numbers[i] for i in keep], self.unit, self.digest, self.names)
 
 
 def read_file(path: Path) -> Rows:

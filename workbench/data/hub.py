@@ -49,7 +49,7 @@ def load_hub(spec: str) -> dict[str, Rows]:
                             f"offline (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE); run once online "
                             f"to cache it ({first})") from None
         raise DataError(f"{spec}: datasets.load_dataset failed: {first}") from None
-    return _splits(loaded, spec)
+    return _splits(datasets, loaded, spec)
 
 
 def load_saved(folder: Path) -> dict[str, Rows]:
@@ -60,10 +60,10 @@ def load_saved(folder: Path) -> dict[str, Rows]:
     except Exception as e:
         raise DataError(f"{folder}: not a readable save_to_disk folder ({type(e).__name__}: "
                         f"{str(e).splitlines()[0] if str(e) else ''})") from None
-    return _splits(loaded, str(folder))
+    return _splits(datasets, loaded, str(folder))
 
 
-def _splits(loaded, origin: str) -> dict[str, Rows]:
+def _splits(datasets, loaded, origin: str) -> dict[str, Rows]:
     if hasattr(loaded, "column_names") and isinstance(loaded.column_names, list):
         loaded = {"train": loaded}  # one Dataset, no splits
     out = {}
@@ -74,6 +74,9 @@ def _splits(loaded, origin: str) -> dict[str, Rows]:
         found = getattr(ds, "_fingerprint", None)
         digest = f"datasets:{found}" if found else "sha256:" + hashlib.sha256(
             json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()
+        # a ClassLabel column's values index its names: kept, so labels are matched by name
+        names = {col: list(f.names) for col, f in ds.features.items()
+                 if isinstance(f, datasets.ClassLabel)}
         out[split] = Rows(f"{origin} [{split}]", rows, list(ds.column_names),
-                          list(range(1, ds.num_rows + 1)), digest=digest)
+                          list(range(1, ds.num_rows + 1)), digest=digest, names=names)
     return out

@@ -13,8 +13,10 @@ from typing import Any
 from workbench.config import RunConfig
 from workbench.data.batches import SyntheticData
 from workbench.data.classify import ClassifyData, split_words
-from workbench.data.fields import classify_examples, completion_examples, text_examples
+from workbench.data.fields import (classify_examples, completion_examples, field_name,
+                                   text_examples)
 from workbench.data.files import DataError
+from workbench.data.labels import label_map, mapping_record
 from workbench.data.objectives import LM, Classify, Completion, Objective
 from workbench.data.sequences import CompletionData, PackedText, SyntheticTokens
 from workbench.data.sources import load_rows
@@ -32,6 +34,15 @@ class Task:
     dev: Any | None
     #: split -> (where its rows came from, their content digest); empty for synthetic data
     sources: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: classify: each label (a class name, or a number) -> the word it is scored by
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def examples(self) -> dict[str, int]:
+        """Examples per split after ``train_samples`` / ``eval_samples`` (sequences, for
+        ``lm``); empty for synthetic data."""
+        if self.dev is None:
+            return {}
+        return {"train": len(self.train), "dev": len(self.dev)}
 
 
 def make_objective(cfg: RunConfig, tok: Tokenizer | None, vocab: int) -> Objective:
@@ -52,9 +63,13 @@ def build_task(cfg: RunConfig, tok: Tokenizer | None, vocab: int) -> Task:
         return Task(objective, train, None)
     rows = load_rows(cfg.data, cfg.resolved_data_dir, cfg.objective)
     sources = {name: (r.origin, r.digest) for name, r in zip(("train", "dev"), rows)}
+    labels: dict[str, str] = {}
     if cfg.objective == "classify":
-        k = len(split_words(cfg.label_words))
-        train, dev = (classify_examples(r, k, cfg.text_field, cfg.label_field) for r in rows)
+        words = split_words(cfg.label_words)
+        names = label_map(list(rows), field_name(rows[0], "label_field", cfg.label_field), words)
+        labels = mapping_record(names, words)
+        train, dev = (classify_examples(r, len(words), cfg.text_field, cfg.label_field, names)
+                      for r in rows)
     elif cfg.objective == "completion":
         train, dev = (completion_examples(r, cfg.prompt_field, cfg.completion_field) for r in rows)
     else:
@@ -62,7 +77,7 @@ def build_task(cfg: RunConfig, tok: Tokenizer | None, vocab: int) -> Task:
     train = train[:cfg.train_samples] if cfg.train_samples else train
     dev = dev[:cfg.eval_samples] if cfg.eval_samples else dev
     return Task(objective, *(_dataset(cfg, tok, split, name) for split, name in
-                             ((train, "train"), (dev, "dev"))), sources)
+                             ((train, "train"), (dev, "dev"))), sources, labels)
 
 
 def _dataset(cfg: RunConfig, tok: Tokenizer, examples: list, split: str):

@@ -165,6 +165,11 @@ class TrainRecipe:
             self.tokenizer, self.task = read.tokenizer, read.task
         found = data_fingerprint(cfg, self.task, self.tokenizer)
         info = {"run_id": run_id or new_run_id(), "data_fingerprint": found}
+        if self.task is not None and self.task.dev is not None:
+            # how many examples each split holds, and which word each label is scored by
+            info["examples"] = self.task.examples()
+            if self.task.labels:
+                info["labels"] = self.task.labels
         if resume:
             info.update(accept_data(cfg, previous, self._resume_from, found))
         self.record.info.update(info)

@@ -112,7 +112,12 @@ def rows(recs: Sequence[RunRecord]) -> list[Row]:
     sched: list[Row] = []
     if any("fo_stride" in r.info for r in recs):
         sched = [("fo-offload update schedule", lambda m: m["schedule"], None, None)]
-    return ROWS[:at] + dev + sched + ROWS[at:]
+    data: list[Row] = []  # what the dev metrics are over, and which word scores each label
+    if any("examples" in r.info for r in recs):
+        data.append(("examples (train / dev)", lambda m: m["examples"], None, None))
+    if any("labels" in r.info for r in recs):
+        data.append(("label words", lambda m: m["labels"], None, None))
+    return ROWS[:at] + data + dev + sched + ROWS[at:]
 
 
 def table(recs: Sequence[RunRecord], digest_chars: int = DIGEST_CHARS
@@ -122,6 +127,7 @@ def table(recs: Sequence[RunRecord], digest_chars: int = DIGEST_CHARS
     for r in recs:
         m = summary_metrics(r)
         m["schedule"] = schedule_text(r.info)
+        m["examples"], m["labels"] = data_text(r.info)
         metrics.append(m)
     out = []
     for label, get, fmt, ratio in rows(recs):
@@ -138,6 +144,18 @@ def table(recs: Sequence[RunRecord], digest_chars: int = DIGEST_CHARS
             cells.append(text)
         out.append((label, cells))
     return out
+
+
+def data_text(info: dict[str, Any]) -> tuple[str | None, str | None]:
+    """("train / dev" example counts, "label 'word', ...") of a run's ``info``, None where the
+    run did not record them (synthetic data, runs from before they were kept)."""
+    n = info.get("examples") or {}
+    examples = (f"{n['train']:,} / {n['dev']:,}"
+                if isinstance(n.get("train"), int) and isinstance(n.get("dev"), int) else None)
+    labels = info.get("labels")
+    words = (", ".join(f"{k} {v!r}" for k, v in labels.items())
+             if isinstance(labels, dict) and labels else None)
+    return examples, words
 
 
 def text_table(recs: Sequence[RunRecord], labels: Sequence[str]) -> str:

@@ -6,15 +6,20 @@ two perturbed losses, tokens/s, step time, GPU memory, PCIe bytes) and from each
 the dev metrics, and queues them; a thread of its own writes them to the trackers, so the
 training thread never waits on a tracker's I/O and no value is read that the step did not
 already publish. The run's settings are logged at the start (TensorBoard: a text table; W&B:
-the run config; MLflow: params), its summary and digest at the end.
+the run config; MLflow: params), its summary and digest at the end. TensorBoard also gets
+them as hparams (its HPARAMS tab: each setting a column, beside the dev metrics); a W&B run is
+grouped by ``WANDB_RUN_GROUP`` or else its model and method, and tagged with its method, model,
+objective, device and rng (``wandb_labels``).
 
 Where they write (offline by default):
     tensorboard  RUN_DIR/tensorboard (event files; ``tensorboard --logdir RUN_DIR``)
     wandb        RUN_DIR/wandb; online when ``WANDB_MODE`` says so, or when a W&B API key is
                  set (``WANDB_API_KEY`` or ``wandb login``'s netrc entry); else offline
                  (``wandb sync RUN_DIR/wandb/offline-run-*`` uploads it later)
-    mlflow       ``MLFLOW_TRACKING_URI`` when set, else the folder RUN_DIR/mlruns
-                 (``mlflow ui --backend-store-uri RUN_DIR/mlruns``)
+    mlflow       ``MLFLOW_TRACKING_URI`` when set, else the folder RUN_DIR/mlruns: a file
+                 store, which MLflow 3 reads only with ``MLFLOW_ALLOW_FILE_STORE=true`` in the
+                 reader's environment too (docs/reference.md gives the command; ``mlflow ui``
+                 is not in mlflow-skinny)
 Metric names are the same everywhere: train/loss, train/lr, train/projected_grad,
 train/loss_plus, train/loss_minus, train/tokens_per_s, train/step_seconds,
 gpu/mem_allocated_bytes, gpu/mem_reserved_bytes, gpu/mem_peak_bytes, pcie/h2d_bytes,
@@ -127,9 +132,18 @@ class TensorBoardSink:
     def __init__(self, config: dict[str, Any], run_dir: Path, name: str):
         from torch.utils.tensorboard import SummaryWriter
 
+        from torch.utils.tensorboard.summary import hparams
+
         self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
         rows = "\n".join(f"| {k} | `{v}` |" for k, v in sorted(config.items()))
         self.writer.add_text("settings", f"| setting | value |\n|---|---|\n{rows}", 0)
+        # the HPARAMS tab: the settings (numbers, flags and text as they are, anything else as
+        # its text) and, as its metric columns, the series this run logs under those tags
+        values = {k: v if isinstance(v, (bool, int, float, str)) else json.dumps(v, default=str)
+                  for k, v in sorted(config.items())}
+        experiment, start, self._end = hparams(values, {k: 0.0 for k in hparam_metrics(config)})
+        for summary in (experiment, start):
+            self.writer.file_writer.add_summary(summary)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         for key, value in metrics.items():
@@ -138,7 +152,30 @@ class TensorBoardSink:
     def close(self, status: str, summary: dict[str, Any]) -> None:
         self.writer.add_text("end", f"status: {status}\n\n```\n{json.dumps(summary, indent=1)}"
                              "\n```", 0)
+        if status in ("done", "stopped"):  # torch's session end says success
+            self.writer.file_writer.add_summary(self._end)
         self.writer.close()
+
+
+#: the dev metrics an objective's evals log (``telemetry/evals.py``), as eval/<metric> tags
+EVAL_TAGS = {"classify": ("accuracy", "loss"), "lm": ("loss", "perplexity"),
+             "completion": ("loss", "perplexity", "exact_match", "token_f1")}
+
+
+def hparam_metrics(config: dict[str, Any]) -> list[str]:
+    """The tags TensorBoard's HPARAMS tab shows as metric columns for a run of ``config``."""
+    evals = EVAL_TAGS.get(str(config.get("objective", "classify")), ("loss",))
+    return ["train/loss", *(f"eval/{m}" for m in evals)]
+
+
+def wandb_labels(config: dict[str, Any]) -> tuple[str, list[str]]:
+    """(group, tags) of a W&B run: ``WANDB_RUN_GROUP`` or "model/method" (runs of one model and
+    method side by side), and the settings one filters runs by, as "key=value" (W&B allows 64
+    characters a tag)."""
+    group = os.environ.get("WANDB_RUN_GROUP") or f"{config.get('model')}/{config.get('method')}"
+    keys = ("method", "model", "objective", "device", "rng", "peft")
+    tags = [f"{k}={config[k]}"[:64] for k in keys if config.get(k) not in (None, "", "none")]
+    return group[:128], tags
 
 
 class WandbSink:
@@ -148,8 +185,10 @@ class WandbSink:
         import wandb
 
         mode = os.environ.get("WANDB_MODE") or ("online" if _wandb_key() else "offline")
+        group, tags = wandb_labels(config)
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "zo-workbench"),
                               name=name, config=config, dir=str(run_dir), mode=mode,
+                              group=group, tags=tags,
                               reinit="create_new",
                               settings=wandb.Settings(console="off", silent=True))
 

@@ -231,7 +231,8 @@ class SweepPanel:
 
     def _start(self, work: Callable[[], str], folder: Path, text: str) -> threading.Thread:
         self.error, self.last_dir, self._stop_early = None, folder, False
-        self.table.value, self.figures.children = "", ()
+        self.table.value = ""
+        self._set_figures([])
         self._set_running(True)
         self._say(text)
         self.thread = threading.Thread(target=self._work, args=(work,), daemon=True,
@@ -277,8 +278,16 @@ class SweepPanel:
         except FileNotFoundError:  # a run directory removed under us: the table still stands
             recs = []
         if recs:
-            self.figures.children = [figure_widget(f) for f in (
-                figures.compare_bars(recs), figures.compare_timelines(recs, last_steps=1))]
+            self._set_figures([figure_widget(f) for f in (
+                figures.compare_bars(recs), figures.compare_timelines(recs, last_steps=1))])
+
+    def _set_figures(self, new: list) -> None:
+        """Show ``new`` in place of the figures shown so far, and close those: each plotly
+        FigureWidget carries its own copy of plotly.js (~5 MB), which a widget left open keeps
+        sending to the browser and saving in the notebook after it is no longer shown."""
+        old, self.figures.children = self.figures.children, new
+        for w in old:
+            w.close()
 
     def _set_running(self, running: bool) -> None:
         for ctl in (*self.selectors.values(), self.budget, self.top):

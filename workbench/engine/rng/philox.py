@@ -6,12 +6,17 @@ Philox call gives four normals, written to four contiguous quarters). The Triton
 ``kernels.py`` computes the same integers bit for bit; the floats then agree to the last few
 ulps of log / cos / sin on each device.
 
-Torch has no unsigned 32-bit multiply-high, so products are built from 16-bit limbs in int64,
-which never overflows.
+Torch has no unsigned 32-bit multiply-high. The words are held in int64: the product of two
+32-bit values is below 2^64, and int64 multiplication wraps, so its 64 bits are the unsigned
+product's; the high word is taken with an arithmetic shift and a mask. Each round is a dozen
+in-place ops on buffers of ``CPU_CHUNK`` counters reused across rounds, so the operands stay in
+cache and nothing is allocated per op: a CPU step costs about what torch.randn's does.
 """
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
 
 import torch
 
@@ -19,28 +24,37 @@ PHILOX_M0, PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
 PHILOX_W0, PHILOX_W1 = 0x9E3779B9, 0xBB67AE85
 ROUNDS = 10
 MASK32 = 0xFFFFFFFF
-CHUNK = 1 << 22  # counters per pass: bounds temporary memory to ~0.3 GB
+# Counters per pass. On a CPU: torch's parallel grain (32768 elements), so each op runs inline
+# on the thread that issued it (no OpenMP region, whose barriers cost more than the op on a
+# loaded host) and a pass's buffers (256 KB each) stay in the core's cache; the chunks are
+# spread over torch's thread count with Python threads, torch releasing the GIL inside ops.
+# On a GPU (the Triton kernel's fallback): large passes, few launches.
+CPU_CHUNK = 1 << 15
+CHUNK = 1 << 22
 
 
 def _mulhilo(a: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """High and low 32 bits of a * m for a in [0, 2^32) (int64 tensor) and a 32-bit constant."""
-    a_hi, a_lo = a >> 16, a & 0xFFFF
-    m_hi, m_lo = m >> 16, m & 0xFFFF
-    lo_lo = a_lo * m_lo
-    mid = a_hi * m_lo + a_lo * m_hi + (lo_lo >> 16)
-    hi = a_hi * m_hi + (mid >> 16)
-    lo = ((mid & 0xFFFF) << 16) | (lo_lo & 0xFFFF)
-    return hi, lo
+    p = a * m  # wraps mod 2^64: the unsigned product's bits
+    return (p >> 32) & MASK32, p & MASK32
 
 
 def philox4x32(counter: torch.Tensor, k0: int, k1: int) -> list[torch.Tensor]:
     """Four uint32 words (as int64) per counter value; counter words 1..3 are zero."""
-    c0 = counter
-    c1 = c2 = c3 = torch.zeros_like(counter)
+    c0 = counter.to(torch.int64, copy=True)
+    c1, c2, c3, p0, p1 = (torch.zeros_like(c0) for _ in range(5))
     for _ in range(ROUNDS):
-        hi0, lo0 = _mulhilo(c0, PHILOX_M0)
-        hi1, lo1 = _mulhilo(c2, PHILOX_M1)
-        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        torch.mul(c0, PHILOX_M0, out=p0)
+        torch.mul(c2, PHILOX_M1, out=p1)
+        # c0' = hi(p1) ^ c1 ^ k0 in c1's buffer, c2' = hi(p0) ^ c3 ^ k1 in c3's (c0 and c2
+        # hold the shifted products meanwhile); c1' = lo(p1), c3' = lo(p0) in place
+        torch.bitwise_right_shift(p1, 32, out=c0)
+        c1.bitwise_xor_(c0).bitwise_xor_(k0).bitwise_and_(MASK32)
+        torch.bitwise_right_shift(p0, 32, out=c2)
+        c3.bitwise_xor_(c2).bitwise_xor_(k1).bitwise_and_(MASK32)
+        p0.bitwise_and_(MASK32)
+        p1.bitwise_and_(MASK32)
+        c0, c1, c2, c3, p0, p1 = c1, p1, c3, p0, c0, c2
         k0, k1 = (k0 + PHILOX_W0) & MASK32, (k1 + PHILOX_W1) & MASK32
     return [c0, c1, c2, c3]
 
@@ -56,11 +70,27 @@ def _lanes(n: int, k0: int, k1: int, dtype: torch.dtype, device, fill) -> torch.
     q = (n + 3) // 4
     out = torch.empty(4 * q, dtype=dtype, device=device)
     lanes = out.view(4, q)
-    for start in range(0, q, CHUNK):
-        stop = min(q, start + CHUNK)
+    chunk = CPU_CHUNK if out.device.type == "cpu" else CHUNK
+
+    def one(start: int) -> None:
+        stop = min(q, start + chunk)
         counter = torch.arange(start, stop, dtype=torch.int64, device=device)
         fill(lanes[:, start:stop], philox4x32(counter, k0 & MASK32, k1 & MASK32))
+
+    starts = range(0, q, chunk)
+    workers = min(len(starts), torch.get_num_threads()) if out.device.type == "cpu" else 1
+    if workers > 1:
+        list(_pool(workers).map(one, starts))  # list(): re-raises a worker's exception
+    else:
+        for start in starts:
+            one(start)
     return out[:n]
+
+
+@lru_cache(maxsize=4)
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """One pool per thread count, kept: a pass of a small group must not pay a pool's start."""
+    return ThreadPoolExecutor(workers, thread_name_prefix="philox")
 
 
 def words(n: int, k0: int, k1: int, device: torch.device | str = "cpu") -> torch.Tensor:
