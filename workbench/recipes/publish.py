@@ -57,6 +57,20 @@ class Publisher:
         self.engine, self.guard, self.bus, self.record = engine, guard, bus, record
         self.device, self.voting = device, voting
         self.stop_at = math.inf
+        self._nan = torch.full((), float("nan"), device=device)  # stands in for absent scalars
+
+    def in_flight(self, t: int, out, tokens: int, lr: float, wd: float, begin, end,
+                  moved: tuple[int, int], vote) -> InFlight:
+        """Step ``t``'s ``StepOutput`` on its way to the host (its scalars copied, not read)."""
+        nan = self._nan
+        scalars = [out.loss, *(x if x is not None else nan for x in
+                               (out.projected_grad, out.loss_plus, out.loss_minus))]
+        if vote is not None:
+            scalars.append(vote.agreed)  # any rank's stop request, all-reduced
+        coefs = Deferred(*out.coefs.unbind()) if out.coefs is not None else None
+        return InFlight(step=t, scalars=Deferred(*scalars), tokens=tokens, lr=lr, wd=wd,
+                        begin=begin, end=end, moved=moved, has_g=out.projected_grad is not None,
+                        coefs=coefs)
 
     def __call__(self, inflight: deque, block: bool, bar, drain: bool = False) -> None:
         while inflight and (drain or block or inflight[0].scalars.ready()):

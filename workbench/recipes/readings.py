@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import gc
 import math
+import time
 from typing import Any
 
 import torch
 
+from workbench.engine.groups import digest, fingerprint
 from workbench.telemetry.health import health
 from workbench.telemetry.noise import noise
 from workbench.telemetry.record import RunRecord
@@ -35,6 +37,36 @@ def gpu_baseline(device: torch.device) -> dict[str, float]:
     torch.cuda.empty_cache()
     return {"gpu mem used before run (bytes)": gpu_memory_used(device.index or 0),
             "torch allocated before run (bytes)": float(torch.cuda.memory_allocated(device))}
+
+
+def record_digests(rec: RunRecord, engine) -> None:
+    """The run's ``param_digest`` and ``param_norm`` (an adapter run's frozen base too, as
+    ``base_digest``) and the seconds they took, one group decoded at a time."""
+    began = time.perf_counter()
+    found = fingerprint(engine.state_flats())
+    with rec.lock:
+        rec.param_digest, rec.param_norm = found
+    base = engine.base_flats()  # adapter runs: the frozen base, a group at a time
+    if base:
+        base_digest = digest(base)
+        with rec.lock:
+            rec.base_digest = base_digest
+    with rec.lock:  # seconds the end-of-run digests took (largest runs: minutes)
+        rec.info["digest_seconds"] = time.perf_counter() - began
+
+
+def merge_ranks(rec: RunRecord, dist, engine, device: torch.device, dev_data) -> None:
+    """Under torchrun: every rank's own view (digest, summary, step times, its dev share, its
+    host memory) gathered into rank 0's record."""
+    mine = {"rank": dist.rank, "device": str(device),
+            "param_digest": rec.param_digest, "summary": rec.summary,
+            "step_seconds": [s["seconds"] for s in rec.steps],
+            "dev_examples": len(dist.dev_share(dev_data or [])),  # its share
+            "host": getattr(engine, "host_report", dict)()}
+    ranks = dist.gather(mine)
+    with rec.lock:
+        rec.info["ranks"] = ranks
+        rec.info["world_size"] = dist.world
 
 
 def summary(rec: RunRecord, engine, device: torch.device) -> dict[str, Any]:

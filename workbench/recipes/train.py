@@ -14,7 +14,6 @@ from __future__ import annotations
 import sys
 import threading
 import time
-import traceback
 from collections import deque
 from contextlib import ExitStack
 from pathlib import Path
@@ -24,41 +23,33 @@ import torch
 
 from workbench import distributed
 from workbench.calibrate.fo import measure
-from workbench.calibrate.machine import check_fits_here
-from workbench.config import ZO_METHODS, ConfigError, RunConfig, check_environment
-from workbench.data.sources import sst2_folder
+from workbench.config import ConfigError, RunConfig, check_environment
 from workbench.data.task import build_task
 from workbench.engine import build_engine
-from workbench.engine.checkpoint import AsyncCheckpointer, StepLog
+from workbench.engine.checkpoint import AsyncCheckpointer
 from workbench.engine.events import EvalEvent, EventBus, InfoEvent
-from workbench.engine.groups import digest, fingerprint
-from workbench.engine.timing import Deferred
 from workbench.engine.warmup import warm_kernels
-from workbench.models.build import build_skeleton, check_model_folder
-from workbench.models.lora import check_lora_targets
-from workbench.models.tokenizer import load_tokenizer
+from workbench.models.build import build_skeleton
 from workbench.plan.memory import EVAL_ROWS
-from workbench.plan.planner import preset_of
-from workbench.recipes.publish import RUN_AHEAD, InFlight, Publisher, marker
-from workbench.recipes.readings import gpu_baseline, progress, summary
+from workbench.recipes.inputs import read_inputs
+from workbench.recipes.publish import RUN_AHEAD, Publisher, marker
+from workbench.recipes.readings import (gpu_baseline, merge_ranks, progress, record_digests,
+                                        summary)
 from workbench.runs import threads
 from workbench.runs.final_weights import write_final
-from workbench.runs.guard import RunGuard
-from workbench.runs.identity import accept_data, data_fingerprint, identity, new_run_id
+from workbench.runs.guard import RunGuard, guard_run
+from workbench.runs.identity import data_fingerprint, identity, new_run_id
 from workbench.runs.limits import cap_gpu_memory
-from workbench.runs.outcome import error_line, outcome_line
+from workbench.runs.outcome import outcome_line, record_end
 from workbench.runs.prefetch import BatchPrefetch
-from workbench.runs.resume import load_resume_checkpoint, plan_resume, resume_roots
+from workbench.runs.resumption import Resumption
 from workbench.runs.rundir import WRITE_EVERY_S, RunDir
-from workbench.runs.session import RunSession
+from workbench.runs.session import RunSession, check_run_dir, checkpoint_root
 from workbench.runs.tracking import Tracking
 from workbench.telemetry.collector import Collector
 from workbench.telemetry.environment import environment, load_average
 from workbench.telemetry.record import RunRecord
 from workbench.telemetry.sampler import Sampler
-
-__all__ = ["RUN_AHEAD", "InFlight", "TrainRecipe", "run"]
-
 
 class TrainRecipe:
     """Args:
@@ -102,14 +93,8 @@ class TrainRecipe:
         self.guard: RunGuard | None = None  # divergence and failing checkpoint writes
         self.tokenizer = self.task = None  # read in ``prepare`` (but synthetic data)
         self._prepared = False
-        self._resume_from: list[str] = []  # checkpoint folders to try, newest first
-        self._resume_roots: list[Path] = []  # where they were looked for
+        self.resumption: Resumption | None = None  # a resumed run's way back (``prepare``)
         self.identity: dict[str, Any] | None = None  # the run's, in every checkpoint
-
-    @property
-    def record_written(self) -> bool:
-        """False while the last write of run.json failed."""
-        return self.session.written if self.session is not None else True
 
     # --- setup ------------------------------------------------------------------------------
     def prepare(self, resume: bool = False) -> "TrainRecipe":
@@ -124,38 +109,24 @@ class TrainRecipe:
         check_environment(cfg)
         self.dist = distributed.data_parallel(cfg)
         self._held.callback(self.dist.shutdown)
-        self.checkpoint_root = self._checkpoint_root()
+        self.checkpoint_root = checkpoint_root(self.cfg, self.out_dir)
         if not self.dist.main:
             self.out_dir = None  # rank 0 writes the run directory and the checkpoints
-        previous = None
-        if self.out_dir is not None:
-            self.rundir = RunDir(self.out_dir, self.checkpoint_root)
-            if resume:
-                previous = self.rundir.check_resume()
-            else:
-                self.rundir.check_new(self.overwrite)
+        self.rundir, previous = check_run_dir(self.out_dir, self.checkpoint_root, resume,
+                                              self.overwrite)
         if cfg.data_changed_ok and not resume:
             raise ConfigError(["data_changed_ok: applies to a resumed run only (--resume)"])
         run_id = previous.info.get("run_id") if previous is not None else None
         if resume:
-            self._resume_roots = resume_roots(cfg, self.checkpoint_root, self.out_dir, previous)
-            self._resume_from = plan_resume(cfg, self._resume_roots, previous, self.dist, run_id)
+            self.resumption = Resumption(cfg, self.checkpoint_root, self.out_dir, previous,
+                                         self.dist, run_id)
         self.tracking = Tracking(cfg, self.out_dir, self.record, self.bus)
         self.tracking.check(self.dist.main)  # before the run directory is touched
-        check_model_folder(cfg.model)
-        check_lora_targets(cfg)
-        if not self.force:  # arithmetic only: before the tokenizer, which may need the Hub
-            check_fits_here(cfg)
-        if cfg.data == "sst2":  # named before the tokenizer, which may try the Hub for a while
-            sst2_folder(cfg.resolved_data_dir)
-        if cfg.data != "synthetic":  # read and checked before the model is built
-            self.tokenizer = load_tokenizer(cfg.model, cfg.resolved_data_dir)
-            # the run's one objective: its head chunk sized for the model's vocabulary
-            self.task = build_task(cfg, self.tokenizer, preset_of(cfg.model).vocab)
+        self.tokenizer, self.task = read_inputs(cfg, self.force)
         found = data_fingerprint(cfg, self.task, self.tokenizer)
         info = {"run_id": run_id or new_run_id(), "data_fingerprint": found}
-        if resume:
-            info.update(accept_data(cfg, previous, self._resume_from, found))
+        if self.resumption is not None:
+            info.update(self.resumption.accept(found))
         self.record.info.update(info)
         self.identity = identity(info["run_id"], self.out_dir, cfg, found)
         if self.rundir is not None:
@@ -180,7 +151,9 @@ class TrainRecipe:
         cap_gpu_memory(cfg, self.device)
         before = gpu_baseline(self.device)  # what the process held before this run
         model, source = build_skeleton(cfg.model)
-        self.train_data, self.dev_data = self._data(model.config.vocab_size)
+        if cfg.data == "synthetic":  # its token ids sized by the model built (read data: prepare)
+            self.task = build_task(cfg, None, model.config.vocab_size)
+        self.train_data, self.dev_data = self.task.train, self.task.dev
         t = time.perf_counter()
         try:
             self.engine = build_engine(model, source, cfg, self.device, self.bus,
@@ -201,20 +174,15 @@ class TrainRecipe:
         t = time.perf_counter()
         warm_kernels(self.engine)  # compile time is paid here, not in the first steps
         self.bus.publish(InfoEvent("warmup_seconds", time.perf_counter() - t))
-        root = self.checkpoint_root if self.dist.main else None
-        steplog = None
-        if root is not None:
-            self.checkpointer = AsyncCheckpointer(root, cfg.keep_last, self.bus, self.engine.timer,
-                                                  self.identity)
+        self.checkpointer, self.guard = guard_run(
+            cfg, self.checkpoint_root if self.dist.main else None, self.engine.timer,
+            self.identity, self.bus, self.stop_event)
+        if self.checkpointer is not None:
             self._held.callback(self.checkpointer.close)
-            if cfg.method in ZO_METHODS:
-                steplog = StepLog(root)
-        self.guard = RunGuard(self.checkpointer, steplog, self.bus, self.stop_event, cfg.seed,
-                              cfg.stop_on)
         self.publish = Publisher(self.engine, self.guard, self.bus, self.record, self.device,
                                  voting=self.vote is not None)
         if resume:
-            self._resume()
+            self.step = self.resumption.load(self.engine, self.record, self.rundir, self.bus)
         self.sampler = Sampler(hz=cfg.sample_hz, t0=self.engine.timer.t0,
                                device_index=self.device.index or 0, on_sample=self._on_sample)
         self.record.environment = {**environment(cfg.device, self.sampler.static_info()),
@@ -224,38 +192,6 @@ class TrainRecipe:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         return self
-
-    def _checkpoint_root(self) -> Path | None:
-        cfg = self.cfg
-        if cfg.checkpoint_dir:
-            return Path(cfg.checkpoint_dir).expanduser()
-        if self.out_dir is not None:
-            return self.out_dir / "checkpoints"
-        if cfg.checkpoint_every:
-            raise ConfigError(["checkpoint_dir: checkpoint_every needs a place to write; set "
-                               "checkpoint_dir or give the run an output directory"])
-        return None
-
-    def _resume(self) -> None:
-        """Continue from the newest usable checkpoint: its weights, its step, the history
-        before it (no step twice)."""
-        snap = load_resume_checkpoint(self.engine, self.cfg, self._resume_from,
-                                      " or ".join(map(str, self._resume_roots)))
-        self.step = start = snap.step if snap is not None else 0
-        with self.record.lock:
-            self.record.steps = [r for r in self.record.steps if r["step"] < start]
-            self.record.evals = [e for e in self.record.evals if e["step"] <= start]
-            self.record.step_ops = [r for r in self.record.step_ops if r["step"] < start]
-        if self.rundir is not None:
-            self.rundir.start_history(self.record.steps, self.record.evals)
-            self.rundir.write(self.record)
-        self.bus.publish(InfoEvent("resumed_from", f"step-{start:08d}" if snap else None))
-
-    def _data(self, vocab: int):
-        """(train, dev) data; ``vocab`` sizes synthetic token ids (read data: in prepare)."""
-        if self.cfg.data == "synthetic":
-            self.task = build_task(self.cfg, None, vocab)
-        return self.task.train, self.task.dev
 
     def _on_sample(self, sample: dict[str, float]) -> None:
         with self.record.lock:
@@ -279,7 +215,6 @@ class TrainRecipe:
         if self.dev_data is not None and self.step == 0 and not self._evaluated():
             self.evaluate()
         inflight: deque = deque()
-        nan = torch.full((), float("nan"), device=self.device)  # stands in for absent scalars
         mark = marker(self.device)
         bar = progress(cfg.steps, self.step) if self.progress else None
         self.training = True
@@ -292,14 +227,8 @@ class TrainRecipe:
             out = engine.step(batch, t, lr, wd)
             end = marker(self.device)
             moved = (engine.bytes_h2d - moved[0], engine.bytes_d2h - moved[1])
-            scalars = [out.loss, *(x if x is not None else nan for x in
-                                   (out.projected_grad, out.loss_plus, out.loss_minus))]
-            if self.vote is not None:
-                scalars.append(self.vote.agreed)  # any rank's stop request, all-reduced
-            coefs = Deferred(*out.coefs.unbind()) if out.coefs is not None else None
-            inflight.append(InFlight(step=t, scalars=Deferred(*scalars), tokens=tokens, lr=lr,
-                                     wd=wd, begin=mark, end=end, moved=moved,
-                                     has_g=out.projected_grad is not None, coefs=coefs))
+            inflight.append(self.publish.in_flight(t, out, tokens, lr, wd, mark, end, moved,
+                                                   self.vote))
             mark = end
             self.step += 1
             if cfg.digest_check_every and self.step % cfg.digest_check_every == 0:
@@ -395,32 +324,14 @@ class TrainRecipe:
         self.engine.flush()
         self.collector.flush()
         if digest_params:  # one group decoded at a time: the host never holds a 2nd model
-            began = time.perf_counter()
-            found = fingerprint(self.engine.state_flats())
-            with rec.lock:
-                rec.param_digest, rec.param_norm = found
-            base = self.engine.base_flats()  # adapter runs: the frozen base, a group at a time
-            if base:
-                base_digest = digest(base)
-                with rec.lock:
-                    rec.base_digest = base_digest
-            with rec.lock:  # seconds the end-of-run digests took (largest runs: minutes)
-                rec.info["digest_seconds"] = time.perf_counter() - began
+            record_digests(rec, self.engine)
         with rec.lock:
             rec.info["load average at end"] = load_average()  # noise: the host, start to end
             rec.summary = summary(rec, self.engine, self.device)
         if self.out_dir is not None and self.cfg.save_final and rec.status in ("done", "stopped"):
             write_final(self.engine, self.cfg, self.out_dir, self.step, rec)  # RUN_DIR/weights
         if self.dist.parallel:  # every rank's own view, merged into rank 0's record
-            mine = {"rank": self.dist.rank, "device": str(self.device),
-                    "param_digest": rec.param_digest, "summary": rec.summary,
-                    "step_seconds": [s["seconds"] for s in rec.steps],
-                    "dev_examples": len(self.dist.dev_share(self.dev_data or [])),  # its share
-                    "host": getattr(self.engine, "host_report", dict)()}
-            ranks = self.dist.gather(mine)
-            with rec.lock:
-                rec.info["ranks"] = ranks
-                rec.info["world_size"] = self.dist.world
+            merge_ranks(rec, self.dist, self.engine, self.device, self.dev_data)
         if self.session is not None:
             self.session.save()  # run.json, trace.json; the journal folded in
         return rec
@@ -428,18 +339,8 @@ class TrainRecipe:
     def fail(self, error: BaseException) -> None:
         """Record how the run ended by ``error``: stopped (a signal), failed otherwise, with one
         line; run.json is rewritten when this process holds the run directory."""
-        rec = self.record
-        if rec.status in ("done", "stopped", "failed", "diverged") and rec.error:
-            return
-        if isinstance(error, KeyboardInterrupt):
-            rec.status = "stopped"
-            # a plain KeyboardInterrupt (Ctrl-C outside graceful_stop) names no signal
-            rec.info["stopped"] = f"by {str(error) or 'SIGINT'} at step {self.step}"
-        else:
-            rec.status, rec.error = "failed", error_line(self.cfg, error, self.step)
-            if not isinstance(error, ConfigError):
-                rec.info["traceback"] = "".join(traceback.format_exception(error))
-        self._write_record(every_s=0.0)
+        if record_end(self.record, self.cfg, error, self.step):
+            self._write_record(every_s=0.0)
 
     def cleanup(self) -> None:
         """Release everything; a run left unfinished by an exception is recorded as such."""
@@ -474,8 +375,6 @@ class TrainRecipe:
     def outcome(self) -> str:
         """One line saying how the run ended (the CLI prints it, the panel shows it)."""
         return outcome_line(self.record, self.out_dir, self.checkpoint_root)
-
-
 
 
 def run(cfg: RunConfig, out_dir: str | Path | None = None, bus: EventBus | None = None,

@@ -16,10 +16,37 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
+from workbench.config import ConfigError, RunConfig
 from workbench.engine.events import EventBus
 from workbench.runs.outcome import artefact_failed, os_error
 from workbench.runs.rundir import RunDir, RunWarning
 from workbench.telemetry.record import RunRecord, atomic_write
+
+
+def checkpoint_root(cfg: RunConfig, out_dir: Path | None) -> Path | None:
+    """Where the run's checkpoints go: ``checkpoint_dir``, else RUN_DIR/checkpoints (None: the
+    run keeps none)."""
+    if cfg.checkpoint_dir:
+        return Path(cfg.checkpoint_dir).expanduser()
+    if out_dir is not None:
+        return out_dir / "checkpoints"
+    if cfg.checkpoint_every:
+        raise ConfigError(["checkpoint_dir: checkpoint_every needs a place to write; set "
+                           "checkpoint_dir or give the run an output directory"])
+    return None
+
+
+def check_run_dir(out_dir: Path | None, checkpoint_root: Path | None, resume: bool,
+                  overwrite: bool) -> tuple[RunDir | None, RunRecord | None]:
+    """The run directory (None: none is written) and, resumed, its record as found; refuses
+    (``RunDirError``) one in use, or holding what a fresh run may not replace. Reads only."""
+    if out_dir is None:
+        return None, None
+    rundir = RunDir(out_dir, checkpoint_root)
+    if resume:
+        return rundir, rundir.check_resume()
+    rundir.check_new(overwrite)
+    return rundir, None
 
 
 class RunSession:
