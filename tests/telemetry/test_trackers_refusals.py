@@ -147,3 +147,28 @@ def test_trackers_that_cannot_start_leave_no_run_folder(tmp_path):
     assert one_line(r.stderr).startswith("error: report_to: wandb: WANDB_MODE=online but no W&B "
                                          "API key is set")
     assert not (tmp_path / "w").exists()
+
+
+def test_a_tracker_failing_after_its_check_still_leaves_the_run_as_found(finished, tmp_path,
+                                                                         monkeypatch):
+    """The check cannot foresee everything (a tracker's own error as it starts): the resume is
+    refused all the same, its run.json put back and what the tracker made removed."""
+    from workbench.config import ConfigError, RunConfig, resume_base
+    from workbench.recipes.train import TrainRecipe
+    from workbench.runs.resume import started_config
+    from workbench.telemetry import trackers
+
+    class Failing(trackers.TensorBoardSink):
+        def __init__(self, config, run_dir, name):
+            (run_dir / "wandb").mkdir()  # as a tracker's library might, before failing
+            raise OSError("the tracker's own failure")
+
+    monkeypatch.setitem(trackers.SINKS, "tensorboard", Failing)
+    run = copy_of(finished, tmp_path)
+    before = snapshot(run)
+    entries = sorted(p.name for p in run.iterdir())
+    cfg = RunConfig(**resume_base(started_config(run)))
+    with pytest.raises(ConfigError, match=r"report_to: tensorboard did not start \(the tracker's "
+                                          r"own failure\)"):
+        TrainRecipe(cfg, run, progress=False).run(resume=True)
+    assert snapshot(run) == before and sorted(p.name for p in run.iterdir()) == entries

@@ -259,16 +259,22 @@ def _written(writer: WeightsWriter, groups, progress, rounded: list[str]):
         values = groups[k]
         writer.write(k, values)
         if writer.dtype != torch.float32:
-            rounded.append(_bits_sha(values.to(writer.dtype)))
+            rounded.append(_rounded_sha(hashlib.sha256(), values, writer.dtype).hexdigest())
         if progress is not None:
             progress(k + 1, n)
         yield values
         del values
 
 
-def _bits_sha(values: torch.Tensor) -> str:
-    """SHA-256 of a 16-bit tensor's bytes."""
-    return hashlib.sha256(values.contiguous().view(torch.int16).numpy().data).hexdigest()
+CHECK_CHUNK = 4 << 20  # elements rounded at a time for the check (8 MiB of bf16 / fp16)
+
+
+def _rounded_sha(hasher, values: torch.Tensor, dtype: torch.dtype):
+    """``hasher`` updated with the bytes of ``values`` (fp32, (n,)) rounded to ``dtype`` (16
+    bits), a chunk at a time: the check holds no second copy of a group."""
+    for at in range(0, values.numel(), CHECK_CHUNK):
+        hasher.update(values[at:at + CHECK_CHUNK].to(dtype).view(torch.int16).numpy().data)
+    return hasher
 
 
 def _read_back(writer: WeightsWriter, rounded: list[str], found: str) -> str:
@@ -280,13 +286,17 @@ def _read_back(writer: WeightsWriter, rounded: list[str], found: str) -> str:
     headers: dict[Path, tuple[int, dict]] = {}
 
     def group(k: int) -> torch.Tensor:
-        parts = []
-        for s in writer.specs[k]:
+        values = torch.empty(sum(s.numel for s in writer.specs[k]), dtype=torch.float32)
+        hasher, at = hashlib.sha256(), 0
+        for s in writer.specs[k]:  # one tensor read at a time into the group
             file = writer.folder / writer.names[writer.shard_of[s.name]]
             headers.setdefault(file, read_header(file))
-            parts.append(read_fp32(file, s.name, headers[file]))
-        values = torch.cat(parts) if len(parts) > 1 else parts[0]
-        if _bits_sha(values.to(writer.dtype)) != rounded[k]:
+            part = read_fp32(file, s.name, headers[file])
+            _rounded_sha(hasher, part, writer.dtype)
+            values[at:at + part.numel()] = part
+            at += part.numel()
+            del part
+        if hasher.hexdigest() != rounded[k]:
             raise ExportError(f"{writer.names[0]}: group {k} does not read back as the "
                               "rounding of the run's weights written; the disk is failing?")
         return values

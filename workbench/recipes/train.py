@@ -135,6 +135,7 @@ class TrainRecipe:
             try:
                 self._held.enter_context(self.tracking)
             except BaseException:  # a tracker that would not start after all: as found
+                self.tracking.discard()
                 self.session.refuse()
                 raise
             self.session.start()

@@ -4,8 +4,9 @@ teardown.
     check()     before the run directory is touched: a tracker that could not start is refused
                 in one line and nothing on disk has changed (``telemetry.trackers.preflight``);
     __enter__   after the claim: the trackers start (``start_trackers``) and subscribe;
-    discard()   a fresh run refused before its first step: what they made in the run directory
-                is removed (a remote MLflow server keeps its run, marked failed);
+    discard()   a fresh run refused before its first step, or trackers that would not start
+                after all: what they made in the run directory is removed (a remote MLflow
+                server keeps its run, marked failed);
     __exit__    the queue written, the run's end (the record's status and summary) logged.
 A new tracker goes in ``telemetry/trackers.py`` (a sink in ``SINKS``, its preflight there);
 nothing here changes.
@@ -50,8 +51,10 @@ class Tracking:
     def __enter__(self) -> Tracking:
         if self.cfg.trackers and self.run_dir is not None:
             before = set(self.run_dir.iterdir())
-            self.trackers = start_trackers(self.cfg, self.run_dir, self.record.name)
-            self._made = set(self.run_dir.iterdir()) - before
+            try:
+                self.trackers = start_trackers(self.cfg, self.run_dir, self.record.name)
+            finally:
+                self._made = set(self.run_dir.iterdir()) - before
             self._unsubscribe = self.bus.subscribe(self.trackers)
         return self
 
@@ -62,12 +65,12 @@ class Tracking:
             self.trackers = None
 
     def discard(self) -> None:
-        """Close the trackers as failed and remove what they made (the run is withdrawn)."""
-        if self.trackers is None:
-            return
-        self._unsubscribe()
-        self.trackers.close("failed", {})
-        self.trackers = None
+        """Close the trackers as failed and remove what they made (the run is withdrawn, or a
+        tracker would not start: what the others, or it, had made goes too)."""
+        if self.trackers is not None:
+            self._unsubscribe()
+            self.trackers.close("failed", {})
+            self.trackers = None
         for path in self._made:
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)
