@@ -134,11 +134,11 @@ class TrainRecipe:
                 self.rundir, self.record, self.bus, overwrite=self.overwrite, previous=previous))
             try:
                 self._held.enter_context(self.tracking)
+                self.session.start()
             except BaseException:  # a tracker that would not start after all: as found
                 self.tracking.discard()
                 self.session.refuse()
                 raise
-            self.session.start()
         self._prepared = True
         return self
 
