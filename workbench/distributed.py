@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +29,7 @@ class DistContext:
     rank: int
     world: int
     local_rank: int
+    parallel = True  # more than one process: the recipe votes on stops and merges the ranks
 
     @property
     def main(self) -> bool:
@@ -84,6 +85,62 @@ class DistContext:
         out = [None] * self.world
         dist.all_gather_object(out, obj)
         return out
+
+    def totals(self, device: torch.device):
+        """How an eval's counts are summed over ranks (``engine.evaluate``'s ``total``)."""
+        return lambda values: self.sum(values, device)
+
+    def stop_vote(self, device: torch.device) -> StopVote:
+        return StopVote(self, device)
+
+    def check_in_sync(self, flats: Callable[[], Iterable[torch.Tensor]], step: int) -> None:
+        """``check_in_sync`` of the parameters ``flats()`` yields."""
+        check_in_sync(self, flats(), step)
+
+    def shutdown(self) -> None:
+        shutdown()
+
+
+class SingleProcess:
+    """Data parallel's single-process form: the same questions as ``DistContext``, each answered
+    by doing nothing (the whole batch, the whole dev set, no vote, no all-reduce), so the recipe
+    asks them without asking first whether it runs under torchrun."""
+
+    rank, world, local_rank = 0, 1, 0
+    main = True
+    parallel = False
+
+    def device(self, cfg: RunConfig) -> torch.device:
+        return torch.device(cfg.device)
+
+    def shard(self, batch):
+        return batch
+
+    def dev_share(self, dev):
+        return dev
+
+    def node_share(self, cfg: RunConfig) -> None:
+        return None
+
+    def gather(self, obj) -> list:
+        return [obj]
+
+    def totals(self, device: torch.device) -> None:
+        return None  # the engine counts its own dev set
+
+    def stop_vote(self, device: torch.device) -> None:
+        return None  # a stop request ends the loop at once
+
+    def check_in_sync(self, flats: Callable[[], Iterable[torch.Tensor]], step: int) -> None:
+        pass  # one copy of the parameters: nothing to compare
+
+    def shutdown(self) -> None:
+        pass
+
+
+def data_parallel(cfg: RunConfig) -> DistContext | SingleProcess:
+    """``from_env``'s context under torchrun, else the single process's (does nothing)."""
+    return from_env(cfg) or SingleProcess()
 
 
 class StopVote:

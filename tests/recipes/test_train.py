@@ -30,7 +30,7 @@ def test_a_run_that_cannot_fit_is_refused_before_anything_and_force_overrides(tm
 def test_a_run_that_cannot_fit_is_refused_before_its_tokenizer_is_read(tmp_path, monkeypatch):
     """The fit check is arithmetic; the tokenizer may need the Hub (minutes of retries offline),
     so a too-big run with real data is refused without touching it."""
-    import workbench.recipes.train as train_mod
+    import workbench.recipes.inputs as train_mod  # where the run reads its inputs
 
     def no_tokenizer(*_):
         raise AssertionError("the tokenizer was read before the fit check")

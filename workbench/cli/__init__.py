@@ -331,7 +331,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     warnings.formatwarning = _one_line_warning  # a terminal gets one line, not a source excerpt
     try:
-        return args.fn(args)
+        status = args.fn(args)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit
+        return status
+    except BrokenPipeError:  # the reader left (``| head``): stop quietly, as CLI tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error at exit
+        return 128 + signal.SIGPIPE
     except ConfigError as e:
         for problem in e.problems:
             print(f"error: {problem}", file=sys.stderr)

@@ -25,7 +25,12 @@ def cmd_export(args: argparse.Namespace) -> int:
         return 130
     print(f"exported the {KINDS[res.kind]} after {res.step} steps ({res.origin}, {res.dtype}) to "
           f"{res.out.resolve()} in {res.seconds:.1f} s")
-    if res.matches_run is True:
+    if res.matches_run is True and res.rounded:
+        print(f"the run's fp32 weights were read back equal to its param_digest {res.digest[:16]}"
+              f" and rounded to {res.dtype}: the exported weights' digest is "
+              f"{res.written_digest[:16]} (read back, each group checked against the rounding "
+              "of the run's weights)")
+    elif res.matches_run is True:
         print(f"param_digest {res.digest[:16]} equals the run's")
     elif res.matches_run is False:  # a checkpoint's update replayed on another device type
         print(f"note: param_digest {res.digest[:16]} differs from the run's (its pending update "

@@ -121,8 +121,8 @@ def check_values(cfg: Knobs) -> list[str]:
     problems += _check_streaming(cfg)
     problems += _check_peft(cfg)
     problems += [f"report_to: {name!r} is not one of {', '.join(TRACKERS)} (comma-separated)"
-                 for name in trackers(cfg) if name not in TRACKERS]
-    if len(set(trackers(cfg))) < len(trackers(cfg)):
+                 for name in cfg.trackers if name not in TRACKERS]
+    if len(set(cfg.trackers)) < len(cfg.trackers):
         problems.append(f"report_to: {cfg.report_to!r} names a tracker twice")
     preset = PRESETS.get(cfg.model)
     if preset is not None and cfg.streaming and cfg.resident_blocks > preset.num_layers:
@@ -139,9 +139,9 @@ def checkpoint_problem(method: str) -> str:
             "checkpoint_every=0)")
 
 
-def trackers(cfg: Knobs) -> list[str]:
-    """The trackers ``report_to`` names, in order (empty: none)."""
-    return [t.strip() for t in cfg.report_to.split(",") if t.strip()]
+def trackers(cfg: Knobs) -> tuple[str, ...]:
+    """The trackers ``report_to`` names, in order (empty: none): ``cfg.trackers``."""
+    return cfg.trackers
 
 
 def _check_half_weights(cfg: Knobs) -> list[str]:
@@ -280,7 +280,7 @@ def check_environment(cfg: Knobs) -> None:
     import importlib.util
 
     problems += [f"report_to: {name} is not installed; pip install 'zo-workbench[{name}]'"
-                 for name in trackers(cfg)
+                 for name in cfg.trackers
                  if name in TRACKERS and importlib.util.find_spec(TRACKERS[name]) is None]
     if problems:
         raise ConfigError(problems)

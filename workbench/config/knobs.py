@@ -4,6 +4,7 @@ metadata (the knob panel builds its control from them, ``knob_info``). ``RunConf
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, Mapping, get_args, get_origin
@@ -220,6 +221,12 @@ class Knobs:
     @property
     def streaming(self) -> bool:
         return self.method in STREAMING_METHODS
+
+    @functools.cached_property
+    def trackers(self) -> tuple[str, ...]:
+        """The trackers ``report_to`` names, in order (empty: none): the text is read here,
+        once per config; every reader takes this tuple."""
+        return tuple(t.strip() for t in self.report_to.split(",") if t.strip())
 
 
 def knob_info(name: str) -> dict[str, Any]:

@@ -30,6 +30,19 @@ METHODS = {
 }
 
 
+def _digest_row(info: dict[str, Any]) -> str:
+    """The weights' digest, and how it relates to the run's ``param_digest``: equal, the run's
+    weights rounded to the folder's dtype, or other weights (a checkpoint's)."""
+    written, source = info["weights_digest"], info.get("source_digest", info["weights_digest"])
+    if written == info["param_digest"]:
+        return f"| param_digest | `{written}` (the run's own) |"
+    if source == info["param_digest"] and source != written:
+        return (f"| weights digest | `{written}` (the run's fp32 weights, param_digest "
+                f"`{source}`, rounded to {info['dtype']}) |")
+    return (f"| param_digest | `{written}` (the run's final one: "
+            f"`{info['param_digest'] or '-'}`) |")
+
+
 def model_card(info: dict[str, Any]) -> str:
     """README.md text. ``info``: the export's facts (``exporter.py`` builds it): config,
     status, steps, run_steps, origin, evals, param_digest, weights_digest, base_digest, kind
@@ -60,9 +73,7 @@ def model_card(info: dict[str, Any]) -> str:
              + (f": {info['error']}" if info.get("error") else "") + ") |",
              f"| weights from | `{info['origin']}` of `{info['run_dir']}` |",
              f"| dtype | {info['dtype']} |",
-             f"| param_digest | `{info['weights_digest']}`"
-             + (" (the run's own)" if info["weights_digest"] == info["param_digest"]
-                else f" (the run's final one: `{info['param_digest'] or '-'}`)") + " |"]
+             _digest_row(info)]
     if info.get("base_digest"):
         lines.append(f"| base_digest | `{info['base_digest']}` |")
     lines += ["", "## Dev metrics", "", *_metrics(info["evals"], info["step"]), "",

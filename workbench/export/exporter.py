@@ -2,9 +2,11 @@
 
 One pass over the groups, one group in host memory at a time: each group is read (from
 ``RUN_DIR/weights`` or a checkpoint, its pending update applied: ``source.py``), written into
-the open shard (``folder.py``), then fingerprinted, so the folder records the digest of exactly
-what it holds (in fp32, before any cast) and an export of a run's final weights is checked
-against the run's own ``param_digest``. Host memory: the group in fp32, a 16 MiB cast buffer,
+the open shard (``folder.py``), then fingerprinted, so an export of a run's final weights is
+checked against the run's own ``param_digest`` (fp32, before any cast). Written in a narrower
+dtype (bf16, fp16), the weights are rounded: the folder then records the digest of what it
+holds, read back after writing, each group checked bit for bit against the rounding of the
+run's weights read (``weights_digest``; ``source_digest`` is the fp32 one). Host memory: the group in fp32, a 16 MiB cast buffer,
 the digest's fp64 scratch (``engine.groups.fingerprint``), and for a checkpoint with a pending
 update the update's own temporaries (a group-sized z without the fused kernel).
 
@@ -16,6 +18,7 @@ base the run computed with, each block's adapter folded in, as a full model fold
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import time
 from dataclasses import dataclass, fields
@@ -25,10 +28,12 @@ from typing import Any, Callable
 import torch
 
 from workbench.config import ConfigError, RunConfig
-from workbench.engine.groups import GroupLayout, adapter_layouts, build_layouts, fingerprint
+from workbench.engine.groups import (GroupLayout, LazyFlats, adapter_layouts, build_layouts,
+                                     fingerprint)
 from workbench.export.card import model_card
 from workbench.export.folder import AtomicFolder, WeightsWriter, parse_size, tensor_specs
 from workbench.export.peft_folder import merge_block, peft_key, write_adapter_config
+from workbench.export.safetensors_stream import read_fp32, read_header
 from workbench.export.source import ExportError, RunWeights, run_weights
 from workbench.export.tokenizer_files import save_tokenizer
 from workbench.models.adapter import BlockAdapter
@@ -44,9 +49,11 @@ INFO_FILE = "workbench_export.json"  # provenance: the run, its digests, what wa
 
 @dataclass
 class ExportResult:
-    """What an export wrote. ``digest``: the fp32 digest of the exported weights (the run's
-    ``param_digest`` convention: for an adapter, of the adapter); ``matches_run``: it equals
-    the run's ``param_digest`` (None: the weights are not the run's final ones)."""
+    """What an export wrote. ``digest``: the fp32 digest of the run's weights it read (the
+    run's ``param_digest`` convention: for an adapter, of the adapter); ``matches_run``: it
+    equals the run's ``param_digest`` (None: the weights are not the run's final ones);
+    ``written_digest``: the same digest of the weights the folder holds, read back (rounded to
+    ``dtype``: each group checked against the rounding of the weights read)."""
 
     out: Path
     kind: str  # "model", "adapter" or "merged"
@@ -58,6 +65,13 @@ class ExportResult:
     seconds: float
     files: list[str]
     numels: list[int]  # elements of each group written (base groups for a merge)
+    written_digest: str = ""  # the exported weights' own digest, read back as fp32 (rounded)
+
+    @property
+    def rounded(self) -> bool:
+        """The weights were rounded to a narrower dtype than the run's fp32 on the way out
+        (``written_digest`` then differs from ``digest`` unless they were exact in it)."""
+        return bool(self.written_digest) and self.kind != "merged" and self.dtype != "float32"
 
 
 def export_run(run_dir: str | Path, out: str | Path, *, dtype: str | None = None,
@@ -106,9 +120,10 @@ def _export(folder: AtomicFolder, weights: RunWeights, dtype: str | None, size: 
     with folder as tmp:
         ids = save_tokenizer(cfg.model, cfg.resolved_data_dir, tmp)  # first: it may refuse
         if kind == "adapter":
-            digest = _write_adapter(tmp, weights, model, want, size, progress)
+            digest, written = _write_adapter(tmp, weights, model, want, size, progress)
         else:
-            digest = _write_model(tmp, weights, model, want, size, progress, merged=merge)
+            digest, written = _write_model(tmp, weights, model, want, size, progress,
+                                           merged=merge)
         if kind != "adapter":
             model.write_configs(tmp, want, ids)
         matches = (digest == weights.expected_digest) if weights.expected_digest else None
@@ -116,7 +131,7 @@ def _export(folder: AtomicFolder, weights: RunWeights, dtype: str | None, size: 
             raise ExportError(f"{weights.origin}: the weights read back do not match the run's "
                               f"param_digest ({digest[:16]} vs {weights.expected_digest[:16]}); "
                               "they are damaged")
-        info = _facts(weights, kind, model, want, digest)
+        info = _facts(weights, kind, model, want, digest, written)
         (tmp / "README.md").write_text(model_card(info))
         facts = {k: v for k, v in info.items() if k not in ("config", "evals")}
         (tmp / INFO_FILE).write_text(json.dumps(facts | {"matches_run_digest": matches},
@@ -124,7 +139,7 @@ def _export(folder: AtomicFolder, weights: RunWeights, dtype: str | None, size: 
         files = sorted(p.name for p in tmp.iterdir())
     numels = [lay.numel for lay in (model.base if kind != "adapter" else model.trainable)]
     return ExportResult(folder.out, kind, weights.step, weights.origin, NAMES[want], digest,
-                        matches, time.perf_counter() - began, files, numels)
+                        matches, time.perf_counter() - began, files, numels, written)
 
 
 def export_line(run_dir: Path, out: Path) -> str:
@@ -226,24 +241,69 @@ class _Model:
 
 
 def _write_model(tmp: Path, weights: RunWeights, model: _Model, dtype: torch.dtype,
-                 size: int, progress, merged: bool) -> str:
-    """The weights files of a full model; returns the digest of the trained groups."""
+                 size: int, progress, merged: bool) -> tuple[str, str]:
+    """The weights files of a full model; returns the digest of the trained groups read and
+    of the weights written (``_read_back``; the same when nothing was rounded)."""
+    rounded: list[str] = []
     with WeightsWriter(tmp, tensor_specs(model.base), dtype, size) as writer:
         if merged:
-            return _merged(writer, weights, model, progress)
-        return fingerprint(_written(writer, weights.groups, progress))[0]
+            found = _merged(writer, weights, model, progress)
+            return found, found
+        found = fingerprint(_written(writer, weights.groups, progress, rounded))[0]
+    return found, _read_back(writer, rounded, found)
 
 
-def _written(writer: WeightsWriter, groups, progress):
-    """Each group written, then handed on (to the digest), one at a time."""
+def _written(writer: WeightsWriter, groups, progress, rounded: list[str]):
+    """Each group written, then handed on (to the digest), one at a time; ``rounded`` gets the
+    SHA-256 of each group's bytes in the writer's dtype when that rounds (not fp32)."""
     n = len(groups)
     for k in range(n):
         values = groups[k]
         writer.write(k, values)
+        if writer.dtype != torch.float32:
+            rounded.append(_rounded_sha(hashlib.sha256(), values, writer.dtype).hexdigest())
         if progress is not None:
             progress(k + 1, n)
         yield values
         del values
+
+
+CHECK_CHUNK = 4 << 20  # elements rounded at a time for the check (8 MiB of bf16 / fp16)
+
+
+def _rounded_sha(hasher, values: torch.Tensor, dtype: torch.dtype):
+    """``hasher`` updated with the bytes of ``values`` (fp32, (n,)) rounded to ``dtype`` (16
+    bits), a chunk at a time: the check holds no second copy of a group."""
+    for at in range(0, values.numel(), CHECK_CHUNK):
+        hasher.update(values[at:at + CHECK_CHUNK].to(dtype).view(torch.int16).numpy().data)
+    return hasher
+
+
+def _read_back(writer: WeightsWriter, rounded: list[str], found: str) -> str:
+    """The digest (``fingerprint``, fp32) of the weights ``writer`` wrote, read back group by
+    group from its files, each group checked bit for bit against the rounding of the run's
+    weights made while writing. fp32 rounds nothing: the digest read is the digest written."""
+    if not rounded:
+        return found
+    headers: dict[Path, tuple[int, dict]] = {}
+
+    def group(k: int) -> torch.Tensor:
+        values = torch.empty(sum(s.numel for s in writer.specs[k]), dtype=torch.float32)
+        hasher, at = hashlib.sha256(), 0
+        for s in writer.specs[k]:  # one tensor read at a time into the group
+            file = writer.folder / writer.names[writer.shard_of[s.name]]
+            headers.setdefault(file, read_header(file))
+            part = read_fp32(file, s.name, headers[file])
+            _rounded_sha(hasher, part, writer.dtype)
+            values[at:at + part.numel()] = part
+            at += part.numel()
+            del part
+        if hasher.hexdigest() != rounded[k]:
+            raise ExportError(f"{writer.names[0]}: group {k} does not read back as the "
+                              "rounding of the run's weights written; the disk is failing?")
+        return values
+
+    return fingerprint(LazyFlats(len(writer.specs), group))[0]
 
 
 def _merged(writer: WeightsWriter, weights: RunWeights, model: _Model, progress) -> str:
@@ -274,20 +334,24 @@ def _merged(writer: WeightsWriter, weights: RunWeights, model: _Model, progress)
 
 
 def _write_adapter(tmp: Path, weights: RunWeights, model: _Model, dtype: torch.dtype,
-                   size: int, progress) -> str:
+                   size: int, progress) -> tuple[str, str]:
+    rounded: list[str] = []
     with WeightsWriter(tmp, tensor_specs(model.trainable, peft_key), dtype, max(size, 1 << 62),
                        prefix="adapter_model") as writer:  # one file, as peft writes it
-        digest = fingerprint(_written(writer, weights.groups, progress))[0]
+        digest = fingerprint(_written(writer, weights.groups, progress, rounded))[0]
     write_adapter_config(tmp, weights.config, model.trainable, model.base_name())
-    return digest
+    return digest, _read_back(writer, rounded, digest)
 
 
 def _facts(weights: RunWeights, kind: str, model: _Model, dtype: torch.dtype,
-           digest: str) -> dict[str, Any]:
+           digest: str, written: str) -> dict[str, Any]:
+    """The export's provenance. ``weights_digest``: of the weights the folder holds (read back
+    as fp32); ``source_digest``: of the run's weights read (fp32, before any rounding)."""
     rec = weights.record
     return {"kind": kind, "run_dir": str(weights.run_dir.resolve()), "step": weights.step,
             "run_steps": len(rec.steps), "status": rec.status, "error": rec.error,
-            "origin": weights.origin, "dtype": NAMES[dtype], "weights_digest": digest,
+            "origin": weights.origin, "dtype": NAMES[dtype], "weights_digest": written,
+            "source_digest": digest,
             "param_digest": rec.param_digest, "base_digest": rec.base_digest,
             "base": model.base_name(), "pending_applied": weights.pending,
             "task": run_task(rec.config), "config": rec.config, "evals": rec.evals}

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from workbench.runs.rundir import read_history
 from workbench.telemetry.record import RecordError, RunRecord
 
 WEIGHTS = FOLDER  # the end-of-run weights' folder in a run directory
+ATTEMPTS = 5  # checkpoints picked in turn while a live run rotates them away
 EXPORTABLE = ("done", "stopped", "diverged")
 
 
@@ -56,6 +58,7 @@ class RunWeights:
     groups: LazyFlats
     expected_digest: str  # the run's param_digest when these are its final weights, else ""
     flush: PendingFlush | None  # a checkpoint's pending update, applied as groups are read
+    held: list[int] = field(default_factory=list)  # open descriptors of its files (``_read``)
 
     @property
     def config(self) -> dict[str, Any]:
@@ -68,6 +71,9 @@ class RunWeights:
     def close(self) -> None:
         if self.flush is not None:
             self.flush.close()
+        for fd in self.held:
+            os.close(fd)
+        self.held.clear()
 
 
 def load_record(run_dir: Path) -> RunRecord:
@@ -99,31 +105,40 @@ def run_weights(run_dir: str | Path, step: int | None = None, force: bool = Fals
     status = rec.status
     if status not in EXPORTABLE and not force:
         raise ExportError(_status_line(run_dir, rec))
-    candidates = _candidates(run_dir, rec.config)
     limit = diverged_step(rec) if status == "diverged" else math.inf
-    if step is not None:
-        picked = [c for c in candidates if c[0] == step]
-        if not picked:
-            have = ", ".join(str(s) for s in sorted({s for s, _ in candidates})) or "none"
-            raise ExportError(f"--step: {run_dir} has no weights after {step} steps (it has "
-                              f"weights after: {have})")
+    for _ in range(ATTEMPTS):  # a live run rotates checkpoints away: list them again
+        candidates = _candidates(run_dir, rec.config)
+        if step is not None:
+            picked = [c for c in candidates if c[0] == step]
+            if not picked:
+                have = ", ".join(str(s) for s in sorted({s for s, _ in candidates})) or "none"
+                raise ExportError(f"--step: {run_dir} has no weights after {step} steps (it has "
+                                  f"weights after: {have})")
+        else:
+            picked = [c for c in candidates if c[0] <= limit]
+            if not picked:
+                raise ExportError(_nothing_line(run_dir, rec, limit))
+        found_step, path = max(picked, key=lambda c: (c[0], c[1].name == WEIGHTS))
+        try:
+            snap, manifest, held = _read(path)
+            break
+        except _Gone:
+            continue
     else:
-        picked = [c for c in candidates if c[0] <= limit]
-        if not picked:
-            raise ExportError(_nothing_line(run_dir, rec, limit))
-    found_step, path = max(picked, key=lambda c: (c[0], c[1].name == WEIGHTS))
-    snap = _read(path)
+        raise ExportError(f"RUN_DIR: {run_dir}'s checkpoints were rotated away {ATTEMPTS} times "
+                          "while being opened (keep_last is small for how often it "
+                          "checkpoints); export it once it has ended")
+    numels = [g[1] for g in manifest["groups"]]
     flush = None
     if snap.pending is not None:
-        flush = PendingFlush(snap.pending, _engine_config(snap.config), snap.names,
-                             [g[1] for g in _manifest(path)["groups"]], snap.n_decay,
+        flush = PendingFlush(snap.pending, _engine_config(snap.config), snap.names, numels,
+                             snap.n_decay,
                              torch.device(device))
     groups = (snap.flats if flush is None else
               LazyFlats(len(snap.names), lambda k: flush(k, snap.flats[k])))
     final = status in ("done", "stopped") and found_step == len(rec.steps)
-    return RunWeights(run_dir, rec, found_step, path.name, snap.names,
-                      [g[1] for g in _manifest(path)["groups"]], groups,
-                      rec.param_digest if final else "", flush)
+    return RunWeights(run_dir, rec, found_step, path.name, snap.names, numels, groups,
+                      rec.param_digest if final else "", flush, held)
 
 
 def diverged_step(rec: RunRecord) -> int:
@@ -161,26 +176,61 @@ def _manifest(path: Path) -> dict:
         raise ExportError(f"{path}: unreadable manifest ({e})") from None
 
 
-def _read(path: Path) -> Snapshot:
-    """The checkpoint at ``path``, verified (shard digests, groups) by ``read_checkpoint``, its
-    groups read by plain reads rather than through a memory map (``read_fp32``)."""
-    groups = _manifest(path)["groups"]
-    names = [g[0] for g in groups]
+class _Gone(Exception):
+    """The checkpoint picked was removed (rotated away by its live run) before it was held."""
+
+
+def _read(path: Path) -> tuple[Snapshot, dict, list[int]]:
+    """The checkpoint at ``path``, its manifest and the open descriptors that hold its files.
+    Every shard is opened first and read through its descriptor from then on (on Linux, through
+    /proc/self/fd), so a live run that rotates the checkpoint away mid-export takes nothing the
+    export still reads; then it is verified (shard digests, groups) by ``read_checkpoint``,
+    its groups read by plain reads rather than through a memory map (``read_fp32``).
+
+    Raises:
+        _Gone: the checkpoint went before it was held or while it was verified.
+    """
+    held: list[int] = []
     try:
-        snap = read_checkpoint(path, names, [g[1] for g in groups])
-    except CheckpointError as e:
-        raise ExportError(str(e)) from None
+        try:
+            manifest = json.loads((path / "manifest.json").read_text())
+            files = {}
+            for shard in manifest["shards"]:
+                held.append(os.open(path / shard, os.O_RDONLY))
+                files[shard] = _through(held[-1], path / shard)
+        except FileNotFoundError:
+            raise _Gone() from None
+        except (OSError, ValueError) as e:
+            raise ExportError(f"{path}: unreadable manifest ({e})") from None
+        names = [g[0] for g in manifest["groups"]]
+        try:
+            snap = read_checkpoint(path, names, [g[1] for g in manifest["groups"]])
+        except CheckpointError as e:
+            if not path.exists():
+                raise _Gone() from None
+            raise ExportError(str(e)) from None
+    except BaseException:
+        for fd in held:
+            os.close(fd)
+        raise
     where: dict[str, tuple[Path, tuple[int, dict]]] = {}
-    for shard in _manifest(path)["shards"]:
-        header = read_header(path / shard)
-        where.update((name, (path / shard, header)) for name in header[1] if name in names)
+    for shard, file in files.items():
+        header = read_header(file)
+        where.update((name, (file, header)) for name in header[1] if name in names)
 
     def load(k: int) -> torch.Tensor:
         file, header = where[names[k]]
         return read_fp32(file, names[k], header)
 
     snap.flats = LazyFlats(len(names), load)
-    return snap
+    return snap, manifest, held
+
+
+def _through(fd: int, path: Path) -> Path:
+    """A path that opens the file ``fd`` holds, even once ``path`` is removed (Linux); else
+    ``path`` itself."""
+    proc = Path(f"/proc/self/fd/{fd}")
+    return proc if proc.exists() else path
 
 
 def _status_line(run_dir: Path, rec: RunRecord) -> str:

@@ -131,7 +131,12 @@ def check_model_folder(model: str) -> None:
     if model in PRESETS:
         return
     try:
-        BlockAdapter(build_skeleton(model)[0])
+        skeleton, source = build_skeleton(model)
+        BlockAdapter(skeleton)
+        if isinstance(source, PretrainedWeights):  # its files whole, shaped as the config says
+            from workbench.models.weights_files import check_weights_files
+
+            check_weights_files(skeleton, source.folder)
     except ConfigError:
         raise
     except (ValueError, ImportError) as e:  # Refused, an unknown tiny type, a config

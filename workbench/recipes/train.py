@@ -1,24 +1,21 @@
 """The training recipe: setup -> train -> save -> cleanup, shared by the CLI and the notebooks.
 
-It composes the pieces (data, model skeleton, engine, telemetry) and owns the loop. The loop
-never waits for the GPU: each step's losses travel to the host through ``Deferred`` copies and
-are published once they have landed. Longer than our usual module: the loop and the run's
-lifecycle around it (checks before anything is built, how it ends, what is recorded) read best
-in one place; each concept it uses lives beside it (``rundir``, ``resume``, ``guard``,
-``outcome``, ``limits``, ``signals``).
+It composes the pieces (data, model skeleton, engine, telemetry) and owns the loop. Everything
+that must be undone when the run ends is entered into one ``ExitStack`` as it is set up, and
+``cleanup`` leaves them in reverse order: the run directory (``runs/session.py``) and the
+trackers (``runs/tracking.py``), each a bus subscriber with one setup and one teardown; the
+engine, the checkpoint writer, the sampler; data parallel (``distributed.data_parallel``: its
+single-process form does nothing, so the loop never asks whether it runs under torchrun).
+Beside it: the steps in flight and their publication (``publish.py``), the machine's readings
+and the end-of-run summary (``readings.py``).
 """
 from __future__ import annotations
 
-import gc
-import math
-import shutil
 import sys
 import threading
 import time
-import traceback
-import warnings
 from collections import deque
-from dataclasses import dataclass
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,58 +23,34 @@ import torch
 
 from workbench import distributed
 from workbench.calibrate.fo import measure
-from workbench.config import ZO_METHODS, ConfigError, RunConfig, check_environment, trackers
+from workbench.config import ConfigError, RunConfig, check_environment
 from workbench.data.sizes import data_sizes
 from workbench.data.task import build_task
 from workbench.engine import build_engine
-from workbench.engine.checkpoint import AsyncCheckpointer, StepLog
-from workbench.engine.events import EvalEvent, EventBus, InfoEvent, StepEvent
-from workbench.engine.groups import digest, fingerprint
-from workbench.engine.timing import Deferred
+from workbench.engine.checkpoint import AsyncCheckpointer
+from workbench.engine.events import EvalEvent, EventBus, InfoEvent
 from workbench.engine.warmup import warm_kernels
 from workbench.models.build import build_skeleton
 from workbench.plan.memory import EVAL_ROWS
-from workbench.runs.final_weights import write_final
-from workbench.runs.guard import RunGuard
-from workbench.runs.limits import cap_gpu_memory
-from workbench.runs.prefetch import BatchPrefetch
-from workbench.runs.outcome import artefact_failed, error_line, os_error, outcome_line
-from workbench.runs import threads
 from workbench.recipes.inputs import check_inputs
-from workbench.runs.identity import accept_data, data_fingerprint, identity, new_run_id
-from workbench.runs.resume import load_resume_checkpoint, plan_resume, resume_roots
-from workbench.runs.rundir import WRITE_EVERY_S, RunDir, RunWarning
+from workbench.recipes.publish import RUN_AHEAD, Publisher, marker
+from workbench.recipes.readings import (gpu_baseline, merge_ranks, progress, record_digests,
+                                        summary)
+from workbench.runs import threads
+from workbench.runs.final_weights import write_final
+from workbench.runs.guard import RunGuard, guard_run
+from workbench.runs.identity import data_fingerprint, identity, new_run_id
+from workbench.runs.limits import cap_gpu_memory
+from workbench.runs.outcome import outcome_line, record_end
+from workbench.runs.prefetch import BatchPrefetch
+from workbench.runs.resumption import Resumption
+from workbench.runs.rundir import WRITE_EVERY_S, RunDir
+from workbench.runs.session import RunSession, check_run_dir, checkpoint_root
+from workbench.runs.tracking import Tracking
 from workbench.telemetry.collector import Collector
 from workbench.telemetry.environment import environment, load_average
-from workbench.telemetry.health import health
-from workbench.telemetry.noise import noise
 from workbench.telemetry.record import RunRecord
-from workbench.telemetry.sampler import Sampler, gpu_memory_used
-from workbench.telemetry.steady import throughput
-from workbench.telemetry.trackers import start_trackers
-
-
-RUN_AHEAD = 2  # steps the loop may run ahead of the published ones
-
-
-@dataclass(frozen=True)
-class InFlight:
-    """A step the loop has enqueued but not yet published: its number, its scalars on their way
-    to the host (loss, g, L+, L-, and under torchrun the stop vote), the tokens of its global
-    batch, the live knobs it ran with, its start and end marks (CUDA events, or host seconds),
-    the PCIe bytes it moved (up, down) and whether the method has a projected gradient."""
-
-    step: int
-    scalars: Deferred
-    tokens: int
-    lr: float
-    wd: float
-    begin: Any
-    end: Any
-    moved: tuple[int, int]
-    has_g: bool
-    coefs: Deferred | None = None  # the update's coefficients, for a step of several queries
-
+from workbench.telemetry.sampler import Sampler
 
 class TrainRecipe:
     """Args:
@@ -99,7 +72,8 @@ class TrainRecipe:
         self.record = RunRecord(config=cfg.to_dict(), status="new",
                                 path=str(self.out_dir) if self.out_dir is not None else "")
         self.collector = Collector(self.record, cfg.keep_steps)
-        self._unsubscribe = self.bus.subscribe(self.collector)
+        self._held = ExitStack()  # what ``cleanup`` undoes, in reverse order of setting up
+        self._held.callback(self.bus.subscribe(self.collector))
         self.stop_event = threading.Event()
         self.stop_reason = ""  # what set stop_event, for the record ("SIGINT", ...)
         self.training = False  # inside the step loop (a stop request ends it cleanly)
@@ -108,61 +82,55 @@ class TrainRecipe:
         self.sampler: Sampler | None = None
         self.checkpointer: AsyncCheckpointer | None = None
         self.rundir: RunDir | None = None
+        self.session: RunSession | None = None  # the run directory, claimed (``prepare``)
+        self.tracking: Tracking | None = None  # report_to's trackers (``prepare``)
         self.step = 0
-        self.dist = None  # set under torchrun (data parallel)
+        # data parallel under torchrun (``prepare``); until then, and in one process, nothing
+        self.dist: distributed.DistContext | distributed.SingleProcess = \
+            distributed.SingleProcess()
         self.checkpoint_root: Path | None = None
         self.vote: distributed.StopVote | None = None  # under torchrun
-        self.stop_at = math.inf  # under torchrun: the step count every rank stops at
+        self.publish: Publisher | None = None  # publishes steps as they land (``setup``)
         self.guard: RunGuard | None = None  # divergence and failing checkpoint writes
         self.tokenizer = self.task = None  # read in ``prepare`` (but synthetic data)
-        self._prepared = False
         #: Called once ``prepare``'s checks passed (the CLI's busy-host note: after them, so a
         #: refused run says only why).
         self.on_prepared: Callable[[], None] | None = None
-        self._resume_from: list[str] = []  # checkpoint folders to try, newest first
-        self._resume_roots: list[Path] = []  # where they were looked for
-        self.record_written = True  # False while the last write of run.json failed
+        self._prepared = False
+        self.resumption: Resumption | None = None  # a resumed run's way back (``prepare``)
         self.identity: dict[str, Any] | None = None  # the run's, in every checkpoint
-        self._unsubscribe_rundir = lambda: None
-        self.trackers = None  # report_to's (``telemetry/trackers.py``), from setup on
 
     # --- setup ------------------------------------------------------------------------------
     def prepare(self, resume: bool = False) -> "TrainRecipe":
         """Every check that needs no model, then the claim of the run directory. Bad settings,
-        data or model folders, a run that cannot fit, a directory holding another run or in use
-        are refused here (ConfigError), before anything big is allocated or anything on disk
-        changes; then run.json says ``running``."""
+        data or model folders, trackers that would not start, a run that cannot fit, a
+        directory holding another run or in use are refused here (ConfigError), before anything
+        big is allocated or anything on disk changes; then the trackers start and run.json says
+        ``running``."""
         if self._prepared:
             return self
         cfg = self.cfg
         check_environment(cfg)
-        self.dist = distributed.from_env(cfg)
-        main = self.dist is None or self.dist.main
-        self.checkpoint_root = self._checkpoint_root()
-        if not main:
+        self.dist = distributed.data_parallel(cfg)
+        self._held.callback(self.dist.shutdown)
+        self.checkpoint_root = checkpoint_root(self.cfg, self.out_dir)
+        if not self.dist.main:
             self.out_dir = None  # rank 0 writes the run directory and the checkpoints
-        previous = None
-        if self.out_dir is not None:
-            self.rundir = RunDir(self.out_dir, self.checkpoint_root)
-            if resume:
-                previous = self.rundir.check_resume()
-            else:
-                self.rundir.check_new(self.overwrite)
+        self.rundir, previous = check_run_dir(self.out_dir, self.checkpoint_root, resume,
+                                              self.overwrite)
         if cfg.data_changed_ok and not resume:
             raise ConfigError(["data_changed_ok: applies to a resumed run only (--resume)"])
         run_id = previous.info.get("run_id") if previous is not None else None
         if resume:
-            self._resume_roots = resume_roots(cfg, self.checkpoint_root, self.out_dir, previous)
-            self._resume_from = plan_resume(cfg, self._resume_roots, previous, self.dist, run_id)
-        if trackers(cfg) and self.out_dir is None and main:
-            raise ConfigError(["report_to: trackers write into the run directory; give the run "
-                               "one (--out)"])
+            self.resumption = Resumption(cfg, self.checkpoint_root, self.out_dir, previous,
+                                         self.dist, run_id)
+        self.tracking = Tracking(cfg, self.out_dir, self.record, self.bus)
+        self.tracking.check(self.dist.main)  # before the run directory is touched
         read = check_inputs(cfg, self.force)  # what validate checks too
+        self.tokenizer, self.task = read.tokenizer, read.task
         # the plan goes into the record, so what is drawn of it later is read from the run,
         # never re-planned
         self.record.info["plan"] = read.plan.to_dict()
-        if read.task is not None:
-            self.tokenizer, self.task = read.tokenizer, read.task
         found = data_fingerprint(cfg, self.task, self.tokenizer)
         info = {"run_id": run_id or new_run_id(), "data_fingerprint": found}
         if self.task is not None and self.task.dev is not None:
@@ -170,19 +138,20 @@ class TrainRecipe:
             info["examples"] = self.task.examples()
             if self.task.labels:
                 info["labels"] = self.task.labels
-        if resume:
-            info.update(accept_data(cfg, previous, self._resume_from, found))
+        if self.resumption is not None:
+            info.update(self.resumption.accept(found))
         self.record.info.update(info)
         self.identity = identity(info["run_id"], self.out_dir, cfg, found)
         if self.rundir is not None:
-            self.rundir.claim(overwrite=self.overwrite and not resume, new=not resume)
-            self._unsubscribe_rundir = self.bus.subscribe(self.rundir)  # history.jsonl
-            if previous is not None:  # kept whole until a checkpoint is loaded
-                with self.record.lock:
-                    self.record.steps, self.record.evals = previous.steps, previous.evals
-                    self.record.step_ops = previous.step_ops
-            self.record.status = "running"
-            self.rundir.start(self.record, fresh=previous is None)
+            self.session = self._held.enter_context(RunSession(
+                self.rundir, self.record, self.bus, overwrite=self.overwrite, previous=previous))
+            try:
+                self._held.enter_context(self.tracking)
+                self.session.start()
+            except BaseException:  # a tracker that would not start after all: as found
+                self.tracking.discard()
+                self.session.refuse()
+                raise
         self._prepared = True
         return self
 
@@ -193,29 +162,27 @@ class TrainRecipe:
         if self.on_prepared is not None:
             self.on_prepared()
         cfg = self.cfg
-        if trackers(cfg) and self.out_dir is not None:  # report_to, subscribed as the collector
-            before = set(self.out_dir.iterdir()) if self.out_dir.is_dir() else set()
-            self.trackers = start_trackers(cfg, self.out_dir, self.record.name)
-            self._tracker_paths = set(self.out_dir.iterdir()) - before  # what they made here
-            self._unsubscribe_trackers = self.bus.subscribe(self.trackers)
         torch.manual_seed(cfg.seed)
-        self.device = self.dist.device(cfg) if self.dist else torch.device(cfg.device)
+        self.device = self.dist.device(cfg)
         cap_gpu_memory(cfg, self.device)
-        before = _gpu_baseline(self.device)  # what the process held before this run
+        before = gpu_baseline(self.device)  # what the process held before this run
         model, source = build_skeleton(cfg.model)
-        self.train_data, self.dev_data = self._data(model.config.vocab_size)
+        if cfg.data == "synthetic":  # its token ids sized by the model built (read data: prepare)
+            self.task = build_task(cfg, None, model.config.vocab_size)
+        self.train_data, self.dev_data = self.task.train, self.task.dev
         t = time.perf_counter()
-        share = self.dist.node_share(cfg) if self.dist is not None else None
         try:
-            self.engine = build_engine(model, source, cfg, self.device, self.bus, share,
-                                       objective=self.task.objective, measure=measure)
+            self.engine = build_engine(model, source, cfg, self.device, self.bus,
+                                       self.dist.node_share(cfg), objective=self.task.objective,
+                                       measure=measure)
         except ConfigError:  # refused before any step: a fresh run leaves nothing behind
-            if self.rundir is not None and self.rundir.claimed and not resume:
-                self._drop_trackers()
-                self.rundir.withdraw()
+            if self.session is not None and not resume:
+                self.tracking.discard()
+                self.session.refuse()
             raise
-        if self.dist is not None:
-            self.vote = distributed.StopVote(self.dist, self.device)
+        self._held.callback(self._close_engine)
+        self.vote = self.dist.stop_vote(self.device)
+        if self.vote is not None:
             self.engine.reduce = self.vote.reduce
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # setup only: build time includes the GPU's work
@@ -223,58 +190,25 @@ class TrainRecipe:
         t = time.perf_counter()
         warm_kernels(self.engine)  # compile time is paid here, not in the first steps
         self.bus.publish(InfoEvent("warmup_seconds", time.perf_counter() - t))
-        root = self.checkpoint_root if self.dist is None or self.dist.main else None
-        steplog = None
-        if root is not None:
-            self.checkpointer = AsyncCheckpointer(root, cfg.keep_last, self.bus, self.engine.timer,
-                                                  self.identity)
-            if cfg.method in ZO_METHODS:
-                steplog = StepLog(root)
-        self.guard = RunGuard(self.checkpointer, steplog, self.bus, self.stop_event, cfg.seed,
-                              cfg.stop_on)
+        self.checkpointer, self.guard = guard_run(
+            cfg, self.checkpoint_root if self.dist.main else None, self.engine.timer,
+            self.identity, self.bus, self.stop_event)
+        if self.checkpointer is not None:
+            self._held.callback(self.checkpointer.close)
+        self.publish = Publisher(self.engine, self.guard, self.bus, self.record, self.device,
+                                 voting=self.vote is not None)
         if resume:
-            self._resume()
+            self.step = self.resumption.load(self.engine, self.record, self.rundir, self.bus)
         self.sampler = Sampler(hz=cfg.sample_hz, t0=self.engine.timer.t0,
                                device_index=self.device.index or 0, on_sample=self._on_sample)
         self.record.environment = {**environment(cfg.device, self.sampler.static_info()),
                                    **before, "torch threads (why)": threads.REASON,
                                    **data_sizes(self.train_data, self.dev_data)}
         self.sampler.start()
+        self._held.callback(self.sampler.stop)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         return self
-
-    def _checkpoint_root(self) -> Path | None:
-        cfg = self.cfg
-        if cfg.checkpoint_dir:
-            return Path(cfg.checkpoint_dir).expanduser()
-        if self.out_dir is not None:
-            return self.out_dir / "checkpoints"
-        if cfg.checkpoint_every:
-            raise ConfigError(["checkpoint_dir: checkpoint_every needs a place to write; set "
-                               "checkpoint_dir or give the run an output directory"])
-        return None
-
-    def _resume(self) -> None:
-        """Continue from the newest usable checkpoint: its weights, its step, the history
-        before it (no step twice)."""
-        snap = load_resume_checkpoint(self.engine, self.cfg, self._resume_from,
-                                      " or ".join(map(str, self._resume_roots)))
-        self.step = start = snap.step if snap is not None else 0
-        with self.record.lock:
-            self.record.steps = [r for r in self.record.steps if r["step"] < start]
-            self.record.evals = [e for e in self.record.evals if e["step"] <= start]
-            self.record.step_ops = [r for r in self.record.step_ops if r["step"] < start]
-        if self.rundir is not None:
-            self.rundir.start_history(self.record.steps, self.record.evals)
-            self.rundir.write(self.record)
-        self.bus.publish(InfoEvent("resumed_from", f"step-{start:08d}" if snap else None))
-
-    def _data(self, vocab: int):
-        """(train, dev) data; ``vocab`` sizes synthetic token ids (read data: in prepare)."""
-        if self.cfg.data == "synthetic":
-            self.task = build_task(self.cfg, None, vocab)
-        return self.task.train, self.task.dev
 
     def _on_sample(self, sample: dict[str, float]) -> None:
         with self.record.lock:
@@ -298,49 +232,41 @@ class TrainRecipe:
         if self.dev_data is not None and self.step == 0 and not self._evaluated():
             self.evaluate()
         inflight: deque = deque()
-        nan = torch.full((), float("nan"), device=self.device)  # stands in for absent scalars
-        mark = self._marker()
-        bar = _progress(cfg.steps, self.step) if self.progress else None
+        mark = marker(self.device)
+        bar = progress(cfg.steps, self.step) if self.progress else None
         self.training = True
         batches = BatchPrefetch(self.device, self._host_batch)
-        while self.step < min(cfg.steps, self.stop_at) and not self._stopping():
+        while self.step < min(cfg.steps, self.publish.stop_at) and not self._stopping():
             t = self.step
-            batch, tokens = batches.get(t, ahead=t + 1 < min(cfg.steps, self.stop_at))
+            batch, tokens = batches.get(t, ahead=t + 1 < min(cfg.steps, self.publish.stop_at))
             lr, wd = self.live["lr"], self.live["weight_decay"]
             moved = engine.bytes_h2d, engine.bytes_d2h
             out = engine.step(batch, t, lr, wd)
-            end = self._marker()
+            end = marker(self.device)
             moved = (engine.bytes_h2d - moved[0], engine.bytes_d2h - moved[1])
-            scalars = [out.loss, *(x if x is not None else nan for x in
-                                   (out.projected_grad, out.loss_plus, out.loss_minus))]
-            if self.vote is not None:
-                scalars.append(self.vote.agreed)  # any rank's stop request, all-reduced
-            coefs = Deferred(*out.coefs.unbind()) if out.coefs is not None else None
-            inflight.append(InFlight(step=t, scalars=Deferred(*scalars), tokens=tokens, lr=lr,
-                                     wd=wd, begin=mark, end=end, moved=moved,
-                                     has_g=out.projected_grad is not None, coefs=coefs))
+            inflight.append(self.publish.in_flight(t, out, tokens, lr, wd, mark, end, moved,
+                                                   self.vote))
             mark = end
             self.step += 1
-            if (self.dist is not None and cfg.digest_check_every
-                    and self.step % cfg.digest_check_every == 0):
-                distributed.check_in_sync(self.dist, engine.state_flats(), self.step)
+            if cfg.digest_check_every and self.step % cfg.digest_check_every == 0:
+                self.dist.check_in_sync(engine.state_flats, self.step)
             self.guard.writes()
             if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
-                self._publish(inflight, block=True, bar=bar, drain=True)
+                self.publish(inflight, block=True, bar=bar, drain=True)
                 if self.guard.diverged_at is None:
                     self.evaluate()  # before the checkpoint: it holds the state after the eval
-                mark = self._marker()  # the next step's time starts after the eval
+                mark = marker(self.device)  # the next step's time starts after the eval
             if (self.checkpointer is not None and cfg.checkpoint_every
                     and self.step % cfg.checkpoint_every == 0 and self.step < cfg.steps
                     and self.guard.diverged_at is None):
                 self._checkpoint()
                 self._write_record(every_s=1.0)
             # Bound run-ahead to two steps: the host waits here, between steps, if it must.
-            self._publish(inflight, block=len(inflight) > RUN_AHEAD, bar=bar)
+            self.publish(inflight, block=len(inflight) > RUN_AHEAD, bar=bar)
             self._write_record(every_s=WRITE_EVERY_S)
         self.training = False
         if self.guard.diverged_at is None:
-            self._publish(inflight, block=True, bar=bar, drain=True)
+            self.publish(inflight, block=True, bar=bar, drain=True)
         if self.checkpointer is not None and cfg.checkpoint_every and self.guard.healthy:
             self.checkpointer.wait()
             self.checkpointer.verified = self.step  # every step so far was published finite
@@ -353,7 +279,7 @@ class TrainRecipe:
         if bar is not None:
             bar.close()
         stopped = self.step < cfg.steps
-        early = stopped and (self.stop_reason or self.guard.failure or self.dist is not None)
+        early = stopped and (self.stop_reason or self.guard.failure or self.dist.parallel)
         if (self.dev_data is not None and self.guard.diverged_at is None and not early
                 and not self._evaluated()):
             self.evaluate()  # also after a panel's Stop; not after a signal or a failure
@@ -367,11 +293,11 @@ class TrainRecipe:
         the global batch's on every rank."""
         batch = self.train_data.batch_for_step(t, self.cfg.batch_size, self.cfg.seed)
         tokens = batch.tokens
-        return (self.dist.shard(batch) if self.dist is not None else batch), tokens
+        return self.dist.shard(batch), tokens
 
     def _stopping(self) -> bool:
         """A stop request ends the loop now; under torchrun it is a request only, voted on with
-        each step's all-reduce, and every rank stops after the same step (``stop_at``)."""
+        each step's all-reduce, and every rank stops after the same step (``publish.stop_at``)."""
         if self.vote is None:
             return self.stop_event.is_set()
         self.vote.request = self.stop_event.is_set()
@@ -390,65 +316,15 @@ class TrainRecipe:
         self.checkpointer.submit(self.engine.snapshot(self.step))
 
     def _write_record(self, every_s: float) -> None:
-        """run.json as it stands (status running), atomically; a failure is reported, not
-        fatal: the last good run.json stays."""
-        if self.rundir is None or not self.rundir.claimed:
-            return  # refused before the claim: nothing of ours is there
-        try:
-            self.record_written = self.rundir.write(self.record, every_s=every_s) or \
-                self.record_written
-        except OSError as e:
-            self.record_written = False
-            warnings.warn(f"run.json not updated ({os_error(e)}); the previous one stays",
-                          RunWarning)
-
-    def _marker(self):
-        if self.device.type != "cuda":
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()  # end of this step's work on the compute stream
-        return event
-
-    def _publish(self, inflight: deque, block: bool, bar, drain: bool = False) -> None:
-        while inflight and (drain or block or inflight[0].scalars.ready()):
-            item = inflight.popleft()
-            t, begin, end = item.step, item.begin, item.end
-            loss, g, loss_plus, loss_minus, *vote = item.scalars.get()
-            if vote and vote[0] > 0:  # a rank asked to stop: all stop after the same step, the
-                self.stop_at = min(self.stop_at, t + RUN_AHEAD + 1)  # last any may have run
-            if self.guard.diverged_at is not None:
-                continue  # steps after a divergence are not part of the run
-            self.engine.timer.poll()  # the step's spans are complete: publish them before it
-            if isinstance(end, float):
-                seconds, end_t = end - begin, end - self.engine.timer.t0
-            else:
-                end.synchronize()  # already complete once the losses have landed; no stall
-                seconds = begin.elapsed_time(end) / 1e3
-                end_t = self.engine.timer.now()
-            allocated, reserved, peak = _memory(self.device)
-            coefs = item.coefs.get() if item.coefs is not None else None
-            finite = self.guard.published(t, loss, g, item.has_g, item.lr, item.wd, coefs)
-            self.bus.publish(StepEvent(
-                step=t, loss=loss, projected_grad=g, seconds=seconds, tokens=item.tokens,
-                loss_plus=loss_plus, loss_minus=loss_minus, lr=item.lr,
-                mem_allocated=allocated, mem_reserved=reserved, mem_peak=peak,
-                bytes_h2d=item.moved[0], bytes_d2h=item.moved[1], end=end_t))
-            if finite:
-                self.guard.watch(self.record, t)  # stop_on=diverged reads the run's health
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss:.4f}", g=f"{g:.3g}")
-            if self.guard.diverged_at is not None and self.vote is not None:
-                self.stop_at = min(self.stop_at, t + RUN_AHEAD + 1)
-            block = False
+        """run.json as it stands (``RunSession.write``: a failure is reported, not fatal)."""
+        if self.session is not None:
+            self.session.write(every_s)
 
     def evaluate(self) -> dict[str, float]:
         """The objective's dev metrics with the current weights; publishes an EvalEvent. Under
         torchrun every rank scores its share of the dev set and the sums are all-reduced; every
         rank calls the engine's eval, so each applies the same pending update (stays identical)."""
-        dev, total = self.dev_data, None
-        if self.dist is not None:
-            dev, total = self.dist.dev_share(dev), lambda v: self.dist.sum(v, self.device)
+        dev, total = self.dist.dev_share(self.dev_data), self.dist.totals(self.device)
         metrics = self.engine.evaluate(dev, max(self.cfg.batch_size, EVAL_ROWS), total)
         self.bus.publish(EvalEvent(self.step, metrics.get("accuracy"), metrics["loss"],
                                    len(self.dev_data), metrics))
@@ -465,105 +341,35 @@ class TrainRecipe:
         self.engine.flush()
         self.collector.flush()
         if digest_params:  # one group decoded at a time: the host never holds a 2nd model
-            began = time.perf_counter()
-            found = fingerprint(self.engine.state_flats())
-            with rec.lock:
-                rec.param_digest, rec.param_norm = found
-            base = self.engine.base_flats()  # adapter runs: the frozen base, a group at a time
-            if base:
-                base_digest = digest(base)
-                with rec.lock:
-                    rec.base_digest = base_digest
-            with rec.lock:  # seconds the end-of-run digests took (largest runs: minutes)
-                rec.info["digest_seconds"] = time.perf_counter() - began
+            record_digests(rec, self.engine)
         with rec.lock:
             rec.info["load average at end"] = load_average()  # noise: the host, start to end
-            rec.summary = _summary(rec, self.engine, self.device)
+            rec.summary = summary(rec, self.engine, self.device)
         if self.out_dir is not None and self.cfg.save_final and rec.status in ("done", "stopped"):
             write_final(self.engine, self.cfg, self.out_dir, self.step, rec)  # RUN_DIR/weights
-        if self.dist is not None:  # every rank's own view, merged into rank 0's record
-            mine = {"rank": self.dist.rank, "device": str(self.device),
-                    "param_digest": rec.param_digest, "summary": rec.summary,
-                    "step_seconds": [s["seconds"] for s in rec.steps],
-                    "dev_examples": len(self.dist.dev_share(self.dev_data or [])),  # its share
-                    "host": getattr(self.engine, "host_report", dict)()}
-            ranks = self.dist.gather(mine)
-            with rec.lock:
-                rec.info["ranks"] = ranks
-                rec.info["world_size"] = self.dist.world
-        if self.out_dir is not None:
-            from workbench.telemetry.trace import write_trace
-
-            # run.json first, with the final status; a larger artefact that fails after it
-            # is reported and costs nothing else.
-            try:
-                rec.save(self.out_dir, on_error=artefact_failed)
-            except OSError:
-                self.record_written = False
-                raise
-            self.record_written = True
-            try:
-                write_trace(rec, self.out_dir / "trace.json")
-            except OSError as e:
-                artefact_failed("trace.json", e)
-            if self.rundir is not None:
-                self.rundir.finish()
+        if self.dist.parallel:  # every rank's own view, merged into rank 0's record
+            merge_ranks(rec, self.dist, self.engine, self.device, self.dev_data)
+        if self.session is not None:
+            self.session.save()  # run.json, trace.json; the journal folded in
         return rec
-
-    def _drop_trackers(self) -> None:
-        """A fresh run refused before its first step: its trackers closed and what they made in
-        the run directory removed (a remote MLflow server keeps its run, marked failed)."""
-        if self.trackers is None:
-            return
-        self._unsubscribe_trackers()
-        self.trackers.close("failed", {})
-        self.trackers = None
-        for path in self._tracker_paths:
-            if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
 
     def fail(self, error: BaseException) -> None:
         """Record how the run ended by ``error``: stopped (a signal), failed otherwise, with one
         line; run.json is rewritten when this process holds the run directory."""
-        rec = self.record
-        if rec.status in ("done", "stopped", "failed", "diverged") and rec.error:
-            return
-        if isinstance(error, KeyboardInterrupt):
-            rec.status = "stopped"
-            # a plain KeyboardInterrupt (Ctrl-C outside graceful_stop) names no signal
-            rec.info["stopped"] = f"by {str(error) or 'SIGINT'} at step {self.step}"
-        else:
-            rec.status, rec.error = "failed", error_line(self.cfg, error, self.step)
-            if not isinstance(error, ConfigError):
-                rec.info["traceback"] = "".join(traceback.format_exception(error))
-        self._write_record(every_s=0.0)
+        if record_end(self.record, self.cfg, error, self.step):
+            self._write_record(every_s=0.0)
 
     def cleanup(self) -> None:
         """Release everything; a run left unfinished by an exception is recorded as such."""
         error = sys.exc_info()[1]
         if error is not None and self.record.status in ("new", "running"):
             self.fail(error)
-        try:
-            if self.trackers is not None:
-                self._unsubscribe_trackers()
-                self.trackers.close(self.record.status, self.record.summary)
-            if self.checkpointer is not None:
-                self.checkpointer.close()
-            if self.sampler is not None:
-                self.sampler.stop()
-            if self.engine is not None:
-                self.engine.close()
-                if self.device.type == "cuda":  # a next run in this process starts clean
-                    torch.cuda.empty_cache()
-            if self.dist is not None:
-                distributed.shutdown()
-        finally:
-            if self.rundir is not None:
-                self.rundir.release()
-            self._unsubscribe_rundir()
-            self._unsubscribe()
+        self._held.close()  # sampler, checkpoints, engine, trackers, run directory, ...
+
+    def _close_engine(self) -> None:
+        self.engine.close()
+        if self.device.type == "cuda":  # a next run in this process starts clean
+            torch.cuda.empty_cache()
 
     def run(self, resume: bool = False) -> RunRecord:
         """Set up, train, save and clean up; returns the record."""
@@ -578,13 +384,10 @@ class TrainRecipe:
             self.cleanup()
 
     def where_recorded(self) -> str:
-        """Where the details of a failure are: run.json, or how to go on when it could not be
-        written (a full disk: it still says ``running``)."""
-        run_json = self.out_dir / "run.json" if self.out_dir else None
-        if run_json is None or self.record_written:
-            return f"details in {run_json}" if run_json else "not recorded (no run directory)"
-        return (f"{run_json} could not be written either and still says running; free space, "
-                f"then continue with: python -m workbench run --resume {self.out_dir}")
+        """Where the details of a failure are (``RunSession.where_recorded``)."""
+        if self.session is None:
+            return "not recorded (no run directory)"
+        return self.session.where_recorded()
 
     def outcome(self) -> str:
         """One line saying how the run ended (the CLI prints it, the panel shows it)."""
@@ -609,60 +412,3 @@ def run(cfg: RunConfig, out_dir: str | Path | None = None, bus: EventBus | None 
     if stop_event is not None:
         recipe.stop_event = stop_event
     return recipe.run(resume)
-
-
-def _memory(device: torch.device) -> tuple[int, int, int]:
-    if device.type != "cuda":
-        return 0, 0, 0
-    return (torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device),
-            torch.cuda.max_memory_allocated(device))
-
-
-def _gpu_baseline(device: torch.device) -> dict[str, float]:
-    """GPU memory in use before a run builds anything (bytes): NVML's reading (this process's
-    CUDA context, other processes) and torch's allocated memory (what the caller holds). The
-    figures draw the run's own memory above them. An earlier run of this process is collected
-    and its cached blocks returned first."""
-    if device.type != "cuda":
-        return {}
-    gc.collect()  # an earlier run's engine, unreachable but held in a reference cycle
-    torch.cuda.synchronize(device)  # setup only: the CUDA context exists before the reading
-    torch.cuda.empty_cache()
-    return {"gpu mem used before run (bytes)": gpu_memory_used(device.index or 0),
-            "torch allocated before run (bytes)": float(torch.cuda.memory_allocated(device))}
-
-
-def _summary(rec: RunRecord, engine, device: torch.device) -> dict[str, Any]:
-    steps = rec.steps
-    tail = steps[-max(1, len(steps) // 10):] if steps else []
-    losses = [s["loss"] for s in tail if s["loss"] is not None]
-    n = max(len(steps), 1)
-    out: dict[str, Any] = {
-        "steps": len(steps),
-        **throughput(steps),  # tokens_per_s, step_seconds: steady steps (telemetry/steady.py)
-        # the run's own: what the process held before it is not counted
-        "peak_gpu_mem_bytes": max(_memory(device)[2] - int(
-            rec.environment.get("torch allocated before run (bytes)") or 0), 0),
-        "gpu_param_bytes": engine.gpu_param_bytes(),
-        "final_loss": sum(losses) / len(losses) if losses else math.nan,
-        "bytes_h2d": sum(s.get("bytes_h2d", 0) for s in steps) // n,
-        "bytes_d2h": sum(s.get("bytes_d2h", 0) for s in steps) // n,
-        "build_seconds": rec.info.get("build_seconds"),
-        "warmup_seconds": rec.info.get("warmup_seconds"),
-        "digest_seconds": rec.info.get("digest_seconds"),  # None: the digest was skipped
-        "noise": noise(rec),  # step spread, other processes' CPU, load (telemetry/noise.py)
-        "health": health(rec).to_dict(),  # learning health with its evidence
-    }
-    if rec.evals:
-        out["eval_accuracy"] = rec.evals[-1]["accuracy"]
-        out["eval_accuracy_start"] = rec.evals[0]["accuracy"]
-        out["eval"] = rec.evals[-1].get("metrics", {})
-        out["eval_start"] = rec.evals[0].get("metrics", {})
-    return out
-
-
-def _progress(total: int, initial: int):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=initial, desc="train", unit="step", leave=False)
-

@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 import threading
 import warnings
+from pathlib import Path
 
+from workbench.config import ZO_METHODS
 from workbench.engine.checkpoint import AsyncCheckpointer, StepLog, complete_checkpoints
 from workbench.engine.events import EventBus, InfoEvent
 from workbench.engine.zo.step import step_seed
@@ -125,3 +127,15 @@ class RunGuard:
             warnings.warn(f"{self.steplog.path} not written ({os_error(e)}); the step log is "
                           "off for the rest of this run", RunWarning)
             self.steplog = None
+
+
+def guard_run(cfg, root: Path | None, timer, identity: dict | None, bus: EventBus,
+              stop: threading.Event) -> tuple[AsyncCheckpointer | None, RunGuard]:
+    """The run's checkpoint writer into ``root`` (None: it keeps none, or is a rank > 0), with
+    the step log of a ZO method, and the guard that watches them and the published steps."""
+    checkpointer = steplog = None
+    if root is not None:
+        checkpointer = AsyncCheckpointer(root, cfg.keep_last, bus, timer, identity)
+        if cfg.method in ZO_METHODS:
+            steplog = StepLog(root)
+    return checkpointer, RunGuard(checkpointer, steplog, bus, stop, cfg.seed, cfg.stop_on)

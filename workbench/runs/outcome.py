@@ -1,6 +1,7 @@
 """How a run ended, in one line: for run.json's ``error``, the terminal and the panel."""
 from __future__ import annotations
 
+import traceback
 import warnings
 from pathlib import Path
 
@@ -63,3 +64,19 @@ def outcome_line(rec: RunRecord, out_dir: Path | None, checkpoint_root: Path | N
 def _first_line(error: BaseException, width: int) -> str:
     line = (str(error).strip().splitlines() or [""])[0]
     return line if len(line) <= width else line[:width - 3] + "..."
+
+
+def record_end(rec: RunRecord, cfg: RunConfig, error: BaseException, step: int) -> bool:
+    """Record in ``rec`` how the run ended by ``error``: stopped (a signal), failed otherwise,
+    with one line. False: it had ended already with its own error (left as it is)."""
+    if rec.status in ("done", "stopped", "failed", "diverged") and rec.error:
+        return False
+    if isinstance(error, KeyboardInterrupt):
+        rec.status = "stopped"
+        # a plain KeyboardInterrupt (Ctrl-C outside graceful_stop) names no signal
+        rec.info["stopped"] = f"by {str(error) or 'SIGINT'} at step {step}"
+    else:
+        rec.status, rec.error = "failed", error_line(cfg, error, step)
+        if not isinstance(error, ConfigError):
+            rec.info["traceback"] = "".join(traceback.format_exception(error))
+    return True

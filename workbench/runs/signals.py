@@ -42,7 +42,7 @@ def graceful_stop(recipe) -> Iterator[dict]:
             recipe.stop_reason = signal.Signals(signum).name
             recipe.stop_event.set()
             return
-        if recipe.training and recipe.dist is not None:
+        if recipe.training and recipe.dist.parallel:
             return  # torchrun's agent sends SIGTERM right after the terminal's SIGINT: a stop
             # all ranks agreed on is under way, and a rank leaving now would strand the others
         raise Interrupted(signum)

@@ -28,6 +28,7 @@ pcie/d2h_bytes, eval/<metric>. Values a method does not have (NaN) are left out.
 from __future__ import annotations
 
 import contextlib
+import socket
 import json
 import math
 import netrc
@@ -38,8 +39,9 @@ import time
 import warnings
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
-from workbench.config import ConfigError, RunConfig, trackers
+from workbench.config import ConfigError, RunConfig
 from workbench.engine.events import EvalEvent, Event, StepEvent
 
 STEP_KEYS = {"loss": "train/loss", "lr": "train/lr", "projected_grad": "train/projected_grad",
@@ -69,7 +71,7 @@ def eval_metrics(e: EvalEvent) -> dict[str, float]:
 
 class Trackers:
     """Args:
-        names: the trackers (``config.trackers(cfg)``), each installed (``check_environment``).
+        names: the trackers (``cfg.trackers``), each installed (``check_environment``).
         config: the run's settings (logged once).
         run_dir: the run directory (local files of the trackers go inside it).
         name: the run's display name.
@@ -77,7 +79,7 @@ class Trackers:
         RuntimeError: a tracker would not start (its own message, one line).
     """
 
-    def __init__(self, names: list[str], config: dict[str, Any], run_dir: Path, name: str):
+    def __init__(self, names: tuple[str, ...] | list[str], config: dict[str, Any], run_dir: Path, name: str):
         self.cuda = config.get("device") == "cuda"
         self.sinks = []
         try:
@@ -257,6 +259,62 @@ def start_trackers(cfg: RunConfig, run_dir: Path, name: str) -> Trackers:
         ConfigError: a tracker that would not start, in one line.
     """
     try:
-        return Trackers(trackers(cfg), cfg.to_dict(), run_dir, name)
+        return Trackers(cfg.trackers, cfg.to_dict(), run_dir, name)
     except RuntimeError as e:
         raise ConfigError([str(e)]) from None
+
+
+REACH_S = 3.0  # how long a tracking server may take to accept a connection before it is refused
+
+
+def preflight(names: tuple[str, ...], run_dir: Path, timeout_s: float = REACH_S) -> list[str]:
+    """Why each of ``names`` would not start in ``run_dir``, found without writing anything and
+    within ``timeout_s`` seconds: a folder it writes that cannot be made or written, W&B asked
+    to log online with no API key, an MLflow tracking server where nothing listens (MLflow's own
+    client retries for minutes). Run before the run directory is touched."""
+    problems = []
+    for name in names:
+        if name in ("tensorboard", "wandb"):
+            problems += _writable(run_dir / name, name)
+        if name == "wandb" and os.environ.get("WANDB_MODE") == "online" and not _wandb_key():
+            problems.append("report_to: wandb: WANDB_MODE=online but no W&B API key is set "
+                            "(WANDB_API_KEY or wandb login); log in, or unset WANDB_MODE to log "
+                            "offline into RUN_DIR/wandb")
+        if name == "mlflow":
+            uri = os.environ.get("MLFLOW_TRACKING_URI")
+            problems += (_writable(run_dir / "mlruns", name) if not uri else
+                         _reachable(uri, timeout_s))
+    return problems
+
+
+def _writable(path: Path, name: str) -> list[str]:
+    """``path`` is a folder this process can write, or one it can make."""
+    if path.exists() and not path.is_dir():
+        return [f"report_to: {name} writes into {path}, which is a file; move it away"]
+    at = path
+    while not at.exists() and at != at.parent:
+        at = at.parent
+    if not at.is_dir() or not os.access(at, os.W_OK | os.X_OK):
+        what = "cannot be written" if at == path else f"cannot be made ({at} is not writable)"
+        return [f"report_to: {name}'s folder {path} {what}; make it writable, or leave "
+                f"{name} out of report_to"]
+    return []
+
+
+def _reachable(uri: str, timeout_s: float) -> list[str]:
+    """An http(s) tracking server accepts a connection within ``timeout_s`` (other stores: a
+    file: URI is a folder to write; the rest are left to MLflow)."""
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        return _writable(Path(parsed.path), "mlflow")
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        return []
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        socket.create_connection((parsed.hostname, port), timeout=timeout_s).close()
+    except OSError as e:
+        why = "no answer" if isinstance(e, TimeoutError) else (e.strerror or str(e))
+        return [f"report_to: mlflow: nothing answers at {uri} (MLFLOW_TRACKING_URI: {why} within "
+                f"{timeout_s:g} s); start the tracking server, or unset MLFLOW_TRACKING_URI to log "
+                "into RUN_DIR/mlruns"]
+    return []
