@@ -31,7 +31,7 @@ from workbench.config import ZO_METHODS, ConfigError, RunConfig, check_environme
 from workbench.data.sources import sst2_folder
 from workbench.data.task import build_task
 from workbench.engine import build_engine
-from workbench.engine.checkpoint import AsyncCheckpointer, StepLog
+from workbench.engine.checkpoint import AsyncCheckpointer, CheckpointError, StepLog
 from workbench.engine.events import EvalEvent, EventBus, InfoEvent, StepEvent
 from workbench.engine.groups import digest, fingerprint
 from workbench.engine.timing import Deferred
@@ -47,20 +47,24 @@ from workbench.runs.limits import cap_gpu_memory
 from workbench.runs.prefetch import BatchPrefetch
 from workbench.runs.outcome import artefact_failed, error_line, os_error, outcome_line
 from workbench.runs import threads
-from workbench.runs.identity import accept_data, data_fingerprint, identity, new_run_id
+from workbench.runs.identity import (accept_data, adopt_copy, data_fingerprint, identity,
+                                     lineage_info, new_run_id)
 from workbench.runs.resume import load_resume_checkpoint, plan_resume, resume_roots
 from workbench.runs.rundir import WRITE_EVERY_S, RunDir, RunWarning
 from workbench.telemetry.collector import Collector
 from workbench.telemetry.environment import environment, load_average
 from workbench.telemetry.health import health
 from workbench.telemetry.noise import noise
-from workbench.telemetry.record import RunRecord
+from workbench.telemetry.record import RecordError, RunRecord
 from workbench.telemetry.sampler import Sampler, gpu_memory_used
 from workbench.telemetry.steady import throughput
 from workbench.telemetry.trackers import start_trackers
 
 
 RUN_AHEAD = 2  # steps the loop may run ahead of the published ones
+#: what a refusal before the start is (one line, exit status 2): bad settings, a missing file,
+#: an unusable checkpoint or run record
+REFUSALS = (ConfigError, FileNotFoundError, CheckpointError, RecordError)
 
 
 @dataclass(frozen=True)
@@ -134,18 +138,37 @@ class TrainRecipe:
         changes; then run.json says ``running``."""
         if self._prepared:
             return self
+        check_environment(self.cfg)
+        self.dist = distributed.from_env(self.cfg)  # its refusals: the same on every rank
+        try:  # under torchrun every rank checks what it can, then all agree, before any
+            previous, copy_note, failed = *self._check(resume), None  # other collective
+        except Exception as e:
+            previous, copy_note, failed = None, None, e
+        self._resume_from = distributed.agree(self.dist, failed, self._resume_from, REFUSALS)
+        try:
+            self._claim(resume, previous, copy_note)
+            failed = None
+        except Exception as e:
+            failed = e
+        distributed.agree(self.dist, failed, None, REFUSALS)  # rank 0's claim, said to all
+        self._prepared = True
+        return self
+
+    def _check(self, resume: bool) -> tuple[RunRecord | None, str | None]:
+        """``prepare``'s checks: the run directory, the resume's checkpoints, the model, fit and
+        data; returns the record of the run to continue and the line saying it is a copy."""
         cfg = self.cfg
-        check_environment(cfg)
-        self.dist = distributed.from_env(cfg)
         main = self.dist is None or self.dist.main
         self.checkpoint_root = self._checkpoint_root()
         if not main:
             self.out_dir = None  # rank 0 writes the run directory and the checkpoints
-        previous = None
+        previous, copy_note = None, None
         if self.out_dir is not None:
             self.rundir = RunDir(self.out_dir, self.checkpoint_root)
             if resume:
                 previous = self.rundir.check_resume()
+                copy_note = adopt_copy(self.out_dir, previous.info, previous.config,
+                                       len(previous.steps), self.checkpoint_root)
             else:
                 self.rundir.check_new(self.overwrite)
         if cfg.data_changed_ok and not resume:
@@ -153,7 +176,8 @@ class TrainRecipe:
         run_id = previous.info.get("run_id") if previous is not None else None
         if resume:
             self._resume_roots = resume_roots(cfg, self.checkpoint_root, self.out_dir, previous)
-            self._resume_from = plan_resume(cfg, self._resume_roots, previous, self.dist, run_id)
+            if main:  # rank 0 decides; every rank gets its answer from ``distributed.agree``
+                self._resume_from = plan_resume(cfg, self._resume_roots, previous)
         if trackers(cfg) and self.out_dir is None and main:
             raise ConfigError(["report_to: trackers write into the run directory; give the run "
                                "one (--out)"])
@@ -168,11 +192,17 @@ class TrainRecipe:
             # the run's one objective: its head chunk sized for the model's vocabulary
             self.task = build_task(cfg, self.tokenizer, preset_of(cfg.model).vocab)
         found = data_fingerprint(cfg, self.task, self.tokenizer)
-        info = {"run_id": run_id or new_run_id(), "data_fingerprint": found}
+        info = {"run_id": run_id or new_run_id(), "data_fingerprint": found,
+                **lineage_info(previous.info if previous is not None else {}, self.out_dir)}
         if resume:
             info.update(accept_data(cfg, previous, self._resume_from, found))
         self.record.info.update(info)
-        self.identity = identity(info["run_id"], self.out_dir, cfg, found)
+        self.identity = identity(info["run_id"], self.out_dir, cfg, found,
+                                 info["sessions"][-1], info.get("lineage"))
+        return previous, copy_note
+
+    def _claim(self, resume: bool, previous: RunRecord | None, copy_note: str | None) -> None:
+        """Rank 0 takes the run directory: run.json says ``running``."""
         if self.rundir is not None:
             self.rundir.claim(overwrite=self.overwrite and not resume, new=not resume)
             self._unsubscribe_rundir = self.bus.subscribe(self.rundir)  # history.jsonl
@@ -182,8 +212,8 @@ class TrainRecipe:
                     self.record.step_ops = previous.step_ops
             self.record.status = "running"
             self.rundir.start(self.record, fresh=previous is None)
-        self._prepared = True
-        return self
+            if copy_note:  # said once the copy's run.json is the new run's
+                warnings.warn(copy_note, RunWarning)
 
     def setup(self, resume: bool = False) -> "TrainRecipe":
         """``prepare``, then load data, build the model and engine, start sampling; with

@@ -28,6 +28,7 @@ from workbench.telemetry.summary import (DIGEST_CHARS, MB, fmt_value, summary_me
                                          table)
 from workbench.telemetry.steady import STEADY_NOTE
 from workbench.telemetry.verdict import verdict
+from workbench.runs.outputs import REPORT_MARKER, OutputError, check_report_out
 from workbench.ui import figures
 
 CSS = """
@@ -108,7 +109,7 @@ def write_report(runs: Sequence[str | Path | RunRecord], path: str | Path,
         parts.append(_folded(f"settings ({len(rec.config)})", config_table_html(rec)))
         parts.append(_folded(f"environment ({len(rec.environment)})", _table(
             ["key", "value"], [[k, fmt_value(v)] for k, v in rec.environment.items()])))
-    page = ("<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
+    page = (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'>{REPORT_MARKER}"
             f"<title>{html.escape(title)}</title><style>{CSS}</style>"
             # plotly.js inline, once, so the file works offline and figures share it.
             f"<script type='text/javascript'>{get_plotlyjs()}</script></head>\n<body>"
@@ -272,9 +273,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("run_dirs", nargs="+", help="run directories (each holds run.json)")
     p.add_argument("-o", "--out", default="report.html", help="HTML file to write")
     p.add_argument("--title", default="zo-workbench report")
+    p.add_argument("--overwrite", action="store_true", help="replace -o even when it is not a "
+                   "report this tool wrote (a run's own files never)")
     args = p.parse_args(argv)
     try:
+        check_report_out(Path(args.out), args.overwrite)
         path = write_report(args.run_dirs, args.out, args.title)
+    except OutputError as e:
+        print(f"error: {e.problems[0]}", file=sys.stderr)
+        return 2
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
