@@ -95,7 +95,8 @@ def check_report_out(path: Path, overwrite: bool) -> None:
 
 def check_export_out(out: Path, run_dir: Path, overwrite: bool) -> None:
     """``export RUN --out OUT``: OUT is new (or empty), or holds an export, which is replaced
-    only with ``overwrite``; never the run, a folder inside it or one holding it.
+    only with ``overwrite``; never the run, one of a run's files (its ``weights/``) or a folder
+    holding the run.
 
     Raises:
         OutputError: what is at ``out`` and how to go on.
@@ -103,9 +104,11 @@ def check_export_out(out: Path, run_dir: Path, overwrite: bool) -> None:
     out, run = out.expanduser().resolve(), Path(run_dir).expanduser().resolve()
     if out == run:
         raise OutputError("--out: give a folder of its own, not the run directory")
-    if run in out.parents:
-        raise OutputError(f"--out: {out} is inside the run directory {run}; give a folder "
-                          "outside it")
+    owner = run_file_of(out)
+    if owner is not None:  # its weights/, checkpoints/ ... (a folder of its own inside is fine)
+        raise OutputError(f"--out: {out} is one of the files of the run in {owner}; give a "
+                          "folder of its own (nothing there is deleted, not even with "
+                          "--overwrite)")
     if out in run.parents:
         raise OutputError(f"--out: {out} holds the run directory {run}; give a folder of its "
                           "own (nothing there is deleted, not even with --overwrite)")
