@@ -54,7 +54,10 @@ def check_sweep_folder(sweep) -> list[Path]:
     pid = lockfile.holder(out / LOCK)
     if pid is not None:
         raise SweepError([_busy(sweep).format(pid=pid)])
-    check_sweep_out(out, kind)
+    try:
+        check_sweep_out(out, kind)  # a run, an export, other files: never a sweep's to write in
+    except ConfigError as e:
+        raise SweepError(e.problems) from None
     if sweep.resume and sweep.overwrite:
         raise SweepError(["--overwrite: not with --resume (one finishes a sweep, the other "
                           "replaces it)"])
