@@ -1,6 +1,8 @@
 """Under torchrun (2 CPU ranks over gloo) a refused run says its one line on every rank and
 every rank exits 2 at once: a refusal only rank 0 can see (the run directory) used to leave
 the other rank waiting in a collective forever."""
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -23,10 +25,19 @@ def _sets(*items: str) -> list[str]:
 
 
 def _torchrun(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                           f"--master_port={_free_port()}", "-m", "workbench", "run",
-                           *map(str, args), "--quiet"], capture_output=True, text=True,
-                          timeout=240)
+    """torchrun in a session of its own: a hang (the bug) fails the test and leaves no rank
+    behind."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+           f"--master_port={_free_port()}", "-m", "workbench", "run", *map(str, args), "--quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise AssertionError("the ranks hung (no exit within 240 s)") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def _tree(root: Path) -> dict[str, bytes]:
