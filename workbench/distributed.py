@@ -15,6 +15,7 @@ import os
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -177,10 +178,54 @@ def from_env(cfg: RunConfig) -> DistContext | None:
     if cfg.batch_size % world:
         raise ConfigError([f"batch_size: {cfg.batch_size} does not divide evenly among {world} "
                            f"ranks; use a multiple of {world}"])
+    if cfg.device == "cuda" and torch.cuda.is_available():  # collectives before setup's
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # on this rank's GPU
     if not dist.is_initialized():
         dist.init_process_group("nccl" if cfg.device == "cuda" else "gloo")
     return DistContext(dist.get_rank(), dist.get_world_size(),
                        int(os.environ.get("LOCAL_RANK", "0")))
+
+
+class PeerFailed(RuntimeError):
+    """Another rank failed before the run started (not a refusal): this one stops too."""
+
+
+def agree(ctx: DistContext | None, error: BaseException | None, payload: Any,
+          refusals: tuple[type, ...]) -> Any:
+    """Every rank's outcome of its checks, shared before any other collective, so that a rank
+    that refuses never leaves the others waiting in one. Returns rank 0's ``payload``.
+
+    Args:
+        error: what this rank's checks raised (None: they passed).
+        refusals: the error types that are refusals (one line, exit status 2).
+    Raises:
+        ConfigError: on every rank, with the same lines, when any rank refused (the lowest
+            such rank's).
+        PeerFailed: another rank failed otherwise (this rank's own error is raised as is).
+    """
+    if ctx is None:
+        if error is not None:
+            raise error
+        return payload
+    mine = None if error is None else (isinstance(error, refusals), _lines(error))
+    out: list = [None] * ctx.world
+    dist.all_gather_object(out, (mine, payload if ctx.main else None))
+    failed = [(rank, m) for rank, (m, _) in enumerate(out) if m is not None]
+    if not failed:
+        return out[0][1]
+    refused = [(rank, lines) for rank, (is_refusal, lines) in failed if is_refusal]
+    if refused:
+        raise ConfigError(refused[0][1]) from None
+    if error is not None:
+        raise error
+    rank, (_, lines) = failed[0]
+    raise PeerFailed(f"rank {rank} failed before the run started: {lines[0]}")
+
+
+def _lines(error: BaseException) -> list[str]:
+    if isinstance(error, ConfigError):
+        return list(error.problems)
+    return [str(error).splitlines()[0] if str(error) else type(error).__name__]
 
 
 def quick_digest(flats: Iterable[torch.Tensor], stride: int = 1021) -> str:

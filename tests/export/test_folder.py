@@ -121,18 +121,25 @@ def test_a_failure_mid_write_leaves_nothing(tmp_path, done_run, monkeypatch, cap
     assert list((tmp_path / "exports").iterdir()) == []  # no temporary folder either
 
 
-def test_an_existing_folder_is_refused_and_overwrite_replaces_it_whole(tmp_path, done_run,
-                                                                       capsys):
+def test_an_existing_folder_is_refused_and_overwrite_replaces_only_an_export(tmp_path, done_run,
+                                                                            capsys):
     out = tmp_path / "model"
     out.mkdir()
     (out / "mine.txt").write_text("keep me")
+    for extra in ([], ["--overwrite"]):  # not an export: never replaced
+        assert main(["export", str(done_run), "--out", str(out), "--quiet", *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"error: --out: {out.resolve()} holds other files, not an export; give a "
+                       "new or empty folder (nothing there is deleted, not even with "
+                       "--overwrite)"]
+        assert [p.name for p in out.iterdir()] == ["mine.txt"]
+    (out / "mine.txt").unlink()
+    assert main(["export", str(done_run), "--out", str(out), "--quiet"]) == 0  # empty: used
+    (out / "mine.txt").write_text("keep me")  # beside an export: the user's, kept
     assert main(["export", str(done_run), "--out", str(out), "--quiet"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"error: --out: {out} already exists; give a new folder, or --overwrite to "
-                   "replace it"]
-    assert (out / "mine.txt").read_text() == "keep me"
+    assert "already holds an export" in capsys.readouterr().err
     assert main(["export", str(done_run), "--out", str(out), "--overwrite", "--quiet"]) == 0
-    assert not (out / "mine.txt").exists() and (out / "model.safetensors").is_file()
+    assert (out / "mine.txt").read_text() == "keep me" and (out / "model.safetensors").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "run"]  # no old copy left
     AutoModelForCausalLM.from_pretrained(out)
 

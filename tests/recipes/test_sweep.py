@@ -93,7 +93,7 @@ def test_a_second_sweep_into_the_folder_is_refused_resumed_or_overwritten(cli_sw
     stray = other / folder_name({"seed": 7})
     stray.mkdir(parents=True)
     (stray / "notes.txt").write_text("mine")
-    with pytest.raises(SweepError, match="exists and is not a run directory"):
+    with pytest.raises(SweepError, match="holds other files, not a sweep; give a new or empty"):
         Sweep(base, [{"seed": 7}], other, fits=lambda c: None)
     assert (stray / "notes.txt").read_text() == "mine"
 

@@ -73,6 +73,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         except Exception as e:
             if isinstance(e, (ConfigError, FileNotFoundError)) or _bad_input(e):
                 raise  # bad input: one line, exit status 2 (main)
+            if type(e).__name__ == "PeerFailed":  # under torchrun: another rank's failure
+                print(f"error: {e}", file=sys.stderr)
+                return 1
             if recipe.rundir is None or not recipe.record.error:
                 raise
             if rank == 0:
@@ -151,9 +154,9 @@ def format_why(records) -> str:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    if Path(args.out).is_dir():
-        raise ConfigError([f"-o: {args.out} is a folder; give a file name such as "
-                           f"{Path(args.out) / 'report.html'}"])
+    from workbench.runs.outputs import check_report_out
+
+    check_report_out(Path(args.out), args.overwrite)  # a report, new, or --overwrite; no run's
     above = next((p for p in Path(args.out).parents if p.exists()), None)
     if above is not None and not above.is_dir():  # mkdir would say "File exists"
         raise ConfigError([f"-o: cannot write {args.out} ({above} is a file, not a folder); "
@@ -316,6 +319,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("report", help="write a self-contained HTML report of saved runs")
     sp.add_argument("run_dirs", nargs="+")
     sp.add_argument("-o", "--out", default="report.html", help="HTML file to write")
+    sp.add_argument("--overwrite", action="store_true", help="replace -o even when it is not "
+                    "a report this tool wrote (a run's own files never)")
     sp.set_defaults(fn=cmd_report)
     from workbench.cli.export import add_parsers
 

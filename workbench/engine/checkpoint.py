@@ -319,15 +319,22 @@ class AsyncCheckpointer:
         return path
 
     def prune(self) -> None:
-        """Delete all but the newest ``keep_last`` verified checkpoints."""
-        good = [p for p in complete_checkpoints(self.root) if checkpoint_step(p) <= self.verified]
+        """Delete all but the newest ``keep_last`` verified checkpoints of this run's."""
+        good = [p for p in self._own() if checkpoint_step(p) <= self.verified]
         for old in good[:-self.keep_last]:
             shutil.rmtree(old, ignore_errors=True)
+
+    def _own(self) -> list[Path]:
+        """Complete checkpoints under ``root`` this run wrote (its run id in the manifest): a
+        folder shared with another run (a copy of this one) keeps that run's checkpoints."""
+        mine = (self.identity or {}).get("run_id")
+        return [p for p in complete_checkpoints(self.root)
+                if mine is None or (checkpoint_identity(p) or {}).get("run_id", mine) == mine]
 
     def discard_after(self, step: int) -> list[Path]:
         """Delete complete checkpoints of more than ``step`` steps (a diverged state)."""
         self.wait()
-        bad = [p for p in complete_checkpoints(self.root) if checkpoint_step(p) > step]
+        bad = [p for p in self._own() if checkpoint_step(p) > step]
         for p in bad:
             shutil.rmtree(p, ignore_errors=True)
         return bad

@@ -37,6 +37,7 @@ from workbench.export.safetensors_stream import read_fp32, read_header
 from workbench.export.source import ExportError, RunWeights, run_weights
 from workbench.export.tokenizer_files import save_tokenizer
 from workbench.models.adapter import BlockAdapter
+from workbench.runs.outputs import EXPORT_MARKER, check_export_out
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -44,7 +45,7 @@ KINDS = {"model": "model", "adapter": "PEFT adapter", "merged": "merged model"}
 #: The run settings that make its task (``run_task``).
 TASK_KEYS = ("data", "data_dir", "train_samples", "eval_samples", "seq_len", "seed",
              *(f.name for f in fields(RunConfig) if f.metadata.get("group") == "task"))
-INFO_FILE = "workbench_export.json"  # provenance: the run, its digests, what was written
+INFO_FILE = EXPORT_MARKER  # provenance: the run, its digests, the files written
 
 
 @dataclass
@@ -97,8 +98,7 @@ def export_run(run_dir: str | Path, out: str | Path, *, dtype: str | None = None
     if dtype is not None and dtype not in DTYPES:
         raise ExportError(f"--dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
     size = parse_size(shard_size) if isinstance(shard_size, str) else int(shard_size)
-    if Path(out).expanduser().resolve() == Path(run_dir).resolve():
-        raise ExportError("--out: give a folder of its own, not the run directory")
+    check_export_out(Path(out), Path(run_dir), overwrite)  # an export, the run or other files?
     folder = AtomicFolder(out, overwrite)  # an existing --out is refused before any reading
     weights = run_weights(run_dir, step, force, device)
     try:
@@ -134,9 +134,9 @@ def _export(folder: AtomicFolder, weights: RunWeights, dtype: str | None, size: 
         info = _facts(weights, kind, model, want, digest, written)
         (tmp / "README.md").write_text(model_card(info))
         facts = {k: v for k, v in info.items() if k not in ("config", "evals")}
-        (tmp / INFO_FILE).write_text(json.dumps(facts | {"matches_run_digest": matches},
-                                                indent=1))
-        files = sorted(p.name for p in tmp.iterdir())
+        files = sorted([p.name for p in tmp.iterdir()] + [INFO_FILE])
+        (tmp / INFO_FILE).write_text(json.dumps(facts | {"matches_run_digest": matches,
+                                                         "files": files}, indent=1))
     numels = [lay.numel for lay in (model.base if kind != "adapter" else model.trainable)]
     return ExportResult(folder.out, kind, weights.step, weights.origin, NAMES[want], digest,
                         matches, time.perf_counter() - began, files, numels, written)

@@ -26,6 +26,7 @@ from workbench.engine.groups import GroupLayout
 from workbench.export.safetensors_stream import StreamWriter, TensorSpec, file_bytes
 from workbench.export.source import ExportError
 from workbench.runs.outcome import os_error
+from workbench.runs.outputs import carry_over, is_export
 
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
@@ -55,7 +56,9 @@ class AtomicFolder:
         self.tmp: Path | None = None
         if self.out.exists() and not self.out.is_dir():
             raise ExportError(f"--out: {self.out} is a file; give a folder to create")
-        if self.out.exists() and not overwrite:
+        # an empty folder holds nothing to lose; else only an export, with ``overwrite``
+        # (``runs/outputs.py`` checked which it is)
+        if self.out.exists() and any(self.out.iterdir()) and not overwrite:
             raise ExportError(f"--out: {self.out} already exists; give a new folder, or "
                               "--overwrite to replace it")
 
@@ -80,14 +83,16 @@ class AtomicFolder:
             _fsync_dir(tmp)
             old = None
             if self.out.exists():
-                if not self.overwrite:  # made meanwhile by someone else: keep theirs
-                    raise ExportError(f"--out: {self.out} appeared while exporting; nothing "
-                                      "of it was replaced")
+                if any(self.out.iterdir()) and not (self.overwrite and is_export(self.out)):
+                    # made meanwhile by someone else, or no export: keep theirs
+                    raise ExportError(f"--out: {self.out} was written while exporting; "
+                                      "nothing of it was replaced")
                 old = self.out.with_name(f".{self.out.name}.old-{tmp.name.rsplit('-', 1)[-1]}")
                 self.out.rename(old)
             tmp.rename(self.out)  # the folder exists, complete, from this rename on
             _fsync_dir(self.out.parent)
             if old is not None:
+                carry_over(old, self.out)  # the user's files beside the old export stay
                 shutil.rmtree(old, ignore_errors=True)
         except BaseException as e:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -23,7 +23,7 @@ import torch
 
 from workbench import distributed
 from workbench.calibrate.fo import measure
-from workbench.config import ConfigError, RunConfig, check_environment
+from workbench.config import ConfigError, RunConfig
 from workbench.data.sizes import data_sizes
 from workbench.data.task import build_task
 from workbench.engine import build_engine
@@ -32,25 +32,25 @@ from workbench.engine.events import EvalEvent, EventBus, InfoEvent
 from workbench.engine.warmup import warm_kernels
 from workbench.models.build import build_skeleton
 from workbench.plan.memory import EVAL_ROWS
-from workbench.recipes.inputs import check_inputs
+from workbench.recipes.prepare import prepare_run
 from workbench.recipes.publish import RUN_AHEAD, Publisher, marker
 from workbench.recipes.readings import (gpu_baseline, merge_ranks, progress, record_digests,
                                         summary)
 from workbench.runs import threads
 from workbench.runs.final_weights import write_final
 from workbench.runs.guard import RunGuard, guard_run
-from workbench.runs.identity import data_fingerprint, identity, new_run_id
 from workbench.runs.limits import cap_gpu_memory
 from workbench.runs.outcome import outcome_line, record_end
 from workbench.runs.prefetch import BatchPrefetch
 from workbench.runs.resumption import Resumption
 from workbench.runs.rundir import WRITE_EVERY_S, RunDir
-from workbench.runs.session import RunSession, check_run_dir, checkpoint_root
+from workbench.runs.session import RunSession
 from workbench.runs.tracking import Tracking
 from workbench.telemetry.collector import Collector
 from workbench.telemetry.environment import environment, load_average
 from workbench.telemetry.record import RunRecord
 from workbench.telemetry.sampler import Sampler
+
 
 class TrainRecipe:
     """Args:
@@ -102,57 +102,12 @@ class TrainRecipe:
 
     # --- setup ------------------------------------------------------------------------------
     def prepare(self, resume: bool = False) -> "TrainRecipe":
-        """Every check that needs no model, then the claim of the run directory. Bad settings,
-        data or model folders, trackers that would not start, a run that cannot fit, a
-        directory holding another run or in use are refused here (ConfigError), before anything
-        big is allocated or anything on disk changes; then the trackers start and run.json says
-        ``running``."""
-        if self._prepared:
-            return self
-        cfg = self.cfg
-        check_environment(cfg)
-        self.dist = distributed.data_parallel(cfg)
-        self._held.callback(self.dist.shutdown)
-        self.checkpoint_root = checkpoint_root(self.cfg, self.out_dir)
-        if not self.dist.main:
-            self.out_dir = None  # rank 0 writes the run directory and the checkpoints
-        self.rundir, previous = check_run_dir(self.out_dir, self.checkpoint_root, resume,
-                                              self.overwrite)
-        if cfg.data_changed_ok and not resume:
-            raise ConfigError(["data_changed_ok: applies to a resumed run only (--resume)"])
-        run_id = previous.info.get("run_id") if previous is not None else None
-        if resume:
-            self.resumption = Resumption(cfg, self.checkpoint_root, self.out_dir, previous,
-                                         self.dist, run_id)
-        self.tracking = Tracking(cfg, self.out_dir, self.record, self.bus)
-        self.tracking.check(self.dist.main)  # before the run directory is touched
-        read = check_inputs(cfg, self.force)  # what validate checks too
-        self.tokenizer, self.task = read.tokenizer, read.task
-        # the plan goes into the record, so what is drawn of it later is read from the run,
-        # never re-planned
-        self.record.info["plan"] = read.plan.to_dict()
-        found = data_fingerprint(cfg, self.task, self.tokenizer)
-        info = {"run_id": run_id or new_run_id(), "data_fingerprint": found}
-        if self.task is not None and self.task.dev is not None:
-            # how many examples each split holds, and which word each label is scored by
-            info["examples"] = self.task.examples()
-            if self.task.labels:
-                info["labels"] = self.task.labels
-        if self.resumption is not None:
-            info.update(self.resumption.accept(found))
-        self.record.info.update(info)
-        self.identity = identity(info["run_id"], self.out_dir, cfg, found)
-        if self.rundir is not None:
-            self.session = self._held.enter_context(RunSession(
-                self.rundir, self.record, self.bus, overwrite=self.overwrite, previous=previous))
-            try:
-                self._held.enter_context(self.tracking)
-                self.session.start()
-            except BaseException:  # a tracker that would not start after all: as found
-                self.tracking.discard()
-                self.session.refuse()
-                raise
-        self._prepared = True
+        """Every check that needs no model, then the claim of the run directory
+        (``prepare.py``): refusals (ConfigError) come before anything big is allocated or
+        anything on disk changes; then the trackers start and run.json says ``running``."""
+        if not self._prepared:
+            prepare_run(self, resume)
+            self._prepared = True
         return self
 
     def setup(self, resume: bool = False) -> "TrainRecipe":
@@ -335,7 +290,7 @@ class TrainRecipe:
         """End sampling; summary, parameter digest and the run directory (if any). Speed
         benchmarks pass ``digest_params=False``: the digest decodes and reads every weight once
         (``benchmarks/digest_speed.py`` times it)."""
-        rec, cfg = self.record, self.cfg
+        rec = self.record
         if self.sampler is not None:
             self.sampler.stop()  # the samples saved are all the samples there will be
         self.engine.flush()

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import ConfigError, RunConfig
-from workbench.engine.checkpoint import checkpoint_identity
-from workbench.runs.rundir import RunWarning
+from workbench.engine.checkpoint import checkpoint_identity, checkpoint_step
+from workbench.runs.rundir import RunWarning, holds_run_id
 
 
 def new_run_id() -> str:
@@ -56,11 +56,109 @@ def digest(found: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def identity(run_id: str, run_dir: Path | None, cfg: RunConfig,
-             found: dict[str, Any]) -> dict[str, Any]:
-    """What each checkpoint of the run carries."""
+def identity(run_id: str, run_dir: Path | None, cfg: RunConfig, found: dict[str, Any],
+             session: str | None = None, lineage: list[str] | None = None) -> dict[str, Any]:
+    """What each checkpoint of the run carries: beside the run, the ``session`` (the process
+    start or resume) that wrote it and the runs this one was copied from (``lineage``)."""
     return {"run_id": run_id, "run_dir": str(run_dir.resolve()) if run_dir else None,
-            "model": cfg.model, "seed": cfg.seed, "data": digest(found)}
+            "model": cfg.model, "seed": cfg.seed, "data": digest(found),
+            "session": session, "lineage": list(lineage or [])}
+
+
+def copied_from(run_dir: Path, info: dict[str, Any]) -> Path | None:
+    """The run directory ``run_dir``'s run was copied from (``cp -r A C``), else None.
+
+    run.json names the folder the run was last started in; when that is another folder which
+    still holds the same run (its run id), ``run_dir`` is a copy. A run that was moved (the
+    old folder is gone or holds another run) is the same run."""
+    recorded, run_id = info.get("run_dir"), info.get("run_id")
+    if not recorded or not run_id:
+        return None
+    there, here = Path(recorded), run_dir.resolve()
+    try:
+        if there == here or there.exists() and there.samefile(here):
+            return None
+    except OSError:
+        return None
+    return there if holds_run_id(there, run_id) else None
+
+
+def branch(run_dir: Path, source: Path, info: dict[str, Any], steps: int) -> str:
+    """Make the record ``info`` of a copy a new run's: a new id, the ids it descends from
+    (``lineage``) and where it was copied from; its history and the checkpoint sessions it
+    inherited stay. Returns the line that tells the user."""
+    old, new = info["run_id"], new_run_id()
+    info.update(run_id=new, lineage=[*info.get("lineage", []), old],
+                copied_from={"run_id": old, "run_dir": str(source), "steps": steps})
+    return (f"--resume: {run_dir} is a copy of the run in {source} (run id {old}); it goes on "
+            f"as a new run (run id {new}) and leaves the original's checkpoints to it")
+
+
+def adopt_copy(run_dir: Path, info: dict[str, Any], config: dict[str, Any], steps: int,
+               root: Path | None) -> str | None:
+    """At a resume of ``run_dir``: when it is a copy of a run that is still there, make its
+    record ``info`` a new run's (``branch``) and return the line that says so; None when it is
+    no copy.
+
+    Raises:
+        ConfigError: the copy would write into the original's ``checkpoint_dir`` (``root``,
+            outside both folders, as the copied ``config`` names it): checkpoints of one step
+            share a name there, so the copy needs a folder of its own.
+    """
+    source = copied_from(run_dir, info)
+    if source is None:
+        return None
+    old = config.get("checkpoint_dir") or ""
+    theirs = Path(old).expanduser() if old else source / "checkpoints"
+    if root is not None and theirs.resolve() == root.resolve() and not _within(root, run_dir):
+        raise ConfigError([f"checkpoint_dir: {root} holds the checkpoints of the run in "
+                           f"{source}, which {run_dir} is a copy of; give the copy its own "
+                           f"(--set checkpoint_dir=DIR): it resumes from the original's "
+                           f"checkpoints up to the copy and writes its own in DIR"])
+    return branch(run_dir, source, info, steps)
+
+
+def _within(child: Path, parent: Path) -> bool:
+    return child.resolve() == parent.resolve() or parent.resolve() in child.resolve().parents
+
+
+def lineage_info(previous: dict[str, Any], run_dir: Path | None) -> dict[str, Any]:
+    """The ``info`` entries that say whose a run is, for its record: the folder it runs in,
+    the sessions its history came from with this one's added, and (a copy) its lineage."""
+    out = {"run_dir": str(run_dir.resolve()) if run_dir is not None else None,
+           "sessions": [*(previous.get("sessions") or []), new_run_id()]}
+    out.update((k, previous[k]) for k in ("lineage", "copied_from") if previous.get(k))
+    return out
+
+
+def owner(info: dict[str, Any]) -> dict[str, Any]:
+    """Who a resume may take checkpoints of: the run's id, the sessions its history came
+    from, the runs it descends from and the steps it took over from the last of them."""
+    return {"run_id": info.get("run_id"), "sessions": list(info.get("sessions") or []),
+            "lineage": list(info.get("lineage") or []),
+            "copied": (info.get("copied_from") or {}).get("steps")}
+
+
+def wrote(ident: dict[str, Any] | None, me: dict[str, Any], step: int) -> bool:
+    """The checkpoint of ``ident`` at ``step`` is one the run ``me`` (``owner``) wrote: in one
+    of its sessions (a copy's include those of the history it took over); a checkpoint from
+    before sessions by its run id, or an ancestor's up to the steps the copy took over. One
+    from before run ids counts as the run's own."""
+    if ident is None or not me["run_id"]:
+        return True
+    if ident.get("session") and me["sessions"]:
+        return ident["session"] in me["sessions"]
+    if ident.get("run_id") == me["run_id"]:
+        return True
+    return ident.get("run_id") in me["lineage"] and me["copied"] is not None \
+        and step <= me["copied"]
+
+
+def related(ident: dict[str, Any], me: dict[str, Any]) -> bool:
+    """``ident``'s run and ``me`` are copies of one run (one descends from the other, or both
+    from a third): a shared checkpoint_dir holds both, and each leaves the other's alone."""
+    theirs = {ident.get("run_id"), *(ident.get("lineage") or [])} - {None}
+    return bool(theirs & {me["run_id"], *me["lineage"]})
 
 
 def data_changes(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
@@ -128,13 +226,13 @@ def accept_data(cfg: RunConfig, previous, paths: list[str],
     return {"data_changed": history} if history else {}
 
 
-def foreign_checkpoints(paths: list[Path], run_id: str | None) -> list[tuple[Path, dict]]:
-    """Checkpoints among ``paths`` written by a run other than ``run_id``, with their identity.
-    A checkpoint without an identity (written before ids) counts as the run's own."""
+def foreign_checkpoints(paths: list[Path], me: dict[str, Any]) -> list[tuple[Path, dict]]:
+    """Checkpoints among ``paths`` the run ``me`` (``owner``) did not write, with their
+    identity. A checkpoint without an identity (written before ids) counts as the run's own."""
     out = []
     for p in paths:
         ident = checkpoint_identity(p)
-        if run_id and ident and ident.get("run_id") != run_id:
+        if not wrote(ident, me, checkpoint_step(p)):
             out.append((p, ident))
     return out
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from workbench.config import ConfigError, RunConfig, check_resume
 from workbench.engine.checkpoint import (CheckpointError, Snapshot, checkpoint_step,
                                          complete_checkpoints, read_checkpoint)
-from workbench.runs.identity import foreign_checkpoints, owner_text
+from workbench.runs.identity import foreign_checkpoints, owner, owner_text, related
 from workbench.runs.rundir import RunWarning
 from workbench.telemetry.record import RunRecord
 
@@ -68,7 +68,7 @@ def started_config(run_dir: Path) -> dict:
 
 
 def plan_resume(cfg: RunConfig, roots: list[Path], previous: RunRecord | None,
-                dist=None, run_id: str | None = None) -> list[str]:
+                dist=None) -> list[str]:
     """Checkpoint folders to try, newest first (empty: start from step 0).
 
     Args:
@@ -76,7 +76,6 @@ def plan_resume(cfg: RunConfig, roots: list[Path], previous: RunRecord | None,
             ``checkpoint_dir``) the one it wrote to before.
         previous: the run's record (None: no run directory, only ``roots``).
         dist: under torchrun, rank 0 decides and every rank gets its answer.
-        run_id: the run's id (None: a record from before ids).
     Raises:
         ConfigError: a fixed knob changed, ``steps`` below the newest checkpoint, or a
             checkpoint of another run among the run's.
@@ -84,15 +83,22 @@ def plan_resume(cfg: RunConfig, roots: list[Path], previous: RunRecord | None,
     """
     if dist is not None and not dist.main:
         return dist.gather([])[0]
+    me = owner(previous.info if previous is not None else {})
     found = found_checkpoints(roots)
-    foreign = foreign_checkpoints(found, run_id)
-    if foreign:
-        path, ident = foreign[-1]
+    foreign = foreign_checkpoints(found, me)
+    copies = [(p, i) for p, i in foreign if i is not None and related(i, me)]
+    if len(copies) < len(foreign):
+        path, ident = [f for f in foreign if f not in copies][-1]
         raise ConfigError([f"checkpoint_dir: {path.parent} holds checkpoints of another run "
                            f"({path.name}: {owner_text(ident)}), not of this one (run id "
-                           f"{run_id}); a resume never loads another run's weights. Give each "
-                           "run its own checkpoint_dir; to start this run over, --overwrite it "
-                           "with another checkpoint_dir"])
+                           f"{me['run_id']}); a resume never loads another run's weights. Give "
+                           "each run its own checkpoint_dir; to start this run over, "
+                           "--overwrite it with another checkpoint_dir"])
+    if copies:  # a copy of this run (or its original) shares the folder: theirs stay theirs
+        warnings.warn(f"resume: {len(copies)} checkpoint(s) in {copies[-1][0].parent} belong "
+                      f"to a copy of this run ({owner_text(copies[-1][1])}); this run resumes "
+                      "from its own only", RunWarning)
+        found = [p for p in found if all(p != c for c, _ in copies)]
     if previous is not None and previous.config:
         covered = newest_covered(found, previous.steps)
         reference = previous.config

@@ -20,17 +20,18 @@ class Resumption:
         checkpoint_root: where it writes checkpoints now.
         out_dir: its run directory (None: a rank > 0, or checkpoints only).
         previous: its record as found (None: no run directory).
-        dist: data parallel (rank 0 decides, every rank gets its answer).
-        run_id: its id.
+        main: rank 0 (or the one process), which plans the resume; the other ranks get its
+            plan from ``distributed.agree`` (set ``folders``).
     Raises:
         ConfigError: a fixed knob changed, too few steps, another run's checkpoints.
     """
 
     def __init__(self, cfg: RunConfig, checkpoint_root: Path | None, out_dir: Path | None,
-                 previous: RunRecord | None, dist, run_id: str | None):
+                 previous: RunRecord | None, main: bool = True):
         self.cfg, self.previous = cfg, previous
         self.roots = resume_roots(cfg, checkpoint_root, out_dir, previous)
-        self.folders = plan_resume(cfg, self.roots, previous, dist, run_id)  # newest first
+        # newest first; planned once, by rank 0
+        self.folders: list[str] = plan_resume(cfg, self.roots, previous) if main else []
 
     def accept(self, fingerprint: str) -> dict[str, Any]:
         """What the record keeps of the data check (refuses data that changed, unless

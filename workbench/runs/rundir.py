@@ -31,10 +31,10 @@ from workbench.runs import lockfile
 from workbench.telemetry.record import RunRecord, atomic_write, write_json
 
 WRITE_EVERY_S = 30.0
-#: What a run writes in its directory (``--overwrite`` removes these and nothing else).
+#: What a run writes in its directory (``--overwrite`` removes these and nothing else; a report
+#: is not one: a run never writes one, a user may have saved one there).
 RUN_FILES = ("run.json", "history.jsonl", "events.json.gz", "samples.json.gz", "trace.json",
-             "checkpoints", "report.html", "weights", "weights.partial", "tensorboard", "wandb",
-             "mlruns")
+             "checkpoints", "weights", "weights.partial", "tensorboard", "wandb", "mlruns")
 LOCK = "run.lock"
 CHECKPOINT_LOCK = "checkpoint.lock"  # in a checkpoint_dir outside the run directory
 
@@ -109,7 +109,7 @@ class RunDir:
             found = complete_checkpoints(root)
         owner = next((i for i in map(checkpoint_identity, reversed(found)) if i), None)
         theirs = owner is not None and owner.get("run_dir") and \
-            Path(owner["run_dir"]) != p.resolve() and _holds_run_id(Path(owner["run_dir"]),
+            Path(owner["run_dir"]) != p.resolve() and holds_run_id(Path(owner["run_dir"]),
                                                                     owner.get("run_id"))
         if theirs:
             raise RunDirError(f"checkpoint_dir: {root} holds the checkpoints of the run in "
@@ -331,7 +331,7 @@ def _ck_busy(root: Path) -> str:
             "give each run its own checkpoint_dir")
 
 
-def _holds_run_id(path: Path, run_id: str | None) -> bool:
+def holds_run_id(path: Path, run_id: str | None) -> bool:
     """``path``'s run.json belongs to the run ``run_id``."""
     try:
         info = json.loads((path / "run.json").read_text()).get("info") or {}

@@ -14,12 +14,12 @@ under the lock, when it starts.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 from workbench.config import ConfigError
 from workbench.runs import lockfile
+from workbench.runs.outputs import check_sweep_out, remove_run
 
 MANIFEST = "sweep.json"
 LOCK = "sweep.lock"
@@ -54,6 +54,10 @@ def check_sweep_folder(sweep) -> list[Path]:
     pid = lockfile.holder(out / LOCK)
     if pid is not None:
         raise SweepError([_busy(sweep).format(pid=pid)])
+    try:
+        check_sweep_out(out, kind)  # a run, an export, other files: never a sweep's to write in
+    except ConfigError as e:
+        raise SweepError(e.problems) from None
     if sweep.resume and sweep.overwrite:
         raise SweepError(["--overwrite: not with --resume (one finishes a sweep, the other "
                           "replaces it)"])
@@ -101,9 +105,9 @@ def claim(sweep) -> int:
         if not (sweep.resume or sweep.overwrite) and (out / MANIFEST).exists():
             raise SweepError([f"--out: {out} holds a {sweep.kind} (written while this one "
                               "started); --resume or --overwrite it"])
-        for path in sweep.replaced:  # the old sweep's runs, each a run directory
+        for path in sweep.replaced:  # the old sweep's runs: their run files, not the user's
             if path.is_dir() and (path / "run.json").is_file():
-                shutil.rmtree(path)
+                remove_run(path)
         if sweep.overwrite:
             for name in (MANIFEST, REPORT):
                 (out / name).unlink(missing_ok=True)

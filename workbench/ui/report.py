@@ -26,6 +26,7 @@ from workbench.telemetry.summary import (DIGEST_CHARS, MB, fmt_value, summary_me
 from workbench.telemetry.steady import STEADY_NOTE
 from workbench.telemetry.values import finite
 from workbench.telemetry.verdict import verdict
+from workbench.runs.outputs import REPORT_MARKER, OutputError, check_report_out
 from workbench.ui import figures
 
 CSS = """
@@ -106,7 +107,7 @@ def write_report(runs: Sequence[str | Path | RunRecord], path: str | Path,
         parts.append(_folded(f"settings ({len(rec.config)})", config_table_html(rec)))
         parts.append(_folded(f"environment ({len(rec.environment)})", _table(
             ["key", "value"], [[k, fmt_value(v)] for k, v in rec.environment.items()])))
-    page = ("<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
+    page = (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'>{REPORT_MARKER}"
             f"<title>{html.escape(title)}</title><style>{CSS}</style>"
             # plotly.js inline, once, so the file works offline and figures share it.
             f"<script type='text/javascript'>{get_plotlyjs()}</script></head>\n<body>"
