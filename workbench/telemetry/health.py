@@ -159,7 +159,7 @@ def _dev_to_come(rec: RunRecord, dev: dict) -> bool:
 
 def _wait_advice(rec: RunRecord) -> str:
     """When the next dev eval comes: at the next multiple of eval_every, else at the end."""
-    every = _num(rec.config.get("eval_every"))
+    every = num(rec.config.get("eval_every"))
     every = int(every) if math.isfinite(every) and every > 0 else 0
     steps = rec.config.get("steps")
     if every:

@@ -77,7 +77,7 @@ def changed(a: dict[str, Any], b: dict[str, Any]) -> str:
     """How the host's load changed between two runs (``noise`` dicts), "" when it did not:
     "other processes 5% / 80% of host CPU", "torch threads 2 / 1"."""
     parts = []
-    x, y = _num(a.get("other_cpu_pct")), _num(b.get("other_cpu_pct"))
+    x, y = num(a.get("other_cpu_pct")), num(b.get("other_cpu_pct"))
     if math.isfinite(x) and math.isfinite(y) and abs(x - y) >= BUSY:
         parts.append(f"other processes {x:.0f}% / {y:.0f}% of host CPU")
     if a.get("threads") and b.get("threads") and a["threads"] != b["threads"]:

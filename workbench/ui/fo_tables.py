@@ -10,6 +10,7 @@ from typing import Any
 from workbench.plan.placement import NO_GPU
 from workbench.telemetry.record import RunRecord
 from workbench.telemetry.summary import schedule_text
+from workbench.telemetry.values import num
 
 #: The measured parts of an update (``calibrate/fo.py``), as the tables name them.
 RATES = {"B": "fp32 masters up the link", "Bd": "gradients down the link",
@@ -24,7 +25,7 @@ def fo_tables_html(rec: RunRecord) -> str:
     if "fo_stride" not in info:
         return ""
     inputs = info.get("fo_perf_inputs", {})
-    pred, meas = _num(info.get("fo_update_predicted_s")), _num(info.get("fo_update_measured_s"))
+    pred, meas = num(info.get("fo_update_predicted_s")), num(info.get("fo_update_measured_s"))
     where = (f"{inputs.get('gpu_subgroups', '?')} on the GPU, {inputs.get('cpu_subgroups', '?')} "
              f"on the CPU, {inputs.get('resident_subgroups', 0)} kept on the GPU")
     rows = [["schedule kept", schedule_text(info) or "-"],
@@ -32,7 +33,7 @@ def fo_tables_html(rec: RunRecord) -> str:
                           f"parameters: {where}"],
             ["update per step", f"predicted {_ms(pred)}, measured {_ms(meas)}"
              + (f" ({meas / pred:.1f}x the prediction)" if pred > 0 and meas > 0 else "")],
-            ["k", f"{_num(inputs.get('k')):.3g} (the performance model's ratio; below 1 the "
+            ["k", f"{num(inputs.get('k')):.3g} (the performance model's ratio; below 1 the "
                   "GPU updates faster than the CPU, the link included)"],
             ["CPU AdamW", f"{inputs.get('cpu_adamw', '?')}, {inputs.get('update_threads', '?')} "
                           "thread(s)"]]
@@ -40,8 +41,8 @@ def fo_tables_html(rec: RunRecord) -> str:
         rows.append(["note", str(info["fo_contention"]["note"])])
     parts = ["<h4>fo-offload's update schedule</h4>", _table(["", ""], rows)]
     calib = info.get("fo_calibration", {})
-    rate_rows = [[key, RATES.get(key, key), f"{_num(c.get('per_s')) / 1e6:,.0f}",
-                  f"{_num(c.get('median_s')) * 1e6:,.1f}", f"{_num(c.get('spread')):.0%}"]
+    rate_rows = [[key, RATES.get(key, key), f"{num(c.get('per_s')) / 1e6:,.0f}",
+                  f"{num(c.get('median_s')) * 1e6:,.1f}", f"{num(c.get('spread')):.0%}"]
                  for key, c in calib.items() if isinstance(c, dict) and "per_s" in c]
     if rate_rows:
         parts += ["<h4>what the engine measured to place them (one subgroup)</h4>",
@@ -50,10 +51,10 @@ def fo_tables_html(rec: RunRecord) -> str:
     if trial.get("candidates"):
         chosen = trial.get("chosen")
         cand = [[("all on the CPU" if c.get("stride") == NO_GPU else f"stride {c.get('stride')}"),
-                 str(c.get("downcast", "-")), f"{_num(c.get('gpu_share')):.0%}",
+                 str(c.get("downcast", "-")), f"{num(c.get('gpu_share')):.0%}",
                  "out of memory" if c.get("out_of_memory") else "over the cap"
-                 if c.get("over_cap") else _ms(_num(c.get("step_s"))),
-                 _ms(_num(c.get("update_s_predicted"))), _ms(_num(c.get("update_s_measured"))),
+                 if c.get("over_cap") else _ms(num(c.get("step_s"))),
+                 _ms(num(c.get("update_s_predicted"))), _ms(num(c.get("update_s_measured"))),
                  "kept" if i == chosen else ""]
                 for i, c in enumerate(trial["candidates"])]
         parts += ["<h4>placements the trial timed (a step each)</h4>",
@@ -75,10 +76,3 @@ def _ms(seconds: float) -> str:
 
 def _int(v: Any) -> str:
     return f"{v:,}" if isinstance(v, int) else str(v)
-
-
-def _num(v: Any) -> float:
-    try:
-        return math.nan if v is None else float(v)
-    except (TypeError, ValueError):
-        return math.nan
