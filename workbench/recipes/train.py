@@ -80,6 +80,7 @@ class InFlight:
     moved: tuple[int, int]
     has_g: bool
     coefs: Deferred | None = None  # the update's coefficients, for a step of several queries
+    forward_passes: int | None = None  # as the engine counted them (None: not counted)
 
 
 class TrainRecipe:
@@ -314,7 +315,8 @@ class TrainRecipe:
             coefs = Deferred(*out.coefs.unbind()) if out.coefs is not None else None
             inflight.append(InFlight(step=t, scalars=Deferred(*scalars), tokens=tokens, lr=lr,
                                      wd=wd, begin=mark, end=end, moved=moved,
-                                     has_g=out.projected_grad is not None, coefs=coefs))
+                                     has_g=out.projected_grad is not None, coefs=coefs,
+                                     forward_passes=out.forward_passes))
             mark = end
             self.step += 1
             if (self.dist is not None and cfg.digest_check_every
@@ -428,7 +430,9 @@ class TrainRecipe:
                 step=t, loss=loss, projected_grad=g, seconds=seconds, tokens=item.tokens,
                 loss_plus=loss_plus, loss_minus=loss_minus, lr=item.lr,
                 mem_allocated=allocated, mem_reserved=reserved, mem_peak=peak,
-                bytes_h2d=item.moved[0], bytes_d2h=item.moved[1], end=end_t))
+                bytes_h2d=item.moved[0], bytes_d2h=item.moved[1], end=end_t,
+                forward_passes=(float("nan") if item.forward_passes is None
+                                else float(item.forward_passes))))
             if finite:
                 self.guard.watch(self.record, t)  # stop_on=diverged reads the run's health
             if bar is not None:

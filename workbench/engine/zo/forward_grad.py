@@ -58,7 +58,7 @@ def finish_jvp(engine: StreamedEngine, step: int, st: ZOStep, loss: torch.Tensor
         loss, d = engine.reduce(torch.stack([loss.float(), d])).unbind()
     engine.defer(step, st.seed, d, lr, wd)
     engine.timer.poll()
-    return StepOutput(loss, d)
+    return StepOutput(loss, d, forward_passes=1)  # one forward-mode pass
 
 
 class JVPStep:
