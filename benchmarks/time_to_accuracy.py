@@ -141,12 +141,14 @@ def child(spec: dict, result: Path) -> None:
 
 # --- running many side by side ----------------------------------------------------------------
 def gpus(device: str) -> list[str | None]:
-    """Where runs go: every visible GPU's index, or [None] (one host device)."""
+    """Where runs go: every visible GPU (as ``CUDA_VISIBLE_DEVICES`` names it, if set), or
+    [None] (one host device)."""
     if device != "cuda":
         return [None]
     import torch
 
-    return [str(i) for i in range(torch.cuda.device_count())] or [None]
+    visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    return visible or [str(i) for i in range(torch.cuda.device_count())] or [None]
 
 
 def run_all(specs: list[dict], slots: list[str | None], seconds: float) -> list[dict]:
@@ -281,8 +283,8 @@ def main() -> None:
                    help="the grid at one seed, then the best lr of each rule at the others")
     p.add_argument("--no-compose", action="store_true")
     p.add_argument("--budget-s", type=float, default=600.0, help="wall-clock for everything")
-    p.add_argument("--setup-s", type=float, default=40.0,
-                   help="a run's start and end besides training (import, load, final eval)")
+    p.add_argument("--setup-s", type=float, default=30.0, help="a run's start and end besides "
+                   "training (import, load, last eval); re-measured after each phase")
     p.add_argument("--procs-per-gpu", type=int, default=8)
     p.add_argument("--max-steps", type=int, default=20_000)
     p.add_argument("--eval-every", type=int, default=100)
@@ -322,42 +324,52 @@ def main() -> None:
     seeds = list(range(args.seeds))
     grid_seeds = seeds[:1] if args.quick else seeds
     start = time.perf_counter()
+    waves = lambda n: math.ceil(n / len(slots))  # noqa: E731
+    runs: list[dict] = []
 
-    def seconds_for(n_runs: int, waves_after: int) -> float:
-        """This phase's share of what is left: per wave alike, less each run's setup."""
-        waves = math.ceil(n_runs / len(slots))
+    def phase(name: str, specs: list[dict], waves_after: int) -> None:
+        """Run ``specs`` with this phase's share of what is left of the budget (per wave
+        alike, less each run's start and end, re-measured from the phase before); save."""
+        if not specs:
+            return
         left = args.budget_s - (time.perf_counter() - start)
-        return max(left / (waves + waves_after) - args.setup_s, 5.0)
+        seconds = max(left / (waves(len(specs)) + waves_after) - args.setup_s, 5.0)
+        print(f"{name}: {len(specs)} runs on {len(slots)} slots, {seconds:.0f} s of training "
+              "each", flush=True)
+        done = run_all(specs, slots, seconds)
+        runs.extend(done)
+        over = sorted(r["process_s"] - seconds for r in done if "error" not in r)
+        if over:  # what a run took besides its training: import, load, the last eval
+            args.setup_s = max(over[len(over) // 2], 5.0)
+        finish(args, rules, lrs, runs, start, quiet=True)
 
     n_comp = 0 if args.no_compose else 2 * len(compositions(rules, {n: 1.0 for n in rules}))
-    waves = lambda n: math.ceil(n / len(slots))  # noqa: E731
     later = (waves(len(rules) * (len(seeds) - len(grid_seeds))) if args.quick else 0) \
         + waves(n_comp * len(seeds))
-    grid = [s for n in rules for s in specs_for(args, n, rules[n], lrs.get(n, LRS["mezo"]),
-                                                grid_seeds, "grid")]
-    print(f"grid: {len(grid)} runs on {len(slots)} slots", flush=True)
-    runs = run_all(grid, slots, seconds_for(len(grid), later))
-    groups = configurations(runs)
-    best = {n: best_lr(groups, n) for n in rules}
-    if args.quick and len(seeds) > 1:
-        more = [s for n in rules if best[n] is not None
-                for s in specs_for(args, n, rules[n], [best[n]], seeds[1:], "seeds")]
-        print(f"seeds: {len(more)} runs", flush=True)
-        runs += run_all(more, slots, seconds_for(len(more), waves(n_comp * len(seeds))))
+    phase("grid", [s for n in rules for s in specs_for(
+        args, n, rules[n], lrs.get(n, LRS["mezo"]), grid_seeds, "grid")], later)
+    best = {n: best_lr(configurations(runs), n) for n in rules}
+    if args.quick:
+        phase("seeds", [s for n in rules if best[n] is not None for s in specs_for(
+            args, n, rules[n], [best[n]], seeds[1:], "seeds")], waves(n_comp * len(seeds)))
     composed = [] if args.no_compose else compositions(rules, best)
-    composed = [c for c in composed if not combines(config_of(args, c[1], c[2][0], 0))]
-    comp = [s for n, k, lr in composed for s in specs_for(args, n, k, lr, seeds, "compose")]
-    if comp:
-        print(f"compose: {len(comp)} runs", flush=True)
-        runs += run_all(comp, slots, seconds_for(len(comp), 0))
+    phase("compose", [s for n, k, lr in composed if not combines(config_of(args, k, lr[0], 0))
+                      for s in specs_for(args, n, k, lr, seeds, "compose")], 0)
+    finish(args, rules, lrs, runs, start, quiet=False)
+
+
+def finish(args, rules: dict, lrs: dict, runs: list[dict], start: float, quiet: bool) -> None:
+    """The rows (a configuration over its seeds) and every run's curve: saved (a GPU run of
+    SmolLM2 / SST-2, after every phase: a run cut short keeps what ran; ``--json``), and
+    unless ``quiet`` printed."""
+    groups = configurations(runs)
     rows = [{"name": n, "lr": lr, "knobs": rs[0]["knobs"], "summary": summary(rs)}
-            for (n, lr), rs in configurations(runs).items()]
+            for (n, lr), rs in groups.items()]
     out = {"args": {k: v for k, v in vars(args).items() if k not in ("row", "result")},
            "levels": LEVELS, "reached": "first eval >= level confirmed by the next eval "
-           "(workbench/telemetry/reach.py)", "rules": rules, "lrs": lrs, "best_lr": best,
-           "rows": rows, "runs": runs, "seconds": time.perf_counter() - start}
-    print()
-    print_table(rows)
+           "(workbench/telemetry/reach.py)", "rules": rules, "lrs": lrs,
+           "best_lr": {n: best_lr(groups, n) for n in rules}, "rows": rows, "runs": runs,
+           "seconds": time.perf_counter() - start}
     real = args.model == "smollm2-135m" and args.data == "sst2" and args.device == "cuda"
     from common import save
 
@@ -365,6 +377,10 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1, default=str))
         saved = f"{saved}; {args.json}"
+    if quiet:
+        return
+    print()
+    print_table(rows)
     print(f"\nmean±std over the seeds that reached (k/n when not all did); s = training "
           f"seconds on a GPU shared by {args.procs_per_gpu} runs; saved {saved} "
           f"({out['seconds']:.0f} s)")

@@ -193,9 +193,10 @@ def dev_by_cost(recs: Sequence[RunRecord]) -> go.Figure:
                   yaxis={"matches": "y"} if j else {})
         seen: list[tuple[str, Any]] = []
         for i, (group, label) in enumerate(zip(groups, labels)):
-            colour = RUN_COLOURS[i % len(RUN_COLOURS)]
+            colour, n = RUN_COLOURS[i % len(RUN_COLOURS)], passes[i]
+            note = f" ({n:g} forward pass{'' if n == 1 else 'es'} per step)" if differ else ""
             if len(group) > 1:
-                for trace in seed_band([recs[k] for k in group], main, x, label, colour):
+                for trace in seed_band([recs[k] for k in group], main, x, label, colour, note):
                     trace["showlegend"] = not j and trace.get("showlegend", True)
                     p.add(trace)
                 seen.append((label, None))
@@ -207,10 +208,8 @@ def dev_by_cost(recs: Sequence[RunRecord]) -> go.Figure:
             key = (list(trace["y"]), [c[0] for c in trace["customdata"]])
             twin = next((other for other, k in seen if k == key), None)
             seen.append((label, key))
-            n = passes[i]
             # "overlaps", not "identical": a coarse dev metric (80 examples) often repeats
-            name = label + (f" ({n:g} forward pass{'' if n == 1 else 'es'} per step)"
-                            if differ else "") + (f" (overlaps {twin})" if twin else "")
+            name = label + note + (f" (overlaps {twin})" if twin else "")
             trace.update(name=name, legendgroup=label, showlegend=not j,
                          line=dict(color=colour, dash="dash" if twin else None))
             trace["hovertemplate"] = trace["hovertemplate"].replace(
@@ -224,7 +223,7 @@ def dev_by_cost(recs: Sequence[RunRecord]) -> go.Figure:
 
 
 def seed_band(recs: Sequence[RunRecord], metric: EvalMetric, x: str, label: str,
-              colour: str) -> list[dict[str, Any]]:
+              colour: str, note: str = "") -> list[dict[str, Any]]:
     """Seeds of one configuration on axis ``x``: a band of mean +- std (sample std over the
     seeds) and the mean line over it, at the evals every seed took (same step); x is the
     seeds' mean there (their seconds differ; steps and passes do not). [] when the seeds share
@@ -244,7 +243,7 @@ def seed_band(recs: Sequence[RunRecord], metric: EvalMetric, x: str, label: str,
     if not ok.any():
         return []
     mx, my, sd = xs.mean(axis=0)[ok], ys.mean(axis=0)[ok], ys.std(axis=0, ddof=1)[ok]
-    n, name = len(traces), f"{label} ({len(traces)} seeds: mean ± std)"
+    n, name = len(traces), f"{label}{note} ({len(traces)} seeds: mean ± std)"
     band = dict(type="scatter", x=np.concatenate([mx, mx[::-1]]),
                 y=np.concatenate([my + sd, (my - sd)[::-1]]), fill="toself", mode="lines",
                 line=dict(width=0, color=colour), fillcolor=colour, opacity=0.2,
