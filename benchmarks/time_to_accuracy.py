@@ -7,7 +7,7 @@ entry, or ``--rule NAME=knob=value,knob=value`` and ``--lrs NAME=lr,lr,lr,lr`` o
 line). Every run uses the prompt ``benchmarks/templates.py`` measured best (``--template``),
 first-order included. Three phases, each run in a process of its own, ``--procs-per-gpu`` of
 them side by side on every visible GPU:
-  grid     every rule x its lr grid (>= 4 values) x ``--grid-seeds`` seeds
+  grid     every rule x its lr grid (>= 4 values) x every seed (``--quick``: seed 0 alone)
   seeds    each rule's best lr (highest mean best accuracy; then fewest passes to it) at the
            seeds the grid did not run (none left in the full mode)
   compose  each pair of rules' best configs merged where their knobs do not clash and the
@@ -17,12 +17,12 @@ then followed by one more eval). Runs share a GPU, so their seconds are those of
 GPU: forward passes are the measure neighbours do not change; ``step_s`` is each rule's step.
 "Reached" and "best", over seeds: ``workbench/telemetry/reach.py``.
 
-    python benchmarks/time_to_accuracy.py --quick --budget-s 600      # the lent-GPU run
+    python benchmarks/time_to_accuracy.py --quick --budget-s 600 --procs-per-gpu 12  # a lent H200
     python benchmarks/time_to_accuracy.py --budget-s 3600             # all lrs x 3 seeds
     python benchmarks/time_to_accuracy.py --rule hizoo=zo_rule=hizoo --lrs hizoo=1e-6,3e-6,1e-5,3e-5 \\
         --rules mezo,hizoo --quick
     python benchmarks/time_to_accuracy.py --device cpu --model tiny-opt --data embedded \\
-        --rules mezo,fo --lrs mezo=1e-3,fo=1e-3 --seeds 2 --max-steps 6 --eval-every 3  # plumbing
+        --rules mezo,fo --lrs mezo=1e-3 --lrs fo=1e-3 --seeds 2 --max-steps 6 --eval-every 3
 Imports only the engine side (config, recipes, telemetry): no plotly, ipywidgets or datasets.
 """
 from __future__ import annotations
@@ -308,11 +308,15 @@ def main() -> None:
     for text in args.rule:
         name, _, knobs = text.partition("=")
         rules[name] = parse_knobs(knobs)
+    problems = []
     for text in args.lrs:
         name, _, values = text.partition("=")
-        lrs[name] = [float(v) for v in values.split(",")]
+        try:
+            lrs[name] = [float(v) for v in values.split(",")]
+        except ValueError:
+            problems.append(f"--lrs {text}: give NAME=LR,LR,... (numbers)")
     names = args.rules.split(",")
-    problems = [f"--rules: {n!r} is not a rule (RULES: {', '.join(rules)}; add one with --rule)"
+    problems += [f"--rules: {n!r} is not a rule (RULES: {', '.join(rules)}; add one with --rule)"
                 for n in names if n not in rules]
     problems += [f"--rule {n}: {why}" for n in names if n in rules
                  for why in [combines(config_of(args, rules[n], 1e-6, 0))] if why]
