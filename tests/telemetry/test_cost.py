@@ -85,3 +85,44 @@ def test_elapsed_seconds_and_costs_after():
         0.0, 1.0, 3.0]
     assert elapsed_seconds([]) == [0.0]
     assert costs_after(RunRecord(config={"method": "fo"}), [0]) == [Cost(0, 0.0, 0.0)]
+
+
+def test_the_passes_each_step_recorded_place_the_evals():
+    """A rule whose passes change from step to step (counted by the rule, recorded per step)
+    is placed by its rows, not by the settings' count; rows without a count (older records)
+    and steps past the rows use the settings'."""
+    rec = _record({"method": "mezo", "queries": 4})  # the settings say 8 a step
+    for row, n in zip(rec.steps, [9, 9, 9, 3, 3, 3]):
+        row["forward_passes"] = n
+    assert [c.forward_passes for c in eval_costs(rec)] == [0, 27, 33, 36]
+    assert costs_after(rec, [8])[0].forward_passes == 36 + 2 * 8  # steps 6, 7: 8 each
+    del rec.steps[4]["forward_passes"]  # a row from before rows carried it: the settings' 8
+    assert [c.forward_passes for c in eval_costs(rec)] == [0, 27, 38, 41]
+
+
+SLOW = pytest.mark.slow  # a CLI run each: one stays in the fast suite
+
+
+@pytest.mark.parametrize("sets, per_step", [
+    (("method=mezo", "queries=2"), 4),
+    pytest.param(("method=mezo", "queries=3", "estimator=one-sided"), 4, marks=SLOW),
+    pytest.param(("method=zo-offload",), 2, marks=SLOW),
+    pytest.param(("method=forward-grad",), 1, marks=SLOW),
+    pytest.param(("method=fo",), 1, marks=SLOW),
+])
+def test_a_run_records_each_steps_forward_passes(tmp_path, sets, per_step):
+    """Through the CLI: run.json's step rows and history.jsonl carry the passes the rule ran."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "workbench", "run", "--out", str(out),
+                        *(a for s in ("model=tiny-opt", "steps=2", "eval_every=0",
+                                      "eval_samples=8", *sets) for a in ("--set", s))],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rec = RunRecord.load(out, telemetry=False)
+    assert [s["forward_passes"] for s in rec.steps] == [per_step, per_step]
+    assert [c.forward_passes for c in eval_costs(rec)] == [0, 2 * per_step]
+    assert json.loads((out / "run.json").read_text())["steps"][0]["forward_passes"] == per_step

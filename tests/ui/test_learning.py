@@ -146,3 +146,42 @@ def test_a_run_without_its_method_says_its_forward_passes_are_unknown():
     assert not [t for t in fig.data if t.xaxis == "x2"]
     assert "no forward passes<br>(the steps' times or the method unknown)" in [
         a.text for a in fig.layout.annotations]
+
+
+def _seed(seed: int, accuracies, step_s: float = 0.5, **config) -> RunRecord:
+    rec = _record({"method": "mezo", "queries": 1, "lr": 1e-5, **config, "seed": seed}, step_s)
+    for e, a in zip(rec.evals, accuracies):
+        e["accuracy"] = a
+    return rec
+
+
+def test_dev_by_cost_draws_seeds_of_one_configuration_as_a_band():
+    """Three seeds of one lr: one colour, their mean and a +- std band on every axis (x the
+    seeds' mean: their seconds differ); another lr stays a run of its own."""
+    seeds = [_seed(0, [0.5, 0.6, 0.7]), _seed(1, [0.5, 0.7, 0.8], step_s=1.0),
+             _seed(2, [0.5, 0.8, 0.9])]
+    other = _seed(0, [0.5, 0.55, 0.6], lr=2e-5)
+    fig = dev_by_cost([*seeds, other])
+    name = "mezo lr=1e-5 (3 seeds: mean ± std)"
+    names = [t.name for t in fig.data if t.showlegend is not False]
+    assert names == [name, "mezo lr=2e-5"]
+    mean = _trace(fig, name, "x")
+    np.testing.assert_allclose(mean.y, [50, 70, 80])  # %
+    np.testing.assert_allclose(mean.x, [0, 2, 4])
+    band = _trace(fig, "mezo lr=1e-5 band", "x")
+    np.testing.assert_allclose(band.x, [0, 2, 4, 4, 2, 0])
+    np.testing.assert_allclose(band.y, [50, 80, 90, 70, 60, 50])  # mean +- sample std (10)
+    assert band.fill == "toself" and band.line.color == mean.line.color == F.RUN_COLOURS[0]
+    # seconds: the seeds' mean (steps of 0.5, 1.0, 0.5 s: 2 steps take 1.33 s on average)
+    np.testing.assert_allclose(_trace(fig, name, "x2").x, [0, 4 / 3, 8 / 3])
+    np.testing.assert_allclose(_trace(fig, name, "x3").x, [0, 4, 8])  # 2 passes a step
+    assert _trace(fig, "mezo lr=2e-5", "x").line.color == F.RUN_COLOURS[1]
+    # without several seeds of one configuration, runs are drawn one by one as before
+    assert not [t for t in dev_by_cost([seeds[0], other]).data if "band" in (t.name or "")]
+
+
+def test_a_band_is_drawn_at_the_evals_every_seed_took():
+    short = _record({"method": "mezo", "seed": 1}, 0.5, evals_at=(0, 2))  # stopped early
+    fig = dev_by_cost([_record({"method": "mezo", "seed": 0}, 0.5), short])
+    mean = _trace(fig, "mezo tiny-opt (2 seeds: mean ± std)", "x3")
+    np.testing.assert_allclose(mean.x, [0, 4])

@@ -55,6 +55,7 @@ class StepEvent:
     bytes_h2d: int = 0  # host -> GPU bytes the step moved
     bytes_d2h: int = 0
     end: float = 0.0  # seconds since the time origin
+    forward_passes: float = float("nan")  # the step's, as its rule counted them (NaN: not)
 
 
 @dataclass(frozen=True)

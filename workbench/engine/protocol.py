@@ -24,13 +24,18 @@ class StepOutput:
     """What a training step returns: 0-d device tensors, read on the host later (never inside
     the step). ZO methods fill the projected gradient and both perturbed losses; a step of
     several queries, or a one-sided one, its update's (q,) coefficients (``coefs``: what the
-    step log keeps to replay it)."""
+    step log keeps to replay it). ``forward_passes``: the forward passes the step ran over its
+    batch, counted by the rule that ran them (a ZO step: one per loss it took; first-order and
+    forward-grad: 1, a backward not counted); the record keeps it per step, so views put a
+    rule's accuracy at the passes it really spent. None: not counted (the views then derive
+    it from the run's settings, ``telemetry/cost.py``)."""
 
     loss: torch.Tensor
     projected_grad: torch.Tensor | None = None
     loss_plus: torch.Tensor | None = None
     loss_minus: torch.Tensor | None = None
     coefs: torch.Tensor | None = None
+    forward_passes: int | None = None
 
 
 @runtime_checkable

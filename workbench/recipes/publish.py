@@ -37,6 +37,7 @@ class InFlight:
     moved: tuple[int, int]
     has_g: bool
     coefs: Deferred | None = None  # the update's coefficients, for a step of several queries
+    forward_passes: int | None = None  # as the engine counted them (None: not counted)
 
 
 def marker(device: torch.device):
@@ -70,7 +71,7 @@ class Publisher:
         coefs = Deferred(*out.coefs.unbind()) if out.coefs is not None else None
         return InFlight(step=t, scalars=Deferred(*scalars), tokens=tokens, lr=lr, wd=wd,
                         begin=begin, end=end, moved=moved, has_g=out.projected_grad is not None,
-                        coefs=coefs)
+                        coefs=coefs, forward_passes=out.forward_passes)
 
     def __call__(self, inflight: deque, block: bool, bar, drain: bool = False) -> None:
         while inflight and (drain or block or inflight[0].scalars.ready()):
@@ -95,7 +96,9 @@ class Publisher:
                 step=t, loss=loss, projected_grad=g, seconds=seconds, tokens=item.tokens,
                 loss_plus=loss_plus, loss_minus=loss_minus, lr=item.lr,
                 mem_allocated=allocated, mem_reserved=reserved, mem_peak=peak,
-                bytes_h2d=item.moved[0], bytes_d2h=item.moved[1], end=end_t))
+                bytes_h2d=item.moved[0], bytes_d2h=item.moved[1], end=end_t,
+                forward_passes=(float("nan") if item.forward_passes is None
+                                else float(item.forward_passes))))
             if finite:
                 self.guard.watch(self.record, t)  # stop_on=diverged reads the run's health
             if bar is not None:

@@ -3,7 +3,9 @@
 ZO methods differ in what a step costs (MeZO's central estimate takes 2 forward passes per
 query, a one-sided one q + 1 per step of q queries, first-order methods a forward and a
 backward), so a dev metric plotted per step compares runs unfairly; the views also plot it
-against the seconds and the forward passes spent to reach it (``ui.learning``).
+against the seconds and the forward passes spent to reach it (``ui.learning``). Each step row
+carries the passes its rule counted (``StepOutput.forward_passes``); records written before
+that fall back on the settings' count (``forward_passes_per_step``).
 
 The cost "after k steps" is that of steps 0 .. k-1: what was spent before the weights an eval
 after ``k`` steps (``EvalEvent.step``) or the training loss of step k (measured on the weights
@@ -74,17 +76,49 @@ def forward_passes_per_step(config: dict[str, Any]) -> float:
 
 def costs_after(rec: RunRecord, steps: Sequence[int]) -> list[Cost]:
     """The training cost after each of ``steps`` (counts of steps done), from ``rec.steps``'
-    ``seconds`` and the method's passes per step (``forward_passes_per_step``).
+    ``seconds`` and ``forward_passes`` (``elapsed_passes``).
 
     Steps' own times are summed rather than their ``end`` stamps differenced: ``end`` counts
     the evals in between, and a resumed run's clock starts again at 0."""
-    per_step = forward_passes_per_step(rec.config)
     elapsed = elapsed_seconds(rec.steps)
+    passes = elapsed_passes(rec.steps, forward_passes_per_step(rec.config))
     out = []
     for k in steps:
         seconds = elapsed[k] if 0 <= k < len(elapsed) else math.nan
-        out.append(Cost(int(k), seconds, per_step * k))
+        out.append(Cost(int(k), seconds, passes_after(passes, k, rec.config)))
     return out
+
+
+def passes_after(elapsed: list[float], k: int, config: dict[str, Any]) -> float:
+    """Forward passes after ``k`` steps from ``elapsed_passes``; past its recorded steps (an
+    eval with no step rows, a record cut short) the settings' count per step carries on."""
+    if 0 <= k < len(elapsed):
+        return elapsed[k]
+    last = len(elapsed) - 1
+    return elapsed[last] + (k - last) * forward_passes_per_step(config) if k > last else math.nan
+
+
+def elapsed_passes(rows: Sequence[dict[str, Any]], per_step: float) -> list[float]:
+    """Forward passes after k steps, for k = 0 .. the last recorded step + 1 (``rows``: a
+    record's ``steps``): each step's own ``forward_passes`` as its rule counted them (a rule
+    whose passes change from step to step is placed exactly), else ``per_step`` (the
+    settings' count: records written before steps carried it, a step without a row)."""
+    by_step: dict[int, float] = {}
+    for r in rows:
+        s, v = r.get("step"), r.get("forward_passes")
+        if isinstance(s, int) and s >= 0 and isinstance(v, (int, float)) and math.isfinite(v):
+            by_step[s] = float(v)
+    n = max((r["step"] for r in rows if isinstance(r.get("step"), int)), default=-1) + 1
+    if not by_step and not math.isfinite(per_step):
+        return [math.nan] * (n + 1)  # nothing known of the passes, not even that 0 is 0 steps'
+    return [0.0, *accumulate(by_step.get(t, per_step) for t in range(n))]
+
+
+def recorded_per_step(rows: Sequence[dict[str, Any]]) -> set[float]:
+    """The distinct forward passes per step the rows recorded (empty: none recorded)."""
+    return {float(r["forward_passes"]) for r in rows
+            if isinstance(r.get("forward_passes"), (int, float))
+            and math.isfinite(r["forward_passes"])}
 
 
 def eval_costs(rec: RunRecord) -> list[Cost]:

@@ -16,9 +16,12 @@ from typing import Any, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from workbench.telemetry.cost import elapsed_seconds, eval_costs, forward_passes_per_step
+from workbench.telemetry.cost import (elapsed_passes, elapsed_seconds, eval_costs,
+                                      forward_passes_per_step, passes_after,
+                                      recorded_per_step)
 from workbench.telemetry.evals import EvalMetric, main_metric, metrics_of
 from workbench.telemetry.naming import run_labels
+from workbench.telemetry.reach import seed_groups
 from workbench.telemetry.record import RunRecord
 from workbench.ui.layout import RUN_COLOURS, Panel, compose, ema, line
 from workbench.ui.series import col, downsample, xy
@@ -35,7 +38,11 @@ DEV_SPACING, DEV_HEIGHT = 0.07, 240
 
 
 def per_step(rec: RunRecord) -> float:
-    """Forward passes of one of the run's steps over its batch (NaN: method unknown)."""
+    """Forward passes of one of the run's steps over its batch: the one count its steps
+    recorded, else the settings' (NaN: the steps' counts differ, or the method is unknown)."""
+    recorded = recorded_per_step(rec.steps)
+    if recorded:
+        return recorded.pop() if len(recorded) == 1 else math.nan
     return forward_passes_per_step(rec.config)
 
 
@@ -50,8 +57,10 @@ def cost_x(rec: RunRecord, steps: np.ndarray, x: str) -> np.ndarray:
     steps = np.asarray(steps, dtype=float)
     if x == STEPS:
         return steps
-    if x == "forward passes":
-        return steps * per_step(rec)
+    if x == "forward passes":  # each step's recorded passes (``telemetry.cost``)
+        elapsed = elapsed_passes(rec.steps, forward_passes_per_step(rec.config))
+        return np.array([passes_after(elapsed, int(k), rec.config) if np.isfinite(k)
+                         else math.nan for k in steps], dtype=float)
     if x == "wall-clock (s)":
         elapsed = np.asarray(elapsed_seconds(rec.steps))
         out = np.full(len(steps), math.nan)
@@ -167,10 +176,14 @@ def dev_by_cost(recs: Sequence[RunRecord]) -> go.Figure:
     time (s) and forward passes: three panels side by side on one y range (titled on the
     first), a colour per run (the legend once, on the left). Where the runs' passes per step differ, each legend entry
     gives its run's; a run whose evals equal an earlier run's step for step is dashed (else it
-    would hide it) and says so."""
+    would hide it) and says so. Several seeds of one configuration (``telemetry.reach.
+    seed_groups``: settings equal but the seed) are one colour: their mean over the evals all
+    of them took, in a band of +- one standard deviation (``seed_band``)."""
     main = main_metric(next((r.config for r in recs if r.evals), recs[0].config if recs else {}))
-    labels = run_labels(recs)
-    passes = [per_step(r) for r in recs]
+    groups = seed_groups([r.config for r in recs])
+    reps = [recs[g[0]] for g in groups]  # a configuration's label and passes: its first run's
+    labels = run_labels(reps)
+    passes = [per_step(r) for r in reps]
     differ = len({v for v in passes if math.isfinite(v)}) > 1
     panels = []
     for j, x in enumerate(X_AXES):
@@ -179,20 +192,26 @@ def dev_by_cost(recs: Sequence[RunRecord]) -> go.Figure:
                   "" if j else f"{main.label}{' (%)' if main.fraction else ''}",
                   yaxis={"matches": "y"} if j else {})
         seen: list[tuple[str, Any]] = []
-        for i, (rec, label) in enumerate(zip(recs, labels)):
+        for i, (group, label) in enumerate(zip(groups, labels)):
+            colour, n = RUN_COLOURS[i % len(RUN_COLOURS)], passes[i]
+            note = f" ({n:g} forward pass{'' if n == 1 else 'es'} per step)" if differ else ""
+            if len(group) > 1:
+                for trace in seed_band([recs[k] for k in group], main, x, label, colour, note):
+                    trace["showlegend"] = not j and trace.get("showlegend", True)
+                    p.add(trace)
+                seen.append((label, None))
+                continue
+            rec = recs[group[0]]
             trace = dev_points(rec, main, x)
             if trace is None:
                 continue
             key = (list(trace["y"]), [c[0] for c in trace["customdata"]])
             twin = next((other for other, k in seen if k == key), None)
             seen.append((label, key))
-            n = passes[i]
             # "overlaps", not "identical": a coarse dev metric (80 examples) often repeats
-            name = label + (f" ({n:g} forward pass{'' if n == 1 else 'es'} per step)"
-                            if differ else "") + (f" (overlaps {twin})" if twin else "")
+            name = label + note + (f" (overlaps {twin})" if twin else "")
             trace.update(name=name, legendgroup=label, showlegend=not j,
-                         line=dict(color=RUN_COLOURS[i % len(RUN_COLOURS)],
-                                   dash="dash" if twin else None))
+                         line=dict(color=colour, dash="dash" if twin else None))
             trace["hovertemplate"] = trace["hovertemplate"].replace(
                 f"<extra>{main.label}</extra>", f"<extra>{label}</extra>")
             if np.isfinite(trace["x"]).any():
@@ -201,6 +220,41 @@ def dev_by_cost(recs: Sequence[RunRecord]) -> go.Figure:
                                       if seen else f"no {main.label} (no evals recorded)")
         panels.append(p)
     return compose([panels], h_spacing=DEV_SPACING, row_height=DEV_HEIGHT)
+
+
+def seed_band(recs: Sequence[RunRecord], metric: EvalMetric, x: str, label: str,
+              colour: str, note: str = "") -> list[dict[str, Any]]:
+    """Seeds of one configuration on axis ``x``: a band of mean +- std (sample std over the
+    seeds) and the mean line over it, at the evals every seed took (same step); x is the
+    seeds' mean there (their seconds differ; steps and passes do not). [] when the seeds share
+    no eval with the metric."""
+    traces = [dev_points(r, metric, x) for r in recs]
+    traces = [t for t in traces if t is not None]
+    if len(traces) < 2:
+        return []
+    steps = [[c[0] for c in t["customdata"]] for t in traces]
+    common = sorted(set(steps[0]).intersection(*steps[1:]))
+    if not common:
+        return []
+    pick = [[s.index(k) for k in common] for s in steps]
+    xs = np.array([np.asarray(t["x"], dtype=float)[i] for t, i in zip(traces, pick)])
+    ys = np.array([np.asarray(t["y"], dtype=float)[i] for t, i in zip(traces, pick)])
+    ok = np.isfinite(xs).all(axis=0)
+    if not ok.any():
+        return []
+    mx, my, sd = xs.mean(axis=0)[ok], ys.mean(axis=0)[ok], ys.std(axis=0, ddof=1)[ok]
+    n, name = len(traces), f"{label}{note} ({len(traces)} seeds: mean ± std)"
+    band = dict(type="scatter", x=np.concatenate([mx, mx[::-1]]),
+                y=np.concatenate([my + sd, (my - sd)[::-1]]), fill="toself", mode="lines",
+                line=dict(width=0, color=colour), fillcolor=colour, opacity=0.2,
+                hoverinfo="skip", showlegend=False, legendgroup=label, name=f"{label} band")
+    unit = " %" if metric.fraction else ""
+    mean = dict(type="scatter", x=mx, y=my, mode="lines+markers", name=name,
+                legendgroup=label, line=dict(color=colour),
+                customdata=np.stack([np.asarray(common, dtype=float)[ok], sd], axis=1),
+                hovertemplate=(f"%{{y:.2f}}{unit} ± %{{customdata[1]:.2f}} over {n} seeds<br>"
+                               f"after %{{customdata[0]:,}} steps<extra>{label}</extra>"))
+    return [band, mean]
 
 
 def same(x: np.ndarray, y: np.ndarray, ox: np.ndarray, oy: np.ndarray) -> bool:

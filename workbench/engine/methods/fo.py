@@ -147,7 +147,7 @@ class FOEngine:
             else:
                 self.opt.step()
         self.timer.poll()
-        return StepOutput(loss.detach())
+        return StepOutput(loss.detach(), forward_passes=1)  # and a backward, not counted
 
     def grad_flats(self) -> list[torch.Tensor]:
         """The last step's fp32 gradients per group (device tensors, valid until the next step)."""

@@ -301,7 +301,7 @@ class FOOffloadEngine:
         self.grads.end()
         self._update(step, lr, wd, early)
         self.timer.poll()
-        return StepOutput(loss.detach())
+        return StepOutput(loss.detach(), forward_passes=1)  # and a backward, not counted
 
     def _begin_update(self, step: int, lr: float, wd: float) -> None:
         self.adam_step += 1

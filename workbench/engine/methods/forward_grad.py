@@ -63,7 +63,7 @@ def finish_jvp(weights: Holder, step: int, st: ZOStep, loss: torch.Tensor,
         loss, d = weights.reduce(torch.stack([loss.float(), d])).unbind()
     weights.defer(step, st.seed, d, lr, wd)
     weights.timer.poll()
-    return StepOutput(loss, d)
+    return StepOutput(loss, d, forward_passes=1)  # one forward-mode pass
 
 
 class JVPStep:

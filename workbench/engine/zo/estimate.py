@@ -50,16 +50,16 @@ def step_output(losses: list[torch.Tensor], st: ZOStep, coefs: torch.Tensor,
     """What a ZO step reports (``estimate``'s coefficients and g): the mean loss over its passes
     with the mean "+" and "-" losses (central), or the clean pass's loss with the mean
     perturbed one and no "-" (one-sided); the coefficients when they are not g (the step
-    log's row of a step of several queries)."""
-    extra = coefs if coefs is not g else None
+    log's row of a step of several queries). Its forward passes: one per loss."""
+    extra, passes = (coefs if coefs is not g else None), len(losses)
     if st.rule == "hizoo":  # the clean pass's loss, with the + and - ones
-        return StepOutput(losses[0], g, losses[1], losses[2], extra)
+        return StepOutput(losses[0], g, losses[1], losses[2], extra, passes)
     if st.estimator == "one-sided":
-        return StepOutput(losses[0], g, torch.stack(losses[1:]).mean(), None, extra)
+        return StepOutput(losses[0], g, torch.stack(losses[1:]).mean(), None, extra, passes)
     plus, minus = losses[PLUS], losses[MINUS]
     if st.queries > 1:
         plus, minus = torch.stack(losses[0::2]).mean(), torch.stack(losses[1::2]).mean()
-    return StepOutput((plus + minus) / 2, g, plus, minus, extra)
+    return StepOutput((plus + minus) / 2, g, plus, minus, extra, passes)
 
 
 def pass_name(st: ZOStep, k: int) -> str:
