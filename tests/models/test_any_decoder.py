@@ -79,6 +79,7 @@ def check_type(model_type: str, tmp_path: Path,
         _, digest, losses = train(cfg.replace(method="zo-offload", **knobs), steps=3)
         assert (digest, losses) == (ref_digest, ref_losses), (model_type, knobs)
     _check_resume(name, tmp_path)
+    check_export(name, tmp_path)
     _check_fo_overfits(name)
     lora = _check_lora(name)
     return "supported" + ("" if lora else " (LoRA: no default targets; name lora_targets)")
@@ -102,6 +103,36 @@ def _check_resume(name: str, tmp_path: Path) -> None:
                   resume=True)
     assert resumed.info["resumed_from"] == "step-00000002", name
     assert resumed.param_digest == straight.param_digest, name
+
+
+def check_export(name: str, tmp_path: Path) -> None:
+    """A run's final weights exported, then loaded as a transformers user loads them: the
+    model's own default forward (cache on, as ``generate`` runs it) gives the logits of its
+    forward without a cache, and ``generate``'s greedy tokens are the argmax continuation
+    read off cacheless forwards (transformers' own computation on both sides)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from workbench.export.exporter import export_run
+
+    run(RunConfig(model=name, method="zo-offload", steps=1, **{**RUN, "save_final": True}),
+        tmp_path / "export-run", progress=False)
+    export_run(tmp_path / "export-run", tmp_path / "export")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = AutoModelForCausalLM.from_pretrained(tmp_path / "export").eval()
+    tok = AutoTokenizer.from_pretrained(tmp_path / "export")
+    ids = tok(["a text to continue"], return_tensors="pt").input_ids
+    with torch.no_grad():
+        cached = model(input_ids=ids).logits  # transformers' default: use_cache from config
+        plain = model(input_ids=ids, use_cache=False).logits
+        torch.testing.assert_close(cached, plain, rtol=1e-5, atol=1e-5, msg=name)
+        out = model.generate(ids, max_new_tokens=4, do_sample=False, min_new_tokens=4,
+                             pad_token_id=tok.pad_token_id)
+        want = ids
+        for _ in range(4):
+            nxt = model(input_ids=want, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
+            want = torch.cat([want, nxt], dim=1)
+    assert out.tolist() == want.tolist(), name
 
 
 def _check_fo_overfits(name: str, steps: int = 40) -> None:

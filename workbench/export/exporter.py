@@ -101,7 +101,8 @@ def _export(folder: AtomicFolder, weights: RunWeights, dtype: str | None, size: 
     # default: the model's own dtype; an adapter's, fp32 (it trained in fp32, as peft keeps it)
     want = DTYPES[dtype] if dtype else torch.float32 if kind == "adapter" else model.own_dtype()
     with folder as tmp:
-        ids = save_tokenizer(cfg.model, cfg.resolved_data_dir, tmp)  # first: it may refuse
+        ids = save_tokenizer(cfg.model, cfg.resolved_data_dir, tmp,  # first: it may refuse
+                             max_positions(model.skeleton.config))
         if kind == "adapter":
             digest = _write_adapter(tmp, weights, model, want, size, progress)
         else:
@@ -199,7 +200,12 @@ class _Model:
         own way)."""
         from transformers import GenerationConfig
 
+        from workbench.presets import lookup
+
         config = copy.deepcopy(self.skeleton.config)
+        if lookup(self.cfg.model) is not None:  # a preset: its config is made here, so it
+            for key, value in ids.items():  # takes the tokenizer's ids (tiny-opt's OPT
+                setattr(config, key, value)  # defaults number bos/pad 2/1, its bytes 1/0)
         config.architectures = [type(self.skeleton).__name__]
         config.dtype = NAMES[dtype]
         config.save_pretrained(folder)
@@ -289,6 +295,22 @@ def _facts(weights: RunWeights, kind: str, model: _Model, dtype: torch.dtype,
             "param_digest": rec.param_digest, "base_digest": rec.base_digest,
             "base": model.base_name(), "pending_applied": weights.pending,
             "config": rec.config, "evals": rec.evals}
+
+
+#: Config keys that give a model's positions, by family.
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "n_ctx",
+                 "max_seq_len", "seq_length")
+
+
+def max_positions(config) -> int | None:
+    """The most tokens ``config``'s model reads (its text part's), or None where it names no
+    limit (a state-space or recurrent model)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for key in POSITION_KEYS:
+        value = getattr(text, key, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
 def group_layouts(cfg: RunConfig) -> list[GroupLayout]:
