@@ -13,6 +13,7 @@ from workbench.config import load_config, parse_sets
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from workbench.export.base_ref import BASE_FOLDER
     from workbench.export.exporter import KINDS, export_run
 
     try:
@@ -30,9 +31,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     elif res.matches_run is False:  # a checkpoint's update replayed on another device type
         print(f"note: param_digest {res.digest[:16]} differs from the run's (its pending update "
               f"was applied on {args.device}; use --device as the run had it)", file=sys.stderr)
-    print("load it with: " + (
-        "PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(BASE), DIR)"
-        if res.kind == "adapter" else "AutoModelForCausalLM.from_pretrained(DIR)"))
+    if res.kind != "adapter":
+        print("load it with: AutoModelForCausalLM.from_pretrained(DIR)")
+    elif res.base == BASE_FOLDER:  # the base went along, named relative to the folder
+        print(f"load it with: PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("
+              f"DIR/{BASE_FOLDER}), DIR), or AutoPeftModelForCausalLM.from_pretrained('.') "
+              f"inside DIR (the base the run trained on is in DIR/{BASE_FOLDER}: no Hub "
+              "repository holds it)")
+    else:
+        print(f"load it with: AutoPeftModelForCausalLM.from_pretrained(DIR) (base: {res.base})")
     return 0
 
 

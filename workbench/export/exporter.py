@@ -26,6 +26,7 @@ import torch
 
 from workbench.config import ConfigError, RunConfig
 from workbench.engine.groups import GroupLayout, adapter_layouts, build_layouts, fingerprint
+from workbench.export.base_ref import BASE_FOLDER, BaseRef, base_ref, portable
 from workbench.export.card import model_card
 from workbench.export.folder import AtomicFolder, WeightsWriter, parse_size, tensor_specs
 from workbench.export.peft_folder import merge_block, peft_key, write_adapter_config
@@ -55,6 +56,7 @@ class ExportResult:
     seconds: float
     files: list[str]
     numels: list[int]  # elements of each group written (base groups for a merge)
+    base: str = ""  # an adapter's base as adapter_config.json names it (a hub id or "base")
 
 
 def export_run(run_dir: str | Path, out: str | Path, *, dtype: str | None = None,
@@ -105,6 +107,9 @@ def _export(folder: AtomicFolder, weights: RunWeights, dtype: str | None, size: 
                              max_positions(model.skeleton.config))
         if kind == "adapter":
             digest = _write_adapter(tmp, weights, model, want, size, progress)
+            if model.base_ref().beside:  # no Hub repository holds it: it goes along
+                _write_base(tmp / BASE_FOLDER, model, torch.float32 if dtype is None else want,
+                            size, ids)
         else:
             digest = _write_model(tmp, weights, model, want, size, progress, merged=merge)
         if kind != "adapter":
@@ -122,7 +127,8 @@ def _export(folder: AtomicFolder, weights: RunWeights, dtype: str | None, size: 
         files = sorted(p.name for p in tmp.iterdir())
     numels = [lay.numel for lay in (model.base if kind != "adapter" else model.trainable)]
     return ExportResult(folder.out, kind, weights.step, weights.origin, NAMES[want], digest,
-                        matches, time.perf_counter() - began, files, numels)
+                        matches, time.perf_counter() - began, files, numels,
+                        model.base_ref().name if kind == "adapter" else "")
 
 
 def export_line(run_dir: Path, out: Path) -> str:
@@ -180,18 +186,9 @@ class _Model:
         own = getattr(torch, own) if isinstance(own, str) else own
         return own if own in NAMES else torch.float32
 
-    def base_name(self) -> str:
-        """What an adapter folder names as its base: the hub id or folder, a pretrained
-        preset's cached folder, else the preset's name."""
-        from workbench.presets import PRESETS
-
-        preset = PRESETS.get(self.cfg.model)
-        if preset is None:
-            path = Path(self.cfg.model).expanduser()
-            return str(path.resolve()) if path.is_dir() else self.cfg.model
-        if preset.pretrained is not None:
-            return str(self.source.folder)
-        return self.cfg.model
+    def base_ref(self) -> BaseRef:
+        """What the exported folder names as its base (``base_ref.py``)."""
+        return base_ref(self.cfg.model, getattr(self.source, "folder", None))
 
     def write_configs(self, folder: Path, dtype: torch.dtype, ids: dict[str, int]) -> None:
         """config.json (architectures, dtype) and generation_config.json: the model folder's
@@ -282,18 +279,35 @@ def _write_adapter(tmp: Path, weights: RunWeights, model: _Model, dtype: torch.d
     with WeightsWriter(tmp, tensor_specs(model.trainable, peft_key), dtype, max(size, 1 << 62),
                        prefix="adapter_model") as writer:  # one file, as peft writes it
         digest = fingerprint(_written(writer, weights.groups, progress))[0]
-    write_adapter_config(tmp, weights.config, model.trainable, model.base_name())
+    ref = model.base_ref()
+    write_adapter_config(tmp, weights.config, model.trainable, ref.name, ref.revision)
     return digest
+
+
+def _write_base(folder: Path, model: _Model, dtype: torch.dtype, size: int,
+                ids: dict[str, int]) -> None:
+    """The base an adapter trained on, as a full model folder: each group as the run computed
+    with it (a compressed ``base_codec``'s decoded values), its configs and tokenizer."""
+    folder.mkdir()
+    save_tokenizer(model.cfg.model, model.cfg.resolved_data_dir, folder,
+                   max_positions(model.skeleton.config))
+    with WeightsWriter(folder, tensor_specs(model.base), dtype, size) as writer:
+        for k in range(len(model.base)):
+            writer.write(k, model.base_group(k))
+    model.write_configs(folder, dtype, ids)
 
 
 def _facts(weights: RunWeights, kind: str, model: _Model, dtype: torch.dtype,
            digest: str) -> dict[str, Any]:
-    rec = weights.record
-    return {"kind": kind, "run_dir": str(weights.run_dir.resolve()), "step": weights.step,
+    rec, ref = weights.record, model.base_ref()
+    return {"kind": kind, "run_dir": portable(str(weights.run_dir.resolve())),
+            "step": weights.step,
             "run_steps": len(rec.steps), "status": rec.status, "error": rec.error,
             "origin": weights.origin, "dtype": NAMES[dtype], "weights_digest": digest,
             "param_digest": rec.param_digest, "base_digest": rec.base_digest,
-            "base": model.base_name(), "pending_applied": weights.pending,
+            "base": ref.name, "base_revision": ref.revision, "base_model": ref.hub_id,
+            "base_beside": ref.beside and kind == "adapter", "trained_on": ref.trained_on,
+            "pending_applied": weights.pending,
             "config": rec.config, "evals": rec.evals}
 
 
