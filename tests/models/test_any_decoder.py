@@ -108,8 +108,9 @@ def _check_resume(name: str, tmp_path: Path) -> None:
 def check_export(name: str, tmp_path: Path) -> None:
     """A run's final weights exported, then loaded as a transformers user loads them: the
     model's own default forward (cache on, as ``generate`` runs it) gives the logits of its
-    forward without a cache, and ``generate``'s greedy tokens are the argmax continuation
-    read off cacheless forwards (transformers' own computation on both sides)."""
+    forward without a cache, and each step ``generate`` takes with its cache gives the logits
+    a cacheless forward gives over the tokens it chose (transformers' own computation on both
+    sides; logits, not argmax tokens, so a near-tie cannot make it flaky)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from workbench.export.exporter import export_run
@@ -126,13 +127,15 @@ def check_export(name: str, tmp_path: Path) -> None:
         cached = model(input_ids=ids).logits  # transformers' default: use_cache from config
         plain = model(input_ids=ids, use_cache=False).logits
         torch.testing.assert_close(cached, plain, rtol=1e-5, atol=1e-5, msg=name)
-        out = model.generate(ids, max_new_tokens=4, do_sample=False, min_new_tokens=4,
-                             pad_token_id=tok.pad_token_id)
-        want = ids
-        for _ in range(4):
-            nxt = model(input_ids=want, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
-            want = torch.cat([want, nxt], dim=1)
-    assert out.tolist() == want.tolist(), name
+        # generate as the exported generation_config has it, cache on; the logits of each
+        # step it took equal the cacheless forward's over the tokens it chose
+        out = model.generate(ids, max_new_tokens=4, min_new_tokens=4, output_logits=True,
+                             return_dict_in_generate=True, pad_token_id=tok.pad_token_id)
+        seq = out.sequences
+        assert seq.shape == (1, ids.shape[1] + 4) and seq[:, :ids.shape[1]].equal(ids), name
+        steps = torch.stack(out.logits, dim=1)  # (1, 4, V): raw, before any processor
+        plain = model(input_ids=seq[:, :-1], use_cache=False).logits[:, ids.shape[1] - 1:]
+        torch.testing.assert_close(steps, plain, rtol=1e-4, atol=1e-4, msg=name)
 
 
 def _check_fo_overfits(name: str, steps: int = 40) -> None:

@@ -21,10 +21,14 @@ _CONFIG_ERRORS = (ValueError, TypeError, StrictDataclassError)
 #: Config keys shrunk, and their values (several names of one size: each family spells it).
 SIZES = {
     "num_hidden_layers": TINY["num_layers"], "hidden_size": TINY["hidden"],
+    # BART-likes' causal LM is their decoder, while their num_hidden_layers names the encoder's
+    # depth (which transformers sizes their cache by): both tiny, as in published configs
+    "decoder_layers": TINY["num_layers"],
     "num_attention_heads": TINY["heads"], "num_key_value_heads": TINY["kv_heads"],
     "head_dim": TINY["head_dim"], "intermediate_size": TINY["ffn"], "ffn_dim": TINY["ffn"],
     "moe_intermediate_size": TINY["expert_ffn"],
     "shared_expert_intermediate_size": TINY["expert_ffn"],
+    "shared_experts_intermediate_size": TINY["expert_ffn"],
     "num_experts": TINY["experts"], "num_local_experts": TINY["experts"],
     "n_routed_experts": TINY["experts"], "num_experts_per_tok": TINY["experts_per_token"],
     "n_group": 1, "topk_group": 1,  # DeepSeek's expert groups: one group of the 4 experts
@@ -84,6 +88,15 @@ CONFIG_QUIRKS: dict[str, tuple[dict, str]] = {
     "flint": ({"num_hidden_layers": 3, "mlp_only_layers": [0], "layer_types": [
         "full_attention", "sliding_attention", "full_attention"]}, "its first 2 layers are "
         "dense, then experts under sliding and full attention: three kinds"),
+    "bamba": ({"attn_layer_indices": [1]}, "its default places no attention layer (published "
+              "configs do: Bamba-9B's at 9, 18, 27), and transformers' cache then fails"),
+    "granitemoehybrid": ({"layer_types": ["linear_attention", "full_attention"]}, "its default "
+                         "has Mamba layers only (published configs, Granite-4.0-H's, mix in "
+                         "attention), and transformers' cache then fails"),
+    "dots3_note_text": ({"swa_num_attention_heads": 4, "swa_num_key_value_heads": 4,
+                         "swa_q_lora_rank": 48, "swa_kv_lora_rank": 32, "swa_head_dim": 16,
+                         "swa_qk_nope_head_dim": 8, "swa_v_head_dim": 16}, "its sliding "
+                        "layers take their attention sizes under swa_ names (64 heads of 256)"),
     "recurrent_gemma": ({"block_types": ["recurrent", "attention"]}, "its layers cycle "
                         "recurrent, recurrent, attention: no attention in 2 layers"),
 }
