@@ -105,19 +105,29 @@ def _check_resume(name: str, tmp_path: Path) -> None:
     assert resumed.param_digest == straight.param_digest, name
 
 
-def check_export(name: str, tmp_path: Path) -> None:
+def check_export(name: str, tmp_path: Path, cli: bool = False) -> None:
     """A run's final weights exported, then loaded as a transformers user loads them: the
     model's own default forward (cache on, as ``generate`` runs it) gives the logits of its
     forward without a cache, and each step ``generate`` takes with its cache gives the logits
     a cacheless forward gives over the tokens it chose (transformers' own computation on both
-    sides; logits, not argmax tokens, so a near-tie cannot make it flaky)."""
+    sides; logits, not argmax tokens, so a near-tie cannot make it flaky). ``cli``: exported
+    by ``python -m workbench export``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from workbench.export.exporter import export_run
 
     run(RunConfig(model=name, method="zo-offload", steps=1, **{**RUN, "save_final": True}),
         tmp_path / "export-run", progress=False)
-    export_run(tmp_path / "export-run", tmp_path / "export")
+    if cli:  # as a user exports: the command line, in a process of its own
+        import subprocess
+
+        r = subprocess.run([sys.executable, "-m", "workbench", "export",
+                            str(tmp_path / "export-run"), "--out", str(tmp_path / "export"),
+                            "--quiet"], cwd=Path(__file__).resolve().parents[2],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+    else:
+        export_run(tmp_path / "export-run", tmp_path / "export")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = AutoModelForCausalLM.from_pretrained(tmp_path / "export").eval()

@@ -110,3 +110,20 @@ def test_jamba_has_its_attention_layer_and_a_window_is_shorter_than_a_sequence()
     assert set(tiny_config("qwen3_next").layer_types) == {"linear_attention", "full_attention"}
     assert tiny_config("recurrent_gemma").block_types == ["recurrent", "attention"]
     assert tiny_config("gpt_oss").sliding_window == WINDOW
+
+
+@pytest.mark.parametrize("model_type", ["jamba", "gemma3_text"])
+def test_an_exported_hybrid_runs_transformers_cached_forward_and_generate(model_type, tmp_path,
+                                                                          one_thread):
+    """Tiny Jamba with its attention layer (it had none, and transformers' default forward
+    failed on the export: "get_seq_length can only be called on Attention layers") and Gemma
+    3 with full beside sliding layers, exported by the command line: the cached forward and
+    ``generate`` agree with the cacheless forward (the grid runs this for every type)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+    from test_any_decoder import check_export
+
+    check_export(f"tiny:{model_type}", tmp_path, cli=True)
