@@ -133,6 +133,27 @@ def check_export(name: str, tmp_path: Path, cli: bool = False) -> None:
         model = AutoModelForCausalLM.from_pretrained(tmp_path / "export").eval()
     tok = AutoTokenizer.from_pretrained(tmp_path / "export")
     ids = tok(["a text to continue"], return_tensors="pt").input_ids
+    with torch.no_grad():  # every export: transformers' cacheless forward runs
+        assert model(input_ids=ids, use_cache=False).logits.isfinite().all(), name
+    kind = name.split(":", 1)[1]
+    if kind in CACHE_BROKEN:  # transformers' own cached path fails: still so, or say it is not
+        with pytest.raises((AssertionError, RuntimeError, ValueError)):
+            _cached_agrees(model, tok, ids, name)
+        return
+    _cached_agrees(model, tok, ids, name)
+
+
+#: Types whose exported folder loads, but whose cached path in transformers itself (the
+#: default forward's cache, ``generate``) fails or disagrees with its cacheless forward on
+#: the tiny model, with what was seen; the grid checks it still does (a fix shows up here).
+CACHE_BROKEN = {
+    "xlstm": "generate: RuntimeError, the expanded size of the tensor (4) must match the "
+             "existing size (8) (its cache's state shape)",
+    "moshi": "generate's cached step logits differ from its cacheless forward's",
+}
+
+
+def _cached_agrees(model, tok, ids: torch.Tensor, name: str) -> None:
     with torch.no_grad():
         cached = model(input_ids=ids).logits  # transformers' default: use_cache from config
         plain = model(input_ids=ids, use_cache=False).logits
