@@ -147,9 +147,10 @@ def check_export(name: str, tmp_path: Path, cli: bool = False) -> None:
 #: default forward's cache, ``generate``) fails or disagrees with its cacheless forward on
 #: the tiny model, with what was seen; the grid checks it still does (a fix shows up here).
 CACHE_BROKEN = {
-    "xlstm": "generate: RuntimeError, the expanded size of the tensor (4) must match the "
-             "existing size (8) (its cache's state shape)",
-    "moshi": "generate's cached step logits differ from its cacheless forward's",
+    "xlstm": "RuntimeError in its chunkwise mLSTM (mlstm_chunkwise_recurrent_fw_C): the "
+             "expanded size of the tensor (4) must match the existing size (8)",
+    "moshi": "with its 8-token window shorter than the sequence, its cached logits differ "
+             "from its cacheless forward's",
 }
 
 
