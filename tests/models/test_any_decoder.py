@@ -79,6 +79,7 @@ def check_type(model_type: str, tmp_path: Path,
         _, digest, losses = train(cfg.replace(method="zo-offload", **knobs), steps=3)
         assert (digest, losses) == (ref_digest, ref_losses), (model_type, knobs)
     _check_resume(name, tmp_path)
+    check_export(name, tmp_path)
     _check_fo_overfits(name)
     lora = _check_lora(name)
     return "supported" + ("" if lora else " (LoRA: no default targets; name lora_targets)")
@@ -102,6 +103,71 @@ def _check_resume(name: str, tmp_path: Path) -> None:
                   resume=True)
     assert resumed.info["resumed_from"] == "step-00000002", name
     assert resumed.param_digest == straight.param_digest, name
+
+
+def check_export(name: str, tmp_path: Path, cli: bool = False) -> None:
+    """A run's final weights exported, then loaded as a transformers user loads them: the
+    model's own default forward (cache on, as ``generate`` runs it) gives the logits of its
+    forward without a cache, and each step ``generate`` takes with its cache gives the logits
+    a cacheless forward gives over the tokens it chose (transformers' own computation on both
+    sides; logits, not argmax tokens, so a near-tie cannot make it flaky). ``cli``: exported
+    by ``python -m workbench export``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from workbench.export.exporter import export_run
+
+    run(RunConfig(model=name, method="zo-offload", steps=1, **{**RUN, "save_final": True}),
+        tmp_path / "export-run", progress=False)
+    if cli:  # as a user exports: the command line, in a process of its own
+        import subprocess
+
+        r = subprocess.run([sys.executable, "-m", "workbench", "export",
+                            str(tmp_path / "export-run"), "--out", str(tmp_path / "export"),
+                            "--quiet"], cwd=Path(__file__).resolve().parents[2],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+    else:
+        export_run(tmp_path / "export-run", tmp_path / "export")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = AutoModelForCausalLM.from_pretrained(tmp_path / "export").eval()
+    tok = AutoTokenizer.from_pretrained(tmp_path / "export")
+    ids = tok(["a text to continue"], return_tensors="pt").input_ids
+    with torch.no_grad():  # every export: transformers' cacheless forward runs
+        assert model(input_ids=ids, use_cache=False).logits.isfinite().all(), name
+    kind = name.split(":", 1)[1]
+    if kind in CACHE_BROKEN:  # transformers' own cached path fails: still so, or say it is not
+        with pytest.raises((AssertionError, RuntimeError, ValueError)):
+            _cached_agrees(model, tok, ids, name)
+        return
+    _cached_agrees(model, tok, ids, name)
+
+
+#: Types whose exported folder loads, but whose cached path in transformers itself (the
+#: default forward's cache, ``generate``) fails or disagrees with its cacheless forward on
+#: the tiny model, with what was seen; the grid checks it still does (a fix shows up here).
+CACHE_BROKEN = {
+    "xlstm": "RuntimeError in its chunkwise mLSTM (mlstm_chunkwise_recurrent_fw_C): the "
+             "expanded size of the tensor (4) must match the existing size (8)",
+    "moshi": "with its 8-token window shorter than the sequence, its cached logits differ "
+             "from its cacheless forward's",
+}
+
+
+def _cached_agrees(model, tok, ids: torch.Tensor, name: str) -> None:
+    with torch.no_grad():
+        cached = model(input_ids=ids).logits  # transformers' default: use_cache from config
+        plain = model(input_ids=ids, use_cache=False).logits
+        torch.testing.assert_close(cached, plain, rtol=1e-5, atol=1e-5, msg=name)
+        # generate as the exported generation_config has it, cache on; the logits of each
+        # step it took equal the cacheless forward's over the tokens it chose
+        out = model.generate(ids, max_new_tokens=4, min_new_tokens=4, output_logits=True,
+                             return_dict_in_generate=True, pad_token_id=tok.pad_token_id)
+        seq = out.sequences
+        assert seq.shape == (1, ids.shape[1] + 4) and seq[:, :ids.shape[1]].equal(ids), name
+        steps = torch.stack(out.logits, dim=1)  # (1, 4, V): raw, before any processor
+        plain = model(input_ids=seq[:, :-1], use_cache=False).logits[:, ids.shape[1] - 1:]
+        torch.testing.assert_close(steps, plain, rtol=1e-4, atol=1e-4, msg=name)
 
 
 def _check_fo_overfits(name: str, steps: int = 40) -> None:

@@ -129,9 +129,24 @@ def cmd_compare(args: argparse.Namespace) -> int:
             damaged.append(f"note: {e}; its verdict has no stream events")
     print(format_summary(records))
     print(format_why(records))
+    if len(records) > 1:
+        print(digest_line(records))
     for line in damaged:
         print(line)
     return 0
+
+
+def digest_line(records) -> str:
+    """Whether the runs ended with one ``param_digest``, and whether they should have."""
+    from workbench.telemetry.exactness import exactness_note
+
+    digests = [r.param_digest for r in records]
+    if len(records) < 2:
+        return ""
+    said = "param_digest: not recorded for every run" if not all(digests) else \
+        f"param_digest {'identical' if len(set(digests)) == 1 else 'DIFFERENT'} across the runs"
+    note = exactness_note([r.config for r in records])
+    return said + (f"\n  {note}" if note else "")
 
 
 def format_why(records) -> str:

@@ -104,6 +104,7 @@ def demo_pair(config_file: str | None, sets: dict[str, str], out: Path,
     ``sets`` on top) in ``out/<method>``, their table, what they learned, and their report."""
     from workbench.runs import threads
     from workbench.recipes.train import run
+    from workbench.telemetry.exactness import exactness_note
 
     records = []
     for method in ("mezo", "zo-offload"):
@@ -121,6 +122,7 @@ def demo_pair(config_file: str | None, sets: dict[str, str], out: Path,
     same = records[0].param_digest == records[1].param_digest
     print("param_digest identical: zo-offload trained exactly what MeZO trained" if same else
           "param_digest DIFFERENT: the two engines trained different weights")
+    print(f"  {exactness_note([r.config for r in records])}")
     html = report([out / "mezo", out / "zo-offload"], out / "report.html")
     print(f"run directories: {out.resolve()}")
     if html:

@@ -13,6 +13,7 @@ from workbench.config import load_config, parse_sets
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from workbench.export.base_ref import BASE_FOLDER
     from workbench.export.exporter import KINDS, export_run
 
     try:
@@ -35,9 +36,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     elif res.matches_run is False:  # a checkpoint's update replayed on another device type
         print(f"note: param_digest {res.digest[:16]} differs from the run's (its pending update "
               f"was applied on {args.device}; use --device as the run had it)", file=sys.stderr)
-    print("load it with: " + (
-        "PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(BASE), DIR)"
-        if res.kind == "adapter" else "AutoModelForCausalLM.from_pretrained(DIR)"))
+    if res.kind != "adapter":
+        print("load it with: AutoModelForCausalLM.from_pretrained(DIR)")
+    elif res.base == BASE_FOLDER:  # the base went along, named relative to the folder
+        print(f"load it with: PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("
+              f"DIR/{BASE_FOLDER}), DIR), or AutoPeftModelForCausalLM.from_pretrained('.') "
+              f"inside DIR (the base the run trained on is in DIR/{BASE_FOLDER}: no Hub "
+              "repository holds it)")
+    else:
+        print(f"load it with: AutoPeftModelForCausalLM.from_pretrained(DIR) (base: {res.base})")
     return 0
 
 
@@ -107,6 +114,10 @@ def _export_task(folder: str) -> tuple[dict[str, str], str]:
     if not isinstance(task, dict) or not task:
         return {}, (f"note: {info_file} records no task; evaluating on the settings given "
                     "(--set data=... objective=... for the run's own)")
+    for key in ("data", "data_dir"):  # a local file named relative to the export folder
+        value = str(task.get(key) or "")
+        if value and not Path(value).is_absolute() and (Path(folder) / value).exists():
+            task[key] = str((Path(folder).expanduser() / value).resolve())
     sets = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in task.items()}
     return sets, (f"note: evaluating on the task the run learned (recorded in {INFO_FILE}): "
                   f"data={sets.get('data')}, objective={sets.get('objective', 'classify')}; "

@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -30,6 +31,7 @@ import torch
 from workbench.config import ConfigError, RunConfig
 from workbench.engine.groups import (GroupLayout, LazyFlats, adapter_layouts, build_layouts,
                                      fingerprint)
+from workbench.export.base_ref import BASE_FOLDER, BaseRef, base_ref, portable
 from workbench.export.card import model_card
 from workbench.export.folder import AtomicFolder, WeightsWriter, parse_size, tensor_specs
 from workbench.export.peft_folder import merge_block, peft_key, write_adapter_config
@@ -73,6 +75,7 @@ class ExportResult:
         """The weights were rounded to a narrower dtype than the run's fp32 on the way out
         (``written_digest`` then differs from ``digest`` unless they were exact in it)."""
         return bool(self.written_digest) and self.kind != "merged" and self.dtype != "float32"
+    base: str = ""  # an adapter's base as adapter_config.json names it (a hub id or "base")
 
 
 def export_run(run_dir: str | Path, out: str | Path, *, dtype: str | None = None,
@@ -118,9 +121,13 @@ def _export(folder: AtomicFolder, weights: RunWeights, dtype: str | None, size: 
     # default: the model's own dtype; an adapter's, fp32 (it trained in fp32, as peft keeps it)
     want = DTYPES[dtype] if dtype else torch.float32 if kind == "adapter" else model.own_dtype()
     with folder as tmp:
-        ids = save_tokenizer(cfg.model, cfg.resolved_data_dir, tmp)  # first: it may refuse
+        ids = save_tokenizer(cfg.model, cfg.resolved_data_dir, tmp,  # first: it may refuse
+                             max_positions(model.skeleton.config))
         if kind == "adapter":
             digest, written = _write_adapter(tmp, weights, model, want, size, progress)
+            if model.base_ref().beside:  # no Hub repository holds it: it goes along
+                _write_base(tmp / BASE_FOLDER, model, torch.float32 if dtype is None else want,
+                            size, ids)
         else:
             digest, written = _write_model(tmp, weights, model, want, size, progress,
                                            merged=merge)
@@ -131,7 +138,7 @@ def _export(folder: AtomicFolder, weights: RunWeights, dtype: str | None, size: 
             raise ExportError(f"{weights.origin}: the weights read back do not match the run's "
                               f"param_digest ({digest[:16]} vs {weights.expected_digest[:16]}); "
                               "they are damaged")
-        info = _facts(weights, kind, model, want, digest, written)
+        info = _facts(weights, kind, model, want, digest, written, folder.out)
         (tmp / "README.md").write_text(model_card(info))
         facts = {k: v for k, v in info.items() if k not in ("config", "evals")}
         files = sorted([p.name for p in tmp.iterdir()] + [INFO_FILE])
@@ -139,7 +146,8 @@ def _export(folder: AtomicFolder, weights: RunWeights, dtype: str | None, size: 
                                                          "files": files}, indent=1))
     numels = [lay.numel for lay in (model.base if kind != "adapter" else model.trainable)]
     return ExportResult(folder.out, kind, weights.step, weights.origin, NAMES[want], digest,
-                        matches, time.perf_counter() - began, files, numels, written)
+                        matches, time.perf_counter() - began, files, numels, written,
+                        model.base_ref().name if kind == "adapter" else "")
 
 
 def export_line(run_dir: Path, out: Path) -> str:
@@ -196,18 +204,9 @@ class _Model:
         own = getattr(torch, own) if isinstance(own, str) else own
         return own if own in NAMES else torch.float32
 
-    def base_name(self) -> str:
-        """What an adapter folder names as its base: the hub id or folder, a pretrained
-        preset's cached folder, else the preset's name."""
-        from workbench.presets import PRESETS
-
-        preset = PRESETS.get(self.cfg.model)
-        if preset is None:
-            path = Path(self.cfg.model).expanduser()
-            return str(path.resolve()) if path.is_dir() else self.cfg.model
-        if preset.pretrained is not None:
-            return str(self.source.folder)
-        return self.cfg.model
+    def base_ref(self) -> BaseRef:
+        """What the exported folder names as its base (``base_ref.py``)."""
+        return base_ref(self.cfg.model, getattr(self.source, "folder", None))
 
     def write_configs(self, folder: Path, dtype: torch.dtype, ids: dict[str, int]) -> None:
         """config.json (architectures, dtype) and generation_config.json: the model folder's
@@ -216,7 +215,12 @@ class _Model:
         own way)."""
         from transformers import GenerationConfig
 
+        from workbench.presets import lookup
+
         config = copy.deepcopy(self.skeleton.config)
+        if lookup(self.cfg.model) is not None:  # a preset: its config is made here, so it
+            for key, value in ids.items():  # takes the tokenizer's ids (tiny-opt's OPT
+                setattr(config, key, value)  # defaults number bos/pad 2/1, its bytes 1/0)
         config.architectures = [type(self.skeleton).__name__]
         config.dtype = NAMES[dtype]
         config.save_pretrained(folder)
@@ -339,36 +343,78 @@ def _write_adapter(tmp: Path, weights: RunWeights, model: _Model, dtype: torch.d
     with WeightsWriter(tmp, tensor_specs(model.trainable, peft_key), dtype, max(size, 1 << 62),
                        prefix="adapter_model") as writer:  # one file, as peft writes it
         digest = fingerprint(_written(writer, weights.groups, progress, rounded))[0]
-    write_adapter_config(tmp, weights.config, model.trainable, model.base_name())
+    ref = model.base_ref()
+    write_adapter_config(tmp, weights.config, model.trainable, ref.name, ref.revision)
     return digest, _read_back(writer, rounded, digest)
 
 
+def _write_base(folder: Path, model: _Model, dtype: torch.dtype, size: int,
+                ids: dict[str, int]) -> None:
+    """The base an adapter trained on, as a full model folder: each group as the run computed
+    with it (a compressed ``base_codec``'s decoded values), its configs and tokenizer."""
+    folder.mkdir()
+    save_tokenizer(model.cfg.model, model.cfg.resolved_data_dir, folder,
+                   max_positions(model.skeleton.config))
+    with WeightsWriter(folder, tensor_specs(model.base), dtype, size) as writer:
+        for k in range(len(model.base)):
+            writer.write(k, model.base_group(k))
+    model.write_configs(folder, dtype, ids)
+
+
 def _facts(weights: RunWeights, kind: str, model: _Model, dtype: torch.dtype,
-           digest: str, written: str) -> dict[str, Any]:
+           digest: str, written: str, out: Path) -> dict[str, Any]:
     """The export's provenance. ``weights_digest``: of the weights the folder holds (read back
-    as fp32); ``source_digest``: of the run's weights read (fp32, before any rounding)."""
-    rec = weights.record
-    return {"kind": kind, "run_dir": str(weights.run_dir.resolve()), "step": weights.step,
+    as fp32); ``source_digest``: of the run's weights read (fp32, before any rounding). No local
+    path: the run by its folder's name, the task's data relative to the export (``out``)."""
+    rec, ref = weights.record, model.base_ref()
+    return {"kind": kind, "run_dir": portable(str(weights.run_dir.resolve())),
+            "step": weights.step,
             "run_steps": len(rec.steps), "status": rec.status, "error": rec.error,
             "origin": weights.origin, "dtype": NAMES[dtype], "weights_digest": written,
             "source_digest": digest,
             "param_digest": rec.param_digest, "base_digest": rec.base_digest,
-            "base": model.base_name(), "pending_applied": weights.pending,
-            "task": run_task(rec.config), "config": rec.config, "evals": rec.evals}
+            "base": ref.name, "base_revision": ref.revision, "base_model": ref.hub_id,
+            "base_beside": ref.beside and kind == "adapter", "trained_on": ref.trained_on,
+            "pending_applied": weights.pending, "task": run_task(rec.config, out),
+            "config": rec.config, "evals": rec.evals}
 
 
-def run_task(config: dict[str, Any]) -> dict[str, Any]:
+def run_task(config: dict[str, Any], relative_to: Path | None = None) -> dict[str, Any]:
     """The settings that make a run's task (its data and how it is read and scored), for
-    ``evaluate FOLDER`` to score the export on the task it learned; a data file or folder given
-    by a relative path is made absolute (the export is evaluated from anywhere)."""
+    ``evaluate FOLDER`` to score the export on the task it learned. A local data file or folder
+    is named relative to ``relative_to`` (the export folder: no local path in what is shared,
+    and ``evaluate`` finds it from the folder), else absolute."""
     task = {k: config[k] for k in TASK_KEYS if k in config}
+
+    def local(value: str) -> str:
+        path = Path(value).expanduser().resolve()
+        if relative_to is None:
+            return str(path)
+        return os.path.relpath(path, Path(relative_to).expanduser().resolve())
+
     data = str(task.get("data", ""))
     if data and data not in ("embedded", "sst2", "synthetic") and not data.startswith("hf:") \
             and Path(data).expanduser().exists():
-        task["data"] = str(Path(data).expanduser().resolve())
+        task["data"] = local(data)
     if task.get("data_dir"):
-        task["data_dir"] = str(Path(task["data_dir"]).expanduser().resolve())
+        task["data_dir"] = local(str(task["data_dir"]))
     return task
+
+
+#: Config keys that give a model's positions, by family.
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "n_ctx",
+                 "max_seq_len", "seq_length")
+
+
+def max_positions(config) -> int | None:
+    """The most tokens ``config``'s model reads (its text part's), or None where it names no
+    limit (a state-space or recurrent model)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for key in POSITION_KEYS:
+        value = getattr(text, key, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
 def group_layouts(cfg: RunConfig) -> list[GroupLayout]:

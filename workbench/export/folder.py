@@ -14,6 +14,7 @@ a time and are written straight into the open shard (``safetensors_stream.py``).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -67,6 +68,9 @@ class AtomicFolder:
             self.out.parent.mkdir(parents=True, exist_ok=True)
             self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.partial-",
                                              dir=self.out.parent))
+            # mkdtemp makes it 0700 (private while partial); published, the folder is as
+            # readable as any folder the user makes (0755 under the usual umask 022)
+            self.tmp.chmod(0o777 & ~_umask())
         except OSError as e:
             raise ExportError(f"--out: cannot write in {self.out.parent} ({os_error(e)})") from None
         return self.tmp
@@ -100,6 +104,13 @@ class AtomicFolder:
                 raise ExportError(f"--out: {self.out} not published ({os_error(e)})") from None
             raise
         return False
+
+
+def _umask() -> int:
+    """The process's umask (read by setting it, then put back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def tensor_specs(layouts: list[GroupLayout], rename=lambda name: name) -> list[list[TensorSpec]]:

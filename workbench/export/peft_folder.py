@@ -37,13 +37,15 @@ def target_modules(layouts: list[GroupLayout]) -> list[str]:
 
 
 def write_adapter_config(folder: Path, config: dict, layouts: list[GroupLayout],
-                         base: str) -> None:
-    """``adapter_config.json`` through peft's own ``LoraConfig``."""
+                         base: str, revision: str | None = None) -> None:
+    """``adapter_config.json`` through peft's own ``LoraConfig`` (``base``: a hub id, or the
+    folder beside the adapter; ``revision``: the base's Hub commit, where known)."""
     from peft import LoraConfig
 
     LoraConfig(r=int(config["lora_rank"]), lora_alpha=float(config["lora_alpha"]),
                lora_dropout=0.0, bias="none", target_modules=target_modules(layouts),
-               task_type="CAUSAL_LM", base_model_name_or_path=base).save_pretrained(str(folder))
+               task_type="CAUSAL_LM", base_model_name_or_path=base,
+               revision=revision).save_pretrained(str(folder))
 
 
 def merge_block(base: GroupLayout, flat: torch.Tensor, adapter: GroupLayout,

@@ -18,9 +18,13 @@ from workbench.presets import PRESETS, lookup
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0..3, as ``ByteTokenizer``
 
 
-def save_tokenizer(model: str, data_dir: Path, folder: Path) -> dict[str, int]:
+def save_tokenizer(model: str, data_dir: Path, folder: Path,
+                   max_positions: int | None = None) -> dict[str, int]:
     """Write the tokenizer of ``model`` (a preset, folder or hub id) into ``folder``; returns
     its special ids {"bos_token_id", "eos_token_id", "pad_token_id"} (those it has).
+    ``max_positions``: the model's positions, saved as the tokenizer's ``model_max_length``
+    where the tokenizer claims more (so ``truncation=True`` cuts a text to what the model
+    reads; None: a model without a position limit, the tokenizer's own is kept).
 
     Raises:
         ConfigError: the model has no usable tokenizer (``load_tokenizer``'s line).
@@ -29,6 +33,8 @@ def save_tokenizer(model: str, data_dir: Path, folder: Path) -> dict[str, int]:
     tok = ByteTokenizer() if preset is not None and preset.tokenizer == "byte" \
         else load_tokenizer(model, data_dir)
     hf = byte_tokenizer() if isinstance(tok, ByteTokenizer) else tok.tok
+    if max_positions is not None and not hf.model_max_length <= max_positions:
+        hf.model_max_length = int(max_positions)
     hf.save_pretrained(folder)
     ids = {"bos_token_id": hf.bos_token_id, "eos_token_id": hf.eos_token_id,
            "pad_token_id": tok.pad_id if isinstance(tok, (ByteTokenizer, HFTokenizer)) else None}
@@ -36,7 +42,9 @@ def save_tokenizer(model: str, data_dir: Path, folder: Path) -> dict[str, int]:
 
 
 def byte_tokenizer():
-    """``ByteTokenizer`` as a ``PreTrainedTokenizerFast`` (same ids for every text)."""
+    """``ByteTokenizer`` as a ``PreTrainedTokenizerFast`` (same ids for every text); its
+    ``model_max_length`` is the longest byte-tokenizer preset's (``save_tokenizer`` cuts it to
+    the exported model's)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 

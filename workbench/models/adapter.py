@@ -89,6 +89,7 @@ class BlockAdapter:
         self._base_kwargs = {k: v for k, v in (("use_cache", False),) if k in accepted}
         self._last: tuple[Any, BlockContext] | None = None  # the last batch and its context
         self._hidden_dim: int | None = None  # dims of the hidden states the blocks pass on
+        self._pair: bool | None = None  # the base unpacks (hidden, weights) from each block
 
     # --- the three parts -------------------------------------------------------------------
     def embed(self, batch) -> tuple[torch.Tensor, BlockContext]:
@@ -187,21 +188,29 @@ class BlockAdapter:
         for i, block in enumerate(self.blocks):
             firsts.setdefault(self._types[id(block)], i)
         seen: dict[int, tuple[tuple, dict]] = {}
-        stand_ins = nn.ModuleList(_StandIn(b, i, seen, i == max(firsts.values()))
-                                  for i, b in enumerate(self.blocks))
         name = next(n for n, m in self.base.named_children()
                     if isinstance(m, nn.ModuleList) and list(m) == self.blocks)
         real = getattr(self.base, name)
-        setattr(self.base, name, stand_ins)
-        try:
-            self.base(input_ids=input_ids, attention_mask=ctx.model_mask,
-                      position_ids=ctx.position_ids, **self._base_kwargs)
-        except _Captured as c:
-            c.__traceback__ = None
-        else:  # pragma: no cover - a family whose base stops before its last block type
-            raise RuntimeError("the model's forward never reached a block of each type")
-        finally:
-            setattr(self.base, name, real)
+        # what a block returns: its hidden states, or (hidden states, attention weights) for a
+        # forward that unpacks two (Bamba's); tried in turn, the one that ran is kept
+        for pair in ((self._pair,) if self._pair is not None else (False, True)):
+            setattr(self.base, name, nn.ModuleList(
+                _StandIn(b, i, seen, i == max(firsts.values()), pair)
+                for i, b in enumerate(self.blocks)))
+            try:
+                self.base(input_ids=input_ids, attention_mask=ctx.model_mask,
+                          position_ids=ctx.position_ids, **self._base_kwargs)
+            except _Captured as c:
+                c.__traceback__ = None
+                self._pair = pair
+                break
+            except (ValueError, TypeError):
+                if pair:
+                    raise
+            else:  # pragma: no cover - a family whose base stops before its last block type
+                raise RuntimeError("the model's forward never reached a block of each type")
+            finally:
+                setattr(self.base, name, real)
         inputs = {}
         for kind, i in firsts.items():
             hidden, kwargs = _by_name(self.blocks[i], *seen[i])
@@ -284,9 +293,11 @@ class _StandIn(nn.Module):
     the hidden states through (the last one needed stops the forward). Other attributes are the
     block's, for a forward that reads them (a layer's type, ...)."""
 
-    def __init__(self, block: nn.Module, index: int, seen: dict, last: bool):
+    def __init__(self, block: nn.Module, index: int, seen: dict, last: bool,
+                 pair: bool = False):
         super().__init__()
         object.__setattr__(self, "_wrapped", (block, index, seen, last))  # not a submodule
+        object.__setattr__(self, "_pair", pair)
 
     def __getattr__(self, name: str):
         try:
@@ -299,7 +310,8 @@ class _StandIn(nn.Module):
         seen[index] = (args, kwargs)
         if last:
             raise _Captured(args, kwargs)
-        return args[0] if args else kwargs["hidden_states"]
+        hidden = args[0] if args else kwargs["hidden_states"]
+        return (hidden, None) if object.__getattribute__(self, "_pair") else hidden
 
 
 def _by_name(block: nn.Module, args: tuple, kwargs: dict) -> tuple[torch.Tensor, dict]:

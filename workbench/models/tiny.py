@@ -21,10 +21,14 @@ _CONFIG_ERRORS = (ValueError, TypeError, StrictDataclassError)
 #: Config keys shrunk, and their values (several names of one size: each family spells it).
 SIZES = {
     "num_hidden_layers": TINY["num_layers"], "hidden_size": TINY["hidden"],
+    # BART-likes' causal LM is their decoder, while their num_hidden_layers names the encoder's
+    # depth (which transformers sizes their cache by): both tiny, as in published configs
+    "decoder_layers": TINY["num_layers"],
     "num_attention_heads": TINY["heads"], "num_key_value_heads": TINY["kv_heads"],
     "head_dim": TINY["head_dim"], "intermediate_size": TINY["ffn"], "ffn_dim": TINY["ffn"],
     "moe_intermediate_size": TINY["expert_ffn"],
     "shared_expert_intermediate_size": TINY["expert_ffn"],
+    "shared_experts_intermediate_size": TINY["expert_ffn"],
     "num_experts": TINY["experts"], "num_local_experts": TINY["experts"],
     "n_routed_experts": TINY["experts"], "num_experts_per_tok": TINY["experts_per_token"],
     "n_group": 1, "topk_group": 1,  # DeepSeek's expert groups: one group of the 4 experts
@@ -70,6 +74,31 @@ CONFIG_QUIRKS: dict[str, tuple[dict, str]] = {
                  "published causal configs set it; its axial positions must sum to the hidden "
                  "size and multiply to the positions"),
     "zaya": ({"num_experts_per_tok": 1}, "its validator takes one expert per token only"),
+    # Families whose kinds of layer follow counts or periods rather than a list per layer
+    # (which ``_per_layer_lists`` cuts): set so every kind the published depth has is there.
+    "jamba": ({"num_hidden_layers": 3, "attn_layer_period": 3, "attn_layer_offset": 2,
+               "expert_layer_period": 2, "expert_layer_offset": 1},
+              "its attention layer comes every 8th from the 5th: none in 2 layers (Mamba dense, "
+              "Mamba MoE, attention dense: its three kinds)"),
+    "deepseek_v3": ({"first_k_dense_replace": 1}, "its first 3 layers are dense: no routed "
+                    "experts in 2 layers"),
+    "afmoe": ({"num_hidden_layers": 3, "layer_types": [
+        "sliding_attention", "sliding_attention", "full_attention"]}, "its first layer is "
+        "dense, then experts under sliding and full attention: three kinds"),
+    "flint": ({"num_hidden_layers": 3, "mlp_only_layers": [0], "layer_types": [
+        "full_attention", "sliding_attention", "full_attention"]}, "its first 2 layers are "
+        "dense, then experts under sliding and full attention: three kinds"),
+    "bamba": ({"attn_layer_indices": [1]}, "its default places no attention layer (published "
+              "configs do: Bamba-9B's at 9, 18, 27), and transformers' cache then fails"),
+    "granitemoehybrid": ({"layer_types": ["linear_attention", "full_attention"]}, "its default "
+                         "has Mamba layers only (published configs, Granite-4.0-H's, mix in "
+                         "attention), and transformers' cache then fails"),
+    "dots3_note_text": ({"swa_num_attention_heads": 4, "swa_num_key_value_heads": 4,
+                         "swa_q_lora_rank": 48, "swa_kv_lora_rank": 32, "swa_head_dim": 16,
+                         "swa_qk_nope_head_dim": 8, "swa_v_head_dim": 16}, "its sliding "
+                        "layers take their attention sizes under swa_ names (64 heads of 256)"),
+    "recurrent_gemma": ({"block_types": ["recurrent", "attention"]}, "its layers cycle "
+                        "recurrent, recurrent, attention: no attention in 2 layers"),
 }
 
 
@@ -131,24 +160,53 @@ def _shrunk(model_type: str, cls):
         # (heads / key-value heads) would double them
         kwargs["num_key_value_heads"] = TINY["heads"]
     kwargs.update(CONFIG_QUIRKS.get(model_type, ({}, ""))[0])
+    kwargs.update(_short_windows(cls, kwargs, takes))
     try:
-        return cls(**kwargs)
+        cls(**kwargs)
     except _CONFIG_ERRORS as e:  # a validator: per-layer lists left at the published depth?
         first = e
+    else:
+        first = None
     per_layer = _per_layer_lists(cls, kwargs, takes, alias)
     try:
-        if per_layer:
-            return cls(**kwargs, **per_layer)
-    except _CONFIG_ERRORS:
-        pass
+        # every kind of layer the family has, where its config lists a kind per layer
+        return cls(**{**kwargs, **per_layer})
+    except _CONFIG_ERRORS as e:
+        if first is None:
+            raise _rejects(model_type, e) from None
     raise _rejects(model_type, first)
 
 
+#: The tiny attention window: shorter than the sequences the checks run (16-17 tokens), so a
+#: sliding layer masks differently from a full one there.
+WINDOW = 8
+#: Config keys that give an attention window, by family (the same length under other names).
+WINDOW_KEYS = ("sliding_window", "window_size", "sliding_window_size", "attention_window_size")
+
+
+def _short_windows(cls, kwargs: dict, takes) -> dict:
+    """``WINDOW`` for each window key whose default is a longer window (a window the family
+    leaves off, None, stays off)."""
+    try:
+        defaults = cls(**kwargs)
+    except _CONFIG_ERRORS:
+        defaults = None
+    out = {}
+    for key in WINDOW_KEYS:
+        if key in kwargs or key not in takes:
+            continue
+        value = getattr(defaults, key, takes[key].default)
+        if isinstance(value, int) and not isinstance(value, bool) and value > WINDOW:
+            out[key] = WINDOW
+    return out
+
+
 def _per_layer_lists(cls, kwargs: dict, takes, alias: dict) -> dict:
-    """Lists a config gives one entry per layer (``layers_block_type``, ...), at the family's
-    default depth, cut to the tiny depth: the first layer of each kind first (so a hybrid
-    stack keeps one layer of each where there are as many layers as kinds), then the rest in
-    order. Empty when the default config does not build either."""
+    """Lists a config gives one entry per layer (``layers_block_type``, ``layer_types``, ...),
+    at the family's default depth, cut to a tiny depth that keeps every kind of layer: the
+    first layer of each kind (the entries of all the lists at one index), then the next
+    layers in order up to the tiny depth; the depth is raised to the number of kinds where
+    there are more kinds. Empty when the default config has no such list, or does not build."""
     layers_key = next((k for k in ("num_hidden_layers", alias.get("num_hidden_layers"))
                        if k in kwargs), None)
     if layers_key is None:
@@ -159,14 +217,18 @@ def _per_layer_lists(cls, kwargs: dict, takes, alias: dict) -> dict:
     except _CONFIG_ERRORS:
         return {}
     depth = getattr(full, layers_key)
-    out = {}
-    for key, value in vars(full).items():
-        if key in kwargs or key not in takes or not isinstance(value, (list, tuple)) \
-                or len(value) != depth or depth <= n:
-            continue
-        firsts = sorted({v: i for i, v in reversed(list(enumerate(value)))}.values())[:n]
-        rest = [i for i in range(depth) if i not in firsts][:n - len(firsts)]
-        out[key] = [value[i] for i in sorted(firsts + rest)]
+    lists = {key: value for key, value in vars(full).items()
+             if key not in kwargs and key in takes and isinstance(value, (list, tuple))
+             and len(value) == depth and depth > n}
+    if not lists:
+        return {}
+    kinds = [tuple(str(v[i]) for v in lists.values()) for i in range(depth)]
+    firsts = sorted({k: i for i, k in reversed(list(enumerate(kinds)))}.values())
+    rest = [i for i in range(depth) if i not in firsts][:max(n - len(firsts), 0)]
+    keep = sorted(firsts + rest)
+    out = {key: [value[i] for i in keep] for key, value in lists.items()}
+    if len(keep) != n:
+        out[layers_key] = len(keep)
     return out
 
 

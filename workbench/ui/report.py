@@ -19,6 +19,7 @@ from plotly.offline import get_plotlyjs
 from workbench.config import STREAMING_METHODS, knob_info
 from workbench.telemetry import noise
 from workbench.telemetry.advice import next_knob
+from workbench.telemetry.exactness import exactness_note
 from workbench.telemetry.naming import differing, run_labels, value_text
 from workbench.telemetry.record import RunRecord
 from workbench.telemetry.summary import (DIGEST_CHARS, MB, fmt_value, summary_metrics,  # noqa: F401
@@ -211,7 +212,9 @@ def digest_note(recs: Sequence[RunRecord]) -> str:
     if not all(digests):
         return "param_digest: not recorded for every run (unsaved or failed runs)"
     same = len(set(digests)) == 1
-    return f"param_digest {'identical' if same else 'DIFFERENT'} across the runs"
+    note = exactness_note([r.config for r in recs])
+    return f"param_digest {'identical' if same else 'DIFFERENT'} across the runs" + (
+        f" ({note})" if note else "")
 
 
 def config_table_html(rec: RunRecord) -> str:
