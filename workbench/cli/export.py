@@ -95,7 +95,8 @@ def _export_task(folder: str) -> tuple[dict[str, str], str]:
     it is; ({}, "") for a folder that is no export of a run. ``--set`` overrides it."""
     from pathlib import Path
 
-    from workbench.export.exporter import INFO_FILE, run_task
+    from workbench.export.exporter import INFO_FILE
+    from workbench.export.task import run_task
 
     info_file = Path(folder).expanduser() / INFO_FILE
     if not info_file.is_file():

@@ -20,9 +20,8 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import os
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -33,6 +32,8 @@ from workbench.engine.groups import (GroupLayout, LazyFlats, adapter_layouts, bu
                                      fingerprint)
 from workbench.export.base_ref import BASE_FOLDER, BaseRef, base_ref, portable
 from workbench.export.card import model_card
+from workbench.export.positions import max_positions
+from workbench.export.task import run_task
 from workbench.export.folder import AtomicFolder, WeightsWriter, parse_size, tensor_specs
 from workbench.export.peft_folder import merge_block, peft_key, write_adapter_config
 from workbench.export.safetensors_stream import read_fp32, read_header
@@ -44,9 +45,6 @@ from workbench.runs.outputs import EXPORT_MARKER, check_export_out
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 KINDS = {"model": "model", "adapter": "PEFT adapter", "merged": "merged model"}
-#: The run settings that make its task (``run_task``).
-TASK_KEYS = ("data", "data_dir", "train_samples", "eval_samples", "seq_len", "seed",
-             *(f.name for f in fields(RunConfig) if f.metadata.get("group") == "task"))
 INFO_FILE = EXPORT_MARKER  # provenance: the run, its digests, the files written
 
 
@@ -379,45 +377,6 @@ def _facts(weights: RunWeights, kind: str, model: _Model, dtype: torch.dtype,
             "config": rec.config, "evals": rec.evals}
 
 
-def run_task(config: dict[str, Any], relative_to: Path | None = None) -> dict[str, Any]:
-    """The settings that make a run's task (its data and how it is read and scored), for
-    ``evaluate FOLDER`` to score the export on the task it learned. A local data file or folder
-    is named relative to ``relative_to`` (the export folder: no local path in what is shared,
-    and ``evaluate`` finds it from the folder), else absolute."""
-    task = {k: config[k] for k in TASK_KEYS if k in config}
-
-    def local(value: str) -> str:
-        path = Path(value).expanduser().resolve()
-        if relative_to is None:
-            return str(path)
-        return os.path.relpath(path, Path(relative_to).expanduser().resolve())
-
-    data = str(task.get("data", ""))
-    if data and data not in ("embedded", "sst2", "synthetic") and not data.startswith("hf:") \
-            and Path(data).expanduser().exists():
-        task["data"] = local(data)
-    if task.get("data_dir"):
-        task["data_dir"] = local(str(task["data_dir"]))
-    return task
-
-
-#: Config keys that give a model's positions, by family.
-POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "n_ctx",
-                 "max_seq_len", "seq_length")
-
-
-def max_positions(config) -> int | None:
-    """The most tokens ``config``'s model reads (its text part's), or None where it names no
-    limit (a state-space or recurrent model)."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    for key in POSITION_KEYS:
-        value = getattr(text, key, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
-
-
 def group_layouts(cfg: RunConfig) -> list[GroupLayout]:
     """The trainable group layouts of ``cfg``'s model (what its checkpoints hold)."""
     return _Model(cfg).trainable
-

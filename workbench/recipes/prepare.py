@@ -5,7 +5,7 @@ every rank, and no rank waits in a collective another never reaches."""
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING
+from typing import Any
 
 from workbench import distributed
 from workbench.config import ConfigError, check_environment
@@ -19,15 +19,15 @@ from workbench.runs.session import RunSession, check_run_dir, checkpoint_root
 from workbench.runs.tracking import Tracking
 from workbench.telemetry.record import RecordError, RunRecord
 
-if TYPE_CHECKING:
-    from workbench.recipes.train import TrainRecipe
+#: the ``TrainRecipe`` being prepared (its run state: this module fills it, the recipe owns it)
+Recipe = Any
 
 #: what a refusal before the start is (one line, exit status 2): bad settings, a missing file,
 #: an unusable checkpoint or run record
 REFUSALS = (ConfigError, FileNotFoundError, CheckpointError, RecordError)
 
 
-def prepare_run(recipe: "TrainRecipe", resume: bool = False) -> None:
+def prepare_run(recipe: Recipe, resume: bool = False) -> None:
     """Every check that needs no model, then the claim of the run directory. Bad settings,
     data or model folders, trackers that would not start, a run that cannot fit, a
     directory holding another run or in use are refused here (ConfigError), before anything
@@ -53,7 +53,7 @@ def prepare_run(recipe: "TrainRecipe", resume: bool = False) -> None:
         failed = e
     distributed.agree(ctx, failed, None, REFUSALS)  # rank 0's claim, said to all
 
-def _check(recipe: "TrainRecipe", resume: bool) -> tuple[RunRecord | None, str | None]:
+def _check(recipe: Recipe, resume: bool) -> tuple[RunRecord | None, str | None]:
     """``prepare``'s checks: the run directory, the resume's checkpoints, the trackers, the
     model, fit and data; returns the record of the run to continue and the line saying it
     is a copy (None: it is none)."""
@@ -92,7 +92,7 @@ def _check(recipe: "TrainRecipe", resume: bool) -> tuple[RunRecord | None, str |
                              info["sessions"][-1], info.get("lineage"))
     return previous, copy_note
 
-def _claim(recipe: "TrainRecipe", previous: RunRecord | None, copy_note: str | None) -> None:
+def _claim(recipe: Recipe, previous: RunRecord | None, copy_note: str | None) -> None:
     """Rank 0 takes the run directory (after the data check the resume plan allows) and
     starts the trackers: run.json says ``running``."""
     if recipe.resumption is not None:
