@@ -11,14 +11,13 @@ stay enabled, and changing one calls ``recipe.set_live``.
 from __future__ import annotations
 
 import html
-import importlib
 import logging
 import threading
 import time
 from dataclasses import fields
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import ipywidgets as widgets
 
@@ -26,6 +25,7 @@ from workbench.config import (PEFT_METHODS, STREAMING_METHODS, ConfigError, RunC
                               check_environment, knob_info, range_text)
 from workbench.recipes.train import TrainRecipe
 from workbench.ui.dashboard import Dashboard
+from workbench.ui.forecast import load_planner, prediction_html
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ class KnobPanel:
         self.dashboard: Dashboard | None = None
         self.last_run_dir: Path | None = None
         self.error: BaseException | None = None
-        self.planner = _load_planner()
+        self.planner = load_planner()
 
         self.controls: dict[str, widgets.ValueWidget] = {
             f.name: make_control(f.name, getattr(start, f.name)) for f in fields(RunConfig)}
@@ -221,7 +221,7 @@ class KnobPanel:
             self.prediction.value = ""
             return
         self._show_problems([])
-        self.prediction.value = _prediction_html(self.planner, cfg)
+        self.prediction.value = prediction_html(self.planner, cfg)
 
     def _show_problems(self, problems: list[str]) -> None:
         self.problems.value = "".join(
@@ -360,43 +360,3 @@ def new_folder(parent: Path, kind: str) -> Path:
         n += 1
         path = parent / f"{stem}-{n}"
     return path
-
-
-def _load_planner() -> Callable[[RunConfig], Any] | None:
-    """``workbench.plan.planner.plan`` if that module exists and works; None otherwise."""
-    try:
-        module = importlib.import_module("workbench.plan.planner")
-    except ImportError:
-        return None
-    except Exception:  # a planner that fails to import must not take the panel down
-        log.exception("workbench.plan.planner failed to import; predictions are off")
-        return None
-    plan = getattr(module, "plan", None)
-    if not callable(plan):
-        return None
-    from workbench.models.shape import shape_of  # any model: its shape counted where needed
-
-    return lambda cfg: plan(cfg, shape=shape_of(cfg.model))
-
-
-def _prediction_html(plan: Callable[[RunConfig], Any] | None, cfg: RunConfig) -> str:
-    """The planner's forecast for ``cfg``; it may answer with a mapping or an object (``Plan``)
-    holding ``peak_gpu_mem_bytes`` and ``step_seconds``."""
-    if plan is None:
-        return ""
-    try:
-        p = plan(cfg)
-        get = p.get if isinstance(p, Mapping) else (lambda k, d=None: getattr(p, k, d))
-        mem, step = float(get("peak_gpu_mem_bytes")), float(get("step_seconds"))
-    except Exception as e:
-        return (f"<i>planner: no prediction ({html.escape(type(e).__name__)}: "
-                f"{html.escape(str(e))})</i>")
-    if str(get("device", cfg.device)) == "cpu":  # no GPU memory to forecast: the host's
-        n = float(get("host_mem_bytes", 0))  # (MB below a GB: no "0.00 GB" for a tiny run)
-        fits = "" if get("fits_host", True) else " <b>(does not fit the host's memory)</b>"
-        return (f"<i>planner predicts (CPU run, no GPU): host memory for its buffers "
-                f"{f'{n / 1e9:.2f} GB' if n >= 1e9 else f'{n / 1e6:,.1f} MB'}, step "
-                f"{step:.3f} s</i>{fits}")
-    fits = "" if get("fits_gpu", True) else " <b>(does not fit the GPU)</b>"
-    return (f"<i>planner predicts: peak GPU memory {mem / 1e9:.2f} GB, "
-            f"step {step:.3f} s</i>{fits}")
