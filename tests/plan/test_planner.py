@@ -577,7 +577,8 @@ def test_suggest_lists_each_setting_once_and_marks_host_fit(tmp_path):
     assert all(line.split()[-2] in ("yes", "NO") for line in rows)
     js = _cli("plan", "--suggest", "8", "--gpu", "h200", "--json", tmp_path=tmp_path)
     data = json.loads(js.stdout)
-    keys = [(d["codec"], d["master"], d["resident_blocks"]) for d in data]
+    keys = [(d["codec"], d["master"], d["resident_blocks"], d["stream_embeddings"],
+             d["block_slots"]) for d in data]
     assert len(keys) == len(set(keys))
     shown = {("yes" if d["fits_host"] else "NO") for d in data[:len(rows)]}
     assert shown == {line.split()[-2] for line in rows}

@@ -649,7 +649,8 @@ def _write_bad_inputs(d: Path) -> dict[str, tuple[list[str], str]]:
     out = ["--out", str(d / "out")]
     run = lambda *s: ["run", *sets(*RUN, *s), *out]  # noqa: E731
     said = {"columns": ": no label field among text, y",
-            "label-text": " line 2: field 'label' is 'x', not a whole number",
+            # a text label is a name, scored by the label word of that name: none here
+            "label-text": ": field 'label' names the label 'x' and no word of label_words",
             "label-range": " line 2: field 'label' is 7, outside 0..1", "empty": ": the file is empty",
             "header-only": ": a header (sentence, label) but no examples",
             "missing-field": " line 3: 1 fields, the header has 2",

@@ -83,7 +83,8 @@ def test_save_decodes_one_block_at_a_time(trained):
     want_norm = float(torch.cat(eager).double().pow(2).sum()) ** 0.5
     # The probe sees the eager way: the whole model at once (so the bound below can fail).
     assert peak_bytes(lambda: [f.clone() for f in trained.engine.state_flats()])[0] >= model
-    trained.out_dir = None  # the run.json / trace writers' Python heap is not the digest's
+    trained.out_dir = None  # the run.json / trace writers' Python heap is not the digest's:
+    trained.session = None  # (the run directory's session writes them; it is still closed)
     torch_peak, py_peak = peak_bytes(trained.save)
     rec = trained.record
     assert rec.param_digest == want and rec.param_norm == pytest.approx(want_norm, rel=1e-12)

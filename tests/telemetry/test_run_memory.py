@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from workbench.recipes import train
+from workbench.recipes import readings
 from workbench.telemetry.record import RunRecord
 from workbench.telemetry.sampler import gpu_memory_used
 from workbench.telemetry.summary import summary_metrics, table
@@ -91,7 +91,7 @@ def test_the_chart_agrees_with_the_table_for_two_runs_of_one_process():
 
 
 def test_a_second_run_reads_its_baseline_after_the_first_is_freed(monkeypatch):
-    """``_gpu_baseline`` on a (faked) CUDA device: the previous run's engine, unreachable but
+    """``readings.gpu_baseline`` on a (faked) CUDA device: the previous run's engine, unreachable but
     in a reference cycle, is collected and the cache emptied before NVML is read."""
     order: list[str] = []
 
@@ -108,12 +108,12 @@ def test_a_second_run_reads_its_baseline_after_the_first_is_freed(monkeypatch):
         monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: order.append("sync"))
         monkeypatch.setattr(torch.cuda, "empty_cache", lambda: order.append("empty"))
         monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d=None: 123)
-        monkeypatch.setattr(train, "gpu_memory_used",
+        monkeypatch.setattr(readings, "gpu_memory_used",
                             lambda i: order.append("read") or 7.0 * GiB)
-        got = train._gpu_baseline(torch.device("cuda", 0))
+        got = readings.gpu_baseline(torch.device("cuda", 0))
     finally:
         gc.enable()
     assert ref() is None and order == ["freed", "sync", "empty", "read"]
     assert got == {"gpu mem used before run (bytes)": 7.0 * GiB,
                    "torch allocated before run (bytes)": 123.0}
-    assert train._gpu_baseline(torch.device("cpu")) == {}  # CPU runs: nothing to read
+    assert readings.gpu_baseline(torch.device("cpu")) == {}  # CPU runs: nothing to read

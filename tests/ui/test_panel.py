@@ -92,18 +92,18 @@ def test_knobs_of_a_hidden_group_do_not_reach_another_method():
 
 def test_planner_hook(monkeypatch):
     fake = types.ModuleType("workbench.plan.planner")
-    fake.plan = lambda cfg: {"peak_gpu_mem_bytes": 2e9 * cfg.batch_size, "step_seconds": 0.25,
+    fake.plan = lambda cfg, **_: {"peak_gpu_mem_bytes": 2e9 * cfg.batch_size, "step_seconds": 0.25,
                              "device": "cuda"}  # a plan of a GPU run
     monkeypatch.setitem(sys.modules, "workbench.plan.planner", fake)
     p = KnobPanel(batch_size=1)
     assert "2.00 GB" in p.prediction.value and "0.250 s" in p.prediction.value
     p.controls["batch_size"].value = 3
     assert "6.00 GB" in p.prediction.value
-    fake.plan = lambda cfg: types.SimpleNamespace(peak_gpu_mem_bytes=5e8, step_seconds=1.5,
+    fake.plan = lambda cfg, **_: types.SimpleNamespace(peak_gpu_mem_bytes=5e8, step_seconds=1.5,
                                                   fits_gpu=False, device="cuda")  # Plan-like
     p = KnobPanel()
     assert "0.50 GB" in p.prediction.value and "does not fit" in p.prediction.value
-    fake.plan = lambda cfg: 1 / 0
+    fake.plan = lambda cfg, **_: 1 / 0
     assert "planner: no prediction" in KnobPanel().prediction.value
 
 

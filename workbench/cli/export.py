@@ -69,6 +69,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     overrides = parse_sets(args.set or [])
     run_dir = args.model if args.model and is_run_dir(args.model) else None
+    note = ""  # an export's: whose task it is scored on
     if run_dir is not None:
         cfg = run_config(run_dir, overrides, args.config)
     else:
@@ -76,9 +77,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         if args.model:
             overrides = {"model": args.model, **task, **overrides}
         cfg = load_config(args.config, overrides)
-        if note and not args.json:
-            print(note, file=sys.stderr)
     metrics = evaluate(cfg, run_dir, step=args.step, force=args.force)
+    if note and not args.json:  # said once it ran: a refusal is one line
+        print(note, file=sys.stderr)
     if args.json:
         print(json.dumps(metrics, indent=1))
         return 0
@@ -115,6 +116,9 @@ def _export_task(folder: str) -> tuple[dict[str, str], str]:
     if not isinstance(task, dict) or not task:
         return {}, (f"note: {info_file} records no task; evaluating on the settings given "
                     "(--set data=... objective=... for the run's own)")
+    if task.get("data") == "synthetic":  # random token batches: nothing to score
+        return {}, ("note: the run trained on synthetic batches, which have no dev split; "
+                    "evaluating on the settings given (--set data=...)")
     for key in ("data", "data_dir"):  # a local file named relative to the export folder
         value = str(task.get(key) or "")
         if value and not Path(value).is_absolute() and (Path(folder) / value).exists():

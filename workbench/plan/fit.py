@@ -196,7 +196,7 @@ def _alike_merged(rows: list[dict[str, Any]], layers: int) -> list[dict[str, Any
     kept: dict[tuple, dict[str, Any]] = {}
     for row in rows:
         every = row["resident_blocks"] >= layers
-        key = ("all resident", row["stream_embeddings"], row["block_slots"]) if every else (
+        key = ("all resident",) if every else (  # nothing streams: slots and formats moot
             row["master"], row["resident_blocks"], row["stream_embeddings"], row["block_slots"],
             *(round(float(row[k]), 6) for k in ("tokens_per_s", "nvml_gpu_mem_bytes",
                                                 "host_mem_bytes", "pcie_bytes_per_step")))
