@@ -14,16 +14,10 @@ from typing import Protocol
 
 import torch
 
-from workbench.config import RunConfig
 from workbench.data.batches import Batch
-from workbench.engine.objective import Objective
 from workbench.engine.protocol import StepOutput, held
 from workbench.engine.stream.adapters import StreamedAdapters
 from workbench.engine.stream.holder import StreamedWeights
-from workbench.engine.stream.scheduler import BlockStreamer
-from workbench.engine.timing import OpTimer
-from workbench.engine.zo.perturb import PendingUpdate, ZOOps
-from workbench.models.adapter import BlockAdapter
 
 #: A streamed holder: every group trains, or adapters over a frozen base.
 Holder = StreamedWeights | StreamedAdapters
@@ -51,37 +45,14 @@ class StreamedEngine:
         self.weights, self.rule = weights, rule
 
     # --- what the recipe and telemetry read: the holder's ----------------------------------
-    @property
-    def cfg(self) -> RunConfig:
-        return self.weights.cfg
-
-    @property
-    def device(self) -> torch.device:
-        return self.weights.device
-
-    @property
-    def timer(self) -> OpTimer:
-        return self.weights.timer
-
-    @property
-    def objective(self) -> Objective:
-        return self.weights.objective
-
-    @property
-    def adapter(self) -> BlockAdapter:
-        return self.weights.adapter
-
-    @property
-    def streamer(self) -> BlockStreamer:
-        return self.weights.streamer
-
-    @property
-    def ops(self) -> ZOOps:
-        return self.weights.ops
-
-    @property
-    def pending(self) -> PendingUpdate | None:
-        return self.weights.pending
+    cfg = property(lambda self: self.weights.cfg)
+    device = property(lambda self: self.weights.device)
+    timer = property(lambda self: self.weights.timer)
+    objective = property(lambda self: self.weights.objective)
+    adapter = property(lambda self: self.weights.adapter)
+    streamer = property(lambda self: self.weights.streamer)
+    ops = property(lambda self: self.weights.ops)
+    pending = property(lambda self: self.weights.pending)
 
     @property
     def tied(self):
